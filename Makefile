@@ -1,0 +1,35 @@
+GO       ?= go
+PKGS     ?= ./...
+FUZZTIME ?= 20s
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@2026.1
+
+.PHONY: test bench demo lint cover fuzz redis-image
+
+## test: vet, then every test with the race detector (Redis tests need Docker; see README)
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -shuffle=on $(PKGS)
+
+## bench: the project's benchmarks, as a table
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+
+## demo: run the demo server on 127.0.0.1:8080 with the in-memory limiter
+demo:
+	$(GO) run ./cmd/demo-server
+
+## lint: gofmt, vet, staticcheck
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
+
+## cover: test coverage summary (HTML in cover.html)
+cover:
+	$(GO) test -count=1 -coverprofile=cover.out $(PKGS)
+	$(GO) tool cover -func=cover.out | tail -1
+	$(GO) tool cover -html=cover.out -o cover.html
+
+## redis-image: build the local Redis image the integration tests use
+redis-image:
+	.ci/redis-image.sh

@@ -1,0 +1,39 @@
+// Package ratebudget holds the shared vocabulary of the ratebudget rate limiter: rules,
+// checks, decisions, the one-method [Limiter] interface and its errors, plus [Memory], the
+// in-process limiter.
+//
+// A rate limit is a budget of admitted work with four parts, stated before anything is
+// counted:
+//
+//   - unit: what one admission costs ([Check.Cost]: 1 per request, an estimated work cost, or bytes);
+//   - identity: whose budget ([Check.Identity]: a client IP prefix, an account, "" nobody = service-wide);
+//   - scope: where it applies ([Check.Scope], and the [Rule.Name], which names one budget that
+//     every route using the rule shares);
+//   - time rule: [FixedWindow], [TokenBucket] or [RollingWindow] ([Rule.Algorithm]).
+//
+// A [Limiter] decides all checks of one request in one step, all-or-nothing: if any rule
+// refuses, no rule is charged. A refusal spends nothing and moves no deadline. The
+// remaining budget reported in a [Decision] is a snapshot, never a reservation.
+//
+// The HTTP middleware lives in package middleware, the client-identity extractors in
+// keyfuncs, the response headers in headers and the shared Redis limiter in lua.
+//
+// # Time rules
+//
+// All times are whole milliseconds.
+//
+// [FixedWindow] (anchored at first arrival): the first admitted request of an idle key
+// opens a window of [Rule.Window]; a request is admitted when count+cost <= Limit; the
+// window closes Window after it opened, and the next admission starts a new window at
+// cost. A refusal neither counts nor extends the window. Bursts of up to 2×Limit are
+// possible across a window boundary.
+//
+// [TokenBucket]: a bucket of capacity Burst (default Limit) refilled continuously at
+// Limit tokens per Window, starting full. A request is admitted when the bucket holds at
+// least cost tokens, and takes them. Stored credit can be spent at once: the bucket does
+// not pace departures. Refill arithmetic is exact (integer, no floating point).
+//
+// [RollingWindow]: the sum of the costs admitted in the last Window (the interval
+// (now-Window, now]) plus cost must not exceed Limit. Exact, at the price of one stored
+// event per admission.
+package ratebudget

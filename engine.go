@@ -1,0 +1,156 @@
+package ratebudget
+
+import "time"
+
+// budget is one budget's in-process state. Which fields are used depends on the rule's
+// algorithm; all times are Unix milliseconds.
+type budget struct {
+	// FixedWindow: count admitted in the window that ends at end.
+	// TokenBucket: count is the level in scaled units (tokens × window ms) at time end.
+	count, end int64
+	// RollingWindow: admitted events, oldest first, one per millisecond, and their sum.
+	events []event
+	sum    int64
+	// expires is when the state becomes equal to no state at all and can be dropped.
+	expires int64
+}
+
+type event struct{ at, cost int64 }
+
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}
+
+func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+
+// decide computes the outcome of spending cost under r at now (Unix ms) from state b
+// (nil: none). When commit is true and the outcome is an admission it writes the new
+// state into *b, which must then be non-nil. A refusal never writes, apart from dropping
+// rolling-window events that have aged out, which changes no outcome.
+func decide(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
+	switch r.Algorithm {
+	case TokenBucket:
+		return decideToken(b, r, cost, now, commit)
+	case RollingWindow:
+		return decideRolling(b, r, cost, now, commit)
+	}
+	return decideFixed(b, r, cost, now, commit)
+}
+
+func decideFixed(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
+	limit, w := r.Limit, r.Window.Milliseconds()
+	count, end := int64(0), now+w
+	if b != nil && now < b.end {
+		count, end = b.count, b.end
+	}
+	if cost > limit {
+		return Outcome{Exceeded: true, Remaining: limit - count, ResetAfter: ms(resetIfUsed(count, end-now))}
+	}
+	if count+cost > limit {
+		return Outcome{Remaining: limit - count, ResetAfter: ms(end - now), RetryAfter: ms(end - now)}
+	}
+	if commit {
+		b.count, b.end, b.expires = count+cost, end, end
+	}
+	return Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: ms(end - now)}
+}
+
+func resetIfUsed(used, d int64) int64 {
+	if used == 0 {
+		return 0
+	}
+	return d
+}
+
+func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
+	rate, w := r.Limit, r.Window.Milliseconds()
+	capacity := r.Capacity()
+	full := capacity * w // fits: Validate bounds it by 2^53
+	level, ts := full, now
+	if b != nil {
+		ts = b.end
+		elapsed := now - ts
+		if elapsed < 0 {
+			elapsed = 0 // the clock went back: no refill, keep the later timestamp
+		} else {
+			ts = now
+		}
+		gap := full - b.count
+		if elapsed >= ceilDiv(gap, rate) {
+			level = full
+		} else {
+			level = b.count + elapsed*rate
+		}
+	}
+	if cost > capacity {
+		return Outcome{Exceeded: true, Remaining: level / w, ResetAfter: ms(ceilDiv(full-level, rate))}
+	}
+	need := cost * w
+	if level < need {
+		return Outcome{
+			Remaining:  level / w,
+			ResetAfter: ms(ceilDiv(full-level, rate)),
+			RetryAfter: ms(ceilDiv(need-level, rate)),
+		}
+	}
+	level -= need
+	toFull := ceilDiv(full-level, rate)
+	if commit {
+		b.count, b.end, b.expires = level, ts, ts+toFull
+	}
+	return Outcome{Allowed: true, Remaining: level / w, ResetAfter: ms(toFull)}
+}
+
+func decideRolling(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
+	limit, w := r.Limit, r.Window.Milliseconds()
+	var sum, last int64
+	var events []event
+	if b != nil {
+		// Drop events that left the window (now-w, now].
+		n := 0
+		for n < len(b.events) && b.events[n].at <= now-w {
+			b.sum -= b.events[n].cost
+			n++
+		}
+		if n > 0 {
+			b.events = append(b.events[:0], b.events[n:]...)
+		}
+		events, sum = b.events, b.sum
+		if len(events) > 0 {
+			last = events[len(events)-1].at
+		}
+	}
+	at := max(now, last) // keep events in order if the clock went back
+	reset := int64(0)
+	if len(events) > 0 {
+		reset = last + w - now
+	}
+	if cost > limit {
+		return Outcome{Exceeded: true, Remaining: limit - sum, ResetAfter: ms(reset)}
+	}
+	if sum+cost > limit {
+		need, freed := sum+cost-limit, int64(0)
+		retry := reset
+		for _, e := range events {
+			freed += e.cost
+			if freed >= need {
+				retry = e.at + w - now
+				break
+			}
+		}
+		return Outcome{Remaining: limit - sum, ResetAfter: ms(reset), RetryAfter: ms(retry)}
+	}
+	if commit {
+		if n := len(b.events); n > 0 && b.events[n-1].at == at {
+			b.events[n-1].cost += cost
+		} else {
+			b.events = append(b.events, event{at: at, cost: cost})
+		}
+		b.sum += cost
+		b.expires = at + w
+	}
+	return Outcome{Allowed: true, Remaining: limit - sum - cost, ResetAfter: ms(at + w - now)}
+}

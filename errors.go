@@ -1,0 +1,60 @@
+package ratebudget
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrInvalidConfig matches (with errors.Is) every *[ConfigError].
+var ErrInvalidConfig = errors.New("ratebudget: invalid configuration")
+
+// ConfigError reports invalid configuration, naming the field at fault. Constructors
+// return it; nothing on a request path does.
+type ConfigError struct {
+	Rule    string // the rule's name, when the field belongs to a rule
+	Field   string // the field or option at fault, e.g. "Limit" or "WithTimeout"
+	Problem string // what is wrong, e.g. "must be positive, got 0"
+}
+
+func (e *ConfigError) Error() string {
+	if e.Rule != "" {
+		return fmt.Sprintf("ratebudget: rule %q: %s %s", e.Rule, e.Field, e.Problem)
+	}
+	return fmt.Sprintf("ratebudget: %s %s", e.Field, e.Problem)
+}
+
+// Is makes errors.Is(err, ErrInvalidConfig) true.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// ErrStoreUnavailable matches (with errors.Is) every *[StoreError]: the budget store could
+// not give a decision. It never means "the budget is empty" nor "the budget is full"; what
+// is admitted then is the failure policy's choice (see package middleware).
+var ErrStoreUnavailable = errors.New("ratebudget: budget store unavailable")
+
+// StoreError wraps a failure of the budget store.
+type StoreError struct {
+	// Class is a short, bounded label for metrics and logs: "timeout", "canceled",
+	// "connection", "server", "reply", "breaker_open" or "other".
+	Class string
+	// Uncertain is true when the decision may have been applied before the failure (the
+	// request reached the store and the reply was lost): budget may have been spent.
+	// A server error reply (OOM, BUSY, NOSCRIPT...) is definite: nothing was spent.
+	Uncertain bool
+	// Err is the underlying error. Its text may name hosts and internals: log it, do not
+	// send it to clients.
+	Err error
+}
+
+func (e *StoreError) Error() string {
+	u := ""
+	if e.Uncertain {
+		u = ", outcome uncertain"
+	}
+	return fmt.Sprintf("ratebudget: budget store unavailable (%s%s): %v", e.Class, u, e.Err)
+}
+
+// Unwrap returns the underlying error.
+func (e *StoreError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrStoreUnavailable) true.
+func (e *StoreError) Is(target error) bool { return target == ErrStoreUnavailable }

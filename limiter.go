@@ -1,0 +1,167 @@
+package ratebudget
+
+import (
+	"context"
+	"time"
+)
+
+// Limiter decides whether a request's checks fit their budgets.
+//
+// Allow decides all checks in one step, all-or-nothing: when it admits, every check's cost
+// has been spent; when it refuses, nothing has been spent and no deadline has moved.
+// Implementations must be safe for concurrent use. An error means no decision was made:
+// it is never a refusal and never an empty budget (see [StoreError]). A check whose cost
+// exceeds its rule's capacity is refused with [Decision.Exceeded] set, not reported as
+// an error.
+//
+// Allow must not retain checks after it returns.
+type Limiter interface {
+	Allow(ctx context.Context, checks []Check) (Decision, error)
+}
+
+// Check asks for Cost units of Rule's budget for one identity and scope.
+type Check struct {
+	// Rule is the budget's rule. It must be valid ([Rule.Validate]).
+	Rule Rule
+	// Identity is whose budget this is (a client IP prefix, an account digest, ...). Empty
+	// means the budget is shared by everyone. Limiters hash it before storing it, so its
+	// length and bytes are free.
+	Identity string
+	// Scope narrows the budget to part of the service (a route pattern, a group). Empty
+	// means everywhere the rule is used.
+	Scope string
+	// Cost is the number of units to spend; it must be positive.
+	Cost int64
+}
+
+// Decision is a limiter's answer to one request, reporting one rule: the one that refused
+// (the refusing rule with the longest wait), or when admitted the most restrictive rule
+// (fewest units remaining; on a tie, the longest reset).
+type Decision struct {
+	// Allowed is true when every check was admitted and spent.
+	Allowed bool
+	// Exceeded is true when a check's cost exceeds its rule's capacity: it can never be
+	// admitted, however long the caller waits. Allowed is then false and RetryAfter zero.
+	Exceeded bool
+	// Rule is the reported rule's name and Index its position in the checks.
+	Rule  string
+	Index int
+	// Limit is the reported rule's capacity in cost units ([Rule.Capacity]).
+	Limit int64
+	// Remaining is the number of cost units the identity could still spend under the
+	// reported rule right after this decision. A snapshot, not a reservation.
+	Remaining int64
+	// ResetAfter is how long until the reported rule's budget is whole again if nothing
+	// more is spent: the end of the fixed window, the time to refill the token bucket, the
+	// time until the rolling window's events have all aged out. Zero when untouched.
+	ResetAfter time.Duration
+	// RetryAfter is, on a refusal, the earliest time after which the same request could be
+	// admitted if nothing else is spent meanwhile. Zero when admitted or Exceeded. It is a
+	// lower bound, not a promise: others may spend first.
+	RetryAfter time.Duration
+	// Window is the reported rule's window or refill period.
+	Window time.Duration
+}
+
+// Outcome is one rule's part of a decision, as computed by a limiter engine.
+type Outcome struct {
+	Allowed    bool
+	Exceeded   bool
+	Remaining  int64
+	ResetAfter time.Duration
+	RetryAfter time.Duration
+}
+
+// Combine folds per-check outcomes (in checks order) into the request's Decision. An
+// admission requires every outcome to be allowed; the reported rule is chosen as
+// described on [Decision]. Limiter implementations use it so that every limiter reports
+// the same rule for the same outcomes.
+func Combine(checks []Check, outcomes []Outcome) Decision {
+	best := -1
+	allowed := true
+	for i := range outcomes {
+		if !outcomes[i].Allowed {
+			allowed = false
+			break
+		}
+	}
+	for i := range outcomes {
+		o := &outcomes[i]
+		if best < 0 {
+			if allowed || !o.Allowed {
+				best = i
+			}
+			continue
+		}
+		b := &outcomes[best]
+		if allowed {
+			if o.Remaining < b.Remaining || o.Remaining == b.Remaining && o.ResetAfter > b.ResetAfter {
+				best = i
+			}
+			continue
+		}
+		if o.Allowed {
+			continue
+		}
+		// Among refusals an Exceeded one wins (waiting will not help), then the longest wait.
+		if o.Exceeded != b.Exceeded {
+			if o.Exceeded {
+				best = i
+			}
+			continue
+		}
+		if o.RetryAfter > b.RetryAfter {
+			best = i
+		}
+	}
+	if best < 0 {
+		return Decision{}
+	}
+	o := outcomes[best]
+	r := checks[best].Rule
+	d := Decision{
+		Allowed:    allowed,
+		Exceeded:   o.Exceeded,
+		Rule:       r.Name,
+		Index:      best,
+		Limit:      r.Capacity(),
+		Remaining:  o.Remaining,
+		ResetAfter: o.ResetAfter,
+		RetryAfter: o.RetryAfter,
+		Window:     r.Window,
+	}
+	if d.Allowed || d.Exceeded {
+		d.RetryAfter = 0
+	}
+	if d.Remaining < 0 {
+		d.Remaining = 0
+	}
+	return d
+}
+
+// ValidateChecks checks what a limiter must verify before it spends anything: at least one
+// check, valid rules, positive costs and no rule name used twice. It returns a
+// *[ConfigError] naming the field at fault.
+func ValidateChecks(checks []Check) error {
+	if len(checks) == 0 {
+		return &ConfigError{Field: "checks", Problem: "must not be empty"}
+	}
+	for i := range checks {
+		c := &checks[i]
+		if err := c.Rule.Validate(); err != nil {
+			return err
+		}
+		if c.Cost <= 0 {
+			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be positive"}
+		}
+		if c.Cost > MaxLimit {
+			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "exceeds MaxLimit"}
+		}
+		for j := 0; j < i; j++ {
+			if checks[j].Rule.Name == c.Rule.Name && checks[j].Identity == c.Identity && checks[j].Scope == c.Scope {
+				return &ConfigError{Rule: c.Rule.Name, Field: "checks", Problem: "names the same budget twice"}
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package ratebudget
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+const memShards = 64
+
+// Memory is the in-process [Limiter]: the same time rules as the Redis limiter (package
+// lua), kept in this process's memory. It is exact for one process; several processes
+// each using a Memory each have their own budget (see the middleware's local fallback for
+// a documented partitioning).
+//
+// Memory is safe for concurrent use. State is reclaimed once it no longer differs from no
+// state at all (the fixed window closed, the bucket refilled, the rolling window's events
+// aged out), so memory is bounded by the number of identities active within a window. No
+// goroutine is started: reclaiming happens during calls.
+type Memory struct {
+	now    func() time.Time
+	seed   maphash.Seed
+	sweep  int64 // ms between sweeps of one shard
+	shards [memShards]memShard
+}
+
+type memShard struct {
+	mu        sync.Mutex
+	m         map[memKey]*budget
+	nextSweep int64
+	_         [32]byte // keep hot mutexes on separate cache lines
+}
+
+type memKey struct {
+	name     string
+	algo     Algorithm
+	identity string
+	scope    string
+}
+
+// MemoryOption configures a [Memory].
+type MemoryOption func(*Memory) error
+
+// WithClock makes the limiter read time from now instead of time.Now, for tests and
+// simulations. now must not be nil.
+func WithClock(now func() time.Time) MemoryOption {
+	return func(m *Memory) error {
+		if now == nil {
+			return &ConfigError{Field: "WithClock", Problem: "clock must not be nil"}
+		}
+		m.now = now
+		return nil
+	}
+}
+
+// WithSweepInterval sets how often each shard drops expired state (default 10s). It must
+// be at least one millisecond.
+func WithSweepInterval(d time.Duration) MemoryOption {
+	return func(m *Memory) error {
+		if d < time.Millisecond {
+			return &ConfigError{Field: "WithSweepInterval", Problem: "must be at least 1ms, got " + d.String()}
+		}
+		m.sweep = d.Milliseconds()
+		return nil
+	}
+}
+
+// NewMemory returns an empty in-process limiter.
+func NewMemory(opts ...MemoryOption) (*Memory, error) {
+	m := &Memory{now: time.Now, seed: maphash.MakeSeed(), sweep: 10_000}
+	for _, o := range opts {
+		if err := o(m); err != nil {
+			return nil, err
+		}
+	}
+	for i := range m.shards {
+		m.shards[i].m = make(map[memKey]*budget)
+	}
+	return m, nil
+}
+
+var _ Limiter = (*Memory)(nil)
+
+// Len reports the number of budgets currently held, expired ones not yet swept included.
+func (m *Memory) Len() int {
+	n := 0
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+func (m *Memory) shardOf(k *memKey) int {
+	h := maphash.String(m.seed, k.identity) ^ maphash.String(m.seed, k.name)*31 ^ uint64(len(k.scope))
+	if k.scope != "" {
+		h ^= maphash.String(m.seed, k.scope) * 17
+	}
+	return int(h % memShards)
+}
+
+// Allow decides all checks at once, all-or-nothing. It returns an error only for invalid
+// checks; the context is not consulted (a decision takes no I/O).
+func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
+	if err := ValidateChecks(checks); err != nil {
+		return Decision{}, err
+	}
+	now := m.now().UnixMilli()
+	if len(checks) == 1 {
+		c := &checks[0]
+		k := memKey{c.Rule.Name, c.Rule.Algorithm, c.Identity, c.Scope}
+		s := &m.shards[m.shardOf(&k)]
+		s.mu.Lock()
+		m.maybeSweep(s, now)
+		b := s.m[k]
+		var o [1]Outcome
+		o[0] = decide(b, &c.Rule, c.Cost, now, false)
+		if o[0].Allowed {
+			if b == nil {
+				b = &budget{}
+				s.m[k] = b
+			}
+			o[0] = decide(b, &c.Rule, c.Cost, now, true)
+		}
+		s.mu.Unlock()
+		return Combine(checks, o[:]), nil
+	}
+	return m.allowMany(checks, now), nil
+}
+
+func (m *Memory) allowMany(checks []Check, now int64) Decision {
+	var kbuf [8]memKey
+	var sbuf [8]int
+	var obuf [8]Outcome
+	keys, shards, outs := kbuf[:0], sbuf[:0], obuf[:0]
+	for i := range checks {
+		c := &checks[i]
+		k := memKey{c.Rule.Name, c.Rule.Algorithm, c.Identity, c.Scope}
+		keys = append(keys, k)
+		shards = append(shards, m.shardOf(&k))
+		outs = append(outs, Outcome{})
+	}
+	// Lock each distinct shard once, in ascending order, so that concurrent calls cannot
+	// deadlock.
+	var locked [memShards]bool
+	for _, s := range shards {
+		locked[s] = true
+	}
+	for i := range locked {
+		if locked[i] {
+			m.shards[i].mu.Lock()
+			m.maybeSweep(&m.shards[i], now)
+		}
+	}
+	allowed := true
+	for i := range checks {
+		outs[i] = decide(m.shards[shards[i]].m[keys[i]], &checks[i].Rule, checks[i].Cost, now, false)
+		allowed = allowed && outs[i].Allowed
+	}
+	if allowed {
+		for i := range checks {
+			s := &m.shards[shards[i]]
+			b := s.m[keys[i]]
+			if b == nil {
+				b = &budget{}
+				s.m[keys[i]] = b
+			}
+			outs[i] = decide(b, &checks[i].Rule, checks[i].Cost, now, true)
+		}
+	}
+	for i := range locked {
+		if locked[i] {
+			m.shards[i].mu.Unlock()
+		}
+	}
+	return Combine(checks, outs)
+}
+
+// maybeSweep drops the shard's expired state; s.mu must be held.
+func (m *Memory) maybeSweep(s *memShard, now int64) {
+	if now < s.nextSweep {
+		return
+	}
+	s.nextSweep = now + m.sweep
+	for k, b := range s.m {
+		if b.expires <= now {
+			delete(s.m, k)
+		}
+	}
+}

@@ -1,0 +1,156 @@
+package ratebudget
+
+import (
+	"fmt"
+	"time"
+)
+
+// Algorithm is a rule's time rule: how admitted work is counted over time.
+type Algorithm uint8
+
+const (
+	// FixedWindow counts admitted cost in a window of Rule.Window that opens at the first
+	// admitted request of an idle key. It is the zero value.
+	FixedWindow Algorithm = iota
+	// TokenBucket refills Rule.Limit tokens per Rule.Window into a bucket of capacity
+	// Rule.Burst (Rule.Limit when zero).
+	TokenBucket
+	// RollingWindow admits while the cost admitted in the last Rule.Window, plus the
+	// request's cost, stays within Rule.Limit.
+	RollingWindow
+)
+
+// String returns "fixed", "token" or "rolling".
+func (a Algorithm) String() string {
+	switch a {
+	case FixedWindow:
+		return "fixed"
+	case TokenBucket:
+		return "token"
+	case RollingWindow:
+		return "rolling"
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm maps "fixed", "token" and "rolling" (the results of [Algorithm.String])
+// to an Algorithm.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch s {
+	case "fixed":
+		return FixedWindow, nil
+	case "token":
+		return TokenBucket, nil
+	case "rolling":
+		return RollingWindow, nil
+	}
+	return 0, &ConfigError{Field: "Algorithm", Problem: fmt.Sprintf("unknown algorithm %q (want fixed, token or rolling)", s)}
+}
+
+// Limits that keep every value exact in a Redis Lua number (a float64, exact below 2^53).
+const (
+	// MaxLimit is the largest accepted Rule.Limit and Rule.Burst.
+	MaxLimit = 1 << 40
+	// MaxWindow is the longest accepted Rule.Window.
+	MaxWindow = 366 * 24 * time.Hour
+	// MaxNameLen is the longest accepted Rule.Name, in bytes.
+	MaxNameLen = 64
+	// maxScaled bounds Burst×Window(ms), the token bucket's internal scale.
+	maxScaled = 1 << 53
+)
+
+// Rule is one budget: how much work (Limit, in cost units) is admitted over which time
+// (Window) under which time rule (Algorithm). Rules are values; validate them with
+// [Rule.Validate] (the middleware and the limiters do it at construction).
+//
+// The rule's Name identifies the budget in the store: every route and every replica that
+// uses a rule of that name, for the same identity and scope, spends from one budget.
+type Rule struct {
+	// Name names the budget: 1 to MaxNameLen bytes of [A-Za-z0-9_.-]. It appears in store
+	// keys, response bodies, metrics and logs.
+	Name string
+	// Algorithm is the time rule. The zero value is FixedWindow.
+	Algorithm Algorithm
+	// Limit is the number of cost units admitted per Window (FixedWindow, RollingWindow),
+	// or refilled per Window (TokenBucket). 1 to MaxLimit.
+	Limit int64
+	// Window is the length of the window or the refill period: a whole number of
+	// milliseconds, 1ms to MaxWindow.
+	Window time.Duration
+	// Burst is the TokenBucket's capacity, in cost units; zero means Limit. Other time rules
+	// require zero.
+	Burst int64
+}
+
+// Capacity is the most cost one identity can ever spend at once under the rule: Burst for
+// a token bucket (Limit when Burst is zero), Limit otherwise. A check whose cost exceeds it
+// can never be admitted.
+func (r Rule) Capacity() int64 {
+	if r.Algorithm == TokenBucket && r.Burst > 0 {
+		return r.Burst
+	}
+	return r.Limit
+}
+
+// Validate reports the first problem with the rule as a *[ConfigError] naming the field.
+func (r Rule) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return &ConfigError{Rule: r.Name, Field: field, Problem: fmt.Sprintf(format, args...)}
+	}
+	if r.Name == "" {
+		return bad("Name", "must not be empty")
+	}
+	if len(r.Name) > MaxNameLen {
+		return bad("Name", "is %d bytes, longer than %d", len(r.Name), MaxNameLen)
+	}
+	for i := 0; i < len(r.Name); i++ {
+		c := r.Name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return bad("Name", "has byte %q at %d; use only [A-Za-z0-9_.-]", c, i)
+		}
+	}
+	if r.Algorithm > RollingWindow {
+		return bad("Algorithm", "unknown value %d", uint8(r.Algorithm))
+	}
+	if r.Limit <= 0 || r.Limit > MaxLimit {
+		return bad("Limit", "must be in 1..%d, got %d", int64(MaxLimit), r.Limit)
+	}
+	if r.Window < time.Millisecond || r.Window > MaxWindow {
+		return bad("Window", "must be in 1ms..%v, got %v", MaxWindow, r.Window)
+	}
+	if r.Window%time.Millisecond != 0 {
+		return bad("Window", "must be a whole number of milliseconds, got %v", r.Window)
+	}
+	if r.Burst != 0 {
+		if r.Algorithm != TokenBucket {
+			return bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, r.Algorithm)
+		}
+		if r.Burst < 0 || r.Burst > MaxLimit {
+			return bad("Burst", "must be in 0..%d, got %d", int64(MaxLimit), r.Burst)
+		}
+	}
+	if r.Algorithm == TokenBucket {
+		if c, w := r.Capacity(), r.Window.Milliseconds(); c > maxScaled/w {
+			return bad("Burst", "capacity %d × window %dms exceeds 2^53; shorten the window or lower the capacity", c, w)
+		}
+	}
+	return nil
+}
+
+// ValidateRules validates each rule and checks that names are unique.
+func ValidateRules(rules []Rule) error {
+	if len(rules) == 0 {
+		return &ConfigError{Field: "rules", Problem: "at least one rule is required"}
+	}
+	seen := make(map[string]struct{}, len(rules))
+	for _, r := range rules {
+		if err := r.Validate(); err != nil {
+			return err
+		}
+		if _, dup := seen[r.Name]; dup {
+			return &ConfigError{Rule: r.Name, Field: "Name", Problem: "is used by more than one rule"}
+		}
+		seen[r.Name] = struct{}{}
+	}
+	return nil
+}

@@ -70,11 +70,14 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 	capacity := r.Capacity()
 	full := capacity * w // fits: Validate bounds it by 2^53
 	level, ts := full, now
+	lag := int64(0) // how far the clock is behind the bucket's timestamp
 	if b != nil {
 		ts = b.end
 		elapsed := now - ts
 		if elapsed < 0 {
-			elapsed = 0 // the clock went back: no refill, keep the later timestamp
+			// The clock went back: no refill, keep the later timestamp. Refill resumes
+			// when the clock passes it again, so every wait below includes the lag.
+			lag, elapsed = -elapsed, 0
 		} else {
 			ts = now
 		}
@@ -85,21 +88,28 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 			level = b.count + elapsed*rate
 		}
 	}
+	// wait is the time from now until the bucket holds want scaled units.
+	wait := func(want int64) int64 {
+		if want <= level {
+			return 0
+		}
+		return lag + ceilDiv(want-level, rate)
+	}
 	if cost > capacity {
-		return Outcome{Exceeded: true, Remaining: level / w, ResetAfter: ms(ceilDiv(full-level, rate))}
+		return Outcome{Exceeded: true, Remaining: level / w, ResetAfter: ms(wait(full))}
 	}
 	need := cost * w
 	if level < need {
 		return Outcome{
 			Remaining:  level / w,
-			ResetAfter: ms(ceilDiv(full-level, rate)),
-			RetryAfter: ms(ceilDiv(need-level, rate)),
+			ResetAfter: ms(wait(full)),
+			RetryAfter: ms(wait(need)),
 		}
 	}
 	level -= need
-	toFull := ceilDiv(full-level, rate)
+	toFull := wait(full)
 	if commit {
-		b.count, b.end, b.expires = level, ts, ts+toFull
+		b.count, b.end, b.expires = level, ts, now+toFull
 	}
 	return Outcome{Allowed: true, Remaining: level / w, ResetAfter: ms(toFull)}
 }

@@ -1,0 +1,65 @@
+package ratebudget_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+// t0 is the fake clocks' start: deliberately not on a second boundary, so that a window
+// anchored at the first admission is told apart from one aligned to the epoch.
+var t0 = time.UnixMilli(1_767_225_600_250)
+
+// fakeClock is a manual clock for the limiter: time moves only when Advance is called.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: t0} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Advance moves the clock by d; a negative d moves it back.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func newMemory(t testing.TB, opts ...ratebudget.MemoryOption) (*ratebudget.Memory, *fakeClock) {
+	t.Helper()
+	clk := newFakeClock()
+	m, err := ratebudget.NewMemory(append([]ratebudget.MemoryOption{ratebudget.WithClock(clk.Now)}, opts...)...)
+	if err != nil {
+		t.Fatalf("NewMemory: %v", err)
+	}
+	return m, clk
+}
+
+func allow(t testing.TB, m *ratebudget.Memory, checks ...ratebudget.Check) ratebudget.Decision {
+	t.Helper()
+	d, err := m.Allow(context.Background(), checks)
+	if err != nil {
+		t.Fatalf("Allow(%+v): %v", checks, err)
+	}
+	return d
+}
+
+// probe reports the budget's state without spending: a check whose cost exceeds the rule's
+// capacity is refused as Exceeded and carries the budget's Remaining and ResetAfter.
+func probe(t testing.TB, m *ratebudget.Memory, r ratebudget.Rule, identity, scope string) ratebudget.Decision {
+	t.Helper()
+	d := allow(t, m, ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: r.Capacity() + 1})
+	if d.Allowed || !d.Exceeded || d.RetryAfter != 0 {
+		t.Fatalf("probe of %s/%q/%q: want Exceeded with RetryAfter 0, got %+v", r.Name, identity, scope, d)
+	}
+	return d
+}

@@ -1,0 +1,191 @@
+// Package headers writes a limiter's answer into HTTP responses: budget metadata on
+// limited responses, and the refusals (429 Too Many Requests, 413 for a cost that can
+// never be admitted, 503 Service Unavailable when the budget store is down).
+//
+// It depends on the standard library only, so custom refusal handlers can reuse it.
+//
+// # Metadata headers
+//
+// Every value describes one budget: the rule reported by the decision (the refusing rule,
+// or when admitted the most restrictive one), for the identity and scope of this request.
+//
+//	header                  unit                         meaning
+//	X-RateLimit-Limit       cost units                   the rule's capacity (Limit, or Burst for a token bucket)
+//	X-RateLimit-Remaining   cost units                   units left after this request (a snapshot, not a reservation)
+//	X-RateLimit-Reset       seconds, rounded up          time until the budget is whole again if nothing more is spent
+//	RateLimit-Policy        structured field (draft-10)  "<rule>";q=<capacity>;w=<window seconds>
+//	RateLimit               structured field (draft-10)  "<rule>";r=<remaining>;t=<reset seconds>
+//	Retry-After             seconds, rounded up, >= 1    refusals only: earliest useful retry (RFC 9110 §10.2.3)
+//
+// The X-RateLimit-* names are a convention, not a standard; RateLimit-Policy and RateLimit
+// follow draft-ietf-httpapi-ratelimit-headers-10, still an Internet-Draft. [Style] picks
+// which set is sent.
+package headers
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Header names, as sent. (net/http canonicalises X-RateLimit-* to X-Ratelimit-*, which is
+// the same header: field names are case-insensitive.)
+const (
+	Limit      = "X-RateLimit-Limit"
+	Remaining  = "X-RateLimit-Remaining"
+	Reset      = "X-RateLimit-Reset"
+	Policy     = "RateLimit-Policy"
+	RateLimit  = "RateLimit"
+	RetryAfter = "Retry-After"
+)
+
+// Canonical map keys, so that writing needs no canonicalisation per request.
+var (
+	keyLimit      = http.CanonicalHeaderKey(Limit)
+	keyRemaining  = http.CanonicalHeaderKey(Remaining)
+	keyReset      = http.CanonicalHeaderKey(Reset)
+	keyPolicy     = http.CanonicalHeaderKey(Policy)
+	keyRateLimit  = http.CanonicalHeaderKey(RateLimit)
+	keyRetryAfter = http.CanonicalHeaderKey(RetryAfter)
+)
+
+// Style selects which budget metadata headers are written.
+type Style uint8
+
+const (
+	// XRateLimit writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset.
+	// It is the zero value.
+	XRateLimit Style = iota
+	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-10).
+	IETF
+	// Both writes both sets.
+	Both
+	// None writes no metadata (e.g. for authentication endpoints, where remaining attempts
+	// help an attacker). Refusals still carry Retry-After.
+	None
+)
+
+// String returns "x", "ietf", "both" or "none".
+func (s Style) String() string {
+	switch s {
+	case XRateLimit:
+		return "x"
+	case IETF:
+		return "ietf"
+	case Both:
+		return "both"
+	case None:
+		return "none"
+	}
+	return "Style(" + strconv.Itoa(int(s)) + ")"
+}
+
+// ParseStyle maps "x", "ietf", "both" and "none" to a Style.
+func ParseStyle(s string) (Style, bool) {
+	switch s {
+	case "x":
+		return XRateLimit, true
+	case "ietf":
+		return IETF, true
+	case "both":
+		return Both, true
+	case "none":
+		return None, true
+	}
+	return 0, false
+}
+
+// Info is the budget metadata of one response, for one rule.
+type Info struct {
+	// Policy is the rule's name.
+	Policy string
+	// Limit is the rule's capacity, in cost units.
+	Limit int64
+	// Remaining is the cost units left after this request; negative values are sent as 0.
+	Remaining int64
+	// Reset is the time until the budget is whole again.
+	Reset time.Duration
+	// Window is the rule's window or refill period.
+	Window time.Duration
+	// RetryAfter is, for a refusal, the earliest time a retry could be admitted.
+	RetryAfter time.Duration
+}
+
+// Seconds converts d to whole seconds, rounded up; zero and negative durations give 0.
+func Seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// RetryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least 1.
+// Rounding down would invite a retry that is certain to be refused.
+func RetryAfterSeconds(d time.Duration) int64 {
+	return max(Seconds(d), 1)
+}
+
+// Write sets the metadata headers of style s on h from in, replacing earlier values.
+func Write(h http.Header, s Style, in Info) {
+	if s == None {
+		return
+	}
+	rem := max(in.Remaining, 0)
+	if s == XRateLimit || s == Both {
+		vals := make([]string, 3) // one allocation for the three header slices
+		vals[0] = strconv.FormatInt(in.Limit, 10)
+		vals[1] = strconv.FormatInt(rem, 10)
+		vals[2] = strconv.FormatInt(Seconds(in.Reset), 10)
+		h[keyLimit] = vals[0:1:1]
+		h[keyRemaining] = vals[1:2:2]
+		h[keyReset] = vals[2:3:3]
+	}
+	if s == IETF || s == Both {
+		h[keyPolicy] = []string{PolicyValue(in.Policy, in.Limit, in.Window)}
+		h[keyRateLimit] = []string{RateLimitValue(in.Policy, rem, in.Reset)}
+	}
+}
+
+// PolicyValue formats a RateLimit-Policy item: "<name>";q=<quota>;w=<window seconds>.
+func PolicyValue(name string, quota int64, window time.Duration) string {
+	var b strings.Builder
+	b.Grow(len(name) + 32)
+	b.WriteString(sfString(name))
+	b.WriteString(";q=")
+	b.WriteString(strconv.FormatInt(quota, 10))
+	b.WriteString(";w=")
+	b.WriteString(strconv.FormatInt(Seconds(window), 10))
+	return b.String()
+}
+
+// RateLimitValue formats a RateLimit item: "<name>";r=<remaining>;t=<reset seconds>.
+func RateLimitValue(name string, remaining int64, reset time.Duration) string {
+	var b strings.Builder
+	b.Grow(len(name) + 32)
+	b.WriteString(sfString(name))
+	b.WriteString(";r=")
+	b.WriteString(strconv.FormatInt(max(remaining, 0), 10))
+	b.WriteString(";t=")
+	b.WriteString(strconv.FormatInt(Seconds(reset), 10))
+	return b.String()
+}
+
+// sfString quotes s as an RFC 9651 sf-string, dropping bytes it cannot carry.
+func sfString(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c >= 0x20 && c < 0x7f:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}

@@ -1,0 +1,168 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+// flaky is a limiter for policy logic: it fails while down is set, otherwise it delegates.
+type flaky struct {
+	next  ratebudget.Limiter
+	down  atomic.Bool
+	hang  atomic.Bool // block until the context ends
+	calls atomic.Int64
+}
+
+func (f *flaky) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	f.calls.Add(1)
+	if f.hang.Load() {
+		<-ctx.Done()
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: ctx.Err()}
+	}
+	if f.down.Load() {
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("dial tcp 10.1.2.3:6379: connect: connection refused")}
+	}
+	return f.next.Allow(ctx, checks)
+}
+
+func TestStoreErrorPolicies(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		opt     middleware.Option
+		codes   []int
+		outcome []middleware.Outcome
+	}{
+		{"closed", middleware.WithStoreErrorPolicy(middleware.FailClosed), []int{503, 503}, []middleware.Outcome{middleware.OutcomeUnavailable, middleware.OutcomeUnavailable}},
+		{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen), []int{200, 200, 200}, []middleware.Outcome{middleware.OutcomeDegraded, middleware.OutcomeDegraded, middleware.OutcomeDegraded}},
+		// 10 / 2 replicas = 5 per process.
+		{"local", middleware.WithLocalFallback(2), []int{200, 200, 200, 200, 200, 429, 429}, []middleware.Outcome{0, 0, 0, 0, 0, middleware.OutcomeDenied, middleware.OutcomeDenied}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := &flaky{next: memory(t, newClock())}
+			f.down.Store(true)
+			var events []middleware.Event
+			var mu sync.Mutex
+			h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}}, tc.opt,
+				middleware.WithBreaker(0, 0),
+				middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
+			for i, want := range tc.codes {
+				rec := do(h, "GET", "/", nil)
+				if rec.Code != want {
+					t.Fatalf("request %d: %d, want %d", i, rec.Code, want)
+				}
+				if rec.Code >= 400 {
+					if rec.Header().Get("Cache-Control") != "no-store" || rec.Header().Get("Retry-After") == "" {
+						t.Errorf("refusal without no-store/Retry-After: %v", rec.Header())
+					}
+					if got := rec.Body.String(); strings.Contains(got, "10.1.2.3") || strings.Contains(got, "refused") {
+						t.Errorf("body leaks the store error: %q", got)
+					}
+				}
+				if e := events[i]; e.Outcome != tc.outcome[i] || e.Err == nil || !errors.Is(e.Err, ratebudget.ErrStoreUnavailable) {
+					t.Errorf("event %d: outcome %v err %v, want %v with the store error", i, e.Outcome, e.Err, tc.outcome[i])
+				}
+				if tc.name == "local" && !events[i].Fallback {
+					t.Errorf("event %d not marked as a fallback decision", i)
+				}
+			}
+		})
+	}
+}
+
+func TestDecisionDeadline(t *testing.T) {
+	t.Parallel()
+	f := &flaky{next: memory(t, newClock())}
+	f.hang.Store(true)
+	var got middleware.Event
+	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
+		middleware.WithTimeout(20*time.Millisecond), middleware.WithBreaker(0, 0),
+		middleware.WithObserver(func(e middleware.Event) { got = e }))(ok)
+	rec := do(h, "GET", "/", nil) // returns only because the decision has its own deadline
+	if rec.Code != 503 {
+		t.Fatalf("hung store: %d, want 503", rec.Code)
+	}
+	var se *ratebudget.StoreError
+	if !errors.As(got.Err, &se) || se.Class != "timeout" || !se.Uncertain {
+		t.Fatalf("event error %v, want an uncertain timeout", got.Err)
+	}
+}
+
+func TestBreaker(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	f := &flaky{next: memory(t, clk)}
+	f.down.Store(true)
+	var transitions []string
+	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
+		middleware.WithBreaker(3, 2*time.Second),
+		middleware.WithClock(clk.Now),
+		middleware.WithBreakerObserver(func(from, to middleware.BreakerState) {
+			transitions = append(transitions, from.String()+">"+to.String())
+		}))(ok)
+	for range 10 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 503 {
+			t.Fatalf("%d", rec.Code)
+		}
+	}
+	if n := f.calls.Load(); n != 3 {
+		t.Fatalf("store called %d times, want 3 (then the breaker opens)", n)
+	}
+	clk.Advance(2 * time.Second)
+	do(h, "GET", "/", nil) // the probe fails: open again
+	if n := f.calls.Load(); n != 4 {
+		t.Fatalf("store called %d times, want 4 (one probe)", n)
+	}
+	do(h, "GET", "/", nil)
+	if n := f.calls.Load(); n != 4 {
+		t.Fatalf("store called %d times during the cool-down, want 4", n)
+	}
+	f.down.Store(false)
+	clk.Advance(2 * time.Second)
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 || rec.Header().Get(headers.Remaining) != "99" {
+		t.Fatalf("probe after recovery: %d", rec.Code)
+	}
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+		t.Fatalf("after closing: %d", rec.Code)
+	}
+	want := []string{"closed>open", "open>half-open", "half-open>open", "open>half-open", "half-open>closed"}
+	if len(transitions) != len(want) {
+		t.Fatalf("transitions %v, want %v", transitions, want)
+	}
+	for i := range want {
+		if transitions[i] != want[i] {
+			t.Fatalf("transitions %v, want %v", transitions, want)
+		}
+	}
+}
+
+// A limiter's non-store error must not be read as an admission or an empty budget.
+func TestNonStoreErrorAppliesPolicy(t *testing.T) {
+	t.Parallel()
+	bad := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		return ratebudget.Decision{Allowed: true}, errors.New("weird")
+	})
+	h := mustNew(t, bad, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}})(ok)
+	if rec := do(h, "GET", "/", nil); rec.Code != 503 {
+		t.Fatalf("%d, want 503", rec.Code)
+	}
+}
+
+type limiterFunc func(context.Context, []ratebudget.Check) (ratebudget.Decision, error)
+
+func (f limiterFunc) Allow(ctx context.Context, c []ratebudget.Check) (ratebudget.Decision, error) {
+	return f(ctx, c)
+}
+
+var _ http.Handler = ok

@@ -1,0 +1,345 @@
+// Package middleware mounts ratebudget limits on HTTP handlers: a constructor that returns
+// func(http.Handler) http.Handler, which works with chi's r.Use, r.With, r.Group and
+// chi.Chain, and wraps any net/http handler.
+//
+// For every request the middleware computes each rule's identity and scope (package
+// keyfuncs), asks the [ratebudget.Limiter] to decide all rules at once (all-or-nothing),
+// writes budget metadata (package headers) and either calls the next handler or refuses:
+//
+//	condition                                 status  headers
+//	admitted                                  handler's  metadata
+//	a rule's budget is exhausted              429     metadata, Retry-After, Cache-Control: no-store
+//	the cost exceeds a rule's capacity        413     metadata, Cache-Control: no-store (no Retry-After: waiting cannot help)
+//	identity, scope or cost undeterminable    400     Cache-Control: no-store
+//	store unavailable, policy FailClosed      503     Retry-After, Cache-Control: no-store
+//	store unavailable, policy FailOpen        handler's  none (the event is OutcomeDegraded)
+//	store unavailable, policy LocalFallback   handler's or 429 from the per-replica budget
+//	request context already canceled          nothing is written, nothing is spent
+//
+// 5xx answers from the handler itself are passed through untouched.
+//
+// # Failure handling
+//
+// A limiter that does I/O (anything but *ratebudget.Memory) gets a deadline per decision
+// ([WithTimeout], default 50ms) and a circuit breaker ([WithBreaker], default 5
+// consecutive failures, 1s cool-down). A store error is never read as an empty budget:
+// the [Policy] decides (default FailClosed).
+package middleware
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+)
+
+// Rule is a budget and how requests map to it. Identity and Scope have the shape of
+// keyfuncs.KeyFunc (and of httprate.KeyFunc), so extractors from either plug in.
+type Rule struct {
+	ratebudget.Rule
+	// Identity gives whose budget a request spends (required). Use keyfuncs.Global() for a
+	// service-wide budget. An error answers the request without counting it (see
+	// WithErrorHandler).
+	Identity func(*http.Request) (string, error)
+	// Scope narrows the budget to a part of the service, e.g. keyfuncs.RoutePattern().
+	// Nil means the budget is shared by every route that uses a rule of this name.
+	Scope func(*http.Request) (string, error)
+}
+
+// Outcome classifies a decision for observers, metrics and logs.
+type Outcome uint8
+
+const (
+	// OutcomeAllowed: admitted by the limiter (or by the local fallback: Event.Fallback).
+	OutcomeAllowed Outcome = iota
+	// OutcomeDenied: refused with 429 (by the limiter or the local fallback).
+	OutcomeDenied
+	// OutcomeExceeded: refused with 413, the cost exceeds a rule's capacity.
+	OutcomeExceeded
+	// OutcomeDegraded: admitted without a decision because the store failed under FailOpen.
+	OutcomeDegraded
+	// OutcomeUnavailable: refused with 503 because the store failed under FailClosed.
+	OutcomeUnavailable
+	// OutcomeInvalid: identity, scope or cost could not be determined; answered by the
+	// error handler, nothing counted.
+	OutcomeInvalid
+	// OutcomeCanceled: the request's context ended before the decision; nothing written.
+	OutcomeCanceled
+)
+
+var outcomeNames = [...]string{"allowed", "denied", "exceeded", "degraded", "unavailable", "invalid", "canceled"}
+
+// String returns the outcome's metric label: "allowed", "denied", "exceeded", "degraded",
+// "unavailable", "invalid" or "canceled".
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// Event describes one decision, for observers ([WithObserver]).
+type Event struct {
+	// Request is the request decided on. Observers must not retain it.
+	Request *http.Request
+	Outcome Outcome
+	// Decision is the limiter's (or the local fallback's) decision; zero when none was made.
+	Decision ratebudget.Decision
+	// Fallback is true when the local fallback decided because the store could not.
+	Fallback bool
+	// Err is the store error (a *ratebudget.StoreError, for OutcomeDegraded,
+	// OutcomeUnavailable and fallback decisions) or the key-function error
+	// (OutcomeInvalid). Its text may hold internal details: log it, do not send it.
+	Err error
+	// Latency is the time the limiter took to decide (zero when it was not asked).
+	Latency time.Duration
+}
+
+type compiledRule struct {
+	rule     ratebudget.Rule
+	local    ratebudget.Rule
+	identity func(*http.Request) (string, error)
+	scope    func(*http.Request) (string, error)
+}
+
+type mw struct {
+	cfg      config
+	limiter  ratebudget.Limiter
+	io       bool // the limiter does I/O: deadline and breaker apply
+	rules    []compiledRule
+	fallback *ratebudget.Memory
+	breaker  *breaker
+	pool     sync.Pool // *[]ratebudget.Check
+}
+
+// New returns middleware that spends each request's cost from every rule's budget in lim.
+// Rules and options are validated here; an invalid one returns a *ratebudget.ConfigError
+// naming the field or option.
+func New(lim ratebudget.Limiter, rules []Rule, opts ...Option) (func(http.Handler) http.Handler, error) {
+	m, err := build(lim, rules, opts)
+	if err != nil {
+		return nil, err
+	}
+	return m.wrap, nil
+}
+
+func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
+	if lim == nil {
+		return nil, configErr("limiter", "must not be nil")
+	}
+	m := &mw{limiter: lim}
+	m.cfg = config{
+		timeout:    50 * time.Millisecond,
+		retryAfter: time.Second,
+		breaker:    &breakerConfig{failures: 5, cooldown: time.Second},
+		clock:      time.Now,
+	}
+	for _, o := range opts {
+		if o == nil {
+			return nil, configErr("options", "must not contain nil")
+		}
+		if err := o(&m.cfg); err != nil {
+			return nil, err
+		}
+	}
+	plain := make([]ratebudget.Rule, len(rules))
+	for i, r := range rules {
+		plain[i] = r.Rule
+	}
+	if err := ratebudget.ValidateRules(plain); err != nil {
+		return nil, err
+	}
+	for _, r := range rules {
+		if r.Identity == nil {
+			return nil, &ratebudget.ConfigError{Rule: r.Name, Field: "Identity", Problem: "must not be nil (use keyfuncs.Global() for a service-wide budget)"}
+		}
+		cr := compiledRule{rule: r.Rule, identity: r.Identity, scope: r.Scope}
+		if m.cfg.policy == LocalFallback {
+			cr.local = localRule(r.Rule, m.cfg.replicas)
+		}
+		m.rules = append(m.rules, cr)
+	}
+	_, inProcess := lim.(*ratebudget.Memory)
+	m.io = !inProcess
+	if m.io && m.cfg.breaker.failures > 0 {
+		m.breaker = newBreaker(*m.cfg.breaker, m.cfg.clock)
+	}
+	if m.cfg.policy == LocalFallback {
+		fb, err := ratebudget.NewMemory(ratebudget.WithClock(m.cfg.clock))
+		if err != nil {
+			return nil, err
+		}
+		m.fallback = fb
+	}
+	n := len(m.rules)
+	m.pool.New = func() any { s := make([]ratebudget.Check, n); return &s }
+	return m, nil
+}
+
+func (m *mw) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		m.serve(w, r, next)
+	})
+}
+
+func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	ctx := r.Context()
+	if ctx.Err() != nil {
+		m.observe(Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()})
+		return
+	}
+	cost := int64(1)
+	if m.cfg.cost != nil {
+		c, err := m.cfg.cost(r)
+		if err == nil && c < 1 {
+			err = errors.New("ratebudget: request cost must be at least 1")
+		}
+		if err != nil {
+			m.invalid(w, r, err)
+			return
+		}
+		cost = c
+	}
+	cp := m.pool.Get().(*[]ratebudget.Check)
+	checks := *cp
+	defer func() {
+		clear(checks)
+		m.pool.Put(cp)
+	}()
+	for i := range m.rules {
+		cr := &m.rules[i]
+		id, err := cr.identity(r)
+		if err != nil {
+			m.invalid(w, r, err)
+			return
+		}
+		var scope string
+		if cr.scope != nil {
+			if scope, err = cr.scope(r); err != nil {
+				m.invalid(w, r, err)
+				return
+			}
+		}
+		checks[i] = ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: cost}
+	}
+
+	d, latency, err := m.decide(ctx, checks)
+	ev := Event{Request: r, Decision: d, Latency: latency}
+	if err != nil {
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) {
+			// Not a store failure: a limiter that rejects its input. Treat it like one
+			// anyway (the policy applies) rather than admit or refuse silently.
+			err = &ratebudget.StoreError{Class: "other", Err: err}
+		}
+		ev.Err = err
+		if ctx.Err() != nil {
+			ev.Outcome = OutcomeCanceled
+			m.observe(ev)
+			return
+		}
+		switch m.cfg.policy {
+		case FailOpen:
+			ev.Outcome = OutcomeDegraded
+			m.observe(ev)
+			next.ServeHTTP(w, r)
+			return
+		case LocalFallback:
+			for i := range checks {
+				checks[i].Rule = m.rules[i].local
+			}
+			d, _ = m.fallback.Allow(ctx, checks)
+			ev.Decision, ev.Fallback = d, true
+		default:
+			ev.Outcome = OutcomeUnavailable
+			m.observe(ev)
+			headers.WriteUnavailable(w, r, m.cfg.retryAfter)
+			return
+		}
+	}
+
+	info := headers.Info{Policy: d.Rule, Limit: d.Limit, Remaining: d.Remaining, Reset: d.ResetAfter, Window: d.Window, RetryAfter: d.RetryAfter}
+	switch {
+	case d.Allowed:
+		ev.Outcome = OutcomeAllowed
+		m.observe(ev)
+		headers.Write(w.Header(), m.cfg.style, info)
+		next.ServeHTTP(w, r)
+	case m.cfg.onRefusal != nil:
+		ev.Outcome = OutcomeDenied
+		if d.Exceeded {
+			ev.Outcome = OutcomeExceeded
+		}
+		m.observe(ev)
+		headers.Write(w.Header(), m.cfg.style, info)
+		m.cfg.onRefusal(w, r, d)
+	case d.Exceeded:
+		ev.Outcome = OutcomeExceeded
+		m.observe(ev)
+		headers.WriteCostExceeded(w, r, m.cfg.style, info, cost)
+	default:
+		ev.Outcome = OutcomeDenied
+		m.observe(ev)
+		headers.WriteTooManyRequests(w, r, m.cfg.style, info)
+	}
+}
+
+// decide asks the limiter, under the deadline and breaker when it does I/O.
+func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, time.Duration, error) {
+	if !m.io {
+		start := time.Now()
+		d, err := m.limiter.Allow(ctx, checks)
+		return d, time.Since(start), err
+	}
+	probe := false
+	if m.breaker != nil {
+		var ok bool
+		if ok, probe = m.breaker.allow(); !ok {
+			return ratebudget.Decision{}, 0, &ratebudget.StoreError{Class: "breaker_open", Err: errBreakerOpen}
+		}
+	}
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
+	d, err := m.limiter.Allow(dctx, checks)
+	cancel()
+	latency := time.Since(start)
+	if err != nil && dctx.Err() != nil && ctx.Err() == nil {
+		// The decision's own deadline passed: whatever the limiter returned, it is a store
+		// timeout, and the command may have reached the store.
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) {
+			err = &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: err}
+		}
+	}
+	if m.breaker != nil {
+		// A canceled request says nothing about the store's health.
+		failed := err != nil && ctx.Err() == nil
+		if failed || err == nil {
+			m.breaker.done(failed, probe)
+		} else if probe {
+			m.breaker.transition(BreakerHalfOpen, BreakerOpen)
+		}
+	}
+	return d, latency, err
+}
+
+var errBreakerOpen = errors.New("circuit breaker open: store not called")
+
+func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err error) {
+	m.observe(Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+	if m.cfg.onError != nil {
+		m.cfg.onError(w, r, err)
+		return
+	}
+	headers.WriteUnidentified(w, r, "the rate-limit identity of this request could not be determined")
+}
+
+func (m *mw) observe(ev Event) {
+	for _, f := range m.cfg.observers {
+		f(ev)
+	}
+}

@@ -1,0 +1,358 @@
+package middleware_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func byHeader(name string) func(*http.Request) (string, error) {
+	return func(r *http.Request) (string, error) {
+		v := r.Header.Get(name)
+		if v == "" {
+			return "", errors.New("missing " + name)
+		}
+		return v, nil
+	}
+}
+
+func global(*http.Request) (string, error) { return "", nil }
+
+func memory(t testing.TB, clk *fakeClock) *ratebudget.Memory {
+	t.Helper()
+	m, err := ratebudget.NewMemory(ratebudget.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+var ok = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write([]byte("ok\n"))
+})
+
+func rule(name string, limit int64, window time.Duration) ratebudget.Rule {
+	return ratebudget.Rule{Name: name, Limit: limit, Window: window}
+}
+
+func mustNew(t testing.TB, lim ratebudget.Limiter, rules []middleware.Rule, opts ...middleware.Option) func(http.Handler) http.Handler {
+	t.Helper()
+	m, err := middleware.New(lim, rules, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func do(h http.Handler, method, target string, hdr map[string]string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(method, target, nil)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+func TestFixedWindowEndToEnd(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	h := mustNew(t, memory(t, clk), []middleware.Rule{{Rule: rule("per-client", 3, 10*time.Second), Identity: byHeader("X-Client")}})(ok)
+	me := map[string]string{"X-Client": "a"}
+	resets := []string{"10", "9", "7"} // 10s, 8.5s and 7s left, rounded up
+	for i, want := range []string{"2", "1", "0"} {
+		rec := do(h, "GET", "/", me)
+		if rec.Code != 200 || rec.Header().Get(headers.Remaining) != want || rec.Header().Get(headers.Limit) != "3" {
+			t.Fatalf("request %d: %d remaining %q limit %q, want 200 %s 3", i, rec.Code, rec.Header().Get(headers.Remaining), rec.Header().Get(headers.Limit), want)
+		}
+		if got := rec.Header().Get(headers.Reset); got != resets[i] {
+			t.Fatalf("request %d: reset %q, want %s", i, got, resets[i])
+		}
+		clk.Advance(1500 * time.Millisecond)
+	}
+	rec := do(h, "GET", "/", me)
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("4th request: %d, want 429", rec.Code)
+	}
+	// 4.5s elapsed of 10s: 5.5s left, rounded up.
+	if got := rec.Header().Get("Retry-After"); got != "6" {
+		t.Errorf("Retry-After %q, want 6", got)
+	}
+	if got := rec.Header().Get("Cache-Control"); got != "no-store" {
+		t.Errorf("Cache-Control %q, want no-store", got)
+	}
+	if got := rec.Header().Get("Content-Type"); got != "text/plain; charset=utf-8" {
+		t.Errorf("Content-Type %q", got)
+	}
+	// Another client is unaffected.
+	if rec := do(h, "GET", "/", map[string]string{"X-Client": "b"}); rec.Code != 200 {
+		t.Errorf("other client: %d", rec.Code)
+	}
+	// After the window, a new one opens at the first admission.
+	clk.Advance(6 * time.Second)
+	if rec := do(h, "GET", "/", me); rec.Code != 200 || rec.Header().Get(headers.Remaining) != "2" {
+		t.Errorf("after expiry: %d remaining %q, want 200 2", rec.Code, rec.Header().Get(headers.Remaining))
+	}
+}
+
+func TestRefusalProblemJSON(t *testing.T) {
+	t.Parallel()
+	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("hello", 1, time.Minute), Identity: global}})(ok)
+	do(h, "GET", "/", nil)
+	rec := do(h, "GET", "/", map[string]string{"Accept": "application/json"})
+	if rec.Code != 429 || rec.Header().Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("%d %q", rec.Code, rec.Header().Get("Content-Type"))
+	}
+	var p headers.Problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Status != 429 || p.Policy != "hello" || p.RetryAfter != 60 || p.Type != headers.ProblemQuotaExceeded {
+		t.Errorf("problem %+v", p)
+	}
+}
+
+func TestHeadLikeGet(t *testing.T) {
+	t.Parallel()
+	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}})(ok)
+	get := do(h, "GET", "/", nil)
+	head := do(h, "HEAD", "/", nil) // refused
+	get2 := do(h, "GET", "/", nil)  // refused
+	if get.Code != 200 || head.Code != 429 || get2.Code != 429 {
+		t.Fatalf("codes %d %d %d", get.Code, head.Code, get2.Code)
+	}
+	if head.Body.Len() != 0 {
+		t.Errorf("HEAD body %q", head.Body.String())
+	}
+	for _, k := range []string{"Retry-After", "Cache-Control", headers.Limit, headers.Remaining, headers.Reset, "Content-Type", "Content-Length"} {
+		if head.Header().Get(k) != get2.Header().Get(k) {
+			t.Errorf("%s: HEAD %q, GET %q", k, head.Header().Get(k), get2.Header().Get(k))
+		}
+	}
+}
+
+func TestHeaderStyles(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		style      headers.Style
+		x, ietf    bool
+		policy, rl string
+	}{
+		{headers.XRateLimit, true, false, "", ""},
+		{headers.IETF, false, true, `"r";q=5;w=60`, `"r";r=4;t=60`},
+		{headers.Both, true, true, `"r";q=5;w=60`, `"r";r=4;t=60`},
+		{headers.None, false, false, "", ""},
+	} {
+		t.Run(tc.style.String(), func(t *testing.T) {
+			h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global}}, middleware.WithHeaders(tc.style))(ok)
+			rec := do(h, "GET", "/", nil)
+			if got := rec.Header().Get(headers.Remaining) != ""; got != tc.x {
+				t.Errorf("X-RateLimit present %v, want %v", got, tc.x)
+			}
+			if got := rec.Header().Get(headers.Policy); got != tc.policy {
+				t.Errorf("RateLimit-Policy %q, want %q", got, tc.policy)
+			}
+			if got := rec.Header().Get(headers.RateLimit); got != tc.rl {
+				t.Errorf("RateLimit %q, want %q", got, tc.rl)
+			}
+		})
+	}
+}
+
+func TestMostRestrictiveAndAllOrNothing(t *testing.T) {
+	t.Parallel()
+	clk := newClock()
+	lim := memory(t, clk)
+	h := mustNew(t, lim, []middleware.Rule{
+		{Rule: rule("account", 10, time.Minute), Identity: byHeader("X-Client")},
+		{Rule: rule("service", 3, time.Minute), Identity: global},
+	})(ok)
+	rec := do(h, "GET", "/", map[string]string{"X-Client": "a"})
+	if rec.Header().Get(headers.Limit) != "3" || rec.Header().Get(headers.Remaining) != "2" {
+		t.Fatalf("reported limit %q remaining %q, want the service rule 3/2", rec.Header().Get(headers.Limit), rec.Header().Get(headers.Remaining))
+	}
+	do(h, "GET", "/", map[string]string{"X-Client": "b"})
+	do(h, "GET", "/", map[string]string{"X-Client": "c"})
+	// The service budget is spent: client a is refused, and its account budget untouched.
+	if rec := do(h, "GET", "/", map[string]string{"X-Client": "a"}); rec.Code != 429 {
+		t.Fatalf("want 429, got %d", rec.Code)
+	}
+	d, err := lim.Allow(context.Background(), []ratebudget.Check{{Rule: rule("account", 10, time.Minute), Identity: "a", Cost: 1}})
+	if err != nil || d.Remaining != 8 {
+		t.Fatalf("account budget after refusal: remaining %d (%v), want 8 (one spent, refusal spent nothing)", d.Remaining, err)
+	}
+}
+
+func TestCostAndExceeded(t *testing.T) {
+	t.Parallel()
+	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("jobs", 10, time.Minute), Identity: global}},
+		middleware.WithCost(func(r *http.Request) (int64, error) {
+			return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
+		}))(ok)
+	if rec := do(h, "POST", "/?cost=4", nil); rec.Code != 200 || rec.Header().Get(headers.Remaining) != "6" {
+		t.Fatalf("cost 4: %d %q", rec.Code, rec.Header().Get(headers.Remaining))
+	}
+	rec := do(h, "POST", "/?cost=11", nil)
+	if rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get("Retry-After") != "" || rec.Header().Get("Cache-Control") != "no-store" {
+		t.Fatalf("cost 11: %d Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	if rec := do(h, "POST", "/?cost=7", nil); rec.Code != 429 {
+		t.Fatalf("cost 7 over 6 remaining: %d", rec.Code)
+	}
+	for _, bad := range []string{"0", "-3", "x"} {
+		if rec := do(h, "POST", "/?cost="+bad, nil); rec.Code != 400 {
+			t.Errorf("cost %q: %d, want 400", bad, rec.Code)
+		}
+	}
+	if rec := do(h, "POST", "/?cost=6", nil); rec.Code != 200 {
+		t.Fatalf("cost 6: %d (refused and invalid requests must spend nothing)", rec.Code)
+	}
+}
+
+func TestKeyErrorIsNotASharedBucket(t *testing.T) {
+	t.Parallel()
+	var events []middleware.Event
+	var called atomic.Int32
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called.Add(1) })
+	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: byHeader("X-Client")}},
+		middleware.WithObserver(func(e middleware.Event) { events = append(events, e) }))(next)
+	for range 3 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 400 || rec.Header().Get("Cache-Control") != "no-store" {
+			t.Fatalf("no identity: %d", rec.Code)
+		}
+	}
+	if called.Load() != 0 {
+		t.Fatal("handler called without an identity")
+	}
+	if rec := do(h, "GET", "/", map[string]string{"X-Client": "a"}); rec.Code != 200 {
+		t.Fatalf("identified: %d", rec.Code)
+	}
+	if len(events) != 4 || events[0].Outcome != middleware.OutcomeInvalid || events[3].Outcome != middleware.OutcomeAllowed {
+		t.Fatalf("events %+v", events)
+	}
+}
+
+func TestChiMounting(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	perRoute := mustNew(t, lim, []middleware.Rule{{Rule: rule("route", 1, time.Minute), Identity: global,
+		Scope: func(r *http.Request) (string, error) { return chi.RouteContext(r.Context()).RoutePattern(), nil }}})
+	everywhere := mustNew(t, lim, []middleware.Rule{{Rule: rule("all", 5, time.Minute), Identity: global}})
+
+	r := chi.NewRouter()
+	r.Get("/healthz", ok)
+	r.Group(func(r chi.Router) {
+		r.Use(everywhere)
+		r.With(perRoute).Get("/a/{id}", ok)
+		r.With(perRoute).Get("/b", ok)
+		r.Get("/c", ok)
+	})
+	for _, tc := range []struct {
+		path string
+		code int
+	}{
+		{"/a/1", 200}, {"/a/2", 429}, // one budget per route pattern, not per path
+		{"/b", 200}, {"/b", 429},
+		{"/c", 200}, // "all" has 5: a/1, a/2 refused by "route" spent nothing... (a/2 refusal spends nothing in "all" either? no: different middleware)
+		{"/healthz", 200}, {"/healthz", 200},
+	} {
+		if rec := do(r, "GET", tc.path, nil); rec.Code != tc.code {
+			t.Errorf("GET %s: %d, want %d", tc.path, rec.Code, tc.code)
+		}
+	}
+	// The outer middleware spent one unit per request that reached it: a/1 a/2 b b c = 5.
+	if rec := do(r, "GET", "/c", nil); rec.Code != 429 {
+		t.Errorf("6th request through the group: %d, want 429", rec.Code)
+	}
+}
+
+func TestPlainHandler(t *testing.T) {
+	t.Parallel()
+	mux := http.NewServeMux()
+	mux.Handle("GET /x", mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("x", 1, time.Minute), Identity: global}})(ok))
+	if rec := do(mux, "GET", "/x", nil); rec.Code != 200 {
+		t.Fatal(rec.Code)
+	}
+	if rec := do(mux, "GET", "/x", nil); rec.Code != 429 {
+		t.Fatal(rec.Code)
+	}
+}
+
+func TestCanceledRequestIsNotServed(t *testing.T) {
+	t.Parallel()
+	var called atomic.Bool
+	lim := memory(t, newClock())
+	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { called.Store(true) }))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
+	h.ServeHTTP(httptest.NewRecorder(), req)
+	if called.Load() {
+		t.Fatal("handler invoked for a canceled request")
+	}
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+		t.Fatalf("budget spent by a canceled request: %d", rec.Code)
+	}
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	good := middleware.Rule{Rule: rule("r", 1, time.Minute), Identity: global}
+	for _, tc := range []struct {
+		name  string
+		lim   ratebudget.Limiter
+		rules []middleware.Rule
+		opts  []middleware.Option
+		field string
+	}{
+		{"nil limiter", nil, []middleware.Rule{good}, nil, "limiter"},
+		{"no rules", lim, nil, nil, "rules"},
+		{"nil identity", lim, []middleware.Rule{{Rule: rule("r", 1, time.Minute)}}, nil, "Identity"},
+		{"zero limit", lim, []middleware.Rule{{Rule: rule("r", 0, time.Minute), Identity: global}}, nil, "Limit"},
+		{"duplicate", lim, []middleware.Rule{good, good}, nil, "Name"},
+		{"timeout", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithTimeout(0)}, "WithTimeout"},
+		{"replicas", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithLocalFallback(0)}, "WithLocalFallback"},
+		{"breaker", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithBreaker(3, 0)}, "WithBreaker"},
+		{"nil cost", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithCost(nil)}, "WithCost"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := middleware.New(tc.lim, tc.rules, tc.opts...)
+			var ce *ratebudget.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field {
+				t.Fatalf("err %v, want a ConfigError naming %s", err, tc.field)
+			}
+		})
+	}
+}

@@ -1,0 +1,134 @@
+package middleware
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+)
+
+// Option configures the middleware built by [New]. Options are validated by New, which
+// returns a *ratebudget.ConfigError naming the option at fault.
+type Option func(*config) error
+
+type config struct {
+	cost       func(*http.Request) (int64, error)
+	style      headers.Style
+	onRefusal  func(http.ResponseWriter, *http.Request, ratebudget.Decision)
+	onError    func(http.ResponseWriter, *http.Request, error)
+	observers  []func(Event)
+	policy     Policy
+	replicas   int
+	timeout    time.Duration
+	retryAfter time.Duration
+	breaker    *breakerConfig
+	clock      func() time.Time
+}
+
+func configErr(field, problem string) error {
+	return &ratebudget.ConfigError{Field: field, Problem: problem}
+}
+
+// WithCost sets the function that gives each request's cost in units (default: 1 per
+// request). It is charged to every rule of the middleware. An error, or a cost below 1,
+// is answered like a key-function error (see [WithErrorHandler]) and spends nothing.
+func WithCost(f func(*http.Request) (int64, error)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return configErr("WithCost", "function must not be nil")
+		}
+		c.cost = f
+		return nil
+	}
+}
+
+// WithHeaders selects the budget metadata headers (default headers.XRateLimit);
+// headers.None sends none, for routes such as authentication endpoints.
+func WithHeaders(s headers.Style) Option {
+	return func(c *config) error {
+		if s > headers.None {
+			return configErr("WithHeaders", "unknown style "+s.String())
+		}
+		c.style = s
+		return nil
+	}
+}
+
+// WithRefusalHandler replaces the default refusal response (429 from
+// headers.WriteTooManyRequests, or 413 from headers.WriteCostExceeded when the cost can
+// never be admitted). Metadata headers are already set on w when it is called.
+func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.Decision)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return configErr("WithRefusalHandler", "function must not be nil")
+		}
+		c.onRefusal = f
+		return nil
+	}
+}
+
+// WithErrorHandler replaces the response to a request whose identity, scope or cost
+// cannot be determined (a key function or the cost function failed). The default answers
+// 400 Bad Request (headers.WriteUnidentified) without the error's text. Such a request is
+// never counted in a shared bucket and never reaches the handler unless f calls it.
+func WithErrorHandler(f func(http.ResponseWriter, *http.Request, error)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return configErr("WithErrorHandler", "function must not be nil")
+		}
+		c.onError = f
+		return nil
+	}
+}
+
+// WithObserver adds a function that sees every decision, allowed and denied alike, with
+// its latency (see [Event]). Observers run synchronously on the request path, in the
+// order added: keep them fast and non-blocking.
+func WithObserver(f func(Event)) Option {
+	return func(c *config) error {
+		if f == nil {
+			return configErr("WithObserver", "function must not be nil")
+		}
+		c.observers = append(c.observers, f)
+		return nil
+	}
+}
+
+// WithTimeout bounds each decision of a limiter that does I/O (default 50ms), whatever
+// the request's own deadline: a hung store costs a request at most d, then the failure
+// policy applies. It must be positive. The in-process ratebudget.Memory takes no I/O and
+// gets no deadline.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return configErr("WithTimeout", "must be positive, got "+d.String())
+		}
+		c.timeout = d
+		return nil
+	}
+}
+
+// WithUnavailableRetryAfter sets the Retry-After of 503 answers under FailClosed (default
+// 1s, at least 1s).
+func WithUnavailableRetryAfter(d time.Duration) Option {
+	return func(c *config) error {
+		if d < time.Second {
+			return configErr("WithUnavailableRetryAfter", "must be at least 1s, got "+d.String())
+		}
+		c.retryAfter = d
+		return nil
+	}
+}
+
+// WithClock sets the clock of the circuit breaker and the local fallback (default
+// time.Now), for tests.
+func WithClock(now func() time.Time) Option {
+	return func(c *config) error {
+		if now == nil {
+			return configErr("WithClock", "clock must not be nil")
+		}
+		c.clock = now
+		return nil
+	}
+}

@@ -1,0 +1,445 @@
+package keyfuncs
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+
+	"github.com/go-chi/chi/v5/middleware"
+)
+
+// IPOption configures [ClientIP]. Options are validated by ClientIP, which names the
+// option at fault.
+type IPOption func(*ipConfig) error
+
+// source is where ClientIP reads the client address.
+type source uint8
+
+const (
+	srcRemoteAddr source = iota
+	srcXFF
+	srcForwarded
+	srcHeader
+	srcChi
+)
+
+func (s source) String() string {
+	switch s {
+	case srcXFF:
+		return "XForwardedFor"
+	case srcForwarded:
+		return "Forwarded"
+	case srcHeader:
+		return "RealIPHeader"
+	case srcChi:
+		return "ChiClientIP"
+	}
+	return "RemoteAddr"
+}
+
+type ipConfig struct {
+	src       source
+	srcSet    bool
+	header    string // canonical name, for srcHeader
+	trusted   []netip.Prefix
+	trustSet  bool
+	strict    bool
+	v4Bits    int
+	v6Bits    int
+	errHeader error // ErrInvalidHeader naming the header, built once
+}
+
+// ClientIP returns a KeyFunc whose key is the client's IP address, grouped by prefix:
+// "203.0.113.7" for an IPv4 client (a /32, the default) and "2001:db8:1:2::/64" for an
+// IPv6 client (a /64, the default). Options choose where the address comes from and how
+// addresses are grouped; they are checked once, here, and an invalid one makes ClientIP
+// return an error naming it.
+//
+// Without options the address is the TCP peer (r.RemoteAddr, "host:port" or a bare IP):
+// it cannot be spoofed, but behind a proxy it is the proxy's address. Behind proxies,
+// name them with [TrustedProxies] and choose one forwarding header with
+// [XForwardedFor], [Forwarded] or [RealIPHeader]; the header is then believed only when
+// the TCP peer is itself a trusted proxy. To reuse the address that chi's
+// middleware.ClientIPFrom* middlewares stored, use [ChiClientIP].
+//
+// IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) are read as IPv4, and IPv6 zones are
+// dropped, before any trust check and before grouping.
+//
+// Errors: [ErrNoClientIP] when no address can be known (a unix-socket peer, an
+// "unknown" or obfuscated hop in Forwarded); [ErrInvalidHeader] when a forwarding header
+// that must be read is malformed. A KeyFunc never falls back to a proxy's address after
+// an error.
+func ClientIP(opts ...IPOption) (KeyFunc, error) {
+	c := &ipConfig{v4Bits: 32, v6Bits: 64}
+	for _, o := range opts {
+		if o == nil {
+			return nil, errors.New("keyfuncs: ClientIP: nil option")
+		}
+		if err := o(c); err != nil {
+			return nil, err
+		}
+	}
+	forwarding := c.src == srcXFF || c.src == srcForwarded || c.src == srcHeader
+	switch {
+	case forwarding && !c.trustSet:
+		return nil, fmt.Errorf("keyfuncs: %v requires TrustedProxies: forwarding headers are believed only from trusted peers", c.src)
+	case c.trustSet && c.src == srcChi:
+		return nil, errors.New("keyfuncs: TrustedProxies cannot be combined with ChiClientIP: the chi middleware makes the trust decision")
+	case c.trustSet && !forwarding:
+		return nil, errors.New("keyfuncs: TrustedProxies has no effect without XForwardedFor, Forwarded or RealIPHeader")
+	case c.strict && !forwarding:
+		return nil, errors.New("keyfuncs: RequireForwarding needs XForwardedFor, Forwarded or RealIPHeader")
+	}
+	switch c.src {
+	case srcXFF:
+		c.errHeader = fmt.Errorf("%w: X-Forwarded-For", ErrInvalidHeader)
+		return c.fromXFF, nil
+	case srcForwarded:
+		c.errHeader = fmt.Errorf("%w: Forwarded", ErrInvalidHeader)
+		return c.fromForwarded, nil
+	case srcHeader:
+		c.errHeader = fmt.Errorf("%w: %s", ErrInvalidHeader, c.header)
+		return c.fromHeader, nil
+	case srcChi:
+		return c.fromChi, nil
+	}
+	return c.fromRemoteAddr, nil
+}
+
+func (c *ipConfig) setSource(s source) error {
+	if c.srcSet {
+		return fmt.Errorf("keyfuncs: %v and %v both choose the client address source; choose one", c.src, s)
+	}
+	c.src, c.srcSet = s, true
+	return nil
+}
+
+// TrustedProxies names the proxies whose forwarding headers are believed, as CIDR
+// prefixes ("10.0.0.0/8", "2001:db8::/32") or single addresses ("192.0.2.10"). Use it
+// with one of [XForwardedFor], [Forwarded] or [RealIPHeader]. When the TCP peer is not in
+// the list, forwarding headers are ignored entirely and the peer is the client.
+//
+// List only addresses that cannot be reached by clients directly except through your
+// proxies: an address in the list is believed about the hop before it.
+func TrustedProxies(cidrs ...string) IPOption {
+	return func(c *ipConfig) error {
+		if len(cidrs) == 0 {
+			return errors.New("keyfuncs: TrustedProxies: at least one prefix is required")
+		}
+		for _, s := range cidrs {
+			p, err := parseTrusted(s)
+			if err != nil {
+				return fmt.Errorf("keyfuncs: TrustedProxies: %q: %v", s, err)
+			}
+			c.trusted = append(c.trusted, p)
+		}
+		c.trustSet = true
+		return nil
+	}
+}
+
+func parseTrusted(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	var p netip.Prefix
+	if strings.IndexByte(s, '/') >= 0 {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil {
+			return p, err
+		}
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return p, err
+		}
+		if a.Zone() != "" {
+			return p, errors.New("zones are not allowed")
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() {
+		return p, errors.New("IPv4-mapped prefix: write the IPv4 form (addresses are unmapped before the check)")
+	}
+	if p.Bits() == 0 {
+		return p, errors.New("a /0 prefix would trust every address")
+	}
+	return p.Masked(), nil
+}
+
+// XForwardedFor makes [ClientIP] read the client from X-Forwarded-For when the TCP peer
+// is a trusted proxy (see [TrustedProxies], which it requires).
+//
+// All X-Forwarded-For lines are joined in order and split on commas, and the chain is
+// walked from the right, the peer being the last hop: the first address that is not
+// trusted is the client. Addresses left of it were written by the client or by proxies
+// you do not trust, and are never read. If every address is trusted, the leftmost one is
+// the client. Entries may carry a port ("192.0.2.1:4711", "[2001:db8::1]:4711"). An
+// entry that does not parse, met before the client is found, is [ErrInvalidHeader]; an
+// "unknown" entry is [ErrNoClientIP]. Without the header the peer is the client (a
+// request made by the proxy itself), unless [RequireForwarding] is given.
+func XForwardedFor() IPOption {
+	return func(c *ipConfig) error { return c.setSource(srcXFF) }
+}
+
+// Forwarded makes [ClientIP] read the client from the RFC 7239 Forwarded header's "for"
+// parameters when the TCP peer is a trusted proxy (see [TrustedProxies], which it
+// requires). The chain is walked from the right as with [XForwardedFor].
+//
+// Values may be quoted and carry ports ("[2001:db8::1]:4711", "192.0.2.1:4711"). A hop
+// reported as "unknown", by an obfuscated identifier ("_hidden"), or by an element
+// without a "for" parameter, cannot be checked against the trusted list and hides the
+// client's address: reaching it is [ErrNoClientIP], never the address of the proxy that
+// reported it (which would put every client of that proxy in one budget). A header that
+// is not valid RFC 7239 syntax is [ErrInvalidHeader], as is a chain of more than 64
+// elements.
+func Forwarded() IPOption {
+	return func(c *ipConfig) error { return c.setSource(srcForwarded) }
+}
+
+// RealIPHeader makes [ClientIP] read the client from a single-address header that your
+// trusted proxy sets, such as X-Real-IP (nginx), CF-Connecting-IP (Cloudflare),
+// True-Client-IP or Fastly-Client-IP, when the TCP peer is a trusted proxy (see
+// [TrustedProxies], which it requires).
+//
+// Use it only for a header that the proxy overwrites on every request: several products
+// pass True-Client-IP and Fastly-Client-IP through from the client unless configured to
+// strip them. When the header has several lines the last one wins (the one written
+// nearest to this server). A value that is not exactly one IP address is
+// [ErrInvalidHeader]: there is no fallback to other values or to the peer. Without the
+// header the peer is the client, unless [RequireForwarding] is given.
+func RealIPHeader(name string) IPOption {
+	return func(c *ipConfig) error {
+		if name == "" || strings.ContainsAny(name, " \t\r\n:") {
+			return fmt.Errorf("keyfuncs: RealIPHeader: invalid header name %q", name)
+		}
+		c.header = http.CanonicalHeaderKey(name)
+		return c.setSource(srcHeader)
+	}
+}
+
+// RequireForwarding makes a request from a trusted proxy that carries no forwarding
+// header an [ErrNoClientIP] instead of an identity for the proxy itself. Use it when your
+// proxies always set the header, so that a misconfigured proxy is refused loudly rather
+// than sharing one budget among all its clients. Note that a proxy's own health checks
+// then fail too, unless they are not rate limited.
+func RequireForwarding() IPOption {
+	return func(c *ipConfig) error { c.strict = true; return nil }
+}
+
+// ChiClientIP makes [ClientIP] use the address stored by chi's middleware.ClientIPFrom*
+// middlewares (read with middleware.GetClientIPAddr), for applications that already run
+// one of them: the trust decision is then that middleware's. The address is normalised
+// and grouped like any other. A request without a stored address is [ErrNoClientIP];
+// this happens when the middleware is missing or refused the request's headers, and is
+// never replaced by the peer's address.
+func ChiClientIP() IPOption {
+	return func(c *ipConfig) error { return c.setSource(srcChi) }
+}
+
+// IPv6Prefix sets the prefix length, in bits (1 to 128), that groups IPv6 clients into
+// one identity. The default is 64, one budget per /64: a single subscriber usually holds
+// a whole /64. Many providers delegate a /56 or a /48 to one subscriber, who can then
+// spread requests over 256 or 65536 /64s; consider rules at /64 and at /56 or /48 side by
+// side. With 128, the key is the address.
+func IPv6Prefix(bits int) IPOption {
+	return func(c *ipConfig) error {
+		if bits < 1 || bits > 128 {
+			return fmt.Errorf("keyfuncs: IPv6Prefix: %d bits, want 1 to 128", bits)
+		}
+		c.v6Bits = bits
+		return nil
+	}
+}
+
+// IPv4Prefix sets the prefix length, in bits (1 to 32), that groups IPv4 clients into one
+// identity. The default is 32: one budget per address, and the key is the address
+// ("203.0.113.7"). Shorter prefixes give keys such as "203.0.113.0/24".
+func IPv4Prefix(bits int) IPOption {
+	return func(c *ipConfig) error {
+		if bits < 1 || bits > 32 {
+			return fmt.Errorf("keyfuncs: IPv4Prefix: %d bits, want 1 to 32", bits)
+		}
+		c.v4Bits = bits
+		return nil
+	}
+}
+
+// GroupIP returns the key [ClientIP] gives to addr under the default grouping: an IPv4
+// address as it is, an IPv6 address as its /64 ("2001:db8:1:2::/64"). IPv4-mapped
+// addresses are unmapped and zones dropped first. It returns "" for an invalid addr.
+func GroupIP(addr netip.Addr) string {
+	if !addr.IsValid() {
+		return ""
+	}
+	return groupAddr(normalize(addr), 32, 64, "")
+}
+
+// normalize unmaps IPv4-mapped IPv6 and drops the zone: the form every trust check and
+// every key uses, so that no notation aliases a trusted or a different address.
+func normalize(a netip.Addr) netip.Addr {
+	return a.Unmap().WithZone("")
+}
+
+func (c *ipConfig) trustedAddr(a netip.Addr) bool {
+	for _, p := range c.trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *ipConfig) key(a netip.Addr, raw string) string {
+	return groupAddr(a, c.v4Bits, c.v6Bits, raw)
+}
+
+// groupAddr formats a's prefix of v4Bits or v6Bits. When the prefix is the whole address
+// and raw already holds its canonical text, raw is returned and nothing is allocated.
+func groupAddr(a netip.Addr, v4Bits, v6Bits int, raw string) string {
+	bits := v6Bits
+	if a.Is4() {
+		bits = v4Bits
+	}
+	var buf [64]byte
+	var b []byte
+	if bits >= a.BitLen() {
+		b = a.AppendTo(buf[:0])
+		if string(b) == raw {
+			return raw
+		}
+	} else {
+		p, err := a.Prefix(bits)
+		if err != nil {
+			return ""
+		}
+		b = p.AppendTo(buf[:0])
+	}
+	return string(b)
+}
+
+// peer parses r.RemoteAddr: "host:port", "[v6]:port" or a bare address. It returns the
+// host text as well, to let groupAddr reuse it.
+func peer(remoteAddr string) (netip.Addr, string, bool) {
+	host := remoteAddr
+	if n := len(host); n > 0 && host[0] == '[' {
+		i := strings.IndexByte(host, ']')
+		if i < 0 {
+			return netip.Addr{}, "", false
+		}
+		host = host[1:i]
+	} else if i := strings.LastIndexByte(host, ':'); i >= 0 && strings.IndexByte(host, ':') == i {
+		host = host[:i] // IPv4 with a port; a bare IPv6 address has several colons
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}, "", false
+	}
+	return normalize(a), host, true
+}
+
+func (c *ipConfig) fromRemoteAddr(r *http.Request) (string, error) {
+	a, host, ok := peer(r.RemoteAddr)
+	if !ok {
+		return "", ErrNoClientIP
+	}
+	return c.key(a, host), nil
+}
+
+func (c *ipConfig) fromChi(r *http.Request) (string, error) {
+	a := middleware.GetClientIPAddr(r.Context())
+	if !a.IsValid() {
+		return "", ErrNoClientIP
+	}
+	return c.key(normalize(a), ""), nil
+}
+
+// trustedPeer returns the peer's key and false when the peer is not trusted (its
+// headers are then ignored), or its address and true when it is.
+func (c *ipConfig) trustedPeer(r *http.Request) (netip.Addr, string, bool, error) {
+	a, host, ok := peer(r.RemoteAddr)
+	if !ok {
+		return a, "", false, ErrNoClientIP
+	}
+	if !c.trustedAddr(a) {
+		return a, c.key(a, host), false, nil
+	}
+	return a, host, true, nil
+}
+
+func (c *ipConfig) fromHeader(r *http.Request) (string, error) {
+	p, k, trusted, err := c.trustedPeer(r)
+	if err != nil || !trusted {
+		return k, err
+	}
+	vs := r.Header[c.header]
+	if len(vs) == 0 {
+		if c.strict {
+			return "", ErrNoClientIP
+		}
+		return c.key(p, k), nil
+	}
+	v := strings.TrimSpace(vs[len(vs)-1])
+	a, err := netip.ParseAddr(v)
+	if err != nil {
+		return "", c.errHeader
+	}
+	return c.key(normalize(a), v), nil
+}
+
+func (c *ipConfig) fromXFF(r *http.Request) (string, error) {
+	p, k, trusted, err := c.trustedPeer(r)
+	if err != nil || !trusted {
+		return k, err
+	}
+	lines := r.Header["X-Forwarded-For"]
+	leftmost, leftRaw, seen := p, k, false
+	for i := len(lines) - 1; i >= 0; i-- {
+		h := lines[i]
+		for h != "" {
+			var v string
+			if j := strings.LastIndexByte(h, ','); j >= 0 {
+				v, h = h[j+1:], h[:j]
+			} else {
+				v, h = h, ""
+			}
+			v = strings.Trim(v, " \t")
+			if v == "" {
+				continue
+			}
+			seen = true
+			a, ok := parseHop(v)
+			if !ok {
+				if strings.EqualFold(v, "unknown") {
+					return "", ErrNoClientIP
+				}
+				return "", c.errHeader
+			}
+			if !c.trustedAddr(a) {
+				return c.key(a, v), nil
+			}
+			leftmost, leftRaw = a, v
+		}
+	}
+	if !seen && c.strict {
+		return "", ErrNoClientIP
+	}
+	return c.key(leftmost, leftRaw), nil
+}
+
+// parseHop parses one X-Forwarded-For entry: an address, "v4:port", "[v6]" or
+// "[v6]:port". The result is normalised.
+func parseHop(v string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(v); err == nil {
+		return normalize(a), true
+	}
+	if ap, err := netip.ParseAddrPort(v); err == nil {
+		return normalize(ap.Addr()), true
+	}
+	if n := len(v); n > 2 && v[0] == '[' && v[n-1] == ']' {
+		if a, err := netip.ParseAddr(v[1 : n-1]); err == nil && a.Is6() {
+			return normalize(a), true
+		}
+	}
+	return netip.Addr{}, false
+}

@@ -1,0 +1,89 @@
+// Package keyfuncs maps each request to the two halves of a budget's key: an identity
+// (whose budget: a client IP prefix, an account, nobody) and a scope (where it applies:
+// a route pattern). A [KeyFunc] has the shape of httprate's, so extractors written for one
+// work with the other.
+//
+//	clientIP, err := keyfuncs.ClientIP(
+//		keyfuncs.TrustedProxies("10.0.0.0/8"), // the load balancers' subnet
+//		keyfuncs.XForwardedFor(),
+//	)
+//	if err != nil {
+//		log.Fatal(err) // names the option at fault
+//	}
+//	scope := keyfuncs.RoutePattern()
+//
+// Every KeyFunc returns a non-empty key or an error. An error is not a budget: the
+// middleware turns it into a documented response (400 by default), never into one
+// bucket shared by everyone whose key failed. Only [Global] (and [Constant]("")) returns
+// the empty, service-wide identity.
+//
+// # Threat model
+//
+// Anyone can send any header. A rate limit keyed on a value the client chooses is no
+// limit: the client rotates it to get fresh budgets, or pins it to a victim's value to
+// exhaust the victim's budget. So:
+//
+//   - By default the client is the TCP peer (r.RemoteAddr). It cannot be spoofed over TCP,
+//     but behind a proxy it is the proxy, and all clients share its budget.
+//   - A forwarding header (X-Forwarded-For, Forwarded, X-Real-IP, CF-Connecting-IP, ...)
+//     is read only when the TCP peer is one of the [TrustedProxies]. From any other peer
+//     it is ignored entirely and the peer is the client: a client reaching the server
+//     directly gains nothing by sending one.
+//   - Chains are walked from the right, the end written by your own proxies. Each trusted
+//     hop vouches for the entry before it; the first address that is not trusted is the
+//     client. Entries left of it were written by the client (or by proxies you do not
+//     trust) and are never read, so prepending fake entries changes nothing.
+//   - Garbage met before the client is found is an error ([ErrInvalidHeader]), and a hop
+//     hidden as "unknown" or "_obfuscated" is [ErrNoClientIP]. Neither falls back to a
+//     proxy's address, which would merge many clients into one budget.
+//   - IPv4-mapped IPv6 (::ffff:192.0.2.1) is read as IPv4 and IPv6 zones are dropped
+//     before any check, so no notation aliases a trusted or another address.
+//   - IPv6 clients are grouped by prefix (/64 by default, see [IPv6Prefix]): one
+//     subscriber holds at least a /64, often a /56 or a /48.
+//   - Keys are bounded and collision-free: [Header] refuses values longer than
+//     [MaxValueLen] or outside printable ASCII; [Func] and [FromContext] hash them;
+//     [Join] length-prefixes its parts and hashes joins longer than [MaxJoinedLen]. No
+//     key built from request data contains '{' or '}', so none can choose a Redis Cluster
+//     slot. Secrets are hashed ([HashedHeader], [Hash]) before they become keys.
+//
+// # Recipes
+//
+// A load balancer or reverse proxy that appends the peer it saw to X-Forwarded-For
+// (nginx with proxy_add_x_forwarded_for, AWS ALB, HAProxy option forwardfor): trust its
+// subnet.
+//
+//	keyfuncs.ClientIP(keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.XForwardedFor())
+//
+// A CDN directly in front of the server, which overwrites a single-address header: trust
+// the CDN's published ranges and name its header. Make sure the origin accepts traffic
+// only from those ranges, or at least that the header is ignored otherwise (it is).
+//
+//	keyfuncs.ClientIP(
+//		keyfuncs.TrustedProxies("173.245.48.0/20", "2400:cb00::/32"), // see cloudflare.com/ips
+//		keyfuncs.RealIPHeader("CF-Connecting-IP"),
+//	)
+//
+// A CDN in front of a load balancer (CDN → LB → app): the server's peer is the LB, so a
+// single-address header would be believed whoever reached the LB, including a client
+// that bypasses the CDN. Use X-Forwarded-For and trust both: the LB appends the CDN edge's
+// address (trusted) and the CDN appends the client's (not trusted), so the client is
+// found; a client that reaches the LB directly is its own rightmost untrusted entry.
+//
+//	keyfuncs.ClientIP(
+//		keyfuncs.TrustedProxies(
+//			"10.0.0.0/8",                           // the load balancers
+//			"173.245.48.0/20", "2400:cb00::/32", // the CDN's edges
+//		),
+//		keyfuncs.XForwardedFor(),
+//	)
+//
+// Proxies that speak RFC 7239 use [Forwarded] instead of [XForwardedFor]. Applications
+// that already run chi's middleware.ClientIPFromXFF (or another ClientIPFrom*) can reuse
+// its decision with [ChiClientIP].
+//
+// # Scopes
+//
+// [RoutePattern] and [MethodAndRoutePattern] scope a budget to the route that matched
+// ("/users/{id}", not "/users/42"). Where the middleware is installed in a chi router
+// decides what is known; see [RoutePattern].
+package keyfuncs

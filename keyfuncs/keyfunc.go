@@ -1,0 +1,278 @@
+package keyfuncs
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"hash"
+	"net/http"
+	"strconv"
+)
+
+// KeyFunc maps a request to a key: an identity (whose budget) or a scope (where it
+// applies). It has the shape of httprate's KeyFunc, so its extractors plug in.
+//
+// A KeyFunc returns a non-empty key or an error; an empty key with a nil error is only
+// returned by [Global] (and [Constant] with ""). Callers must turn an error into a
+// refusal of the request, never into a shared budget. Every KeyFunc of this package is
+// safe for concurrent use.
+type KeyFunc func(r *http.Request) (string, error)
+
+// Error is the type of this package's sentinel errors. They are constants, so no one can
+// replace them. Test for one with errors.Is, or for any of them with errors.As into a
+// variable of type Error. Errors returned by KeyFuncs may wrap them with the name of the
+// header at fault; they never quote request data, so they are safe to log. They are not
+// meant for clients.
+type Error string
+
+func (e Error) Error() string { return string(e) }
+
+const (
+	// ErrNoClientIP means that the client address cannot be known: the TCP peer is not
+	// an IP address (a unix socket), a trusted proxy reported the client as "unknown" or
+	// by an obfuscated identifier, or the chi client-IP middleware stored no address.
+	ErrNoClientIP Error = "keyfuncs: no client IP"
+	// ErrEmptyKey means that the identity is empty or missing (no header, no value in the
+	// context). Only [Global] and [Constant] yield an empty identity without error.
+	ErrEmptyKey Error = "keyfuncs: empty key"
+	// ErrInvalidHeader means that a header the KeyFunc reads is malformed: an address
+	// that does not parse in a forwarding header, a broken RFC 7239 Forwarded syntax, or
+	// an identifier that is too long or holds bytes outside printable ASCII.
+	ErrInvalidHeader Error = "keyfuncs: invalid header"
+	// ErrNoRoutePattern means that no route pattern is known for the request yet (see
+	// [RoutePattern]).
+	ErrNoRoutePattern Error = "keyfuncs: no route pattern"
+)
+
+// Bounds on keys.
+const (
+	// MaxValueLen is the longest identifier, in bytes, that [Header] accepts and that
+	// [Func], [FromContext] and [Constant] keep as it is (longer ones are rejected or
+	// hashed).
+	MaxValueLen = 256
+	// MaxJoinedLen is the longest output of [JoinStrings] and [Join] kept readable;
+	// longer encodings are replaced by a fixed-size digest ([HashedLen] bytes).
+	MaxJoinedLen = 512
+	// HashedLen is the length of every digest this package produces: "~" followed by the
+	// 64 lowercase hex digits of a SHA-256 or HMAC-SHA-256.
+	HashedLen = 1 + 2*sha256.Size
+)
+
+// hashMark starts every digest. Readable keys never start with it, so a digest cannot
+// collide with a readable key.
+const hashMark = '~'
+
+// Global returns a KeyFunc for service-wide rules: every request gets the empty identity,
+// so all callers share one budget. It is the only way (with [Constant]("")) to obtain an
+// empty identity without an error.
+func Global() KeyFunc {
+	return func(*http.Request) (string, error) { return "", nil }
+}
+
+// Constant returns a KeyFunc that gives every request the same key s, for example a
+// group name used as a scope ("search") or a tenant-wide identity. Constant("") is
+// [Global]. A value that [Func] would hash is hashed once here.
+func Constant(s string) KeyFunc {
+	if s != "" {
+		s = clean(s)
+	}
+	return func(*http.Request) (string, error) { return s, nil }
+}
+
+// Func adapts a function to a KeyFunc with this package's key hygiene: an empty result is
+// [ErrEmptyKey]; a result of 1..[MaxValueLen] bytes of printable ASCII (0x20-0x7E)
+// without '{' or '}' and not starting with '~' is kept as it is; any other result is
+// replaced by its SHA-256 digest ([HashedLen] bytes), so keys stay bounded and can never
+// carry a Redis Cluster hash tag. Errors from fn are returned as they are.
+//
+// Func is for identifiers that are not secret. Hash secrets with [Hash].
+func Func(fn func(r *http.Request) (string, error)) KeyFunc {
+	if fn == nil {
+		return failing(ErrEmptyKey)
+	}
+	return func(r *http.Request) (string, error) {
+		s, err := fn(r)
+		if err != nil {
+			return "", err
+		}
+		if s == "" {
+			return "", ErrEmptyKey
+		}
+		return clean(s), nil
+	}
+}
+
+// Hash returns a KeyFunc that replaces the key fn returns by its digest: HMAC-SHA-256
+// under hmacKey, or SHA-256 when hmacKey is empty. The result is always [HashedLen]
+// bytes ("~" and 64 hex digits). Use it for secrets such as API keys or session tokens,
+// so they never reach the store, logs or metrics. Prefer an HMAC key (16 bytes or more,
+// kept secret): a plain SHA-256 of a known or guessable value can be recomputed by anyone
+// who reads the store. hmacKey is copied.
+//
+// Errors from fn, including [ErrEmptyKey], are returned as they are; an empty key with a
+// nil error is [ErrEmptyKey] (a secret is never empty).
+func Hash(fn KeyFunc, hmacKey []byte) KeyFunc {
+	if fn == nil {
+		return failing(ErrEmptyKey)
+	}
+	h := newHasher(hmacKey)
+	return func(r *http.Request) (string, error) {
+		s, err := fn(r)
+		if err != nil {
+			return "", err
+		}
+		if s == "" {
+			return "", ErrEmptyKey
+		}
+		return h.sum(s), nil
+	}
+}
+
+// JoinStrings encodes parts into one key without collisions: each part is written as its
+// length in decimal, a colon, and the part, so ("a:b", "c") gives "3:a:b1:c" and
+// ("a", "b:c") gives "1:a3:b:c". Inside a part, '%', '{' and '}' are written as "%25",
+// "%7B" and "%7D" (the length counts the escaped form), so the result never holds a
+// brace. When the encoding is longer than [MaxJoinedLen] bytes it is replaced by its
+// SHA-256 digest ([HashedLen] bytes, starting with '~', which no encoding starts with).
+//
+// JoinStrings is injective: different part lists never give the same key (for digests,
+// up to SHA-256 collisions). JoinStrings() is "", the empty identity.
+func JoinStrings(parts ...string) string {
+	n := 0
+	for _, p := range parts {
+		e := escapedLen(p)
+		n += e + len(strconv.Itoa(e)) + 1
+	}
+	if n == 0 {
+		return ""
+	}
+	b := make([]byte, 0, n)
+	for _, p := range parts {
+		b = strconv.AppendInt(b, int64(escapedLen(p)), 10)
+		b = append(b, ':')
+		b = appendEscaped(b, p)
+	}
+	if len(b) > MaxJoinedLen {
+		return sha256Hex(b)
+	}
+	return string(b)
+}
+
+// Join returns a KeyFunc that calls each fn in order and joins their keys with
+// [JoinStrings], for example a client IP with an account, or a tenant with a route. The
+// first error is returned as it is. An empty part (from [Global]) is encoded like any
+// other part, so Join's result is never empty unless no function is given, which is
+// [ErrEmptyKey] on every request.
+func Join(fns ...KeyFunc) KeyFunc {
+	if len(fns) == 0 {
+		return failing(ErrEmptyKey)
+	}
+	fns = append([]KeyFunc(nil), fns...)
+	for _, fn := range fns {
+		if fn == nil {
+			return failing(ErrEmptyKey)
+		}
+	}
+	return func(r *http.Request) (string, error) {
+		var buf [8]string
+		parts := buf[:0]
+		for _, fn := range fns {
+			s, err := fn(r)
+			if err != nil {
+				return "", err
+			}
+			parts = append(parts, s)
+		}
+		return JoinStrings(parts...), nil
+	}
+}
+
+// failing returns a KeyFunc that always returns err: how a constructor without an error
+// result reports an unusable argument, loudly and on every request.
+func failing(err error) KeyFunc {
+	return func(*http.Request) (string, error) { return "", err }
+}
+
+// readable reports whether s is kept as it is in a key: 1..MaxValueLen bytes of printable
+// ASCII without braces, not starting with the digest mark.
+func readable(s string) bool {
+	if len(s) == 0 || len(s) > MaxValueLen || s[0] == hashMark {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '{' || c == '}' {
+			return false
+		}
+	}
+	return true
+}
+
+// clean returns s when it is readable and its SHA-256 digest otherwise.
+func clean(s string) string {
+	if readable(s) {
+		return s
+	}
+	return sha256Hex([]byte(s))
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return digestString(sum[:])
+}
+
+func digestString(sum []byte) string {
+	var out [HashedLen]byte
+	out[0] = hashMark
+	hex.Encode(out[1:], sum)
+	return string(out[:])
+}
+
+// hasher computes the digests of [Hash] and [HashedHeader].
+type hasher struct {
+	key []byte // nil: plain SHA-256
+}
+
+func newHasher(key []byte) hasher {
+	if len(key) == 0 {
+		return hasher{}
+	}
+	return hasher{key: append([]byte(nil), key...)}
+}
+
+func (h hasher) sum(s string) string {
+	if h.key == nil {
+		sum := sha256.Sum256([]byte(s))
+		return digestString(sum[:])
+	}
+	var m hash.Hash = hmac.New(sha256.New, h.key)
+	m.Write([]byte(s))
+	var buf [sha256.Size]byte
+	return digestString(m.Sum(buf[:0]))
+}
+
+func escapedLen(p string) int {
+	n := len(p)
+	for i := 0; i < len(p); i++ {
+		switch p[i] {
+		case '%', '{', '}':
+			n += 2
+		}
+	}
+	return n
+}
+
+func appendEscaped(b []byte, p string) []byte {
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; c {
+		case '%':
+			b = append(b, "%25"...)
+		case '{':
+			b = append(b, "%7B"...)
+		case '}':
+			b = append(b, "%7D"...)
+		default:
+			b = append(b, c)
+		}
+	}
+	return b
+}

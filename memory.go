@@ -66,10 +66,14 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 	}
 }
 
-// NewMemory returns an empty in-process limiter.
+// NewMemory returns an empty in-process limiter, or a *[ConfigError] naming the first
+// invalid option (a nil option included).
 func NewMemory(opts ...MemoryOption) (*Memory, error) {
 	m := &Memory{now: time.Now, seed: maphash.MakeSeed(), sweep: 10_000}
 	for _, o := range opts {
+		if o == nil {
+			return nil, &ConfigError{Field: "MemoryOption", Problem: "must not be nil"}
+		}
 		if err := o(m); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,264 @@
+package ratebudget_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+// wantConfigError checks that err is a *ConfigError naming field (and rule, when not empty)
+// that matches ErrInvalidConfig and not ErrStoreUnavailable.
+func wantConfigError(t *testing.T, err error, rule, field string) {
+	t.Helper()
+	var ce *ratebudget.ConfigError
+	if !errors.As(err, &ce) {
+		t.Fatalf("got %v (%T), want a *ConfigError for %s", err, err, field)
+	}
+	if ce.Field != field || ce.Rule != rule {
+		t.Fatalf("got rule %q field %q (%v), want rule %q field %q", ce.Rule, ce.Field, err, rule, field)
+	}
+	if ce.Problem == "" || !strings.Contains(err.Error(), field) {
+		t.Fatalf("error %q does not explain the problem with %s", err, field)
+	}
+	if !errors.Is(err, ratebudget.ErrInvalidConfig) || errors.Is(err, ratebudget.ErrStoreUnavailable) {
+		t.Fatalf("errors.Is(%v, ErrInvalidConfig) = %v, ErrStoreUnavailable = %v", err,
+			errors.Is(err, ratebudget.ErrInvalidConfig), errors.Is(err, ratebudget.ErrStoreUnavailable))
+	}
+}
+
+func TestRuleValidate(t *testing.T) {
+	valid := ratebudget.Rule{Name: "r", Limit: 10, Window: time.Second}
+	with := func(f func(*ratebudget.Rule)) ratebudget.Rule {
+		r := valid
+		f(&r)
+		return r
+	}
+	token := func(limit int64, window time.Duration, burst int64) ratebudget.Rule {
+		return ratebudget.Rule{Name: "r", Algorithm: ratebudget.TokenBucket, Limit: limit, Window: window, Burst: burst}
+	}
+	tests := []struct {
+		name  string
+		rule  ratebudget.Rule
+		field string // "" = valid
+	}{
+		{"valid fixed", valid, ""},
+		{"valid rolling", with(func(r *ratebudget.Rule) { r.Algorithm = ratebudget.RollingWindow }), ""},
+		{"valid token", token(10, time.Second, 0), ""},
+		{"valid token burst", token(10, time.Second, 50), ""},
+		{"name of every allowed byte", with(func(r *ratebudget.Rule) { r.Name = "AZaz09_.-" }), ""},
+		{"name MaxNameLen", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", ratebudget.MaxNameLen) }), ""},
+		{"limit MaxLimit", with(func(r *ratebudget.Rule) { r.Limit = ratebudget.MaxLimit }), ""},
+		{"window 1ms", with(func(r *ratebudget.Rule) { r.Window = time.Millisecond }), ""},
+		{"window MaxWindow", with(func(r *ratebudget.Rule) { r.Window = ratebudget.MaxWindow }), ""},
+		{"token scale exactly 2^53", token(ratebudget.MaxLimit, 8192*time.Millisecond, 0), ""},
+
+		{"name empty", with(func(r *ratebudget.Rule) { r.Name = "" }), "Name"},
+		{"name too long", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", ratebudget.MaxNameLen+1) }), "Name"},
+		{"name with space", with(func(r *ratebudget.Rule) { r.Name = "a b" }), "Name"},
+		{"name with colon", with(func(r *ratebudget.Rule) { r.Name = "a:b" }), "Name"},
+		{"name with brace", with(func(r *ratebudget.Rule) { r.Name = "{a}" }), "Name"},
+		{"name with slash", with(func(r *ratebudget.Rule) { r.Name = "a/b" }), "Name"},
+		{"name not ASCII", with(func(r *ratebudget.Rule) { r.Name = "é" }), "Name"},
+		{"name with NUL", with(func(r *ratebudget.Rule) { r.Name = "a\x00" }), "Name"},
+		{"algorithm unknown", with(func(r *ratebudget.Rule) { r.Algorithm = 3 }), "Algorithm"},
+		{"algorithm 255", with(func(r *ratebudget.Rule) { r.Algorithm = 255 }), "Algorithm"},
+		{"limit zero", with(func(r *ratebudget.Rule) { r.Limit = 0 }), "Limit"},
+		{"limit negative", with(func(r *ratebudget.Rule) { r.Limit = -1 }), "Limit"},
+		{"limit above MaxLimit", with(func(r *ratebudget.Rule) { r.Limit = ratebudget.MaxLimit + 1 }), "Limit"},
+		{"window zero", with(func(r *ratebudget.Rule) { r.Window = 0 }), "Window"},
+		{"window negative", with(func(r *ratebudget.Rule) { r.Window = -time.Second }), "Window"},
+		{"window below 1ms", with(func(r *ratebudget.Rule) { r.Window = 999 * time.Microsecond }), "Window"},
+		{"window fractional ms", with(func(r *ratebudget.Rule) { r.Window = 1500 * time.Microsecond }), "Window"},
+		{"window above MaxWindow", with(func(r *ratebudget.Rule) { r.Window = ratebudget.MaxWindow + time.Millisecond }), "Window"},
+		{"burst on fixed", with(func(r *ratebudget.Rule) { r.Burst = 5 }), "Burst"},
+		{"burst on rolling", with(func(r *ratebudget.Rule) { r.Algorithm, r.Burst = ratebudget.RollingWindow, 5 }), "Burst"},
+		{"burst negative", token(10, time.Second, -1), "Burst"},
+		{"burst above MaxLimit", token(10, time.Second, ratebudget.MaxLimit+1), "Burst"},
+		{"token scale above 2^53 by limit", token(ratebudget.MaxLimit, 8193*time.Millisecond, 0), "Burst"},
+		{"token scale above 2^53 by burst", token(1, ratebudget.MaxWindow, 1<<30), "Burst"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.rule.Validate()
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("valid rule %+v: %v", tt.rule, err)
+				}
+				return
+			}
+			wantConfigError(t, err, tt.rule.Name, tt.field)
+			// Limiters refuse the rule before spending anything.
+			m, _ := newMemory(t)
+			if _, err := m.Allow(context.Background(), []ratebudget.Check{{Rule: tt.rule, Cost: 1}}); err == nil {
+				t.Fatal("Memory.Allow accepted an invalid rule")
+			} else {
+				wantConfigError(t, err, tt.rule.Name, tt.field)
+			}
+		})
+	}
+}
+
+func TestValidateRules(t *testing.T) {
+	a := ratebudget.Rule{Name: "a", Limit: 1, Window: time.Second}
+	b := ratebudget.Rule{Name: "b", Algorithm: ratebudget.TokenBucket, Limit: 1, Window: time.Second}
+	aToken := ratebudget.Rule{Name: "a", Algorithm: ratebudget.TokenBucket, Limit: 5, Window: time.Minute}
+	bad := ratebudget.Rule{Name: "bad", Limit: 0, Window: time.Second}
+	tests := []struct {
+		name        string
+		rules       []ratebudget.Rule
+		rule, field string // field "" = valid
+	}{
+		{"one", []ratebudget.Rule{a}, "", ""},
+		{"two", []ratebudget.Rule{a, b}, "", ""},
+		{"nil", nil, "", "rules"},
+		{"empty", []ratebudget.Rule{}, "", "rules"},
+		{"duplicate", []ratebudget.Rule{a, b, a}, "a", "Name"},
+		{"duplicate name, other rule", []ratebudget.Rule{a, aToken}, "a", "Name"},
+		{"invalid rule", []ratebudget.Rule{a, bad}, "bad", "Limit"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ratebudget.ValidateRules(tt.rules)
+			if tt.field == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			wantConfigError(t, err, tt.rule, tt.field)
+		})
+	}
+}
+
+func TestValidateChecks(t *testing.T) {
+	a := ratebudget.Rule{Name: "a", Limit: 5, Window: time.Second}
+	aOther := ratebudget.Rule{Name: "a", Algorithm: ratebudget.RollingWindow, Limit: 9, Window: time.Minute}
+	b := ratebudget.Rule{Name: "b", Algorithm: ratebudget.TokenBucket, Limit: 5, Window: time.Second}
+	bad := ratebudget.Rule{Name: "bad", Limit: 5, Window: 0}
+	c := func(r ratebudget.Rule, identity, scope string, cost int64) ratebudget.Check {
+		return ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: cost}
+	}
+	tests := []struct {
+		name        string
+		checks      []ratebudget.Check
+		rule, field string // field "" = valid
+	}{
+		{"one", []ratebudget.Check{c(a, "", "", 1)}, "", ""},
+		{"cost MaxLimit", []ratebudget.Check{c(a, "", "", ratebudget.MaxLimit)}, "", ""},
+		{"same rule, other identity", []ratebudget.Check{c(a, "x", "", 1), c(a, "y", "", 1)}, "", ""},
+		{"same rule, other scope", []ratebudget.Check{c(a, "x", "/a", 1), c(a, "x", "/b", 1)}, "", ""},
+		{"other rules, same identity", []ratebudget.Check{c(a, "x", "", 1), c(b, "x", "", 1)}, "", ""},
+		{"nil", nil, "", "checks"},
+		{"empty", []ratebudget.Check{}, "", "checks"},
+		{"cost zero", []ratebudget.Check{c(a, "", "", 1), c(b, "", "", 0)}, "b", "Cost"},
+		{"cost negative", []ratebudget.Check{c(a, "", "", -1)}, "a", "Cost"},
+		{"cost above MaxLimit", []ratebudget.Check{c(a, "", "", ratebudget.MaxLimit+1)}, "a", "Cost"},
+		{"invalid rule", []ratebudget.Check{c(a, "", "", 1), c(bad, "", "", 1)}, "bad", "Window"},
+		{"duplicate budget", []ratebudget.Check{c(a, "x", "s", 1), c(b, "x", "s", 1), c(a, "x", "s", 2)}, "a", "checks"},
+		{"duplicate budget, shared", []ratebudget.Check{c(a, "", "", 1), c(a, "", "", 1)}, "a", "checks"},
+		{"duplicate name, other rule", []ratebudget.Check{c(a, "x", "", 1), c(aOther, "x", "", 1)}, "a", "checks"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := ratebudget.ValidateChecks(tt.checks)
+			m, _ := newMemory(t)
+			d, allowErr := m.Allow(context.Background(), tt.checks)
+			if tt.field == "" {
+				if err != nil || allowErr != nil {
+					t.Fatalf("ValidateChecks: %v; Allow: %v", err, allowErr)
+				}
+				if !d.Allowed && !d.Exceeded {
+					t.Fatalf("Allow: %+v", d)
+				}
+				return
+			}
+			wantConfigError(t, err, tt.rule, tt.field)
+			wantConfigError(t, allowErr, tt.rule, tt.field)
+			if d != (ratebudget.Decision{}) || m.Len() != 0 {
+				t.Fatalf("an invalid request decided %+v and left %d budgets", d, m.Len())
+			}
+		})
+	}
+}
+
+func TestNewMemoryOptions(t *testing.T) {
+	tests := []struct {
+		name  string
+		opts  []ratebudget.MemoryOption
+		field string // "" = valid
+	}{
+		{"none", nil, ""},
+		{"clock", []ratebudget.MemoryOption{ratebudget.WithClock(time.Now)}, ""},
+		{"sweep 1ms", []ratebudget.MemoryOption{ratebudget.WithSweepInterval(time.Millisecond)}, ""},
+		{"sweep 1h", []ratebudget.MemoryOption{ratebudget.WithSweepInterval(time.Hour)}, ""},
+		{"nil clock", []ratebudget.MemoryOption{ratebudget.WithClock(nil)}, "WithClock"},
+		{"sweep zero", []ratebudget.MemoryOption{ratebudget.WithSweepInterval(0)}, "WithSweepInterval"},
+		{"sweep negative", []ratebudget.MemoryOption{ratebudget.WithSweepInterval(-time.Second)}, "WithSweepInterval"},
+		{"sweep below 1ms", []ratebudget.MemoryOption{ratebudget.WithSweepInterval(999 * time.Microsecond)}, "WithSweepInterval"},
+		{"nil option", []ratebudget.MemoryOption{ratebudget.WithClock(time.Now), nil}, "MemoryOption"},
+		{"first error wins", []ratebudget.MemoryOption{ratebudget.WithSweepInterval(0), ratebudget.WithClock(nil)}, "WithSweepInterval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := ratebudget.NewMemory(tt.opts...)
+			if tt.field == "" {
+				if err != nil || m == nil {
+					t.Fatalf("NewMemory: %v, %v", m, err)
+				}
+				if m.Len() != 0 {
+					t.Fatalf("new limiter holds %d budgets", m.Len())
+				}
+				return
+			}
+			if m != nil {
+				t.Fatalf("NewMemory returned a limiter with error %v", err)
+			}
+			wantConfigError(t, err, "", tt.field)
+		})
+	}
+}
+
+func TestParseAlgorithm(t *testing.T) {
+	for _, a := range algorithms {
+		got, err := ratebudget.ParseAlgorithm(a.String())
+		if err != nil || got != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v", a.String(), got, err)
+		}
+	}
+	for _, s := range []string{"", "Fixed", "fixed ", "sliding", "concurrency"} {
+		_, err := ratebudget.ParseAlgorithm(s)
+		wantConfigError(t, err, "", "Algorithm")
+	}
+	if s := ratebudget.Algorithm(7).String(); s != "Algorithm(7)" {
+		t.Errorf("Algorithm(7).String() = %q", s)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	ce := &ratebudget.ConfigError{Rule: "api", Field: "Limit", Problem: "must be positive"}
+	if got, want := ce.Error(), `ratebudget: rule "api": Limit must be positive`; got != want {
+		t.Errorf("ConfigError with rule: %q, want %q", got, want)
+	}
+	ce = &ratebudget.ConfigError{Field: "WithTimeout", Problem: "must be positive"}
+	if got, want := ce.Error(), "ratebudget: WithTimeout must be positive"; got != want {
+		t.Errorf("ConfigError without rule: %q, want %q", got, want)
+	}
+
+	cause := errors.New("dial tcp: refused")
+	for _, uncertain := range []bool{false, true} {
+		var err error = &ratebudget.StoreError{Class: "connection", Uncertain: uncertain, Err: cause}
+		if !errors.Is(err, ratebudget.ErrStoreUnavailable) || !errors.Is(err, cause) || errors.Is(err, ratebudget.ErrInvalidConfig) {
+			t.Errorf("StoreError matching: %v", err)
+		}
+		if got := strings.Contains(err.Error(), "uncertain"); got != uncertain {
+			t.Errorf("StoreError(uncertain=%v).Error() = %q", uncertain, err)
+		}
+		if !strings.Contains(err.Error(), "connection") || !strings.Contains(err.Error(), cause.Error()) {
+			t.Errorf("StoreError.Error() = %q lacks class or cause", err)
+		}
+	}
+}

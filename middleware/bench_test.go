@@ -1,0 +1,72 @@
+package middleware_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/go-chi/httprate"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+// BenchmarkMiddleware measures the per-request overhead of the middleware on an admitted
+// request, on the in-process limiter, with the same key (the client address, 256
+// distinct clients) and the same limit (high enough that every request is admitted) for
+// ratebudget and httprate's in-memory LimitBy. Metadata headers are written by both.
+func BenchmarkMiddleware(b *testing.B) {
+	const clients = 256
+	reqs := make([]*http.Request, clients)
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest("GET", "/", nil)
+		reqs[i].RemoteAddr = "192.0.2." + strconv.Itoa(i%250) + ":" + strconv.Itoa(1000+i)
+	}
+	byAddr := func(r *http.Request) (string, error) {
+		host := r.RemoteAddr
+		for i := len(host) - 1; i >= 0; i-- {
+			if host[i] == ':' {
+				return host[:i], nil
+			}
+		}
+		return host, nil
+	}
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	lim, _ := ratebudget.NewMemory()
+	rb, err := middleware.New(lim, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "bench", Limit: 1 << 40, Window: time.Hour},
+		Identity: byAddr,
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	hr := httprate.LimitBy(1<<40, time.Hour, byAddr)
+	for _, tc := range []struct {
+		name string
+		h    http.Handler
+	}{
+		{"ratebudget", rb(noop)},
+		{"httprate", hr(noop)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			w := &discard{h: http.Header{}}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				clear(w.h)
+				tc.h.ServeHTTP(w, reqs[i%clients])
+				i++
+			}
+		})
+	}
+}
+
+// discard is a ResponseWriter that keeps headers and drops the rest, so the benchmark
+// measures the middleware, not a recorder.
+type discard struct{ h http.Header }
+
+func (d *discard) Header() http.Header         { return d.h }
+func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discard) WriteHeader(int)             {}

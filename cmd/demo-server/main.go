@@ -1,0 +1,263 @@
+// Command demo-server is a small HTTP service that shows ratebudget's limits on a chi
+// router. It keeps budgets in process by default and in Redis with -redis, where every
+// demo-server sharing that Redis shares every budget.
+//
+//	go run ./cmd/demo-server -limit 3 -window 10s
+//	curl -i http://127.0.0.1:8080/api/hello
+//
+// GET / lists the routes and their limits.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "demo-server:", err)
+		os.Exit(2)
+	}
+}
+
+type options struct {
+	addr           string
+	limit          int64
+	window         time.Duration
+	algorithm      ratebudget.Algorithm
+	style          headers.Style
+	redisURL       string
+	storeError     middleware.Policy
+	replicas       int
+	storeTimeout   time.Duration
+	trustedProxies []string
+	ipv6Prefix     int
+}
+
+func parseFlags(args []string, out io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("demo-server", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
+	fs.Int64Var(&o.limit, "limit", 10, "budget per window, in cost units, for each limited route")
+	fs.DurationVar(&o.window, "window", time.Minute, "window, or token-bucket refill period")
+	algo := fs.String("algorithm", "fixed", "time rule: fixed | token | rolling")
+	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both | none")
+	fs.StringVar(&o.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0 (default: budgets in process)")
+	policy := fs.String("store-error", "closed", "when Redis cannot decide: closed (503) | open (admit) | local (limit/replicas in process)")
+	fs.IntVar(&o.replicas, "replicas", 1, "number of demo-server processes sharing the budget (for -store-error local)")
+	fs.DurationVar(&o.storeTimeout, "store-timeout", 50*time.Millisecond, "deadline of each Redis decision")
+	proxies := fs.String("trusted-proxies", "", "comma-separated CIDRs of proxies whose X-Forwarded-For is believed")
+	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var err error
+	if o.algorithm, err = ratebudget.ParseAlgorithm(*algo); err != nil {
+		return o, err
+	}
+	var ok bool
+	if o.style, ok = headers.ParseStyle(*style); !ok {
+		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, both or none)", *style)
+	}
+	if o.storeError, err = middleware.ParsePolicy(*policy); err != nil {
+		return o, err
+	}
+	if *proxies != "" {
+		for _, p := range strings.Split(*proxies, ",") {
+			o.trustedProxies = append(o.trustedProxies, strings.TrimSpace(p))
+		}
+	}
+	return o, nil
+}
+
+// run serves until ctx ends. When ready is not nil it receives the listening address.
+func run(ctx context.Context, args []string, out io.Writer, ready chan<- string) error {
+	o, err := parseFlags(args, out)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(out, nil))
+	lim, closeLim, err := newLimiter(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer closeLim()
+	h, err := newHandler(o, lim, log)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	store := "memory"
+	if o.redisURL != "" {
+		store = "redis"
+	}
+	log.Info("listening", "addr", ln.Addr().String(), "store", store, "limit", o.limit, "window", o.window, "algorithm", o.algorithm.String())
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return err
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func newLimiter(ctx context.Context, o options) (ratebudget.Limiter, func(), error) {
+	if o.redisURL == "" {
+		m, err := ratebudget.NewMemory()
+		return m, func() {}, err
+	}
+	return newRedisLimiter(ctx, o)
+}
+
+// newHandler builds the demo's routes. Each rule states its unit, identity, scope and
+// time rule; the guide at GET / prints them.
+func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handler, error) {
+	ipOpts := []keyfuncs.IPOption{keyfuncs.IPv6Prefix(o.ipv6Prefix)}
+	if len(o.trustedProxies) > 0 {
+		ipOpts = append(ipOpts, keyfuncs.TrustedProxies(o.trustedProxies...), keyfuncs.XForwardedFor())
+	}
+	clientIP, err := keyfuncs.ClientIP(ipOpts...)
+	if err != nil {
+		return nil, err
+	}
+	rule := func(name string) ratebudget.Rule {
+		return ratebudget.Rule{Name: name, Algorithm: o.algorithm, Limit: o.limit, Window: o.window}
+	}
+	common := []middleware.Option{
+		middleware.WithHeaders(o.style),
+		middleware.WithStoreErrorPolicy(o.storeError),
+		middleware.WithTimeout(o.storeTimeout),
+		middleware.WithObserver(logRefusals(log)),
+	}
+	if o.storeError == middleware.LocalFallback {
+		common = append(common, middleware.WithLocalFallback(o.replicas))
+	}
+	mk := func(rules []middleware.Rule, extra ...middleware.Option) (func(http.Handler) http.Handler, error) {
+		return middleware.New(lim, rules, append(append([]middleware.Option{}, common...), extra...)...)
+	}
+
+	perIP, err := mk([]middleware.Rule{{Rule: rule("hello"), Identity: clientIP}})
+	if err != nil {
+		return nil, err
+	}
+	// An account's budget, keyed by a digest of its API key (never the key itself), and a
+	// budget for the route as a whole, decided together.
+	account := keyfuncs.HashedHeader("X-API-Key", nil)
+	report, err := mk([]middleware.Rule{
+		{Rule: rule("report-account"), Identity: account},
+		{Rule: withLimit(rule("report-route"), 5*o.limit), Identity: keyfuncs.Global(), Scope: keyfuncs.RoutePattern()},
+	})
+	if err != nil {
+		return nil, err
+	}
+	jobs, err := mk([]middleware.Rule{{Rule: rule("jobs"), Identity: clientIP}}, middleware.WithCost(jobCost))
+	if err != nil {
+		return nil, err
+	}
+
+	r := chi.NewRouter()
+	r.Get("/", guide(o))
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	r.Route("/api", func(r chi.Router) {
+		r.With(perIP).Get("/hello", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, "hello\n")
+		})
+		r.With(report).Get("/accounts/{id}/report", func(w http.ResponseWriter, r *http.Request) {
+			_, _ = fmt.Fprintf(w, "report for account %s\n", chi.URLParam(r, "id"))
+		})
+		r.With(jobs).Post("/jobs", func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusAccepted)
+			_, _ = fmt.Fprintf(w, "job accepted, cost %s\n", r.URL.Query().Get("cost"))
+		})
+	})
+	return r, nil
+}
+
+func withLimit(r ratebudget.Rule, limit int64) ratebudget.Rule {
+	r.Limit = limit
+	return r
+}
+
+// jobCost reads ?cost=N (default 1): the job's estimated work in units.
+func jobCost(r *http.Request) (int64, error) {
+	s := r.URL.Query().Get("cost")
+	if s == "" {
+		return 1, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("cost %q is not a positive integer", s)
+	}
+	return n, nil
+}
+
+func logRefusals(log *slog.Logger) func(middleware.Event) {
+	return func(e middleware.Event) {
+		switch e.Outcome {
+		case middleware.OutcomeAllowed:
+			return
+		case middleware.OutcomeDenied, middleware.OutcomeExceeded:
+			log.Info("refused", "outcome", e.Outcome.String(), "rule", e.Decision.Rule, "retry_after", e.Decision.RetryAfter, "path", e.Request.URL.Path)
+		default:
+			log.Warn("limiter", "outcome", e.Outcome.String(), "err", e.Err, "path", e.Request.URL.Path)
+		}
+	}
+}
+
+func guide(o options) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = fmt.Fprintf(w, `ratebudget demo: every limited route spends from a budget (time rule %s, window %v)
+
+GET  /                          this guide (not limited)
+GET  /healthz                   health check (never limited)
+GET  /api/hello                 %d requests per window per client IP (IPv6 /%d)       rule "hello"
+GET  /api/accounts/{id}/report  %d per window per account (header X-API-Key)         rule "report-account"
+                                and %d per window for the route as a whole             rule "report-route"
+POST /api/jobs?cost=N           %d cost units per window per client IP; N units each  rule "jobs"
+
+Refusals: 429 + Retry-After (over the budget), 413 (cost above the budget),
+400 (no identity), 503 (budget store unavailable). Add "Accept: application/json"
+for application/problem+json bodies.
+`, o.algorithm, o.window, o.limit, o.ipv6Prefix, o.limit, 5*o.limit, o.limit)
+	}
+}

@@ -1,0 +1,240 @@
+package keyfuncs_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/ratebudget/ratebudget/keyfuncs"
+)
+
+// recorder is a middleware that records what a KeyFunc returns where it is installed.
+type recorder struct {
+	fn  keyfuncs.KeyFunc
+	got string
+	err error
+	ran bool
+}
+
+func (rec *recorder) mw(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec.got, rec.err = rec.fn(r)
+		rec.ran = true
+		next.ServeHTTP(w, r)
+	})
+}
+
+func ok(w http.ResponseWriter, r *http.Request) {}
+
+func serve(h http.Handler, method, target string) {
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(method, target, nil))
+}
+
+func checkRec(t *testing.T, rec *recorder, want string, wantErr error) {
+	t.Helper()
+	if !rec.ran {
+		t.Fatal("middleware did not run")
+	}
+	if wantErr != nil {
+		if !errors.Is(rec.err, wantErr) || rec.got != "" {
+			t.Fatalf("got (%q, %v), want %v", rec.got, rec.err, wantErr)
+		}
+		return
+	}
+	if rec.err != nil || rec.got != want {
+		t.Fatalf("got (%q, %v), want %q", rec.got, rec.err, want)
+	}
+}
+
+func TestRoutePattern_Chi(t *testing.T) {
+	t.Parallel()
+	tt := []struct {
+		name    string
+		build   func(mw func(http.Handler) http.Handler) http.Handler
+		target  string
+		want    string
+		wantErr error
+	}{
+		{
+			name: "top_level_use_before_routing",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.Use(mw)
+				r.Get("/users/{id}", ok)
+				return r
+			},
+			target: "/users/42", wantErr: keyfuncs.ErrNoRoutePattern,
+		},
+		{
+			name: "with_on_route",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.With(mw).Get("/users/{id}", ok)
+				return r
+			},
+			target: "/users/42", want: "/users/{id}",
+		},
+		{
+			name: "group_use",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.Group(func(r chi.Router) {
+					r.Use(mw)
+					r.Get("/users/{id}", ok)
+				})
+				return r
+			},
+			target: "/users/42", want: "/users/{id}",
+		},
+		{
+			name: "route_subrouter_use_sees_mount",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.Route("/api", func(r chi.Router) {
+					r.Use(mw)
+					r.Get("/users/{id}", ok)
+				})
+				return r
+			},
+			target: "/api/users/42", want: "/api/*",
+		},
+		{
+			name: "route_with_inside_subrouter",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.Route("/api", func(r chi.Router) {
+					r.With(mw).Get("/users/{id}", ok)
+				})
+				return r
+			},
+			target: "/api/users/42", want: "/api/users/{id}",
+		},
+		{
+			name: "group_inside_nested_routes",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.Route("/api", func(r chi.Router) {
+					r.Route("/v1", func(r chi.Router) {
+						r.Group(func(r chi.Router) {
+							r.Use(mw)
+							r.Post("/orders/{order}/items", ok)
+						})
+					})
+				})
+				return r
+			},
+			target: "/api/v1/orders/7/items", want: "/api/v1/orders/{order}/items",
+		},
+		{
+			name: "mounted_router_use",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				sub := chi.NewRouter()
+				sub.Use(mw)
+				sub.Get("/{id}", ok)
+				r := chi.NewRouter()
+				r.Mount("/items", sub)
+				return r
+			},
+			target: "/items/3", want: "/items/*",
+		},
+		{
+			name: "catch_all_route",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.With(mw).Get("/static/*", ok)
+				return r
+			},
+			target: "/static/a/b.css", want: "/static/*",
+		},
+		{
+			name: "root",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.With(mw).Get("/", ok)
+				return r
+			},
+			target: "/", want: "/",
+		},
+	}
+	for _, tc := range tt {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{fn: keyfuncs.RoutePattern()}
+			method := http.MethodGet
+			if tc.name == "group_inside_nested_routes" {
+				method = http.MethodPost
+			}
+			serve(tc.build(rec.mw), method, tc.target)
+			checkRec(t, rec, tc.want, tc.wantErr)
+		})
+	}
+}
+
+func TestRoutePattern_ChiHandlerAfterRouting(t *testing.T) {
+	t.Parallel()
+	// In a handler (after routing) the full pattern is known, even in a subrouter.
+	var got string
+	var err error
+	r := chi.NewRouter()
+	r.Route("/api", func(r chi.Router) {
+		r.Get("/users/{id}", func(w http.ResponseWriter, r *http.Request) {
+			got, err = keyfuncs.RoutePattern()(r)
+		})
+	})
+	serve(r, http.MethodGet, "/api/users/1")
+	if err != nil || got != "/api/users/{id}" {
+		t.Fatalf("got (%q, %v)", got, err)
+	}
+}
+
+func TestRoutePattern_ServeMux(t *testing.T) {
+	t.Parallel()
+	tt := []struct {
+		name, pattern, method, target, want string
+		fn                                  keyfuncs.KeyFunc
+		wrapMux                             bool
+		wantErr                             error
+	}{
+		{name: "method_pattern", pattern: "GET /items/{id}", method: "GET", target: "/items/9", want: "/items/{id}", fn: keyfuncs.RoutePattern()},
+		{name: "plain_pattern", pattern: "/items/{id}", method: "GET", target: "/items/9", want: "/items/{id}", fn: keyfuncs.RoutePattern()},
+		{name: "host_kept", pattern: "example.com/items/", method: "GET", target: "http://example.com/items/x", want: "example.com/items/", fn: keyfuncs.RoutePattern()},
+		{name: "method_and_pattern", pattern: "POST /items", method: "POST", target: "/items", want: "POST /items", fn: keyfuncs.MethodAndRoutePattern()},
+		{name: "head_on_get_route", pattern: "GET /items", method: "HEAD", target: "/items", want: "GET /items", fn: keyfuncs.MethodAndRoutePattern()},
+		{name: "invented_method", pattern: "/items", method: "BREW", target: "/items", want: "OTHER /items", fn: keyfuncs.MethodAndRoutePattern()},
+		{name: "outside_mux", pattern: "/items", method: "GET", target: "/items", wrapMux: true, wantErr: keyfuncs.ErrNoRoutePattern, fn: keyfuncs.RoutePattern()},
+	}
+	for _, tc := range tt {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{fn: tc.fn}
+			mux := http.NewServeMux()
+			var h http.Handler
+			if tc.wrapMux {
+				mux.HandleFunc(tc.pattern, ok)
+				h = rec.mw(mux)
+			} else {
+				mux.Handle(tc.pattern, rec.mw(http.HandlerFunc(ok)))
+				h = mux
+			}
+			serve(h, tc.method, tc.target)
+			checkRec(t, rec, tc.want, tc.wantErr)
+		})
+	}
+}
+
+func TestMethodAndRoutePattern_Chi(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{fn: keyfuncs.MethodAndRoutePattern()}
+	r := chi.NewRouter()
+	r.With(rec.mw).Delete("/users/{id}", ok)
+	serve(r, http.MethodDelete, "/users/1")
+	checkRec(t, rec, "DELETE /users/{id}", nil)
+
+	rec = &recorder{fn: keyfuncs.MethodAndRoutePattern()}
+	r = chi.NewRouter()
+	r.Use(rec.mw)
+	r.Get("/", ok)
+	serve(r, http.MethodGet, "/")
+	checkRec(t, rec, "", keyfuncs.ErrNoRoutePattern)
+}

@@ -25,11 +25,15 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
+	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
 
 func main() {
@@ -162,11 +166,20 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 	rule := func(name string) ratebudget.Rule {
 		return ratebudget.Rule{Name: name, Algorithm: o.algorithm, Limit: o.limit, Window: o.window}
 	}
+	m := metrics.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m, collectors.NewGoCollector())
 	common := []middleware.Option{
 		middleware.WithHeaders(o.style),
 		middleware.WithStoreErrorPolicy(o.storeError),
 		middleware.WithTimeout(o.storeTimeout),
+		middleware.WithObserver(m.Observe),
 		middleware.WithObserver(logRefusals(log)),
+		middleware.WithObserver(middleware.LogStoreErrors(log, 5*time.Second)),
+		middleware.WithBreakerObserver(m.BreakerChanged),
+		middleware.WithBreakerObserver(func(from, to middleware.BreakerState) {
+			log.Warn("rate-limit store circuit breaker", "from", from.String(), "to", to.String())
+		}),
 	}
 	if o.storeError == middleware.LocalFallback {
 		common = append(common, middleware.WithLocalFallback(o.replicas))
@@ -197,6 +210,7 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 	r := chi.NewRouter()
 	r.Get("/", guide(o))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	r.Route("/api", func(r chi.Router) {
 		r.With(perIP).Get("/hello", func(w http.ResponseWriter, _ *http.Request) {
 			_, _ = io.WriteString(w, "hello\n")
@@ -237,8 +251,8 @@ func logRefusals(log *slog.Logger) func(middleware.Event) {
 			return
 		case middleware.OutcomeDenied, middleware.OutcomeExceeded:
 			log.Info("refused", "outcome", e.Outcome.String(), "rule", e.Decision.Rule, "retry_after", e.Decision.RetryAfter, "path", e.Request.URL.Path)
-		default:
-			log.Warn("limiter", "outcome", e.Outcome.String(), "err", e.Err, "path", e.Request.URL.Path)
+		case middleware.OutcomeInvalid:
+			log.Info("unidentified request", "err", e.Err, "path", e.Request.URL.Path)
 		}
 	}
 }
@@ -250,6 +264,7 @@ func guide(o options) http.HandlerFunc {
 
 GET  /                          this guide (not limited)
 GET  /healthz                   health check (never limited)
+GET  /metrics                   Prometheus metrics: decisions by rule and outcome, latency, store errors
 GET  /api/hello                 %d requests per window per client IP (IPv6 /%d)       rule "hello"
 GET  /api/accounts/{id}/report  %d per window per account (header X-API-Key)         rule "report-account"
                                 and %d per window for the route as a whole             rule "report-route"

@@ -140,3 +140,23 @@ func TestBadFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestMetricsCountAllowedAndDenied(t *testing.T) {
+	base := startDemo(t, "-limit", "1", "-window", "1m")
+	get(t, "GET", base+"/api/hello", nil)
+	get(t, "GET", base+"/api/hello", nil)
+	r, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	for _, want := range []string{
+		`ratebudget_decisions_total{outcome="allowed",rule="hello"} 1`,
+		`ratebudget_decisions_total{outcome="denied",rule="hello"} 1`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}

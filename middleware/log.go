@@ -1,0 +1,39 @@
+package middleware
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// LogStoreErrors returns an observer ([WithObserver]) that logs budget-store failures at
+// level Warn, at most once per every: a failing store would otherwise write a line per
+// request. Each line carries the outcome the policy produced, the error (for operators,
+// never for clients) and how many failures were suppressed since the previous line. A
+// non-positive every logs every failure.
+func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
+	var mu sync.Mutex
+	var last time.Time
+	var suppressed int
+	return func(e Event) {
+		if e.Err == nil || e.Outcome == OutcomeInvalid || e.Outcome == OutcomeCanceled {
+			return
+		}
+		now := time.Now()
+		mu.Lock()
+		if every > 0 && !last.IsZero() && now.Sub(last) < every {
+			suppressed++
+			mu.Unlock()
+			return
+		}
+		n := suppressed
+		suppressed, last = 0, now
+		mu.Unlock()
+		log.LogAttrs(context.Background(), slog.LevelWarn, "rate-limit store failure",
+			slog.String("outcome", e.Outcome.String()),
+			slog.Bool("fallback", e.Fallback),
+			slog.String("err", e.Err.Error()),
+			slog.Int("suppressed", n))
+	}
+}

@@ -1,0 +1,36 @@
+package middleware_test
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+func TestLogStoreErrorsIsRateLimited(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	obs := middleware.LogStoreErrors(slog.New(slog.NewTextHandler(&buf, nil)), time.Hour)
+	fail := middleware.Event{Outcome: middleware.OutcomeUnavailable, Err: &ratebudget.StoreError{Class: "timeout", Err: errors.New("i/o timeout")}}
+	obs(middleware.Event{Outcome: middleware.OutcomeAllowed})
+	obs(middleware.Event{Outcome: middleware.OutcomeInvalid, Err: errors.New("no ip")})
+	for range 100 {
+		obs(fail)
+	}
+	if n := strings.Count(buf.String(), "rate-limit store failure"); n != 1 {
+		t.Fatalf("%d lines for 100 failures within the interval, want 1:\n%s", n, buf.String())
+	}
+	buf.Reset()
+	every := middleware.LogStoreErrors(slog.New(slog.NewTextHandler(&buf, nil)), 0)
+	for range 3 {
+		every(fail)
+	}
+	if n := strings.Count(buf.String(), "outcome=unavailable"); n != 3 {
+		t.Fatalf("%d lines with no interval, want 3", n)
+	}
+}

@@ -1,0 +1,132 @@
+// Package metrics exports the middleware's decisions as Prometheus metrics, built on the
+// observer hooks: allowed, denied and degraded work are counted side by side.
+//
+//	ratebudget_decisions_total{rule,outcome}        counter    every decision, by reported rule and outcome
+//	ratebudget_decision_duration_seconds{store}     histogram  time the limiter took to decide
+//	ratebudget_store_errors_total{class,uncertain}  counter    budget-store failures by class
+//	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open
+//	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
+//
+// The rule label is the rule the decision reported ("none" when no limiter decided:
+// degraded, unavailable, invalid and canceled requests). Label values are bounded: rule
+// names, outcome names and error classes.
+package metrics
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+// Collector is a prometheus.Collector fed by [Collector.Observe] and
+// [Collector.BreakerChanged]. Register it once and pass its methods to every middleware
+// that should be counted:
+//
+//	m := metrics.New()
+//	prometheus.MustRegister(m)
+//	mw, err := middleware.New(lim, rules,
+//		middleware.WithObserver(m.Observe),
+//		middleware.WithBreakerObserver(m.BreakerChanged))
+//
+// It is safe for concurrent use.
+type Collector struct {
+	decisions   *prometheus.CounterVec
+	latency     *prometheus.HistogramVec
+	storeErrors *prometheus.CounterVec
+	breaker     prometheus.Gauge
+	transitions *prometheus.CounterVec
+
+	counters sync.Map // counterKey -> prometheus.Counter
+	store    prometheus.Observer
+	fallback prometheus.Observer
+}
+
+type counterKey struct {
+	rule    string
+	outcome middleware.Outcome
+}
+
+// New returns a Collector whose metric names start with "ratebudget_".
+func New() *Collector {
+	c := &Collector{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratebudget_decisions_total",
+			Help: "Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).",
+		}, []string{"rule", "outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ratebudget_decision_duration_seconds",
+			Help:    "Time the limiter took to decide, by store (primary or the local fallback).",
+			Buckets: []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25},
+		}, []string{"store"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratebudget_store_errors_total",
+			Help: "Budget-store failures by class; uncertain=true when budget may have been spent before the failure.",
+		}, []string{"class", "uncertain"}),
+		breaker: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ratebudget_breaker_state",
+			Help: "Circuit breaker state of the budget store: 0 closed, 1 open, 2 half-open.",
+		}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratebudget_breaker_transitions_total",
+			Help: "Circuit breaker transitions by new state.",
+		}, []string{"to"}),
+	}
+	c.store = c.latency.WithLabelValues("primary")
+	c.fallback = c.latency.WithLabelValues("fallback")
+	return c
+}
+
+// Observe counts one decision; pass it to middleware.WithObserver.
+func (c *Collector) Observe(e middleware.Event) {
+	rule := e.Decision.Rule
+	if rule == "" {
+		rule = "none"
+	}
+	k := counterKey{rule, e.Outcome}
+	ctr, ok := c.counters.Load(k)
+	if !ok {
+		ctr, _ = c.counters.LoadOrStore(k, c.decisions.WithLabelValues(rule, e.Outcome.String()))
+	}
+	ctr.(prometheus.Counter).Inc()
+	if e.Latency > 0 {
+		if e.Fallback {
+			c.fallback.Observe(e.Latency.Seconds())
+		} else {
+			c.store.Observe(e.Latency.Seconds())
+		}
+	}
+	var se *ratebudget.StoreError
+	if errors.As(e.Err, &se) {
+		c.storeErrors.WithLabelValues(se.Class, strconv.FormatBool(se.Uncertain)).Inc()
+	}
+}
+
+// BreakerChanged records a breaker transition; pass it to
+// middleware.WithBreakerObserver.
+func (c *Collector) BreakerChanged(_, to middleware.BreakerState) {
+	c.breaker.Set(float64(to))
+	c.transitions.WithLabelValues(to.String()).Inc()
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	c.decisions.Describe(ch)
+	c.latency.Describe(ch)
+	c.storeErrors.Describe(ch)
+	c.breaker.Describe(ch)
+	c.transitions.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	c.decisions.Collect(ch)
+	c.latency.Collect(ch)
+	c.storeErrors.Collect(ch)
+	c.breaker.Collect(ch)
+	c.transitions.Collect(ch)
+}

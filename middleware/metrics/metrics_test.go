@@ -1,0 +1,93 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/middleware"
+	"github.com/ratebudget/ratebudget/middleware/metrics"
+)
+
+type switchable struct {
+	next ratebudget.Limiter
+	down atomic.Bool
+}
+
+func (s *switchable) Allow(ctx context.Context, c []ratebudget.Check) (ratebudget.Decision, error) {
+	if s.down.Load() {
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Uncertain: true, Err: errors.New("EOF")}
+	}
+	return s.next.Allow(ctx, c)
+}
+
+// After a scripted sequence the counters equal what was sent.
+func TestCountersMatchTraffic(t *testing.T) {
+	mem, _ := ratebudget.NewMemory()
+	lim := &switchable{next: mem}
+	m := metrics.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	mw, err := middleware.New(lim, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "api", Limit: 3, Window: time.Minute},
+		Identity: func(r *http.Request) (string, error) { return r.Header.Get("X-Id"), nil },
+	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(2, time.Hour), middleware.WithBreakerObserver(m.BreakerChanged),
+		middleware.WithStoreErrorPolicy(middleware.FailOpen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	send := func(n int) {
+		for range n {
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+		}
+	}
+	send(5) // 3 allowed, 2 denied
+	lim.down.Store(true)
+	send(4) // 4 degraded: 2 store errors, then the breaker opens and 2 are not sent to the store
+
+	want := `
+# HELP ratebudget_decisions_total Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).
+# TYPE ratebudget_decisions_total counter
+ratebudget_decisions_total{outcome="allowed",rule="api"} 3
+ratebudget_decisions_total{outcome="degraded",rule="none"} 4
+ratebudget_decisions_total{outcome="denied",rule="api"} 2
+# HELP ratebudget_store_errors_total Budget-store failures by class; uncertain=true when budget may have been spent before the failure.
+# TYPE ratebudget_store_errors_total counter
+ratebudget_store_errors_total{class="breaker_open",uncertain="false"} 2
+ratebudget_store_errors_total{class="connection",uncertain="true"} 2
+# HELP ratebudget_breaker_state Circuit breaker state of the budget store: 0 closed, 1 open, 2 half-open.
+# TYPE ratebudget_breaker_state gauge
+ratebudget_breaker_state 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"ratebudget_decisions_total", "ratebudget_store_errors_total", "ratebudget_breaker_state"); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "ratebudget_decision_duration_seconds" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			counts[s.GetLabel()[0].GetValue()] = s.GetHistogram().GetSampleCount()
+		}
+	}
+	// 7 store calls (5 answered, 2 failed); the 2 skipped by the open breaker took none.
+	if counts["primary"] != 7 || counts["fallback"] != 0 {
+		t.Fatalf("latency samples %v, want primary 7, fallback 0", counts)
+	}
+}

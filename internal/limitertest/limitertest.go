@@ -1,0 +1,502 @@
+// Package limitertest is the conformance suite every [ratebudget.Limiter] of the project
+// passes: the same checks, in the same order, against the in-process limiter with a fake
+// clock (exact durations) and against Redis on real time (bounds that allow for the time
+// the test itself takes).
+package limitertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+// Harness is one fresh limiter under test, with empty budgets.
+type Harness struct {
+	// Limiter is the limiter under test.
+	Limiter ratebudget.Limiter
+	// Advance moves the limiter's clock forward by d. Nil means the limiter runs on real
+	// time: the suite then waits for time to pass and asserts bounds instead of exact
+	// durations.
+	Advance func(d time.Duration)
+	// Short is the window of the tests that wait for a window to pass on real time
+	// (default 150ms). Ignored when Advance is set.
+	Short time.Duration
+}
+
+// FakeClock is a manually advanced clock for limiters that accept one (see
+// [ratebudget.WithClock]). It is safe for concurrent use.
+type FakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewFakeClock returns a clock that reads t until advanced.
+func NewFakeClock(t time.Time) *FakeClock { return &FakeClock{now: t} }
+
+// Now returns the clock's time.
+func (c *FakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d.
+func (c *FakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// long is the window of tests that must not see a window pass.
+const long = time.Minute
+
+var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow}
+
+// Run runs the conformance suite. newHarness is called once per subtest and must return
+// a limiter whose budgets are all empty (for a shared store: a fresh key prefix).
+func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
+	for _, alg := range algorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			tests := []struct {
+				name string
+				fn   func(e *env, alg ratebudget.Algorithm)
+			}{
+				{"AdmitUpToLimitThenRefuse", testAdmitUpToLimit},
+				{"RefusalSpendsNothing", testRefusalSpendsNothing},
+				{"ExpiryRestarts", testExpiryRestarts},
+				{"WeightedCost", testWeightedCost},
+				{"CostAboveCapacity", testCostAboveCapacity},
+				{"MultiRuleAllOrNothing", testMultiRule},
+				{"Concurrency", testConcurrency},
+				{"SeparateBudgets", testSeparateBudgets},
+				{"InvalidChecks", testInvalidChecks},
+			}
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					t.Parallel()
+					tt.fn(newEnv(t, newHarness(t)), alg)
+				})
+			}
+		})
+	}
+	t.Run("token/Refill", func(t *testing.T) { t.Parallel(); testTokenRefill(newEnv(t, newHarness(t))) })
+	t.Run("token/Burst", func(t *testing.T) { t.Parallel(); testTokenBurst(newEnv(t, newHarness(t))) })
+	t.Run("rolling/RetryAfterOldest", func(t *testing.T) { t.Parallel(); testRollingRetry(newEnv(t, newHarness(t))) })
+	t.Run("MixedRulesOneIdentity", func(t *testing.T) { t.Parallel(); testMixed(newEnv(t, newHarness(t)), false) })
+	t.Run("MixedRulesSeveralIdentities", func(t *testing.T) { t.Parallel(); testMixed(newEnv(t, newHarness(t)), true) })
+}
+
+type env struct {
+	t     *testing.T
+	h     Harness
+	fake  bool
+	since time.Time // real time: start of the step whose durations are asserted
+}
+
+func newEnv(t *testing.T, h Harness) *env {
+	if h.Short <= 0 {
+		h.Short = 150 * time.Millisecond
+	}
+	return &env{t: t, h: h, fake: h.Advance != nil}
+}
+
+// short is the window of tests that wait for it to pass.
+func (e *env) short() time.Duration {
+	if e.fake {
+		return long
+	}
+	return e.h.Short
+}
+
+// mark starts the interval that bounds real-time durations.
+func (e *env) mark() { e.since = time.Now() }
+
+// slack is how much a duration reported now may be below the one expected at mark.
+func (e *env) slack() time.Duration {
+	if e.fake {
+		return 0
+	}
+	return time.Since(e.since) + 2*time.Millisecond
+}
+
+// wait lets d pass: a fake clock is advanced; on real time the suite waits for the
+// deadline with a polling loop.
+func (e *env) wait(d time.Duration) {
+	if e.fake {
+		e.h.Advance(d)
+		return
+	}
+	deadline := time.Now().Add(d + 2*time.Millisecond) // the server counts whole ms
+	for time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (e *env) allow(checks ...ratebudget.Check) ratebudget.Decision {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d, err := e.h.Limiter.Allow(ctx, checks)
+	if err != nil {
+		e.t.Fatalf("Allow(%v): %v", checks, err)
+	}
+	return d
+}
+
+// approx asserts got == want with a fake clock, want-slack <= got <= want on real time.
+func (e *env) approx(what string, got, want time.Duration) {
+	e.t.Helper()
+	if got > want || got < want-e.slack() {
+		if e.fake {
+			e.t.Errorf("%s = %v, want %v", what, got, want)
+		} else {
+			e.t.Errorf("%s = %v, want %v minus at most %v", what, got, want, e.slack())
+		}
+	}
+}
+
+func (e *env) expect(d ratebudget.Decision, allowed bool, remaining int64) {
+	e.t.Helper()
+	if d.Allowed != allowed || d.Remaining != remaining || d.Exceeded {
+		e.t.Fatalf("decision %+v: want Allowed=%v Remaining=%d Exceeded=false", d, allowed, remaining)
+	}
+}
+
+func rule(name string, alg ratebudget.Algorithm, limit int64, window time.Duration) ratebudget.Rule {
+	return ratebudget.Rule{Name: name, Algorithm: alg, Limit: limit, Window: window}
+}
+
+func check(r ratebudget.Rule, identity string, cost int64) ratebudget.Check {
+	return ratebudget.Check{Rule: r, Identity: identity, Cost: cost}
+}
+
+func testAdmitUpToLimit(e *env, alg ratebudget.Algorithm) {
+	r := rule("api", alg, 5, long)
+	c := check(r, "alice", 1)
+	e.mark()
+	for i := int64(1); i <= 5; i++ {
+		d := e.allow(c)
+		e.expect(d, true, 5-i)
+		if d.Rule != "api" || d.Limit != 5 || d.Window != long || d.RetryAfter != 0 {
+			e.t.Fatalf("admission %d: %+v", i, d)
+		}
+		if alg == ratebudget.TokenBucket {
+			e.approx("ResetAfter", d.ResetAfter, time.Duration(i)*long/5) // time to refill i tokens
+		} else {
+			e.approx("ResetAfter", d.ResetAfter, long)
+		}
+	}
+	d := e.allow(c)
+	e.expect(d, false, 0)
+	e.approx("ResetAfter", d.ResetAfter, long)
+	if alg == ratebudget.TokenBucket {
+		e.approx("RetryAfter", d.RetryAfter, long/5) // one token refills in window/limit
+	} else {
+		e.approx("RetryAfter", d.RetryAfter, long)
+	}
+}
+
+func testRefusalSpendsNothing(e *env, alg ratebudget.Algorithm) {
+	r := rule("api", alg, 3, long)
+	c := check(r, "bob", 1)
+	for range 3 {
+		e.allow(c)
+	}
+	e.mark()
+	d1 := e.allow(c)
+	e.expect(d1, false, 0)
+	step := time.Duration(0)
+	if e.fake {
+		step = time.Second
+		e.wait(step)
+	}
+	for range 5 {
+		e.allow(c)
+	}
+	d2 := e.allow(c)
+	e.expect(d2, false, 0)
+	e.approx("ResetAfter after refusals", d2.ResetAfter, d1.ResetAfter-step)
+	e.approx("RetryAfter after refusals", d2.RetryAfter, d1.RetryAfter-step)
+}
+
+func testExpiryRestarts(e *env, alg ratebudget.Algorithm) {
+	w := e.short()
+	r := rule("api", alg, 5, w)
+	c := check(r, "carol", 1)
+	for range 5 {
+		e.allow(c)
+	}
+	d := e.allow(c)
+	e.expect(d, false, 0)
+	if d.ResetAfter <= 0 || d.ResetAfter > w {
+		e.t.Fatalf("ResetAfter = %v, want in (0, %v]", d.ResetAfter, w)
+	}
+	if e.fake && alg != ratebudget.TokenBucket {
+		e.wait(d.ResetAfter - time.Millisecond)
+		e.expect(e.allow(c), false, 0)
+		e.wait(time.Millisecond)
+	} else {
+		e.wait(d.ResetAfter)
+	}
+	// The budget is whole again: the next admission is the first of a new window.
+	e.expect(e.allow(c), true, 4)
+}
+
+func testWeightedCost(e *env, alg ratebudget.Algorithm) {
+	r := rule("work", alg, 10, long)
+	steps := []struct {
+		cost      int64
+		allowed   bool
+		remaining int64
+	}{{4, true, 6}, {4, true, 2}, {3, false, 2}, {2, true, 0}, {1, false, 0}}
+	for i, s := range steps {
+		d := e.allow(check(r, "dave", s.cost))
+		if d.Allowed != s.allowed || d.Remaining != s.remaining || d.Exceeded {
+			e.t.Fatalf("step %d (cost %d): %+v, want Allowed=%v Remaining=%d", i, s.cost, d, s.allowed, s.remaining)
+		}
+	}
+}
+
+func testCostAboveCapacity(e *env, alg ratebudget.Algorithm) {
+	r := rule("work", alg, 5, long)
+	d := e.allow(check(r, "erin", 6))
+	if d.Allowed || !d.Exceeded || d.RetryAfter != 0 || d.Remaining != 5 || d.ResetAfter != 0 {
+		e.t.Fatalf("cost 6 of 5 on a fresh budget: %+v, want Exceeded, Remaining 5, no reset or retry", d)
+	}
+	e.expect(e.allow(check(r, "erin", 1)), true, 4)
+	e.mark()
+	d = e.allow(check(r, "erin", 100))
+	if d.Allowed || !d.Exceeded || d.RetryAfter != 0 || d.Remaining != 4 {
+		e.t.Fatalf("cost 100 of 5: %+v, want Exceeded and Remaining 4", d)
+	}
+	if alg == ratebudget.TokenBucket {
+		e.approx("ResetAfter", d.ResetAfter, long/5)
+	} else {
+		e.approx("ResetAfter", d.ResetAfter, long)
+	}
+	e.expect(e.allow(check(r, "erin", 4)), true, 0)
+}
+
+// testMultiRule: a refusal by any rule leaves every other rule's budget untouched, for
+// checks of one identity (one step in Redis) and of several identities (refunds).
+func testMultiRule(e *env, alg ratebudget.Algorithm) {
+	for _, several := range []bool{false, true} {
+		idB := "frank"
+		if several {
+			idB = "" // a service-wide rule next to per-identity ones
+		}
+		wide := rule(fmt.Sprintf("wide-%v", several), alg, 10, long)
+		narrow := rule(fmt.Sprintf("narrow-%v", several), alg, 2, long)
+		other := rule(fmt.Sprintf("other-%v", several), ratebudget.FixedWindow, 10, long)
+		checks := []ratebudget.Check{check(wide, "frank", 1), check(narrow, idB, 1), check(other, "frank", 1)}
+		for i := int64(1); i <= 2; i++ {
+			d := e.allow(checks...)
+			if !d.Allowed || d.Rule != narrow.Name || d.Index != 1 || d.Remaining != 2-i {
+				e.t.Fatalf("admission %d: %+v, want the narrow rule reported with %d left", i, d, 2-i)
+			}
+		}
+		for range 3 {
+			d := e.allow(checks...)
+			if d.Allowed || d.Rule != narrow.Name || d.Index != 1 || d.Remaining != 0 {
+				e.t.Fatalf("refusal: %+v, want refused by the narrow rule", d)
+			}
+		}
+		// The other rules spent exactly twice.
+		e.expect(e.allow(checks[0]), true, 7)
+		e.expect(e.allow(checks[2]), true, 7)
+		// A refusal by the first rule leaves the later ones untouched too.
+		first := []ratebudget.Check{check(narrow, idB, 1), check(wide, "frank", 1)}
+		if d := e.allow(first...); d.Allowed || d.Index != 0 {
+			e.t.Fatalf("refusal by the first check: %+v", d)
+		}
+		e.expect(e.allow(checks[0]), true, 6)
+	}
+}
+
+func testConcurrency(e *env, alg ratebudget.Algorithm) {
+	const workers, limit = 32, 5
+	r := rule("api", alg, limit, long)
+	start := make(chan struct{})
+	results := make(chan ratebudget.Decision, workers)
+	errs := make(chan error, workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			d, err := e.h.Limiter.Allow(context.Background(), []ratebudget.Check{check(r, "grace", 1)})
+			if err != nil {
+				errs <- err
+				return
+			}
+			results <- d
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(results)
+	close(errs)
+	for err := range errs {
+		e.t.Fatal(err)
+	}
+	admitted := 0
+	seen := make(map[int64]bool)
+	for d := range results {
+		if d.Allowed {
+			admitted++
+			if seen[d.Remaining] {
+				e.t.Errorf("Remaining %d reported twice", d.Remaining)
+			}
+			seen[d.Remaining] = true
+		} else if d.Remaining != 0 {
+			e.t.Errorf("refusal reports Remaining %d, want 0", d.Remaining)
+		}
+	}
+	if admitted != limit {
+		e.t.Fatalf("%d goroutines admitted %d, want exactly %d", workers, admitted, limit)
+	}
+}
+
+func testSeparateBudgets(e *env, alg ratebudget.Algorithm) {
+	r := rule("api", alg, 1, long)
+	a := ratebudget.Check{Rule: r, Identity: "a:b", Scope: "c", Cost: 1}
+	b := ratebudget.Check{Rule: r, Identity: "a", Scope: "b:c", Cost: 1}
+	c := ratebudget.Check{Rule: r, Identity: "a:b", Scope: "", Cost: 1}
+	d := ratebudget.Check{Rule: r, Identity: "a:b:c", Scope: "", Cost: 1}
+	for _, ch := range []ratebudget.Check{a, b, c, d} {
+		e.expect(e.allow(ch), true, 0)
+	}
+	e.expect(e.allow(a), false, 0)
+	other := rule("api2", alg, 1, long) // another rule name is another budget
+	e.expect(e.allow(check(other, "a:b", 1)), true, 0)
+}
+
+func testInvalidChecks(e *env, alg ratebudget.Algorithm) {
+	r := rule("api", alg, 2, long)
+	bad := [][]ratebudget.Check{
+		nil,
+		{check(r, "h", 0)},
+		{check(r, "h", 1), check(r, "h", 1)},
+		{check(rule("bad name", alg, 2, long), "h", 1)},
+		{check(r, "h", 1), check(rule("x", alg, 0, long), "h", 1)},
+	}
+	for _, checks := range bad {
+		_, err := e.h.Limiter.Allow(context.Background(), checks)
+		if !errors.Is(err, ratebudget.ErrInvalidConfig) {
+			e.t.Fatalf("Allow(%v) = %v, want a configuration error", checks, err)
+		}
+	}
+	// Nothing was spent by the invalid calls.
+	e.expect(e.allow(check(r, "h", 1)), true, 1)
+}
+
+func testTokenRefill(e *env) {
+	w := 5 * e.short()
+	r := rule("bucket", ratebudget.TokenBucket, 5, w) // one token per w/5
+	c := check(r, "henry", 1)
+	for range 5 {
+		e.allow(c)
+	}
+	e.mark()
+	d := e.allow(c)
+	e.expect(d, false, 0)
+	e.approx("RetryAfter", d.RetryAfter, w/5)
+	e.approx("ResetAfter", d.ResetAfter, w)
+	if e.fake {
+		e.wait(w/5 - time.Millisecond)
+		d = e.allow(c)
+		e.expect(d, false, 0)
+		e.approx("RetryAfter", d.RetryAfter, time.Millisecond)
+		e.wait(time.Millisecond)
+		e.expect(e.allow(c), true, 0)
+		e.wait(2 * w / 5)
+		e.expect(e.allow(c), true, 1)
+		return
+	}
+	e.wait(d.RetryAfter)
+	e.expect(e.allow(c), true, 0)
+}
+
+func testTokenBurst(e *env) {
+	r := ratebudget.Rule{Name: "burst", Algorithm: ratebudget.TokenBucket, Limit: 2, Burst: 6, Window: long}
+	c := check(r, "ivy", 6)
+	d := e.allow(c)
+	if !d.Allowed || d.Remaining != 0 || d.Limit != 6 {
+		e.t.Fatalf("burst of 6: %+v", d)
+	}
+	d = e.allow(check(r, "ivy", 7))
+	if !d.Exceeded || d.Allowed {
+		e.t.Fatalf("cost 7 over burst 6: %+v, want Exceeded", d)
+	}
+}
+
+func testRollingRetry(e *env) {
+	step := e.short() / 5
+	w := 5 * step
+	r := rule("log", ratebudget.RollingWindow, 3, w)
+	c := func(cost int64) ratebudget.Check { return check(r, "jack", cost) }
+	if !e.fake {
+		// Real time: one event, a refusal waits for it to leave.
+		e.mark()
+		e.expect(e.allow(c(3)), true, 0)
+		d := e.allow(c(1))
+		e.expect(d, false, 0)
+		e.approx("RetryAfter", d.RetryAfter, w)
+		e.wait(d.RetryAfter)
+		e.expect(e.allow(c(1)), true, 2)
+		return
+	}
+	e.expect(e.allow(c(1)), true, 2) // t=0
+	e.wait(step)
+	e.expect(e.allow(c(1)), true, 1) // t=1
+	e.wait(step)
+	e.expect(e.allow(c(1)), true, 0) // t=2
+	e.wait(step)
+	d := e.allow(c(2)) // t=3: needs the events of t=0 and t=1 to leave
+	e.expect(d, false, 0)
+	e.approx("RetryAfter", d.RetryAfter, 3*step)
+	e.approx("ResetAfter", d.ResetAfter, 4*step)
+	e.wait(2 * step) // t=5: the event of t=0 left
+	d = e.allow(c(2))
+	e.expect(d, false, 1)
+	e.approx("RetryAfter", d.RetryAfter, step)
+	e.wait(step) // t=6
+	e.expect(e.allow(c(2)), true, 0)
+}
+
+// testMixed: three time rules in one decision, all-or-nothing.
+func testMixed(e *env, several bool) {
+	ids := [3]string{"kate", "kate", "kate"}
+	if several {
+		ids = [3]string{"kate", "", "leo"}
+	}
+	checks := []ratebudget.Check{
+		check(rule("f", ratebudget.FixedWindow, 4, long), ids[0], 1),
+		check(rule("t", ratebudget.TokenBucket, 3, long), ids[1], 1),
+		check(rule("r", ratebudget.RollingWindow, 5, long), ids[2], 1),
+	}
+	for i := int64(1); i <= 3; i++ {
+		d := e.allow(checks...)
+		if !d.Allowed || d.Rule != "t" || d.Remaining != 3-i {
+			e.t.Fatalf("admission %d: %+v, want the token rule reported with %d left", i, d, 3-i)
+		}
+	}
+	d := e.allow(checks...)
+	if d.Allowed || d.Rule != "t" {
+		e.t.Fatalf("refusal: %+v, want refused by the token rule", d)
+	}
+	e.expect(e.allow(checks[0]), true, 0)
+	e.expect(e.allow(checks[2]), true, 1)
+	// Now the fixed window refuses first; the others stay as they were.
+	d = e.allow(checks[0], checks[2])
+	if d.Allowed || d.Rule != "f" {
+		e.t.Fatalf("refusal: %+v, want refused by the fixed rule", d)
+	}
+	e.expect(e.allow(checks[2]), true, 0)
+}

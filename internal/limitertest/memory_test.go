@@ -1,0 +1,20 @@
+package limitertest_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
+)
+
+func TestMemory(t *testing.T) {
+	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
+		clock := limitertest.NewFakeClock(time.UnixMilli(1_700_000_000_000))
+		m, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return limitertest.Harness{Limiter: m, Advance: clock.Advance}
+	})
+}

@@ -1,0 +1,130 @@
+// Package redistest starts a private redis-server process for tests and benchmarks that
+// need a real Redis but no Docker engine.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a redis-server process owned by one test.
+type Server struct {
+	// Addr is the server's TCP address on the loopback interface.
+	Addr string
+	cmd  *exec.Cmd
+}
+
+// Binary returns the path of redis-server (from $REDIS_SERVER, else $PATH), or "" if
+// there is none.
+func Binary() string {
+	if p := os.Getenv("REDIS_SERVER"); p != "" {
+		return p
+	}
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		return ""
+	}
+	return p
+}
+
+// Start starts a redis-server on a free loopback port, without persistence, and stops it
+// when the test ends. It skips the test if there is no redis-server binary, unless
+// RATEBUDGET_REQUIRE_REDIS=1, which makes that a failure.
+func Start(tb testing.TB) *Server {
+	tb.Helper()
+	bin := Binary()
+	if bin == "" {
+		if os.Getenv("RATEBUDGET_REQUIRE_REDIS") == "1" {
+			tb.Fatal("redistest: no redis-server binary and RATEBUDGET_REQUIRE_REDIS=1")
+		}
+		tb.Skip("redistest: no redis-server binary in $PATH (set REDIS_SERVER)")
+	}
+	var lastErr error
+	for range 5 { // the free port can be taken between Close and the server's bind
+		s, err := start(tb, bin)
+		if err == nil {
+			return s
+		}
+		lastErr = err
+	}
+	tb.Fatalf("redistest: %v", lastErr)
+	return nil
+}
+
+func start(tb testing.TB, bin string) (*Server, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	dir := tb.TempDir()
+	cmd := exec.Command(bin,
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir,
+		"--logfile", filepath.Join(dir, "redis.log"))
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
+			return nil, fmt.Errorf("redis-server exited (%v): %s", err, log)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		pid, err := c.InfoMap(ctx, "server").Result()
+		cancel()
+		if err == nil {
+			if got := pid["Server"]["process_id"]; got != strconv.Itoa(cmd.Process.Pid) {
+				_ = cmd.Process.Kill()
+				<-exited
+				return nil, fmt.Errorf("port %d answered by another process (%s)", port, got)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-exited
+			return nil, errors.New("redis-server did not answer in 10s")
+		}
+		time.Sleep(10 * time.Millisecond) // polling a starting process; no event to wait on
+	}
+	tb.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return s, nil
+}
+
+// Client returns a client of s configured as the limiter recommends (no retries, the
+// context bounds the socket), closed when the test ends.
+func (s *Server) Client(tb testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{
+		Addr:                  s.Addr,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           2 * time.Second,
+		ReadTimeout:           2 * time.Second,
+		WriteTimeout:          2 * time.Second,
+	})
+	tb.Cleanup(func() { c.Close() })
+	return c
+}

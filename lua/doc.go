@@ -1,0 +1,79 @@
+// Package lua is the Redis [ratebudget.Limiter]: every decision is one short Lua script
+// run atomically by the Redis server that holds the budget, so that all replicas of a
+// service spend from one shared budget.
+//
+// # Construction
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1})
+//	lim, err := lua.New(rdb, lua.WithPrefix("rb"))
+//
+// New accepts any go-redis client that can run scripts ([redis.Scripter]):
+// *redis.Client, *redis.ClusterClient, *redis.Ring and failover clients. Configure that
+// client with MaxRetries: -1 (go-redis otherwise re-sends a script after a lost reply,
+// which spends twice), ContextTimeoutEnabled: true (so that the caller's deadline bounds
+// the socket read), and short DialTimeout, ReadTimeout, WriteTimeout and PoolTimeout.
+//
+// # Scripts
+//
+// Two scripts are embedded from .lua files whose header comments document KEYS, ARGV and
+// the reply: allow.lua decides a group of checks and spends them when all are admitted;
+// refund.lua gives a group's spend back. They run with EVALSHA, and with EVAL when the
+// server answers NOSCRIPT (its script cache is emptied by a restart, a failover or SCRIPT
+// FLUSH), so nothing needs loading in advance.
+//
+// All time is the Redis server's clock (redis.call('TIME'), whole milliseconds); the
+// callers' clocks never matter. The time rules are exactly those of [ratebudget.Memory]:
+//   - fixed window ([ratebudget.FixedWindow]): a counter created with SET key cost PX
+//     window at the first admission of an idle budget and then increased with INCRBY. A
+//     refusal writes nothing and leaves the TTL alone; a counter found without a TTL is
+//     given one, never left immortal.
+//   - token bucket ([ratebudget.TokenBucket]): a hash holding the level, as an integer in
+//     tokens × window milliseconds, and the time of that level; it expires when the
+//     bucket would be full again. A refusal writes nothing. If the server clock goes back
+//     the bucket does not refill until it catches up.
+//   - rolling window ([ratebudget.RollingWindow]): a sorted set of admitted events over
+//     (now-window, now], scored by time and named by their cumulative cost, so the window's
+//     sum and the earliest useful retry cost O(log n). A refusal only drops events that
+//     have left the window, which changes no outcome.
+//
+// A check whose cost exceeds its rule's capacity is refused with Decision.Exceeded.
+// Arguments are validated in Go before anything is sent, and again in the script before
+// its first write, since Redis cannot roll a script back.
+//
+// # Keys
+//
+// A budget's key is
+//
+//	<prefix>:{<identity digest>}:<rule name>:<algorithm>[:<scope digest>]
+//
+// The digests are the first 128 bits of SHA-256 over a length-prefixed, domain-separated
+// encoding, in unpadded base64url (22 bytes). Callers' input therefore can neither choose
+// the Redis Cluster hash slot (only the digest is between the braces) nor make keys long,
+// and identity "a:b" with scope "c" never meets identity "a" with scope "b:c". The rule
+// name is restricted by [ratebudget.Rule.Validate] and the scope is omitted when empty.
+// Every key carries a TTL no longer than its rule needs.
+//
+// # Several rules in one decision
+//
+// All checks whose keys hash to one slot, in particular all checks of one identity, are
+// decided by one script call: all-or-nothing, with a single round trip. Checks of several
+// slots (for example a service-wide rule next to a per-client rule) are decided slot group
+// by slot group, in order of first appearance in the checks. If a later group refuses, or
+// fails, the spend of the groups already admitted is refunded.
+//
+// The refund is best effort, and weaker than a single script: between the spend and the
+// refund another caller may see less budget than there really is (and be refused); a
+// refund is skipped when the state moved on meanwhile (a fixed window that closed and
+// reopened, a rolling-window event that is no longer the newest); and a refund attempted
+// after a transport error is itself uncertain. It never gives back more than was spent
+// by the same decision, except that a fixed-window counter that closed and reopened with
+// exactly the refunded amount in between is deleted.
+//
+// # Errors
+//
+// Failures of the store are *[ratebudget.StoreError] with a Class: "server" for an error
+// reply (OOM, BUSY, ...; nothing was spent), "reply" for a reply of an unexpected shape,
+// "timeout" and "canceled" for the caller's context, "connection" for transport errors.
+// Uncertain is set when the script may have run although its reply was lost. The limiter
+// never retries a spend itself.
+package lua

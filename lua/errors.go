@@ -1,0 +1,58 @@
+package lua
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+// classify wraps err, returned by a script call that may have reached the server, as a
+// *ratebudget.StoreError.
+func classify(err error) error {
+	se := &ratebudget.StoreError{Class: "other", Uncertain: true, Err: err}
+	var opErr *net.OpError
+	var netErr net.Error
+	var rErr redis.Error
+	switch {
+	case errors.Is(err, redis.Nil):
+		se.Class = "reply" // the script ran but its reply is unusable
+	case errors.Is(err, context.Canceled):
+		se.Class = "canceled"
+	case errors.Is(err, context.DeadlineExceeded):
+		se.Class = "timeout"
+	case errors.Is(err, redis.ErrPoolTimeout):
+		// No connection was free: the script was never sent.
+		se.Class, se.Uncertain = "timeout", false
+	case errors.Is(err, redis.ErrClosed):
+		se.Class, se.Uncertain = "connection", false
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		se.Class, se.Uncertain = "connection", false
+	case errors.As(err, &rErr):
+		// The server answered with an error: the script did not spend (it validates
+		// before its first write).
+		se.Class, se.Uncertain = "server", false
+	case errors.As(err, &netErr) && netErr.Timeout():
+		se.Class = "timeout"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, net.ErrClosed), errors.As(err, &opErr):
+		se.Class = "connection"
+	}
+	return se
+}
+
+// replyError reports a reply of an unexpected shape.
+type replyError struct{ msg string }
+
+func (e *replyError) Error() string { return "lua: unexpected reply: " + e.msg }
+
+func badReply(msg string) error {
+	// The script ran and may have spent.
+	return &ratebudget.StoreError{Class: "reply", Uncertain: true, Err: &replyError{msg}}
+}

@@ -1,0 +1,48 @@
+package lua_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/lua"
+)
+
+// Construct a Redis limiter from a URL with the recommended client options, and decide
+// one request against two rules of one client (one script call).
+func Example() {
+	opts, err := redis.ParseURL("redis://localhost:6379/0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	opts.MaxRetries = -1              // never re-send a script whose reply was lost
+	opts.ContextTimeoutEnabled = true // the caller's deadline bounds socket reads
+	opts.DialTimeout = 200 * time.Millisecond
+	opts.ReadTimeout = 100 * time.Millisecond
+	opts.WriteTimeout = 100 * time.Millisecond
+	opts.PoolTimeout = 100 * time.Millisecond
+	client := redis.NewClient(opts)
+	defer client.Close()
+
+	limiter, err := lua.New(client, lua.WithPrefix("rb"), lua.WithTimeout(50*time.Millisecond))
+	if err != nil {
+		log.Fatal(err)
+	}
+	perSecond := ratebudget.Rule{Name: "burst", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: time.Second}
+	perHour := ratebudget.Rule{Name: "hourly", Algorithm: ratebudget.RollingWindow, Limit: 1000, Window: time.Hour}
+	d, err := limiter.Allow(context.Background(), []ratebudget.Check{
+		{Rule: perSecond, Identity: "203.0.113.7", Cost: 1},
+		{Rule: perHour, Identity: "203.0.113.7", Cost: 1},
+	})
+	switch {
+	case err != nil:
+		log.Printf("budget store unavailable: %v", err) // apply the failure policy
+	case !d.Allowed:
+		fmt.Println(http.StatusTooManyRequests, d.Rule, d.RetryAfter)
+	}
+}

@@ -1,0 +1,156 @@
+package lua_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
+)
+
+var prefixSeq atomic.Int64
+
+func uniquePrefix(t *testing.T) string {
+	return fmt.Sprintf("rbtest%d-%d", time.Now().UnixNano(), prefixSeq.Add(1))
+}
+
+// TestConformanceProcess runs the shared suite against a private redis-server process.
+// The integration tests run it again against a container.
+func TestConformanceProcess(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
+		l, err := lua.New(client, lua.WithPrefix(uniquePrefix(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return limitertest.Harness{Limiter: l}
+	})
+}
+
+func TestNewValidatesOptions(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	cases := []struct {
+		name  string
+		field string
+		opts  []lua.Option
+	}{
+		{"empty prefix", "WithPrefix", []lua.Option{lua.WithPrefix("")}},
+		{"brace prefix", "WithPrefix", []lua.Option{lua.WithPrefix("a{b")}},
+		{"space prefix", "WithPrefix", []lua.Option{lua.WithPrefix("a b")}},
+		{"negative timeout", "WithTimeout", []lua.Option{lua.WithTimeout(-1)}},
+		{"zero refund timeout", "WithRefundTimeout", []lua.Option{lua.WithRefundTimeout(0)}},
+		{"nil option", "options", []lua.Option{nil}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := lua.New(c, tc.opts...)
+			var ce *ratebudget.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field {
+				t.Fatalf("New: %v, want a ConfigError naming %s", err, tc.field)
+			}
+		})
+	}
+	if _, err := lua.New(nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+		t.Fatalf("New(nil) = %v, want a ConfigError", err)
+	}
+	if _, err := lua.New(c, lua.WithPrefix("app:v1"), lua.WithTimeout(50*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStoreErrors: failures are *ratebudget.StoreError with a class, never a decision.
+func TestStoreErrors(t *testing.T) {
+	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1, Window: time.Second}, Cost: 1}}
+
+	t.Run("dial refused", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+		defer c.Close()
+		l, _ := lua.New(c)
+		_, err := l.Allow(context.Background(), chk)
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se.Class != "connection" || se.Uncertain {
+			t.Fatalf("Allow = %v, want a certain connection StoreError", err)
+		}
+	})
+	t.Run("canceled before sending", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+		defer c.Close()
+		l, _ := lua.New(c)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		_, err := l.Allow(ctx, chk)
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se.Class != "canceled" || se.Uncertain {
+			t.Fatalf("Allow = %v, want a certain canceled StoreError", err)
+		}
+	})
+	t.Run("server error", func(t *testing.T) {
+		srv := redistest.Start(t)
+		c := srv.Client(t)
+		l, _ := lua.New(c, lua.WithPrefix(uniquePrefix(t)))
+		key := l.Key(chk[0])
+		// A key of the wrong type makes the script fail before it writes.
+		if err := c.LPush(context.Background(), key, "x").Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := l.Allow(context.Background(), chk)
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se.Class != "server" || se.Uncertain {
+			t.Fatalf("Allow = %v, want a certain server StoreError", err)
+		}
+	})
+	t.Run("client closed", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+		c.Close()
+		l, _ := lua.New(c)
+		_, err := l.Allow(context.Background(), chk)
+		if !errors.Is(err, ratebudget.ErrStoreUnavailable) {
+			t.Fatalf("Allow = %v, want a StoreError", err)
+		}
+	})
+}
+
+// fakeScripter answers every script with a fixed reply, to test reply checking.
+type fakeScripter struct {
+	redis.Scripter
+	reply any
+}
+
+func (f fakeScripter) EvalSha(ctx context.Context, _ string, _ []string, _ ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetVal(f.reply)
+	return cmd
+}
+
+func TestBadReplies(t *testing.T) {
+	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1, Window: time.Second}, Cost: 1}}
+	for _, reply := range []any{
+		nil, "OK", int64(1), []any{}, []any{int64(1)},
+		[]any{int64(1), int64(0), int64(0), int64(1), int64(0), "x"},
+		[]any{int64(1), int64(1), int64(0), int64(1), int64(0), int64(0)},
+		[]any{int64(2), int64(0), int64(0), int64(1), int64(0), int64(0)},
+		[]any{int64(1), int64(0), int64(0), int64(-1), int64(0), int64(0)},
+	} {
+		l, _ := lua.New(fakeScripter{reply: reply})
+		_, err := l.Allow(context.Background(), chk)
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se.Class != "reply" {
+			t.Errorf("reply %#v: Allow = %v, want a reply StoreError", reply, err)
+		}
+	}
+	l, _ := lua.New(fakeScripter{reply: []any{int64(1), int64(0), int64(0), int64(1000), int64(0), int64(0)}})
+	d, err := l.Allow(context.Background(), chk)
+	if err != nil || !d.Allowed || d.ResetAfter != time.Second {
+		t.Fatalf("well-formed reply: %+v, %v", d, err)
+	}
+}

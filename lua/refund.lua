@@ -1,0 +1,105 @@
+-- refund.lua: give back what allow.lua spent for a group of checks, best effort. Used
+-- when a later group of the same decision refused (Redis has no cross-slot transaction).
+--
+-- KEYS[i]  the budget key of check i; all keys hash to one slot.
+-- ARGV[6(i-1)+1 .. 6(i-1)+6], for check i:
+--          algorithm (0 fixed window, 1 token bucket, 2 rolling window),
+--          limit (units per window; refill per window for the token bucket),
+--          window (ms), capacity (units), cost (units), and for a rolling window the
+--          cumulative sum allow.lua replied for the admitted event (else 0).
+-- Reply: one integer per check: 1 if the cost was given back, 0 if the state no longer
+--          allowed an exact refund (the window closed, or the event is no longer the
+--          newest); nothing is given back then.
+
+local MAXLIMIT = 1099511627776      -- 2^40
+local MAXSCALED = 9007199254740992  -- 2^53
+local MAXWINDOW = 31622400000       -- 366 days in ms
+
+local n = #KEYS
+if n == 0 or #ARGV ~= 6 * n then
+  return redis.error_reply('ERR ratebudget: bad argument count')
+end
+local function int(s, lo, hi)
+  local v = tonumber(s)
+  if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
+  return v
+end
+local function fmt(x) return string.format('%.0f', x) end
+local function ceildiv(a, b)
+  if a <= 0 then return 0 end
+  local r = math.fmod(a, b)
+  local q = (a - r) / b
+  if r > 0 then q = q + 1 end
+  return q
+end
+local function member(acc, cost) return string.format('%016.0f:%.0f', acc, cost) end
+
+local args = {}
+for i = 1, n do
+  local b = 6 * (i - 1)
+  local a = {
+    algo = int(ARGV[b + 1], 0, 2), limit = int(ARGV[b + 2], 1, MAXLIMIT),
+    win = int(ARGV[b + 3], 1, MAXWINDOW), cap = int(ARGV[b + 4], 1, MAXLIMIT),
+    cost = int(ARGV[b + 5], 1, MAXLIMIT), aux = int(ARGV[b + 6], 0, MAXSCALED),
+  }
+  if not (a.algo and a.limit and a.win and a.cap and a.cost and a.aux) then
+    return redis.error_reply('ERR ratebudget: bad argument for check ' .. i)
+  end
+  if a.algo == 1 and a.cap > MAXSCALED / a.win then
+    return redis.error_reply('ERR ratebudget: capacity x window exceeds 2^53 for check ' .. i)
+  end
+  args[i] = a
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local reply = {}
+for i = 1, n do
+  local a, key = args[i], KEYS[i]
+  local done = 0
+  if a.algo == 0 then
+    local v = tonumber(redis.call('GET', key) or '0')
+    if v and v == a.cost then
+      redis.call('DEL', key)
+      done = 1
+    elseif v and v > a.cost then
+      redis.call('DECRBY', key, fmt(a.cost)) -- keeps the TTL
+      done = 1
+    end
+  elseif a.algo == 1 then
+    local h = redis.call('HMGET', key, 'l', 't')
+    local l, ts = tonumber(h[1]), tonumber(h[2])
+    if l and ts then
+      local w, rate = a.win, a.limit
+      local full = a.cap * w
+      local elapsed = now - ts
+      if elapsed < 0 then elapsed = 0 else ts = now end
+      local level = full
+      if elapsed < ceildiv(full - l, rate) then level = l + elapsed * rate end
+      level = math.min(full, level + a.cost * w)
+      if level >= full then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'l', fmt(level), 't', fmt(ts))
+        redis.call('PEXPIRE', key, fmt(ts + ceildiv(full - level, rate) - now))
+      end
+      done = 1
+    end
+  else
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if #newest > 0 then
+      local acc, c = string.match(newest[1], '^(%d+):(%d+)$')
+      acc, c = tonumber(acc), tonumber(c)
+      if acc == a.aux and c and c >= a.cost then
+        redis.call('ZREM', key, newest[1])
+        if c > a.cost then
+          redis.call('ZADD', key, newest[2], member(acc - a.cost, c - a.cost))
+        end
+        done = 1
+      end
+    end
+  end
+  reply[i] = done
+end
+return reply

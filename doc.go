@@ -36,4 +36,9 @@
 // [RollingWindow]: the sum of the costs admitted in the last Window (the interval
 // (now-Window, now]) plus cost must not exceed Limit. Exact, at the price of one stored
 // event per admission.
+//
+// When the clock goes back, stored state keeps its later time: a fixed window keeps its
+// end, rolling-window events keep their times, and a token bucket refills nothing until
+// the clock passes its timestamp again. Every reported wait (ResetAfter, RetryAfter) is
+// measured from the current clock and includes that lag.
 package ratebudget

@@ -252,3 +252,65 @@ func TestCombine(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgetsAreDistinct: a budget is one rule name, identity and scope; budgets that
+// differ in any of them, or whose identity and scope only join to the same string, are
+// spent independently.
+func TestBudgetsAreDistinct(t *testing.T) {
+	m, _ := newMemory(t)
+	r := ratebudget.Rule{Name: "r", Limit: 1, Window: time.Second}
+	other := ratebudget.Rule{Name: "r2", Limit: 1, Window: time.Second}
+	budgets := []ratebudget.Check{
+		{Rule: r, Cost: 1},
+		{Rule: other, Cost: 1},
+		{Rule: r, Identity: "a", Cost: 1},
+		{Rule: r, Scope: "a", Cost: 1},
+		{Rule: r, Identity: "a:b", Scope: "c", Cost: 1},
+		{Rule: r, Identity: "a", Scope: "b:c", Cost: 1},
+		{Rule: r, Identity: "a:b:c", Cost: 1},
+		{Rule: r, Scope: "a:b:c", Cost: 1},
+		{Rule: r, Identity: "a\x00b", Scope: "c", Cost: 1},
+	}
+	for i, c := range budgets {
+		if d := allow(t, m, c); !d.Allowed {
+			t.Fatalf("budget %d (%q/%q/%q) already spent: %+v", i, c.Rule.Name, c.Identity, c.Scope, d)
+		}
+	}
+	for i, c := range budgets {
+		if d := allow(t, m, c); d.Allowed {
+			t.Fatalf("budget %d (%q/%q/%q) admitted twice", i, c.Rule.Name, c.Identity, c.Scope)
+		}
+	}
+	if n := m.Len(); n != len(budgets) {
+		t.Fatalf("Len %d, want %d", n, len(budgets))
+	}
+}
+
+// TestManyChecks: more checks than the limiter's inline buffers, one of them refusing.
+func TestManyChecks(t *testing.T) {
+	m, _ := newMemory(t)
+	var checks []ratebudget.Check
+	for i := range 20 {
+		checks = append(checks, ratebudget.Check{Rule: algorithmRule(algorithms[i%3], 2), Identity: fmt.Sprint("id", i), Cost: 1})
+	}
+	if d := allow(t, m, checks...); !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("first: %+v", d)
+	}
+	last := checks[len(checks)-1]
+	if d := allow(t, m, ratebudget.Check{Rule: last.Rule, Identity: last.Identity, Cost: 1}); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("spending the last check's budget: %+v", d)
+	}
+	d := allow(t, m, checks...)
+	if d.Allowed || d.Index != len(checks)-1 || d.Rule != last.Rule.Name {
+		t.Fatalf("refusal: %+v", d)
+	}
+	for i, c := range checks[:len(checks)-1] {
+		if p := probe(t, m, c.Rule, c.Identity, ""); p.Remaining != 1 {
+			t.Fatalf("check %d charged by a refused request: %+v", i, p)
+		}
+	}
+}
+
+func algorithmRule(a ratebudget.Algorithm, limit int64) ratebudget.Rule {
+	return ratebudget.Rule{Name: a.String(), Algorithm: a, Limit: limit, Window: time.Minute}
+}

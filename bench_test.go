@@ -1,0 +1,81 @@
+package ratebudget_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+// benchRule never refuses in a benchmark's lifetime, so every call is a full admission.
+var benchRule = ratebudget.Rule{Name: "bench", Algorithm: ratebudget.FixedWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}
+
+// BenchmarkMemoryAllow: one check, one identity, the real clock.
+func BenchmarkMemoryAllow(b *testing.B) {
+	for _, algo := range algorithms {
+		b.Run(algo.String(), func(b *testing.B) {
+			m, err := ratebudget.NewMemory()
+			if err != nil {
+				b.Fatal(err)
+			}
+			r := benchRule
+			r.Algorithm = algo
+			if algo == ratebudget.TokenBucket {
+				r.Limit, r.Window = 1<<30, time.Millisecond // capacity × window within 2^53
+			}
+			checks := []ratebudget.Check{{Rule: r, Identity: "203.0.113.7", Cost: 1}}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+					b.Fatalf("%+v %v", d, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMemoryAllowParallel: one check per request from all Ps, one identity per
+// goroutine (spread over shards), the real clock.
+func BenchmarkMemoryAllowParallel(b *testing.B) {
+	m, err := ratebudget.NewMemory()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var next atomic.Int64
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		checks := []ratebudget.Check{{Rule: benchRule, Identity: "client-" + strconv.FormatInt(next.Add(1), 10), Cost: 1}}
+		for pb.Next() {
+			if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+				b.Errorf("%+v %v", d, err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkMemoryAllow3Checks: a request checked against a per-client fixed window, a
+// service-wide token bucket and a per-account rolling window.
+func BenchmarkMemoryAllow3Checks(b *testing.B) {
+	m, err := ratebudget.NewMemory()
+	if err != nil {
+		b.Fatal(err)
+	}
+	checks := []ratebudget.Check{
+		{Rule: benchRule, Identity: "203.0.113.7", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 1},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: 10 * time.Millisecond}, Identity: "acct-42", Scope: "/orders", Cost: 1},
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+			b.Fatalf("%+v %v", d, err)
+		}
+	}
+}

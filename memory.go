@@ -42,8 +42,9 @@ type memKey struct {
 // MemoryOption configures a [Memory].
 type MemoryOption func(*Memory) error
 
-// WithClock makes the limiter read time from now instead of time.Now, for tests and
-// simulations. now must not be nil.
+// WithClock makes the limiter read time from now, for tests and simulations. now must
+// not be nil. The default reads the wall clock once and then follows the monotonic
+// clock, so setting the system clock does not move budgets.
 func WithClock(now func() time.Time) MemoryOption {
 	return func(m *Memory) error {
 		if now == nil {
@@ -69,7 +70,7 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 // NewMemory returns an empty in-process limiter, or a *[ConfigError] naming the first
 // invalid option (a nil option included).
 func NewMemory(opts ...MemoryOption) (*Memory, error) {
-	m := &Memory{now: time.Now, seed: maphash.MakeSeed(), sweep: 10_000}
+	m := &Memory{now: monotonicClock(), seed: maphash.MakeSeed(), sweep: 10_000}
 	for _, o := range opts {
 		if o == nil {
 			return nil, &ConfigError{Field: "MemoryOption", Problem: "must not be nil"}
@@ -85,6 +86,13 @@ func NewMemory(opts ...MemoryOption) (*Memory, error) {
 }
 
 var _ Limiter = (*Memory)(nil)
+
+// monotonicClock returns a clock that reads wall time once and then advances with the
+// monotonic clock, so that setting the system clock moves no budget.
+func monotonicClock() func() time.Time {
+	start := time.Now()
+	return func() time.Time { return start.Add(time.Since(start)) }
+}
 
 // Len reports the number of budgets currently held, expired ones not yet swept included.
 func (m *Memory) Len() int {
@@ -119,14 +127,13 @@ func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 		s := &m.shards[m.shardOf(&k)]
 		s.mu.Lock()
 		m.maybeSweep(s, now)
-		b := s.m[k]
 		var o [1]Outcome
-		o[0] = decide(b, &c.Rule, c.Cost, now, false)
-		if o[0].Allowed {
-			if b == nil {
-				b = &budget{}
-				s.m[k] = b
-			}
+		if b := s.m[k]; b != nil {
+			o[0] = decide(b, &c.Rule, c.Cost, now, true) // writes only if it admits
+		} else if o[0] = decide(nil, &c.Rule, c.Cost, now, false); o[0].Allowed {
+			// State is created only for an admission: refusals leave nothing behind.
+			b = &budget{}
+			s.m[k] = b
 			o[0] = decide(b, &c.Rule, c.Cost, now, true)
 		}
 		s.mu.Unlock()

@@ -24,10 +24,11 @@ func Header(name string) KeyFunc {
 		return failing(ErrEmptyKey)
 	}
 	invalid := fmt.Errorf("%w: %s", ErrInvalidHeader, name)
+	missing := fmt.Errorf("%w: %s", ErrEmptyKey, name)
 	return func(r *http.Request) (string, error) {
 		v := lastValue(r.Header[name])
 		if v == "" {
-			return "", ErrEmptyKey
+			return "", missing
 		}
 		if !readable(v) {
 			return "", invalid
@@ -51,10 +52,11 @@ func HashedHeader(name string, hmacKey []byte) KeyFunc {
 		return failing(ErrEmptyKey)
 	}
 	h := newHasher(hmacKey)
+	missing := fmt.Errorf("%w: %s", ErrEmptyKey, name)
 	return func(r *http.Request) (string, error) {
 		v := lastValue(r.Header[name])
 		if v == "" {
-			return "", ErrEmptyKey
+			return "", missing
 		}
 		return h.sum(v), nil
 	}

@@ -121,8 +121,9 @@ func (c *ipConfig) setSource(s source) error {
 // with one of [XForwardedFor], [Forwarded] or [RealIPHeader]. When the TCP peer is not in
 // the list, forwarding headers are ignored entirely and the peer is the client.
 //
-// List only addresses that cannot be reached by clients directly except through your
-// proxies: an address in the list is believed about the hop before it.
+// List only addresses that clients cannot use themselves: an address in the list is
+// believed about the hop before it. The option may be given more than once; the lists
+// add up.
 func TrustedProxies(cidrs ...string) IPOption {
 	return func(c *ipConfig) error {
 		if len(cidrs) == 0 {
@@ -324,7 +325,7 @@ func peer(remoteAddr string) (netip.Addr, string, bool) {
 	host := remoteAddr
 	if n := len(host); n > 0 && host[0] == '[' {
 		i := strings.IndexByte(host, ']')
-		if i < 0 {
+		if i < 0 || i+1 < n && host[i+1] != ':' {
 			return netip.Addr{}, "", false
 		}
 		host = host[1:i]

@@ -76,6 +76,8 @@ func TestClientIP_RemoteAddr(t *testing.T) {
 		{name: "empty", peer: "", wantErr: keyfuncs.ErrNoClientIP},
 		{name: "hostname", peer: "localhost:80", wantErr: keyfuncs.ErrNoClientIP},
 		{name: "unclosed_bracket", peer: "[2001:db8::1:80", wantErr: keyfuncs.ErrNoClientIP},
+		{name: "junk_after_bracket", peer: "[2001:db8::1]x", wantErr: keyfuncs.ErrNoClientIP},
+		{name: "bracket_no_port", peer: "[2001:db8::1]", want: "2001:db8::/64"},
 	})
 }
 

@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"hash"
+	"io"
 	"net/http"
 	"strconv"
+	"sync"
 )
 
 // KeyFunc maps a request to a key: an identity (whose budget) or a scope (where it
@@ -227,27 +229,32 @@ func digestString(sum []byte) string {
 	return string(out[:])
 }
 
-// hasher computes the digests of [Hash] and [HashedHeader].
+// hasher computes the digests of [Hash] and [HashedHeader]. HMAC states are pooled:
+// hmac.New costs several allocations, Reset none.
 type hasher struct {
-	key []byte // nil: plain SHA-256
+	pool *sync.Pool // nil: plain SHA-256
 }
 
 func newHasher(key []byte) hasher {
 	if len(key) == 0 {
 		return hasher{}
 	}
-	return hasher{key: append([]byte(nil), key...)}
+	key = append([]byte(nil), key...)
+	return hasher{pool: &sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
 }
 
 func (h hasher) sum(s string) string {
-	if h.key == nil {
+	if h.pool == nil {
 		sum := sha256.Sum256([]byte(s))
 		return digestString(sum[:])
 	}
-	var m hash.Hash = hmac.New(sha256.New, h.key)
-	m.Write([]byte(s))
+	m := h.pool.Get().(hash.Hash)
+	m.Reset()
+	io.WriteString(m, s)
 	var buf [sha256.Size]byte
-	return digestString(m.Sum(buf[:0]))
+	out := digestString(m.Sum(buf[:0]))
+	h.pool.Put(m)
+	return out
 }
 
 func escapedLen(p string) int {

@@ -1,0 +1,69 @@
+package keyfuncs_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/ratebudget/ratebudget/keyfuncs"
+)
+
+var sink string
+
+func benchKey(b *testing.B, fn keyfuncs.KeyFunc, r *http.Request) {
+	b.Helper()
+	b.ReportAllocs()
+	for b.Loop() {
+		k, err := fn(r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		sink = k
+	}
+}
+
+// BenchmarkClientIP measures one key extraction. The IPv4 RemoteAddr path must stay at
+// 0 allocs/op (the key reuses r.RemoteAddr's text); an IPv6 prefix costs its string
+// (1 alloc); an X-Forwarded-For walk allocates only the key.
+func BenchmarkClientIP(b *testing.B) {
+	remote := mustClientIP(b)
+	xff := mustClientIP(b, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.XForwardedFor())
+	fwd := mustClientIP(b, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.Forwarded())
+
+	b.Run("remote_addr_ipv4", func(b *testing.B) {
+		benchKey(b, remote, req("203.0.113.7:41000"))
+	})
+	b.Run("remote_addr_ipv6_64", func(b *testing.B) {
+		benchKey(b, remote, req("[2001:db8:1:2:3:4:5:6]:41000"))
+	})
+	b.Run("xff_hops=3", func(b *testing.B) {
+		benchKey(b, xff, req("10.0.0.1:80", "X-Forwarded-For: 6.6.6.6, 203.0.113.7, 10.1.1.1, 10.2.2.2"))
+	})
+	b.Run("xff_ipv6_64", func(b *testing.B) {
+		benchKey(b, xff, req("10.0.0.1:80", "X-Forwarded-For: 2001:db8:1:2::7, 10.2.2.2"))
+	})
+	b.Run("forwarded_hops=3", func(b *testing.B) {
+		benchKey(b, fwd, req("10.0.0.1:80", `Forwarded: for=6.6.6.6, for="203.0.113.7:4711";proto=https, for=10.1.1.1`))
+	})
+}
+
+// BenchmarkJoin bounds the cost of a composite identity (tenant + client IP).
+func BenchmarkJoin(b *testing.B) {
+	ip := mustClientIP(b)
+	fn := keyfuncs.Join(keyfuncs.Header("X-Tenant"), ip)
+	r := req("203.0.113.7:41000", "X-Tenant: acme")
+	benchKey(b, fn, r)
+}
+
+// BenchmarkRoutePattern measures the scope lookup at a chi-like endpoint (ServeMux here).
+func BenchmarkRoutePattern(b *testing.B) {
+	r := httptest.NewRequest(http.MethodGet, "/users/1", nil)
+	r.Pattern = "GET /users/{id}"
+	benchKey(b, keyfuncs.RoutePattern(), r)
+}
+
+// BenchmarkHashedHeader bounds the cost of keying by a secret (HMAC-SHA-256).
+func BenchmarkHashedHeader(b *testing.B) {
+	fn := keyfuncs.HashedHeader("X-API-Key", []byte("0123456789abcdef"))
+	benchKey(b, fn, req("203.0.113.7:1", "X-API-Key: sk_live_0123456789abcdef"))
+}

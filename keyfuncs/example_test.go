@@ -1,0 +1,106 @@
+package keyfuncs_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/ratebudget/ratebudget/keyfuncs"
+)
+
+// Behind load balancers in 10.0.0.0/8 that append to X-Forwarded-For, the client is the
+// rightmost address that is not a load balancer; clients reaching the server directly
+// cannot spoof anything.
+func ExampleClientIP() {
+	clientIP, err := keyfuncs.ClientIP(
+		keyfuncs.TrustedProxies("10.0.0.0/8"),
+		keyfuncs.XForwardedFor(),
+	)
+	if err != nil {
+		panic(err)
+	}
+	show := func(peer, xff string) {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = peer
+		if xff != "" {
+			r.Header.Set("X-Forwarded-For", xff)
+		}
+		key, err := clientIP(r)
+		fmt.Printf("%-18s %-32q -> %q %v\n", peer, xff, key, err)
+	}
+	show("10.0.0.1:5000", "203.0.113.7")          // through the LB
+	show("10.0.0.1:5000", "6.6.6.6, 203.0.113.7") // spoofed entry on the left
+	show("198.51.100.9:5000", "203.0.113.7")      // direct: header ignored
+	show("10.0.0.1:5000", "2001:db8:1:2::99")     // IPv6: one key per /64
+	show("10.0.0.1:5000", "not-an-ip")            // garbage: refused
+	// Output:
+	// 10.0.0.1:5000      "203.0.113.7"                    -> "203.0.113.7" <nil>
+	// 10.0.0.1:5000      "6.6.6.6, 203.0.113.7"           -> "203.0.113.7" <nil>
+	// 198.51.100.9:5000  "203.0.113.7"                    -> "198.51.100.9" <nil>
+	// 10.0.0.1:5000      "2001:db8:1:2::99"               -> "2001:db8:1:2::/64" <nil>
+	// 10.0.0.1:5000      "not-an-ip"                      -> "" keyfuncs: invalid header: X-Forwarded-For
+}
+
+func ExampleJoinStrings() {
+	fmt.Println(keyfuncs.JoinStrings("a:b", "c"))
+	fmt.Println(keyfuncs.JoinStrings("a", "b:c"))
+	fmt.Println(keyfuncs.JoinStrings("GET /users/{id}"))
+	// Output:
+	// 3:a:b1:c
+	// 1:a3:b:c
+	// 19:GET /users/%7Bid%7D
+}
+
+// A budget per tenant and client address: Join encodes the parts without ambiguity.
+func ExampleJoin() {
+	clientIP, _ := keyfuncs.ClientIP()
+	key := keyfuncs.Join(keyfuncs.Header("X-Tenant"), clientIP)
+
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "203.0.113.7:41000"
+	r.Header.Set("X-Tenant", "acme")
+	fmt.Println(key(r))
+
+	r.Header.Del("X-Tenant")
+	fmt.Println(key(r))
+	// Output:
+	// 4:acme11:203.0.113.7 <nil>
+	//  keyfuncs: empty key: X-Tenant
+}
+
+// Install a scoped limiter with With (or inside Group): the route is known there. In a
+// top-level Use it is not, and RoutePattern reports ErrNoRoutePattern.
+func ExampleRoutePattern() {
+	scope := keyfuncs.RoutePattern()
+	limit := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			s, err := scope(r)
+			fmt.Printf("scope %q %v\n", s, err)
+			next.ServeHTTP(w, r)
+		})
+	}
+	r := chi.NewRouter()
+	r.With(limit).Get("/users/{id}", func(http.ResponseWriter, *http.Request) {})
+	r.Route("/admin", func(r chi.Router) {
+		r.Use(limit) // runs before the subrouter routes: the mount point is the scope
+		r.Get("/stats", func(http.ResponseWriter, *http.Request) {})
+	})
+
+	r.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/users/42", nil))
+	r.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/admin/stats", nil))
+	// Output:
+	// scope "/users/{id}" <nil>
+	// scope "/admin/*" <nil>
+}
+
+// API keys are secrets: key the budget by their HMAC, never by the key itself.
+func ExampleHashedHeader() {
+	byKey := keyfuncs.HashedHeader("X-API-Key", []byte("a secret of at least 16 bytes"))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-API-Key", "sk_live_0123456789")
+	key, _ := byKey(r)
+	fmt.Println(len(key), key[:1])
+	// Output: 65 ~
+}

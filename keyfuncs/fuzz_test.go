@@ -1,0 +1,137 @@
+package keyfuncs_test
+
+import (
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/ratebudget/ratebudget/keyfuncs"
+)
+
+// candidates returns the keys of every address written anywhere in the texts: the
+// oracle for "the result is the peer or a member of the chain". It knows nothing of the
+// header syntax: it tries every substring of every run of address characters.
+func candidates(texts ...string) map[string]bool {
+	out := make(map[string]bool)
+	for _, s := range texts {
+		s = strings.ReplaceAll(s, `\`, "") // quoted-pairs in Forwarded
+		runs := strings.FieldsFunc(s, func(c rune) bool {
+			return !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' || c == '.' || c == ':')
+		})
+		for _, r := range runs {
+			if len(r) > 64 {
+				r = r[:64]
+			}
+			for i := 0; i < len(r); i++ {
+				for j := i + 1; j <= len(r); j++ {
+					if a, err := netip.ParseAddr(r[i:j]); err == nil {
+						out[keyfuncs.GroupIP(a)] = true
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+func checkKey(t *testing.T, key string, err error, peer string, headers ...string) {
+	t.Helper()
+	if err != nil {
+		if key != "" {
+			t.Fatalf("key %q returned with error %v", key, err)
+		}
+		return
+	}
+	if strings.ContainsAny(key, "{}") || len(key) > 64 {
+		t.Fatalf("unsafe key %q", key)
+	}
+	if !candidates(append([]string{peer}, headers...)...)[key] {
+		t.Fatalf("key %q is neither the peer %q nor in the chain %q", key, peer, headers)
+	}
+}
+
+func untrustedPeerKey(peer string) (string, bool) {
+	ap, err := netip.ParseAddrPort(peer)
+	if err != nil {
+		return "", false
+	}
+	a := ap.Addr().Unmap()
+	if a.Is4() && netip.MustParsePrefix("10.0.0.0/8").Contains(a) {
+		return "", false
+	}
+	if a.Is6() && netip.MustParsePrefix("2001:db8:ffff::/48").Contains(a.WithZone("")) {
+		return "", false
+	}
+	return keyfuncs.GroupIP(a), true
+}
+
+func FuzzXFF(f *testing.F) {
+	f.Add("10.0.0.1:80", "1.1.1.1, 203.0.113.7", "10.0.0.5")
+	f.Add("10.0.0.1:80", "", "")
+	f.Add("10.0.0.1:80", "garbage, ::ffff:10.0.0.2", "[2001:db8::1]:80")
+	f.Add("198.51.100.1:80", "203.0.113.7", "")
+	f.Add("[::ffff:10.0.0.1]:80", "unknown", "fe80::1%eth0")
+	f.Add("@", "203.0.113.7", "")
+	f.Add("[2001:db8:ffff::1]:1", " , ,", "10.1.1.1:99")
+	fn := mustClientIP(f, keyfuncs.TrustedProxies("10.0.0.0/8", "2001:db8:ffff::/48"), keyfuncs.XForwardedFor())
+	f.Fuzz(func(t *testing.T, peer, xff1, xff2 string) {
+		r := req(peer)
+		r.Header["X-Forwarded-For"] = []string{xff1, xff2}
+		key, err := fn(r)
+		checkKey(t, key, err, peer, xff1, xff2)
+		if want, ok := untrustedPeerKey(peer); ok && (key != want || err != nil) {
+			t.Fatalf("untrusted peer %q: got (%q, %v), want %q", peer, key, err, want)
+		}
+	})
+}
+
+func FuzzForwarded(f *testing.F) {
+	f.Add("10.0.0.1:80", `for=1.1.1.1, for="[2001:db8:cafe::17]:4711";proto=https`, "for=10.0.0.2")
+	f.Add("10.0.0.1:80", "for=unknown", "")
+	f.Add("10.0.0.1:80", "for=_hidden, for=203.0.113.7", "")
+	f.Add("10.0.0.1:80", `for="\[::ffff:10.0.0.3\]"`, `for="203.0.113.7:_p"`)
+	f.Add("10.0.0.1:80", `for="`, "by=x;;for=1.2.3.4,,")
+	f.Add("198.51.100.1:80", "for=203.0.113.7", "")
+	f.Add("10.0.0.1:80", `host="a,b";for=203.0.113.9`, "")
+	fn := mustClientIP(f, keyfuncs.TrustedProxies("10.0.0.0/8", "2001:db8:ffff::/48"), keyfuncs.Forwarded())
+	f.Fuzz(func(t *testing.T, peer, fwd1, fwd2 string) {
+		r := req(peer)
+		r.Header["Forwarded"] = []string{fwd1, fwd2}
+		key, err := fn(r)
+		checkKey(t, key, err, peer, fwd1, fwd2)
+		if want, ok := untrustedPeerKey(peer); ok && (key != want || err != nil) {
+			t.Fatalf("untrusted peer %q: got (%q, %v), want %q", peer, key, err, want)
+		}
+	})
+}
+
+func FuzzRealIPHeader(f *testing.F) {
+	f.Add("10.0.0.1:80", "203.0.113.7", "::ffff:1.2.3.4")
+	f.Add("10.0.0.1:80", "", "bogus")
+	fn := mustClientIP(f, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.RealIPHeader("X-Real-IP"))
+	f.Fuzz(func(t *testing.T, peer, v1, v2 string) {
+		r := req(peer)
+		r.Header["X-Real-Ip"] = []string{v1, v2}
+		key, err := fn(r)
+		checkKey(t, key, err, peer, v2) // only the last line may be read
+	})
+}
+
+func FuzzHeaderKeys(f *testing.F) {
+	f.Add("acct-1")
+	f.Add("{tag}")
+	f.Add(strings.Repeat("x", 300))
+	hdr := keyfuncs.Header("X-Account")
+	fromFunc := keyfuncs.Func(func(r *http.Request) (string, error) { return r.Header.Get("X-Account"), nil })
+	f.Fuzz(func(t *testing.T, v string) {
+		r := req("203.0.113.7:1")
+		r.Header["X-Account"] = []string{v}
+		for _, fn := range []keyfuncs.KeyFunc{hdr, fromFunc} {
+			key, err := fn(r)
+			if err == nil && (key == "" || len(key) > keyfuncs.MaxValueLen || strings.ContainsAny(key, "{}")) {
+				t.Fatalf("%q: unsafe key %q", v, key)
+			}
+		}
+	})
+}

@@ -103,7 +103,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(out, nil))
-	lim, closeLim, err := newLimiter(ctx, o)
+	lim, closeLim, err := newLimiter(ctx, o, log)
 	if err != nil {
 		return err
 	}
@@ -144,12 +144,12 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	return nil
 }
 
-func newLimiter(ctx context.Context, o options) (ratebudget.Limiter, func(), error) {
+func newLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Limiter, func(), error) {
 	if o.redisURL == "" {
 		m, err := ratebudget.NewMemory()
 		return m, func() {}, err
 	}
-	return newRedisLimiter(ctx, o)
+	return newRedisLimiter(ctx, o, log)
 }
 
 // newHandler builds the demo's routes. Each rule states its unit, identity, scope and

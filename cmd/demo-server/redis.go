@@ -2,11 +2,49 @@ package main
 
 import (
 	"context"
-	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/lua"
 )
 
-func newRedisLimiter(context.Context, options) (ratebudget.Limiter, func(), error) {
-	return nil, nil, errors.New("-redis is not supported yet")
+// newRedisClient applies the client settings recommended for a limiter: no retries (a
+// re-sent script may spend twice), socket deadlines that follow the decision's context,
+// and short timeouts, so that a failing Redis costs a request at most the decision
+// deadline.
+func newRedisClient(url string, timeout time.Duration) (*redis.Client, error) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("-redis: %w", err)
+	}
+	opt.MaxRetries = -1
+	opt.ContextTimeoutEnabled = true
+	opt.DialTimeout = max(timeout, 100*time.Millisecond)
+	opt.ReadTimeout = max(timeout, 100*time.Millisecond)
+	opt.WriteTimeout = opt.ReadTimeout
+	opt.PoolTimeout = opt.ReadTimeout
+	return redis.NewClient(opt), nil
+}
+
+func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Limiter, func(), error) {
+	client, err := newRedisClient(o.redisURL, o.storeTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	lim, err := lua.New(client, lua.WithPrefix("rb-demo"))
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	// Starting without Redis is allowed: the failure policy applies until it answers.
+	pctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		log.Warn("redis not reachable at startup; the store-error policy applies until it is", "policy", o.storeError.String(), "err", err)
+	}
+	return lim, func() { client.Close() }, nil
 }

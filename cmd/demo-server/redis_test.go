@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget/internal/redistest"
+)
+
+// Two demo servers on one Redis share every budget: 80 concurrent requests between them
+// admit exactly the limit, and every key they leave expires.
+func TestTwoServersShareOneRedisBudget(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr + "/0"
+	// A generous deadline: this test is about exactness, not latency (cold pools, -race).
+	a := startDemo(t, "-redis", url, "-limit", "20", "-window", "30s", "-store-timeout", "2s")
+	b := startDemo(t, "-redis", url, "-limit", "20", "-window", "30s", "-store-timeout", "2s")
+
+	for trial := range 3 {
+		var admitted, refused atomic.Int32
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range 80 {
+			base := a
+			if i%2 == 1 {
+				base = b
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				req, _ := http.NewRequest("GET", base+"/api/hello", nil)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case 200:
+					admitted.Add(1)
+				case 429:
+					refused.Add(1)
+				default:
+					t.Errorf("status %d", resp.StatusCode)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if admitted.Load() != 20 || refused.Load() != 60 {
+			t.Fatalf("trial %d: admitted %d refused %d, want 20 and 60", trial, admitted.Load(), refused.Load())
+		}
+		// A new budget for the next trial: drop the keys the trial spent.
+		c := srv.Client(t)
+		keys, err := c.Keys(context.Background(), "rb-demo:*").Result()
+		if err != nil || len(keys) == 0 {
+			t.Fatalf("keys %v %v", keys, err)
+		}
+		for _, k := range keys {
+			ttl, err := c.PTTL(context.Background(), k).Result()
+			if err != nil || ttl <= 0 || ttl > 30*time.Second {
+				t.Fatalf("key %q has PTTL %v (%v), want within (0, 30s]", k, ttl, err)
+			}
+		}
+		if err := c.Del(context.Background(), keys...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestStoreDownPolicies(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr + "/0"
+	closed := startDemo(t, "-redis", url, "-store-error", "closed")
+	open := startDemo(t, "-redis", url, "-store-error", "open")
+	local := startDemo(t, "-redis", url, "-store-error", "local", "-replicas", "2", "-limit", "10")
+	for _, base := range []string{closed, open, local} {
+		if resp := get(t, "GET", base+"/api/hello", nil); resp.StatusCode != 200 {
+			t.Fatalf("with Redis up: %d", resp.StatusCode)
+		}
+	}
+	srv.Kill(t)
+
+	resp := get(t, "GET", closed+"/api/hello", nil)
+	if resp.StatusCode != 503 || resp.Header.Get("Cache-Control") != "no-store" || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("closed: %d %v, want 503 with no-store and Retry-After", resp.StatusCode, resp.Header)
+	}
+	if resp := get(t, "GET", open+"/api/hello", nil); resp.StatusCode != 200 {
+		t.Errorf("open: %d, want 200", resp.StatusCode)
+	}
+	var codes []int
+	for range 7 {
+		codes = append(codes, get(t, "GET", local+"/api/hello", nil).StatusCode)
+	}
+	want := []int{200, 200, 200, 200, 200, 429, 429} // 10 / 2 replicas = 5 in this process
+	for i := range want {
+		if codes[i] != want[i] {
+			t.Fatalf("local -replicas 2 -limit 10: %v, want %v", codes, want)
+		}
+	}
+}
+
+// A frozen Redis (SIGSTOP: connections open, nothing answers) costs a request the
+// decision deadline, not the client's timeouts.
+func TestFrozenRedisAnswersFast(t *testing.T) {
+	srv := redistest.Start(t)
+	base := startDemo(t, "-redis", "redis://"+srv.Addr+"/0", "-store-error", "closed", "-store-timeout", "50ms")
+	if resp := get(t, "GET", base+"/api/hello", nil); resp.StatusCode != 200 {
+		t.Fatalf("before: %d", resp.StatusCode)
+	}
+	srv.Freeze(t)
+	client := &http.Client{Timeout: 2 * time.Second} // a bound on the test, not the assertion
+	for i := range 3 {
+		resp, err := client.Get(base + "/api/hello")
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 503 {
+			t.Fatalf("request %d: %d, want 503", i, resp.StatusCode)
+		}
+	}
+	srv.Thaw(t)
+}

@@ -234,6 +234,10 @@ func RequireForwarding() IPOption {
 // and grouped like any other. A request without a stored address is [ErrNoClientIP];
 // this happens when the middleware is missing or refused the request's headers, and is
 // never replaced by the peer's address.
+//
+// This is also the way to count proxy hops instead of naming them: run chi's
+// middleware.ClientIPFromXFFTrustedProxies(n) and use ChiClientIP. Prefer
+// [TrustedProxies]: a wrong count silently trusts a client-written entry.
 func ChiClientIP() IPOption {
 	return func(c *ipConfig) error { return c.setSource(srcChi) }
 }

@@ -27,6 +27,7 @@ type KeyFunc func(r *http.Request) (string, error)
 // meant for clients.
 type Error string
 
+// Error returns the message, which starts with "keyfuncs: ".
 func (e Error) Error() string { return string(e) }
 
 const (

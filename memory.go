@@ -19,7 +19,7 @@ const memShards = 64
 // aged out), so memory is bounded by the number of identities active within a window. No
 // goroutine is started: reclaiming happens during calls.
 type Memory struct {
-	now    func() time.Time
+	now    func() int64 // Unix milliseconds
 	seed   maphash.Seed
 	sweep  int64 // ms between sweeps of one shard
 	shards [memShards]memShard
@@ -50,7 +50,7 @@ func WithClock(now func() time.Time) MemoryOption {
 		if now == nil {
 			return &ConfigError{Field: "WithClock", Problem: "clock must not be nil"}
 		}
-		m.now = now
+		m.now = func() int64 { return now().UnixMilli() }
 		return nil
 	}
 }
@@ -87,11 +87,12 @@ func NewMemory(opts ...MemoryOption) (*Memory, error) {
 
 var _ Limiter = (*Memory)(nil)
 
-// monotonicClock returns a clock that reads wall time once and then advances with the
-// monotonic clock, so that setting the system clock moves no budget.
-func monotonicClock() func() time.Time {
+// monotonicClock returns a clock (Unix milliseconds) that reads wall time once and then
+// advances with the monotonic clock, so that setting the system clock moves no budget.
+func monotonicClock() func() int64 {
 	start := time.Now()
-	return func() time.Time { return start.Add(time.Since(start)) }
+	ms := start.UnixMilli()
+	return func() int64 { return ms + time.Since(start).Milliseconds() }
 }
 
 // Len reports the number of budgets currently held, expired ones not yet swept included.
@@ -107,9 +108,11 @@ func (m *Memory) Len() int {
 }
 
 func (m *Memory) shardOf(k *memKey) int {
-	h := maphash.String(m.seed, k.identity) ^ maphash.String(m.seed, k.name)*31 ^ uint64(len(k.scope))
-	if k.scope != "" {
-		h ^= maphash.String(m.seed, k.scope) * 17
+	// The identity spreads budgets over shards; the rule name separates the service-wide
+	// budgets (empty identity) of different rules.
+	h := maphash.String(m.seed, k.identity) + uint64(len(k.name))*0x9E3779B97F4A7C15
+	if len(k.name) > 0 {
+		h += uint64(k.name[0])<<8 | uint64(k.name[len(k.name)-1])
 	}
 	return int(h % memShards)
 }
@@ -120,7 +123,7 @@ func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 	if err := ValidateChecks(checks); err != nil {
 		return Decision{}, err
 	}
-	now := m.now().UnixMilli()
+	now := m.now()
 	if len(checks) == 1 {
 		c := &checks[0]
 		k := memKey{c.Rule.Name, c.Rule.Algorithm, c.Identity, c.Scope}

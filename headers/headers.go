@@ -25,7 +25,6 @@ package headers
 import (
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -127,65 +126,76 @@ func RetryAfterSeconds(d time.Duration) int64 {
 }
 
 // Write sets the metadata headers of style s on h from in, replacing earlier values.
+// It makes two allocations per style: one for the values' bytes, one for the slices.
 func Write(h http.Header, s Style, in Info) {
 	if s == None {
 		return
 	}
 	rem := max(in.Remaining, 0)
+	var buf [96]byte
 	if s == XRateLimit || s == Both {
-		vals := make([]string, 3) // one allocation for the three header slices
-		vals[0] = strconv.FormatInt(in.Limit, 10)
-		vals[1] = strconv.FormatInt(rem, 10)
-		vals[2] = strconv.FormatInt(Seconds(in.Reset), 10)
+		b := strconv.AppendInt(buf[:0], in.Limit, 10)
+		i := len(b)
+		b = strconv.AppendInt(b, rem, 10)
+		j := len(b)
+		b = strconv.AppendInt(b, Seconds(in.Reset), 10)
+		all := string(b)
+		vals := make([]string, 3)
+		vals[0], vals[1], vals[2] = all[:i], all[i:j], all[j:]
 		h[keyLimit] = vals[0:1:1]
 		h[keyRemaining] = vals[1:2:2]
 		h[keyReset] = vals[2:3:3]
 	}
 	if s == IETF || s == Both {
-		h[keyPolicy] = []string{PolicyValue(in.Policy, in.Limit, in.Window)}
-		h[keyRateLimit] = []string{RateLimitValue(in.Policy, rem, in.Reset)}
+		b := appendPolicy(buf[:0], in.Policy, in.Limit, in.Window)
+		i := len(b)
+		b = appendRateLimit(b, in.Policy, rem, in.Reset)
+		all := string(b)
+		vals := make([]string, 2)
+		vals[0], vals[1] = all[:i], all[i:]
+		h[keyPolicy] = vals[0:1:1]
+		h[keyRateLimit] = vals[1:2:2]
 	}
 }
 
 // PolicyValue formats a RateLimit-Policy item: "<name>";q=<quota>;w=<window seconds>.
 func PolicyValue(name string, quota int64, window time.Duration) string {
-	var b strings.Builder
-	b.Grow(len(name) + 32)
-	b.WriteString(sfString(name))
-	b.WriteString(";q=")
-	b.WriteString(strconv.FormatInt(quota, 10))
-	b.WriteString(";w=")
-	b.WriteString(strconv.FormatInt(Seconds(window), 10))
-	return b.String()
+	return string(appendPolicy(nil, name, quota, window))
 }
 
 // RateLimitValue formats a RateLimit item: "<name>";r=<remaining>;t=<reset seconds>.
 func RateLimitValue(name string, remaining int64, reset time.Duration) string {
-	var b strings.Builder
-	b.Grow(len(name) + 32)
-	b.WriteString(sfString(name))
-	b.WriteString(";r=")
-	b.WriteString(strconv.FormatInt(max(remaining, 0), 10))
-	b.WriteString(";t=")
-	b.WriteString(strconv.FormatInt(Seconds(reset), 10))
-	return b.String()
+	return string(appendRateLimit(nil, name, remaining, reset))
 }
 
-// sfString quotes s as an RFC 9651 sf-string, dropping bytes it cannot carry.
-func sfString(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('"')
+func appendPolicy(b []byte, name string, quota int64, window time.Duration) []byte {
+	b = appendSFString(b, name)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, quota, 10)
+	b = append(b, ";w="...)
+	return strconv.AppendInt(b, Seconds(window), 10)
+}
+
+func appendRateLimit(b []byte, name string, remaining int64, reset time.Duration) []byte {
+	b = appendSFString(b, name)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, max(remaining, 0), 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, Seconds(reset), 10)
+}
+
+// appendSFString appends s quoted as an RFC 9651 sf-string, dropping bytes it cannot
+// carry.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {
 		case c == '"' || c == '\\':
-			b.WriteByte('\\')
-			b.WriteByte(c)
+			b = append(b, '\\', c)
 		case c >= 0x20 && c < 0x7f:
-			b.WriteByte(c)
+			b = append(b, c)
 		}
 	}
-	b.WriteByte('"')
-	return b.String()
+	return append(b, '"')
 }

@@ -122,3 +122,13 @@ func BenchmarkWrite(b *testing.B) {
 		headers.Write(h, headers.XRateLimit, in)
 	}
 }
+
+func TestStructuredFieldValues(t *testing.T) {
+	t.Parallel()
+	if got, want := headers.PolicyValue("a\"b\\c\x01", 7, 1500*time.Millisecond), `"a\"b\\c";q=7;w=2`; got != want {
+		t.Errorf("PolicyValue = %s, want %s", got, want)
+	}
+	if got, want := headers.RateLimitValue("api", -1, 0), `"api";r=0;t=0`; got != want {
+		t.Errorf("RateLimitValue = %s, want %s", got, want)
+	}
+}

@@ -10,13 +10,15 @@ import (
 	"github.com/go-chi/httprate"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
 // BenchmarkMiddleware measures the per-request overhead of the middleware on an admitted
 // request, on the in-process limiter, with the same key (the client address, 256
 // distinct clients) and the same limit (high enough that every request is admitted) for
-// ratebudget and httprate's in-memory LimitBy. Metadata headers are written by both.
+// ratebudget and httprate's in-memory LimitBy (keyfuncs.ClientIP, which has httprate's
+// KeyFunc shape). Metadata headers are written by both.
 func BenchmarkMiddleware(b *testing.B) {
 	const clients = 256
 	reqs := make([]*http.Request, clients)
@@ -24,14 +26,9 @@ func BenchmarkMiddleware(b *testing.B) {
 		reqs[i] = httptest.NewRequest("GET", "/", nil)
 		reqs[i].RemoteAddr = "192.0.2." + strconv.Itoa(i%250) + ":" + strconv.Itoa(1000+i)
 	}
-	byAddr := func(r *http.Request) (string, error) {
-		host := r.RemoteAddr
-		for i := len(host) - 1; i >= 0; i-- {
-			if host[i] == ':' {
-				return host[:i], nil
-			}
-		}
-		return host, nil
+	byAddr, err := keyfuncs.ClientIP()
+	if err != nil {
+		b.Fatal(err)
 	}
 	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
 	lim, _ := ratebudget.NewMemory()
@@ -42,7 +39,7 @@ func BenchmarkMiddleware(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	hr := httprate.LimitBy(1<<40, time.Hour, byAddr)
+	hr := httprate.LimitBy(1<<40, time.Hour, httprate.KeyFunc(byAddr))
 	for _, tc := range []struct {
 		name string
 		h    http.Handler

@@ -39,8 +39,9 @@ func Binary() string {
 
 // Start starts a redis-server on a free loopback port, without persistence, and stops it
 // when the test ends. It skips the test if there is no redis-server binary, unless
-// RATEBUDGET_REQUIRE_REDIS=1, which makes that a failure.
-func Start(tb testing.TB) *Server {
+// RATEBUDGET_REQUIRE_REDIS=1, which makes that a failure. args are added to the
+// server's command line (e.g. "--cluster-enabled", "yes").
+func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
 	bin := Binary()
 	if bin == "" {
@@ -51,7 +52,7 @@ func Start(tb testing.TB) *Server {
 	}
 	var lastErr error
 	for range 5 { // the free port can be taken between Close and the server's bind
-		s, err := start(tb, bin)
+		s, err := start(tb, bin, args)
 		if err == nil {
 			return s
 		}
@@ -61,7 +62,7 @@ func Start(tb testing.TB) *Server {
 	return nil
 }
 
-func start(tb testing.TB, bin string) (*Server, error) {
+func start(tb testing.TB, bin string, args []string) (*Server, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -69,10 +70,10 @@ func start(tb testing.TB, bin string) (*Server, error) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	dir := tb.TempDir()
-	cmd := exec.Command(bin,
+	cmd := exec.Command(bin, append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
-		"--logfile", filepath.Join(dir, "redis.log"))
+		"--logfile", filepath.Join(dir, "redis.log")}, args...)...)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}

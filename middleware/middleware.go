@@ -11,6 +11,7 @@
 //	a rule's budget is exhausted              429     metadata, Retry-After, Cache-Control: no-store
 //	the cost exceeds a rule's capacity        413     metadata, Cache-Control: no-store (no Retry-After: waiting cannot help)
 //	identity, scope or cost undeterminable    400     Cache-Control: no-store
+//	route scope asked where no route is known 500     Cache-Control: no-store (keyfuncs.ErrNoRoutePattern: a mounting mistake)
 //	store unavailable, policy FailClosed      503     Retry-After, Cache-Control: no-store
 //	store unavailable, policy FailOpen        handler's  none (the event is OutcomeDegraded)
 //	store unavailable, policy LocalFallback   handler's or 429 from the per-replica budget
@@ -35,6 +36,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
 // Rule is a budget and how requests map to it. Identity and Scope have the shape of
@@ -338,6 +340,16 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err error) {
 	m.observe(Event{Request: r, Outcome: OutcomeInvalid, Err: err})
 	if m.cfg.onError != nil {
 		m.cfg.onError(w, r, err)
+		return
+	}
+	if errors.Is(err, keyfuncs.ErrNoRoutePattern) {
+		// Not the client's fault: the limiter is mounted where no route is known yet.
+		headers.WriteProblem(w, r, headers.Problem{
+			Type:   headers.ProblemInvalidRequest,
+			Title:  "Internal Server Error",
+			Status: http.StatusInternalServerError,
+			Detail: "the rate limit of this route is misconfigured",
+		})
 		return
 	}
 	headers.WriteUnidentified(w, r, "the rate-limit identity of this request could not be determined")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -354,5 +355,21 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 				t.Fatalf("err %v, want a ConfigError naming %s", err, tc.field)
 			}
 		})
+	}
+}
+
+func TestRouteScopeMountedTooEarlyIs500(t *testing.T) {
+	t.Parallel()
+	mw := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})
+	r := chi.NewRouter()
+	r.Use(mw) // top level: chi has not matched a route yet
+	r.Get("/x", ok)
+	if rec := do(r, "GET", "/x", nil); rec.Code != 500 {
+		t.Fatalf("%d, want 500", rec.Code)
+	}
+	r2 := chi.NewRouter()
+	r2.With(mw).Get("/x", ok)
+	if rec := do(r2, "GET", "/x", nil); rec.Code != 200 {
+		t.Fatalf("r.With: %d, want 200", rec.Code)
 	}
 }

@@ -70,7 +70,9 @@ func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.De
 
 // WithErrorHandler replaces the response to a request whose identity, scope or cost
 // cannot be determined (a key function or the cost function failed). The default answers
-// 400 Bad Request (headers.WriteUnidentified) without the error's text. Such a request is
+// 400 Bad Request (headers.WriteUnidentified) without the error's text, or 500 when the
+// error is keyfuncs.ErrNoRoutePattern (the limiter is mounted where chi knows no route
+// yet: a configuration mistake, not the client's). Such a request is
 // never counted in a shared bucket and never reaches the handler unless f calls it.
 func WithErrorHandler(f func(http.ResponseWriter, *http.Request, error)) Option {
 	return func(c *config) error {

@@ -160,3 +160,41 @@ func TestMetricsCountAllowedAndDenied(t *testing.T) {
 		}
 	}
 }
+
+func TestTrustedProxiesIdentity(t *testing.T) {
+	base := startDemo(t, "-limit", "2", "-trusted-proxies", "127.0.0.1/32")
+	for i, tc := range []struct {
+		xff  string
+		want int
+	}{
+		{"203.0.113.7", 200},
+		{"203.0.113.7", 200},
+		{"198.51.100.1, 203.0.113.7", 429}, // the spoofed left entry is not read
+		{"203.0.113.8", 200},               // another client has its own budget
+	} {
+		if resp := get(t, "GET", base+"/api/hello", map[string]string{"X-Forwarded-For": tc.xff}); resp.StatusCode != tc.want {
+			t.Fatalf("request %d (XFF %q): %d, want %d", i, tc.xff, resp.StatusCode, tc.want)
+		}
+	}
+}
+
+func TestForwardingHeadersIgnoredWithoutTrustedProxies(t *testing.T) {
+	base := startDemo(t, "-limit", "2")
+	spoofs := []map[string]string{
+		{"X-Forwarded-For": "203.0.113.1"},
+		{"X-Real-IP": "203.0.113.2"},
+		{"True-Client-IP": "203.0.113.3"},
+		{"Forwarded": "for=203.0.113.4"},
+		{"X-Forwarded-For": "203.0.113.5, 198.51.100.9"},
+	}
+	codes := []int{}
+	for _, h := range spoofs {
+		codes = append(codes, get(t, "GET", base+"/api/hello", h).StatusCode)
+	}
+	want := []int{200, 200, 429, 429, 429} // one identity: the TCP peer
+	for i := range want {
+		if codes[i] != want[i] {
+			t.Fatalf("rotating forwarding headers: %v, want %v", codes, want)
+		}
+	}
+}

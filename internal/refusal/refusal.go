@@ -1,0 +1,143 @@
+// Package refusal remembers refusals so that a limiter can repeat them without asking its
+// store: once a budget refused cost units with a known wait, a request for the same
+// budget with at least that cost is refused locally until the wait is over.
+//
+// # Why this is exact
+//
+// Without refunds, a budget's available units never grow faster than the time rule
+// restores them when nobody spends:
+//
+//   - fixed window: the count only grows until the window ends, and RetryAfter is the end;
+//   - token bucket: the level grows only by refill, and RetryAfter is the refill time to
+//     cost tokens assuming no spending; spending by others only lowers the level;
+//   - rolling window: the sum shrinks only as events age out, and RetryAfter is when
+//     enough of them have; new admissions only add events.
+//
+// So until RetryAfter has passed, every request with a cost at least the refused one
+// would be refused by the store too. The wait is measured from the moment the request
+// was sent, which is no later than the store's decision, so the local copy never
+// outlives the store's refusal. A refund (the Redis limiter refunds a group that a later
+// group refused) can make budget available earlier: then a cached refusal may refuse
+// work the store would admit, for at most the cached wait.
+package refusal
+
+import (
+	"hash/maphash"
+	"sync"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+const shards = 32
+
+// Cache is a bounded, concurrency-safe memory of refusals. The zero value is not usable;
+// call New.
+type Cache struct {
+	seed   maphash.Seed
+	base   time.Time
+	max    int // entries per shard
+	shards [shards]shard
+}
+
+type shard struct {
+	mu sync.Mutex
+	m  map[string]entry
+	_  [40]byte
+}
+
+type entry struct {
+	until   int64 // monotonic ns since base: refuse until then
+	resetAt int64
+	cost    int64
+	d       ratebudget.Decision
+}
+
+// New returns a cache holding at most maxEntries refusals (at least shards).
+func New(maxEntries int) *Cache {
+	c := &Cache{seed: maphash.MakeSeed(), base: time.Now(), max: max(maxEntries/shards, 1)}
+	for i := range c.shards {
+		c.shards[i].m = make(map[string]entry)
+	}
+	return c
+}
+
+// Now returns the cache's clock reading, to pass to Store for a request about to be sent.
+func (c *Cache) Now() int64 { return int64(time.Since(c.base)) }
+
+func (c *Cache) shard(key []byte) *shard {
+	return &c.shards[maphash.Bytes(c.seed, key)%shards]
+}
+
+// Lookup reports whether key refused a cost no greater than cost less than the wait ago;
+// if so it returns the refusal to repeat, with its waits shortened by the time elapsed.
+func (c *Cache) Lookup(key []byte, cost int64, now int64) (ratebudget.Decision, bool) {
+	s := c.shard(key)
+	s.mu.Lock()
+	e, ok := s.m[string(key)]
+	if ok && now >= e.until {
+		delete(s.m, string(key))
+		ok = false
+	}
+	s.mu.Unlock()
+	if !ok || cost < e.cost {
+		return ratebudget.Decision{}, false
+	}
+	d := e.d
+	d.RetryAfter = roundUpMs(e.until - now)
+	d.ResetAfter = max(roundUpMs(e.resetAt-now), d.RetryAfter)
+	return d, true
+}
+
+// Store records refusal d of cost units for key, decided for a request sent at sent (a
+// reading of Now taken before sending). Admissions, Exceeded refusals and refusals with no
+// wait are not stored.
+func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision) {
+	if d.Allowed || d.Exceeded || d.RetryAfter <= 0 {
+		return
+	}
+	e := entry{until: sent + int64(d.RetryAfter), resetAt: sent + int64(d.ResetAfter), cost: cost, d: d}
+	s := c.shard(key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.m[string(key)]; ok {
+		// Keep the stronger claim: the lower cost with the later end is not comparable
+		// in general, so keep the entry that refuses more requests for longer only when
+		// it dominates; otherwise the newer one.
+		if old.cost <= e.cost && old.until >= e.until {
+			return
+		}
+		s.m[string(key)] = e
+		return
+	}
+	if len(s.m) >= c.max {
+		for k, v := range s.m {
+			if v.until <= sent {
+				delete(s.m, k)
+			}
+		}
+		if len(s.m) >= c.max {
+			return // full of live refusals: not caching is always correct
+		}
+	}
+	s.m[string(key)] = e
+}
+
+// Len returns the number of refusals held, expired ones not yet dropped included.
+func (c *Cache) Len() int {
+	n := 0
+	for i := range c.shards {
+		c.shards[i].mu.Lock()
+		n += len(c.shards[i].m)
+		c.shards[i].mu.Unlock()
+	}
+	return n
+}
+
+func roundUpMs(ns int64) time.Duration {
+	if ns <= 0 {
+		return 0
+	}
+	ms := (ns + int64(time.Millisecond) - 1) / int64(time.Millisecond)
+	return time.Duration(ms) * time.Millisecond
+}

@@ -1,0 +1,96 @@
+package refusal
+
+import (
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+const ms = int64(time.Millisecond)
+
+func refused(retry, reset time.Duration) ratebudget.Decision {
+	return ratebudget.Decision{Rule: "r", Limit: 5, Remaining: 1, RetryAfter: retry, ResetAfter: reset}
+}
+
+func TestLookupRepeatsRefusalUntilTheWaitEnds(t *testing.T) {
+	c := New(1024)
+	key := []byte("rb:{x}:r:fixed")
+	c.Store(key, 2, 1000*ms, refused(300*time.Millisecond, 500*time.Millisecond))
+	for _, tc := range []struct {
+		now       int64
+		cost      int64
+		hit       bool
+		wantRetry time.Duration
+		wantReset time.Duration
+	}{
+		{1000 * ms, 2, true, 300 * time.Millisecond, 500 * time.Millisecond},
+		{1000 * ms, 5, true, 300 * time.Millisecond, 500 * time.Millisecond}, // a larger cost is refused too
+		{1000 * ms, 1, false, 0, 0}, // a smaller one might fit: ask the store
+		{1100*ms + 1, 2, true, 200 * time.Millisecond, 400 * time.Millisecond}, // rounded up to whole ms
+		{1300*ms - 1, 3, true, time.Millisecond, 201 * time.Millisecond},
+		{1300 * ms, 2, false, 0, 0}, // the wait is over
+	} {
+		d, hit := c.Lookup(key, tc.cost, tc.now)
+		if hit != tc.hit {
+			t.Fatalf("now %d cost %d: hit %v, want %v", tc.now, tc.cost, hit, tc.hit)
+		}
+		if hit && (d.RetryAfter != tc.wantRetry || d.ResetAfter != tc.wantReset || d.Allowed || d.Rule != "r" || d.Remaining != 1) {
+			t.Fatalf("now %d: %+v, want retry %v reset %v", tc.now, d, tc.wantRetry, tc.wantReset)
+		}
+	}
+	if c.Len() != 0 {
+		t.Fatalf("expired entry kept: %d", c.Len())
+	}
+}
+
+func TestStoreIgnoresWhatCannotBeRepeated(t *testing.T) {
+	c := New(1024)
+	c.Store([]byte("a"), 1, 0, ratebudget.Decision{Allowed: true, RetryAfter: time.Second})
+	c.Store([]byte("b"), 9, 0, ratebudget.Decision{Exceeded: true})
+	c.Store([]byte("c"), 1, 0, ratebudget.Decision{})
+	if c.Len() != 0 {
+		t.Fatalf("stored %d entries, want 0", c.Len())
+	}
+}
+
+func TestStoreKeepsTheDominantEntry(t *testing.T) {
+	c := New(1024)
+	k := []byte("k")
+	c.Store(k, 1, 0, refused(time.Second, time.Second))
+	c.Store(k, 3, 0, refused(500*time.Millisecond, time.Second)) // dominated: kept the first
+	if _, hit := c.Lookup(k, 1, 600*ms); !hit {
+		t.Fatal("dominant entry replaced")
+	}
+	c.Store(k, 1, 700*ms, refused(time.Second, time.Second)) // newer and as strong: replaces
+	if d, hit := c.Lookup(k, 1, 1500*ms); !hit || d.RetryAfter != 200*time.Millisecond {
+		t.Fatalf("%+v %v", d, hit)
+	}
+}
+
+func TestBounded(t *testing.T) {
+	c := New(64) // 2 per shard
+	for i := range 1000 {
+		c.Store([]byte("k"+strconv.Itoa(i)), 1, 0, refused(time.Hour, time.Hour))
+	}
+	if n := c.Len(); n > 64 {
+		t.Fatalf("%d entries, want at most 64", n)
+	}
+	// Once they expire, room is made again.
+	for i := range 1000 {
+		c.Store([]byte("n"+strconv.Itoa(i)), 1, int64(2*time.Hour), refused(time.Hour, time.Hour))
+	}
+	if n := c.Len(); n > 64 || n < 32 {
+		t.Fatalf("%d entries after expiry, want 32..64", n)
+	}
+}
+
+func BenchmarkLookupMiss(b *testing.B) {
+	c := New(1024)
+	key := []byte("rb:{AAAAAAAAAAAAAAAAAAAAAA}:api:fixed")
+	b.ReportAllocs()
+	for b.Loop() {
+		c.Lookup(key, 1, 0)
+	}
+}

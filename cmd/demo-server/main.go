@@ -57,6 +57,7 @@ type options struct {
 	storeTimeout   time.Duration
 	trustedProxies []string
 	ipv6Prefix     int
+	noLimit        bool
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -74,6 +75,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.storeTimeout, "store-timeout", 50*time.Millisecond, "deadline of each Redis decision")
 	proxies := fs.String("trusted-proxies", "", "comma-separated CIDRs of proxies whose X-Forwarded-For is believed")
 	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
+	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -185,6 +187,9 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 		common = append(common, middleware.WithLocalFallback(o.replicas))
 	}
 	mk := func(rules []middleware.Rule, extra ...middleware.Option) (func(http.Handler) http.Handler, error) {
+		if o.noLimit {
+			return func(next http.Handler) http.Handler { return next }, nil
+		}
 		return middleware.New(lim, rules, append(append([]middleware.Option{}, common...), extra...)...)
 	}
 

@@ -1,7 +1,7 @@
 GO       ?= go
 PKGS     ?= ./...
 FUZZTIME ?= 20s
-STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@2026.1
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test bench demo lint cover fuzz redis-image
 

@@ -41,12 +41,11 @@ const (
 
 // Canonical map keys, so that writing needs no canonicalisation per request.
 var (
-	keyLimit      = http.CanonicalHeaderKey(Limit)
-	keyRemaining  = http.CanonicalHeaderKey(Remaining)
-	keyReset      = http.CanonicalHeaderKey(Reset)
-	keyPolicy     = http.CanonicalHeaderKey(Policy)
-	keyRateLimit  = http.CanonicalHeaderKey(RateLimit)
-	keyRetryAfter = http.CanonicalHeaderKey(RetryAfter)
+	keyLimit     = http.CanonicalHeaderKey(Limit)
+	keyRemaining = http.CanonicalHeaderKey(Remaining)
+	keyReset     = http.CanonicalHeaderKey(Reset)
+	keyPolicy    = http.CanonicalHeaderKey(Policy)
+	keyRateLimit = http.CanonicalHeaderKey(RateLimit)
 )
 
 // Style selects which budget metadata headers are written.

@@ -166,3 +166,54 @@ func (f limiterFunc) Allow(ctx context.Context, c []ratebudget.Check) (ratebudge
 }
 
 var _ http.Handler = ok
+
+// A limiter that ignores its context (a go-redis client without ContextTimeoutEnabled on
+// a hung server) still costs a request only the decision deadline. The abandoned call
+// reads its own copy of the checks, so requests that follow cannot race with it.
+func TestDeadlineHoldsWhenLimiterIgnoresContext(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var running sync.WaitGroup
+	var calls atomic.Int64
+	stuck := limiterFunc(func(_ context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
+		defer running.Done()
+		calls.Add(1)
+		select { // ignores the context
+		case <-release:
+		case <-time.After(5 * time.Second): // without a bound in the middleware, the request waits this long
+		}
+		for _, c := range checks {
+			if c.Rule.Name != "r" || c.Cost != 1 {
+				return ratebudget.Decision{}, errors.New("checks changed under an abandoned call")
+			}
+		}
+		return ratebudget.Decision{Allowed: true}, nil
+	})
+	var mu sync.Mutex
+	var events []middleware.Event
+	h := mustNew(t, stuck, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
+		middleware.WithTimeout(20*time.Millisecond), middleware.WithBreaker(0, 0),
+		middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
+	for i := range 5 {
+		running.Add(1) // done by the limiter call, which outlives the request
+		start := time.Now()
+		rec := do(h, "GET", "/", nil)
+		if el := time.Since(start); el > time.Second {
+			t.Fatalf("request %d took %v with a 20ms decision deadline", i, el)
+		}
+		if rec.Code != 503 {
+			t.Fatalf("request %d: %d, want 503", i, rec.Code)
+		}
+	}
+	close(release)
+	running.Wait()
+	if n := calls.Load(); n != 5 {
+		t.Fatalf("limiter called %d times, want 5", n)
+	}
+	for i, e := range events {
+		var se *ratebudget.StoreError
+		if !errors.As(e.Err, &se) || se.Class != "timeout" || !se.Uncertain || e.Outcome != middleware.OutcomeUnavailable {
+			t.Fatalf("event %d: %v %v, want unavailable with an uncertain timeout", i, e.Outcome, e.Err)
+		}
+	}
+}

@@ -311,7 +311,7 @@ func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.
 	}
 	start := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
-	d, err := m.limiter.Allow(dctx, checks)
+	d, err := m.allowBounded(dctx, checks)
 	cancel()
 	latency := time.Since(start)
 	if err != nil && dctx.Err() != nil && ctx.Err() == nil {
@@ -335,6 +335,57 @@ func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.
 }
 
 var errBreakerOpen = errors.New("circuit breaker open: store not called")
+
+// call is one limiter call run on its own goroutine by allowBounded. It owns a copy of
+// the checks: an abandoned call may still read them after the request has moved on.
+type call struct {
+	checks []ratebudget.Check
+	done   chan callResult // buffered: the goroutine never blocks on an abandoned call
+}
+
+type callResult struct {
+	d   ratebudget.Decision
+	err error
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan callResult, 1)} }}
+
+func (c *call) run(lim ratebudget.Limiter, ctx context.Context) {
+	d, err := lim.Allow(ctx, c.checks)
+	c.done <- callResult{d, err} // the last use of c by this goroutine
+}
+
+// allowBounded asks the limiter and returns when it answers or when ctx ends, whichever
+// comes first. A limiter should honour its context, but a store client may not: a
+// go-redis client without ContextTimeoutEnabled blocks on a hung server for its own
+// ReadTimeout times its retries. Such a call is abandoned (it ends in the background,
+// bounded by the client's timeouts) and reported as an uncertain timeout: it may still
+// reach the store and spend.
+func (m *mw) allowBounded(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	c := callPool.Get().(*call)
+	c.checks = append(c.checks[:0], checks...)
+	go c.run(m.limiter, ctx)
+	select {
+	case r := <-c.done:
+		clear(c.checks)
+		callPool.Put(c)
+		return r.d, r.err
+	case <-ctx.Done():
+		select {
+		case r := <-c.done: // answered just in time: prefer the answer
+			clear(c.checks)
+			callPool.Put(c)
+			return r.d, r.err
+		default:
+		}
+		// c stays with the abandoned goroutine and is never reused.
+		class := "timeout"
+		if errors.Is(ctx.Err(), context.Canceled) {
+			class = "canceled"
+		}
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: class, Uncertain: true, Err: ctx.Err()}
+	}
+}
 
 func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err error) {
 	m.observe(Event{Request: r, Outcome: OutcomeInvalid, Err: err})

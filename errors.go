@@ -16,6 +16,7 @@ type ConfigError struct {
 	Problem string // what is wrong, e.g. "must be positive, got 0"
 }
 
+// Error names the rule (if any), the field and the problem.
 func (e *ConfigError) Error() string {
 	if e.Rule != "" {
 		return fmt.Sprintf("ratebudget: rule %q: %s %s", e.Rule, e.Field, e.Problem)
@@ -45,6 +46,7 @@ type StoreError struct {
 	Err error
 }
 
+// Error gives the class, whether the outcome is uncertain, and the underlying error.
 func (e *StoreError) Error() string {
 	u := ""
 	if e.Uncertain {

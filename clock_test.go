@@ -2,37 +2,22 @@ package ratebudget_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 )
 
 // t0 is the fake clocks' start: deliberately not on a second boundary, so that a window
 // anchored at the first admission is told apart from one aligned to the epoch.
 var t0 = time.UnixMilli(1_767_225_600_250)
 
-// fakeClock is a manual clock for the limiter: time moves only when Advance is called.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// fakeClock is a manual clock for the limiter: time moves only when Advance is called
+// (a negative duration moves it back).
+type fakeClock = limitertest.FakeClock
 
-func newFakeClock() *fakeClock { return &fakeClock{t: t0} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-// Advance moves the clock by d; a negative d moves it back.
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return limitertest.NewFakeClock(t0) }
 
 func newMemory(t testing.TB, opts ...ratebudget.MemoryOption) (*ratebudget.Memory, *fakeClock) {
 	t.Helper()

@@ -77,6 +77,9 @@ type Outcome struct {
 // described on [Decision]. Limiter implementations use it so that every limiter reports
 // the same rule for the same outcomes.
 func Combine(checks []Check, outcomes []Outcome) Decision {
+	if len(outcomes) == 1 {
+		return decisionOf(&checks[0].Rule, &outcomes[0], 0, outcomes[0].Allowed)
+	}
 	best := -1
 	allowed := true
 	for i := range outcomes {
@@ -117,24 +120,22 @@ func Combine(checks []Check, outcomes []Outcome) Decision {
 	if best < 0 {
 		return Decision{}
 	}
-	o := outcomes[best]
-	r := checks[best].Rule
+	return decisionOf(&checks[best].Rule, &outcomes[best], best, allowed)
+}
+
+func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 	d := Decision{
 		Allowed:    allowed,
 		Exceeded:   o.Exceeded,
 		Rule:       r.Name,
-		Index:      best,
+		Index:      index,
 		Limit:      r.Capacity(),
-		Remaining:  o.Remaining,
+		Remaining:  max(o.Remaining, 0),
 		ResetAfter: o.ResetAfter,
-		RetryAfter: o.RetryAfter,
 		Window:     r.Window,
 	}
-	if d.Allowed || d.Exceeded {
-		d.RetryAfter = 0
-	}
-	if d.Remaining < 0 {
-		d.Remaining = 0
+	if !d.Allowed && !d.Exceeded {
+		d.RetryAfter = o.RetryAfter
 	}
 	return d
 }

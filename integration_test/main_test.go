@@ -16,8 +16,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/testcontainers/testcontainers-go"
-	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
-	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -72,14 +70,7 @@ func startRedis() (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("Docker engine not reachable: %w", err)
 	}
-	image := os.Getenv("REDIS_IMAGE")
-	if image == "" {
-		image = "redis:7"
-	}
-	ctr, err := tcredis.Run(ctx, image, testcontainers.WithWaitStrategy(
-		wait.ForListeningPort("6379/tcp").SkipInternalCheck(),
-		wait.ForLog("Ready to accept connections"),
-	))
+	ctr, image, err := runRedisContainer(ctx)
 	stop = func() {
 		if ctr != nil {
 			_ = ctr.Terminate(context.Background())

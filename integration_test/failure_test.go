@@ -1,0 +1,626 @@
+package integration_test
+
+// Failure behaviour on real Redis, through the real middleware, lua.Limiter and go-redis
+// client. Faults that stop, pause or restart Redis, or change its memory limit, get a
+// container of their own (startFaultRedis) so the shared one is never disturbed; faults
+// on the wire (a lost reply) use an in-process proxy in front of the shared container.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/middleware"
+	"github.com/ratebudget/ratebudget/middleware/metrics"
+)
+
+const (
+	// faultDeadline is the decision deadline (middleware.WithTimeout) of the fault tests.
+	faultDeadline = 250 * time.Millisecond
+	// faultBound is what any request may take under a fault: the deadline plus a margin
+	// for a loaded 2-core machine under -race. go-redis's defaults would take seconds
+	// (5s dial and read timeouts, 3 retries).
+	faultBound = faultDeadline + time.Second
+)
+
+type clientVariant struct {
+	name string
+	opts *redis.Options
+}
+
+// clientVariants: the recommended settings, and go-redis's defaults (no context
+// deadline on the socket, 3 retries) under which the middleware's deadline must hold all
+// the same.
+func clientVariants() []clientVariant {
+	return []clientVariant{
+		{"recommended", recommendedOptions()},
+		{"defaults", defaultOptions()},
+	}
+}
+
+// TestStoppedRedisPolicies: with the container stopped (connection refused), every
+// policy answers within the decision deadline, with either client configuration:
+// closed → 503 with no-store and Retry-After, never 429, no error text in the body;
+// open → 200, degraded; local with 2 replicas and limit 10 → exactly 5 admitted, then 429.
+func TestStoppedRedisPolicies(t *testing.T) {
+	t.Parallel()
+	fr := startFaultRedis(t)
+	addr := fr.Addr()
+	type arm struct {
+		variant, policy string
+		h               *events
+		serve           func() (*httptest.ResponseRecorder, time.Duration)
+	}
+	var arms []arm
+	for _, v := range clientVariants() {
+		c := fr.client(t, v.opts)
+		for _, p := range []struct {
+			name string
+			opt  middleware.Option
+		}{
+			{"closed", middleware.WithStoreErrorPolicy(middleware.FailClosed)},
+			{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen)},
+			{"local", middleware.WithLocalFallback(2)},
+		} {
+			// No breaker: every request goes to the stopped server and must still be fast.
+			h, ev, _ := faultHandler(t, c, 10, faultDeadline, p.opt, middleware.WithBreaker(0, 0))
+			warm(t, h, ev)
+			arms = append(arms, arm{v.name, p.name, ev, func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }})
+		}
+	}
+	fr.stop(t)
+
+	for _, a := range arms {
+		t.Run(a.variant+"/"+a.policy, func(t *testing.T) {
+			var want []int
+			switch a.policy {
+			case "closed":
+				want = []int{503, 503, 503}
+			case "open":
+				want = []int{200, 200, 200}
+			case "local": // 10 / 2 replicas = 5 in this process
+				want = []int{200, 200, 200, 200, 200, 429, 429}
+			}
+			n := a.h.len()
+			var codes []int
+			var worst time.Duration
+			for range want {
+				rec, el := a.serve()
+				worst = max(worst, el)
+				codes = append(codes, rec.Code)
+				body := rec.Body.String()
+				if rec.Code >= 400 {
+					if rec.Header().Get("Cache-Control") != "no-store" || rec.Header().Get("Retry-After") == "" {
+						t.Errorf("%d without Cache-Control: no-store and Retry-After: %v", rec.Code, rec.Header())
+					}
+				}
+				for _, leak := range []string{addr, "refused", "dial", "EOF", "i/o timeout", "redis"} {
+					if strings.Contains(body, leak) {
+						t.Errorf("body %q leaks %q", body, leak)
+					}
+				}
+			}
+			if !slices.Equal(codes, want) {
+				t.Fatalf("codes %v, want %v", codes, want)
+			}
+			classes := map[string]int{}
+			for i, e := range a.h.since(n) {
+				se := storeErr(t, e)
+				classes[fmt.Sprintf("%s/uncertain=%t", se.Class, se.Uncertain)]++
+				switch a.policy {
+				case "closed":
+					if e.Outcome != middleware.OutcomeUnavailable {
+						t.Errorf("event %d: %v, want unavailable", i, e.Outcome)
+					}
+				case "open":
+					if e.Outcome != middleware.OutcomeDegraded {
+						t.Errorf("event %d: %v, want degraded", i, e.Outcome)
+					}
+				case "local":
+					if !e.Fallback {
+						t.Errorf("event %d not decided by the local fallback", i)
+					}
+				}
+			}
+			if a.variant == "recommended" && classes["connection/uncertain=false"] == 0 {
+				// One dial attempt: the refusal itself is reported, at once.
+				t.Errorf("store errors %v, want refused connections reported as definite connection errors", classes)
+			}
+			t.Logf("slowest request %v (deadline %v); store errors %v", worst, faultDeadline, classes)
+		})
+	}
+}
+
+// TestPausedRedisBreaker: a paused container (connections accepted, nothing answers)
+// costs no request more than the deadline, with either client configuration; after 3
+// failures the breaker opens and the client sends nothing more (counted with a hook);
+// after unpausing, decisions go back to Redis within the cool-down plus one probe. The
+// scripts of the timed-out requests may still run when the server wakes up (with
+// go-redis's defaults they all do): a timeout is an uncertain result.
+func TestPausedRedisBreaker(t *testing.T) {
+	t.Parallel()
+	const failures, cooldown = 3, 300 * time.Millisecond
+	fr := startFaultRedis(t)
+	type arm struct {
+		name   string
+		h      *events
+		tr     *transitions
+		calls  *scriptCalls
+		prefix string
+		serve  func() (*httptest.ResponseRecorder, time.Duration)
+	}
+	var arms []*arm
+	for _, v := range clientVariants() {
+		c := fr.client(t, v.opts)
+		a := &arm{name: v.name, tr: &transitions{}, calls: countScripts(c)}
+		h, ev, prefix := faultHandler(t, c, 1000, faultDeadline,
+			middleware.WithBreaker(failures, cooldown), middleware.WithBreakerObserver(a.tr.observe))
+		warm(t, h, ev)
+		a.h, a.prefix, a.serve = ev, prefix, func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }
+		arms = append(arms, a)
+	}
+	control := fr.control(t)
+	if err := control.Ping(ctxT(t)).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	fr.pause(t)
+	for _, a := range arms {
+		before, n := a.calls.total(), a.h.len()
+		var worst time.Duration
+		for i := range 10 {
+			rec, el := a.serve()
+			worst = max(worst, el)
+			if rec.Code != 503 {
+				t.Fatalf("%s: request %d: %d, want 503", a.name, i, rec.Code)
+			}
+		}
+		if got := a.calls.total() - before; got != failures {
+			t.Errorf("%s: %d script calls while paused, want %d: the breaker must stop calling", a.name, got, failures)
+		}
+		evs := a.h.since(n)
+		for i, e := range evs {
+			se := storeErr(t, e)
+			want := "breaker_open"
+			if i < failures {
+				want = "timeout"
+			}
+			if se.Class != want || se.Uncertain != (want == "timeout") {
+				t.Errorf("%s: event %d: class %q uncertain %t, want %q uncertain %t", a.name, i, se.Class, se.Uncertain, want, want == "timeout")
+			}
+		}
+		if got := a.tr.get(); !slices.Equal(got, []string{"closed>open"}) {
+			t.Errorf("%s: transitions %v, want [closed>open]", a.name, got)
+		}
+		t.Logf("%s: slowest request while paused %v (deadline %v)", a.name, worst, faultDeadline)
+	}
+
+	fr.unpause(t)
+	for _, a := range arms {
+		start := time.Now()
+		tries := 0
+		for {
+			tries++
+			rec, _ := a.serve()
+			if rec.Code == 200 {
+				break
+			}
+			if time.Since(start) > cooldown+2*faultBound {
+				t.Fatalf("%s: no decision from Redis %v after unpausing (cool-down %v)", a.name, time.Since(start), cooldown)
+			}
+			time.Sleep(10 * time.Millisecond) // pacing, not synchronisation: the loop has a deadline
+		}
+		if got := a.tr.get(); !slices.Equal(got[len(got)-2:], []string{"open>half-open", "half-open>closed"}) {
+			t.Errorf("%s: transitions %v, want to end open>half-open>closed", a.name, got)
+		}
+		t.Logf("%s: decisions back on Redis %v after unpausing, %d requests", a.name, time.Since(start), tries)
+	}
+
+	// The scripts of the timed-out requests were sent; the server ran them when it woke
+	// up, unless the connection was gone by then. With go-redis's defaults the client
+	// keeps the connection and reads the late reply, so every one of them spent: a
+	// timeout is an uncertain result, not a refusal that cost nothing.
+	for _, a := range arms {
+		var allowed, timeouts int
+		for _, e := range a.h.since(0) {
+			if e.Outcome == middleware.OutcomeAllowed {
+				allowed++
+			} else if se := storeErr(t, e); se.Class == "timeout" {
+				timeouts++
+			}
+		}
+		key := faultKey(t, a.prefix, 1000)
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			spent, err := control.Get(ctxT(t), key).Int()
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := spent >= allowed && spent <= allowed+timeouts
+			if a.name == "defaults" {
+				done = spent == allowed+timeouts
+			}
+			if done {
+				t.Logf("%s: %d admitted, %d timed out; the server spent %d", a.name, allowed, timeouts, spent)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d admitted, %d timed out; the server spent %d", a.name, allowed, timeouts, spent)
+			}
+			time.Sleep(20 * time.Millisecond) // polling with a deadline
+		}
+	}
+}
+
+// TestRestartedRedisResumes: after Stop and Start the server is empty (no budgets, no
+// script cache). Decisions resume without any action (EVALSHA → NOSCRIPT → EVAL heals
+// the cache) and the budget starts afresh: a restart loses budget state.
+func TestRestartedRedisResumes(t *testing.T) {
+	t.Parallel()
+	const limit = 5
+	fr := startFaultRedis(t)
+	opts := recommendedOptions()
+	opts.Dialer = fr.dialer(opts.DialTimeout) // the mapped port changes on restart
+	c := fr.client(t, opts)
+	calls := countScripts(c)
+	h, ev, prefix := faultHandler(t, c, limit, faultDeadline, middleware.WithBreaker(3, 300*time.Millisecond))
+	warm(t, h, ev)
+	for range 2 {
+		if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
+			t.Fatalf("before restart: %d", rec.Code)
+		}
+	}
+	control := fr.client(t, opts)
+	key := faultKey(t, prefix, limit)
+	if v, err := control.Get(ctxT(t), key).Result(); err != nil || v != "3" {
+		t.Fatalf("budget before restart: %q %v, want 3 spent", v, err)
+	}
+
+	fr.stop(t)
+	fr.start(t)
+
+	start := time.Now()
+	var rec *httptest.ResponseRecorder
+	tries := 0
+	for {
+		tries++
+		rec, _ = serve(t, h, faultBound)
+		if rec.Code == 200 {
+			break
+		}
+		if rec.Code != 503 || time.Since(start) > 10*time.Second {
+			t.Fatalf("after restart: %d after %v, want 200 within 10s", rec.Code, time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond) // pacing; the loop has a deadline
+	}
+	t.Logf("decisions resumed %v after the restart, on request %d", time.Since(start), tries)
+	if got := rec.Header().Get(headers.Remaining); got != strconv.Itoa(limit-1) {
+		t.Errorf("first admission after restart: remaining %q, want %d: the budget starts afresh", got, limit-1)
+	}
+	sha, eval := serverScriptCalls(t, control)
+	if eval < 1 || sha < 1 {
+		t.Errorf("server saw evalsha=%d eval=%d, want the NOSCRIPT → EVAL path", sha, eval)
+	}
+	t.Logf("after restart the server saw evalsha=%d eval=%d; the client sent %d+%d in all", sha, eval, calls.evalsha.Load(), calls.eval.Load())
+	codes := []int{200}
+	for range limit {
+		r, _ := serve(t, h, faultBound)
+		codes = append(codes, r.Code)
+	}
+	if want := []int{200, 200, 200, 200, 200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("after restart: %v, want %v: exactly the limit, from zero", codes, want)
+	}
+}
+
+// TestOOMIsDefinite: a server over maxmemory with noeviction answers every script with
+// an OOM error. It is definite (class "server", not uncertain, nothing spent), the
+// policy applies, and there is exactly one script call per request: no retry storm, even
+// with go-redis's default retries.
+func TestOOMIsDefinite(t *testing.T) {
+	t.Parallel()
+	fr := startFaultRedis(t)
+	control := fr.control(t)
+	ctx := ctxT(t)
+	type arm struct {
+		name   string
+		h      *events
+		calls  *scriptCalls
+		prefix string
+		serve  func() (*httptest.ResponseRecorder, time.Duration)
+	}
+	var arms []*arm
+	for _, v := range clientVariants() {
+		c := fr.client(t, v.opts)
+		a := &arm{name: v.name, calls: countScripts(c)}
+		h, ev, prefix := faultHandler(t, c, 100, faultDeadline, middleware.WithBreaker(0, 0))
+		warm(t, h, ev) // also loads the script: later calls are one EVALSHA each
+		a.h, a.prefix = ev, prefix
+		a.serve = func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }
+		arms = append(arms, a)
+	}
+	// Some data, then a limit below what is used.
+	filler := strings.Repeat("x", 64<<10)
+	for i := range 32 {
+		if err := control.Set(ctx, "filler:"+strconv.Itoa(i), filler, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	used := usedMemory(t, control)
+	if err := control.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := control.ConfigSet(ctx, "maxmemory", strconv.FormatInt(used/2, 10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	const requests = 5
+	for _, a := range arms {
+		sha0, eval0 := serverScriptCalls(t, control)
+		before, n := a.calls.total(), a.h.len()
+		for i := range requests {
+			if rec, _ := a.serve(); rec.Code != 503 {
+				t.Fatalf("%s: request %d: %d, want 503 (fail closed)", a.name, i, rec.Code)
+			}
+		}
+		for i, e := range a.h.since(n) {
+			se := storeErr(t, e)
+			var rerr redis.Error
+			if se.Class != "server" || se.Uncertain || !errors.As(se, &rerr) || !strings.HasPrefix(rerr.Error(), "OOM") {
+				t.Errorf("%s: event %d: %v, want a definite server error (OOM)", a.name, i, se)
+			}
+		}
+		if got := a.calls.total() - before; got != requests {
+			t.Errorf("%s: %d script calls for %d requests, want exactly one each", a.name, got, requests)
+		}
+		sha1, eval1 := serverScriptCalls(t, control)
+		if sha1-sha0 != requests || eval1 != eval0 {
+			t.Errorf("%s: server saw %d EVALSHA and %d EVAL for %d requests, want one EVALSHA each", a.name, sha1-sha0, eval1-eval0, requests)
+		}
+		// Nothing was spent: the warm-up's admission is all the budget holds.
+		if v, err := control.Get(ctx, faultKey(t, a.prefix, 100)).Result(); err != nil || v != "1" {
+			t.Errorf("%s: budget %q %v, want 1 (the warm-up only)", a.name, v, err)
+		}
+	}
+}
+
+// TestLostReplyIsUncertain: the script reaches Redis and runs, but its reply is lost
+// (a proxy drops it and closes the connection). The error is classified uncertain, and
+// the budget WAS spent on the server. With go-redis's default retries the same request
+// is sent again and spent again: at most 1 + MaxRetries times.
+func TestLostReplyIsUncertain(t *testing.T) {
+	t.Parallel()
+	requireRedis(t)
+	control := newClient(t, 2)
+	p := startProxy(t, redisAddr)
+	const limit = 100
+	for _, v := range clientVariants() {
+		t.Run(v.name, func(t *testing.T) {
+			opts := *v.opts
+			opts.Addr = p.Addr()
+			c := redis.NewClient(&opts)
+			t.Cleanup(func() { c.Close() })
+			// A deadline long enough for go-redis's retries: this test is about counts.
+			h, ev, prefix := faultHandler(t, c, limit, 3*time.Second, middleware.WithBreaker(0, 0))
+			warm(t, h, ev)
+			key := faultKey(t, prefix, limit)
+			spent := func() int {
+				v, err := control.Get(ctxT(t), key).Int()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+			if got := spent(); got != 1 {
+				t.Fatalf("after warm-up: %d spent, want 1", got)
+			}
+			p.drop.Store(true)
+			defer p.drop.Store(false)
+			dropped0, n := p.dropped.Load(), ev.len()
+			rec, _ := serve(t, h, 3*time.Second+time.Second)
+			if rec.Code != 503 {
+				t.Fatalf("lost reply: %d, want 503", rec.Code)
+			}
+			evs := ev.since(n)
+			se := storeErr(t, evs[0])
+			if !se.Uncertain || se.Class != "connection" {
+				t.Errorf("lost reply classified %q uncertain=%t, want connection, uncertain", se.Class, se.Uncertain)
+			}
+			dropped := p.dropped.Load() - dropped0
+			got := spent() - 1
+			switch v.name {
+			case "recommended": // MaxRetries -1: sent once, spent once
+				if got != 1 || dropped != 1 {
+					t.Errorf("one request with a lost reply spent %d (replies dropped %d), want exactly 1", got, dropped)
+				}
+			case "defaults": // re-sent after EOF: a double spend, bounded by 1 + 3 retries
+				if got < 2 || got > 4 || int64(got) != dropped {
+					t.Errorf("one request with lost replies spent %d (replies dropped %d), want 2..4, one per send", got, dropped)
+				}
+			}
+			t.Logf("%s: one request whose reply was lost: 503, %v, spent %d on the server", v.name, se, got)
+		})
+	}
+}
+
+// TestCanceledMidDecision: a request canceled while its script is in flight is not
+// served and nothing is written; the middleware returns at once (not at the deadline);
+// the cancellation does not count against the store in the breaker. The script still ran
+// on the server: a canceled decision may have spent.
+func TestCanceledMidDecision(t *testing.T) {
+	t.Parallel()
+	requireRedis(t)
+	control := newClient(t, 2)
+	p := startProxy(t, redisAddr)
+	opts := recommendedOptions()
+	opts.Addr = p.Addr()
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	const limit, deadline = 100, 5 * time.Second
+	h, ev, prefix := faultHandler(t, c, limit, deadline, middleware.WithBreaker(1, time.Minute))
+	warm(t, h, ev)
+	for len(p.sent) > 0 { // forget the warm-up's scripts
+		<-p.sent
+	}
+	p.hold.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
+	rec := httptest.NewRecorder()
+	done := make(chan time.Duration)
+	go func() {
+		start := time.Now()
+		h.ServeHTTP(rec, req)
+		done <- time.Since(start)
+	}()
+	select {
+	case <-p.sent: // the script is on its way to Redis
+	case <-time.After(5 * time.Second):
+		t.Fatal("the script never reached the proxy")
+	}
+	cancel()
+	el := <-done
+	if el > deadline/2 {
+		t.Errorf("canceled request returned after %v; want well before the %v deadline", el, deadline)
+	}
+	close(p.release)
+	if rec.Body.Len() != 0 || len(rec.Header()) != 0 { // the handler would have written "ok"
+		t.Errorf("canceled request: body %q headers %v, want nothing written and the handler not called", rec.Body.String(), rec.Header())
+	}
+	if evs := ev.since(ev.len() - 1); evs[0].Outcome != middleware.OutcomeCanceled {
+		t.Errorf("event %v, want canceled", evs[0].Outcome)
+	}
+	p.hold.Store(false)
+	// A breaker of one failure would be open now had the cancellation counted.
+	if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
+		t.Errorf("after a canceled request: %d, want 200 from Redis", rec.Code)
+	}
+	v, err := control.Get(ctxT(t), faultKey(t, prefix, limit)).Int()
+	if err != nil || v != 3 {
+		t.Errorf("budget %d %v, want 3: warm-up, the canceled request (it ran), the last one", v, err)
+	}
+}
+
+// TestMetricsUnderFaults: after a scripted sequence on real Redis — admitted, denied,
+// then Redis stopped under FailOpen and FailClosed — the Prometheus counters equal what
+// was sent, and store errors are counted by class.
+func TestMetricsUnderFaults(t *testing.T) {
+	t.Parallel()
+	fr := startFaultRedis(t)
+	c := fr.client(t, recommendedOptions())
+	col := metrics.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(col)
+	obs := []middleware.Option{
+		middleware.WithObserver(col.Observe), middleware.WithBreakerObserver(col.BreakerChanged),
+		middleware.WithBreaker(2, time.Minute),
+	}
+	// Three budgets: one spent while Redis is up, two asked only once it is stopped (a
+	// refusal the limiter remembers would otherwise be repeated without a store call).
+	up, upEv, _ := faultHandler(t, c, 3, faultDeadline, obs...)
+	open, openEv, _ := faultHandler(t, c, 3, faultDeadline, append(obs, middleware.WithStoreErrorPolicy(middleware.FailOpen))...)
+	closed, closedEv, _ := faultHandler(t, c, 3, faultDeadline, append(obs, middleware.WithStoreErrorPolicy(middleware.FailClosed))...)
+	// Load the script and open a connection outside the counted sequence.
+	hw, evw, _ := faultHandler(t, c, 3, faultDeadline)
+	warm(t, hw, evw)
+
+	var codes []int
+	for range 5 { // limit 3: 3 admitted, 2 denied
+		rec, _ := serve(t, up, faultBound)
+		codes = append(codes, rec.Code)
+	}
+	if want := []int{200, 200, 200, 429, 429}; !slices.Equal(codes, want) {
+		t.Fatalf("with Redis up: %v, want %v", codes, want)
+	}
+	fr.stop(t)
+	for range 4 { // 2 store errors open the breaker, then 2 breaker_open
+		if rec, _ := serve(t, open, faultBound); rec.Code != 200 {
+			t.Fatalf("fail open, Redis stopped: %d", rec.Code)
+		}
+	}
+	for range 3 { // 2 store errors, then 1 breaker_open
+		if rec, _ := serve(t, closed, faultBound); rec.Code != 503 {
+			t.Fatalf("fail closed, Redis stopped: %d", rec.Code)
+		}
+	}
+
+	// What the test saw, by class, from the events.
+	wantErrs := map[string]float64{}
+	for _, e := range slices.Concat(upEv.since(0), openEv.since(0), closedEv.since(0)) {
+		if e.Err != nil {
+			se := storeErr(t, e)
+			wantErrs[se.Class+"/"+strconv.FormatBool(se.Uncertain)]++
+		}
+	}
+	got := gather(t, reg)
+	for k, want := range map[string]float64{
+		`ratebudget_decisions_total{outcome="allowed",rule="fault"}`:            3,
+		`ratebudget_decisions_total{outcome="denied",rule="fault"}`:             2,
+		`ratebudget_decisions_total{outcome="degraded",rule="none"}`:            4,
+		`ratebudget_decisions_total{outcome="unavailable",rule="none"}`:         3,
+		`ratebudget_breaker_transitions_total{to="open"}`:                       2,
+		`ratebudget_breaker_state`:                                              1, // the last transition was to open
+		`ratebudget_decision_duration_seconds_count{store="primary"}`:           5 + 2 + 2,
+		`ratebudget_store_errors_total{class="breaker_open",uncertain="false"}`: 3,
+	} {
+		if got[k] != want {
+			t.Errorf("%s = %v, want %v", k, got[k], want)
+		}
+	}
+	var allErrs float64
+	for k, v := range wantErrs {
+		allErrs += v
+		class, unc, _ := strings.Cut(k, "/")
+		if class != "connection" && class != "breaker_open" && class != "timeout" {
+			t.Errorf("store error class %q from a stopped server", class)
+		}
+		name := fmt.Sprintf(`ratebudget_store_errors_total{class=%q,uncertain=%q}`, class, unc)
+		if got[name] != v {
+			t.Errorf("%s = %v, the events say %v", name, got[name], v)
+		}
+	}
+	if allErrs != 7 {
+		t.Errorf("events: %v store errors, want 7 (4 calls to the stopped server, 3 skipped by the breaker)", allErrs)
+	}
+	t.Logf("store errors by class: %v", wantErrs)
+}
+
+// gather returns every sample of reg as `name{label="value",...}` → value (counters,
+// gauges, and histogram counts as name_count).
+func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			ls := ""
+			if len(labels) > 0 {
+				ls = "{" + strings.Join(labels, ",") + "}"
+			}
+			switch mf.GetType().String() {
+			case "COUNTER":
+				out[mf.GetName()+ls] = m.GetCounter().GetValue()
+			case "GAUGE":
+				out[mf.GetName()+ls] = m.GetGauge().GetValue()
+			case "HISTOGRAM":
+				out[mf.GetName()+"_count"+ls] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}

@@ -24,11 +24,16 @@
 --                   "<16-digit cumulative cost after the event>:<cost>"; events of one ms
 --                   are merged. PEXPIRE = until the newest event leaves the window.
 -- Every number stays an exact integer below 2^53.
-
-local MAXLIMIT = 1099511627776      -- 2^40
-local MAXSCALED = 9007199254740992  -- 2^53
-local MAXWINDOW = 31622400000       -- 366 days in ms
-local REBASE = 4503599627370496     -- 2^52: rebase cumulative sums above this
+--
+-- Cost per check, in server commands: fixed window GET, PTTL (when the counter exists),
+-- then SET or INCRBY on admission; token bucket HMGET, then HSET and PEXPIRE on
+-- admission; rolling window the oldest and newest events, then ZADD (and ZREM when the
+-- newest event's millisecond is merged) and PEXPIRE on admission, plus
+-- ZREMRANGEBYSCORE when events have aged out and a binary search over ranks for a
+-- refusal's retry time. TIME once per call, only when a token bucket or rolling window
+-- is decided. The script creates no table per check apart from the reply (and one plan
+-- table for a group of several checks). Numbers are passed to redis.call as Lua
+-- numbers: Redis formats them with %.17g, exact for integers below 2^53.
 
 local n = #KEYS
 if n == 0 or #ARGV ~= 1 + 5 * n then
@@ -39,118 +44,216 @@ if not write and ARGV[1] ~= '0' then
   return redis.error_reply('ERR ratebudget: bad mode')
 end
 
-local function int(s, lo, hi)
-  local v = tonumber(s)
-  if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
-  return v
-end
-local function fmt(x) return string.format('%.0f', x) end
--- Exact integer division of non-negative integers below 2^53 (fmod is exact).
-local function floordiv(a, b) return (a - math.fmod(a, b)) / b end
-local function ceildiv(a, b)
-  if a <= 0 then return 0 end
-  local r = math.fmod(a, b)
-  local q = (a - r) / b
-  if r > 0 then q = q + 1 end
-  return q
-end
-local function member(acc, cost) return string.format('%016.0f:%.0f', acc, cost) end
-local function parse(m)
-  local a, c = string.match(m, '^(%d+):(%d+)$')
-  return tonumber(a), tonumber(c)
-end
+local MAXLIMIT = 1099511627776      -- 2^40
+local MAXSCALED = 9007199254740992  -- 2^53
+local MAXWINDOW = 31622400000       -- 366 days in ms
+local REBASE = 4503599627370496     -- 2^52: rebase cumulative sums above this
+local tonumber = tonumber
+local call = redis.call
 
--- Validate every argument before reading or writing anything: Redis has no rollback.
-local algo, limit, win, cap, cost = {}, {}, {}, {}, {}
-for i = 1, n do
-  local b = 1 + 5 * (i - 1)
-  algo[i] = int(ARGV[b + 1], 0, 2)
-  limit[i] = int(ARGV[b + 2], 1, MAXLIMIT)
-  win[i] = int(ARGV[b + 3], 1, MAXWINDOW)
-  cap[i] = int(ARGV[b + 4], 1, MAXLIMIT)
-  cost[i] = int(ARGV[b + 5], 1, MAXLIMIT)
-  if not (algo[i] and limit[i] and win[i] and cap[i] and cost[i]) then
-    return redis.error_reply('ERR ratebudget: bad argument for check ' .. i)
+-- args returns check i's algorithm, limit, window, capacity and cost, or nil and an
+-- error reply. The algorithm is compared as a string, capacity as the limit's string
+-- (equal except for a token bucket) and a cost of '1' needs no parsing: tonumber is the
+-- costly part. (x % 1 ~= 0 also rejects NaN and infinities.)
+local function args(i)
+  local b = 5 * i - 3
+  local as, ls, cs, ks = ARGV[b], ARGV[b + 1], ARGV[b + 3], ARGV[b + 4]
+  local a, l, w = 0, tonumber(ls), tonumber(ARGV[b + 2])
+  local c, k = l, 1
+  if ks ~= '1' then k = tonumber(ks) end
+  if as == '1' then
+    a, c = 1, tonumber(cs)
+  elseif as == '2' then
+    a = 2
+  elseif as ~= '0' then
+    a = nil
   end
-  if algo[i] == 1 then
-    if cap[i] > MAXSCALED / win[i] then
-      return redis.error_reply('ERR ratebudget: capacity x window exceeds 2^53 for check ' .. i)
+  if not (a and l and w and c and k)
+    or l % 1 ~= 0 or l < 1 or l > MAXLIMIT or w % 1 ~= 0 or w < 1 or w > MAXWINDOW
+    or c % 1 ~= 0 or c < 1 or c > MAXLIMIT or k % 1 ~= 0 or k < 1 or k > MAXLIMIT then
+    return nil, redis.error_reply('ERR ratebudget: bad argument for check ' .. i)
+  end
+  if a == 1 then
+    if c > MAXSCALED / w then
+      return nil, redis.error_reply('ERR ratebudget: capacity x window exceeds 2^53 for check ' .. i)
     end
-  elseif cap[i] ~= limit[i] then
-    return redis.error_reply('ERR ratebudget: capacity differs from limit for check ' .. i)
+  elseif cs ~= ls then
+    return nil, redis.error_reply('ERR ratebudget: capacity differs from limit for check ' .. i)
+  end
+  return a, l, w, c, k
+end
+
+-- Validate every argument before writing anything: Redis has no rollback. A single
+-- check is validated below, before its first command.
+if n > 1 then
+  for i = 1, n do
+    local a, err = args(i)
+    if not a then return err end
   end
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fmod, format, match = math.fmod, string.format, string.match
+local now -- server time in ms, read on first use
 
--- Phase 1: read only. Compute every outcome and what an admission would write.
-local reply = {}
-local plan = {}
-local all = true
-for i = 1, n do
-  local key, a, w, c = KEYS[i], algo[i], win[i], cost[i]
-  local ok, exc, rem, reset, retry = 0, 0, 0, 0, 0
-  local p = {}
+-- spend writes an admitted check's new state (see the plan values below) and returns the
+-- rolling window's cumulative sum, else 0.
+local function spend(key, a, w, k, x1, x2, x3, x4, x5, x6)
   if a == 0 then
-    local lim = limit[i]
-    local count, left, fresh = 0, w, true
-    local v = redis.call('GET', key)
+    if x1 then
+      call('SET', key, k, 'PX', w)
+    else
+      call('INCRBY', key, k)
+      if x2 then call('PEXPIRE', key, w) end
+    end
+    return 0
+  elseif a == 1 then
+    call('HSET', key, 'l', x1, 't', x2)
+    call('PEXPIRE', key, x3)
+    return 0
+  end
+  local at, base, nacc, ncost, last, empty = x1, x2, x3, x4, x5, x6
+  if empty then
+    nacc = 0
+  elseif nacc + k > REBASE then
+    -- Rewrite the window's events with sums relative to the oldest one.
+    local evs = call('ZRANGE', key, 0, -1, 'WITHSCORES')
+    call('DEL', key)
+    for j = 1, #evs, 2 do
+      local acc, ec = match(evs[j], '^(%d+):(%d+)$')
+      call('ZADD', key, evs[j + 1], format('%016.0f:%.0f', tonumber(acc) - base, tonumber(ec)))
+    end
+    nacc = nacc - base
+  end
+  local acc = nacc + k
+  if not empty and last == at then
+    call('ZREM', key, format('%016.0f:%.0f', nacc, ncost))
+    call('ZADD', key, at, format('%016.0f:%.0f', acc, ncost + k))
+  else
+    call('ZADD', key, at, format('%016.0f:%.0f', acc, k))
+  end
+  call('PEXPIRE', key, at + w - now)
+  return acc
+end
+
+-- Phase 1: read (and trim aged rolling-window events, which changes no outcome); compute
+-- every outcome and what an admission would write.
+local reply, plan -- for several checks: 6 reply and 9 plan values (a, w, cost, x1..x6) per check
+if n > 1 then reply, plan = {}, {} end
+local all = true
+local a, w, k, x1, x2, x3, x4, x5, x6 -- the last check's, for a single check
+local ok1, exc1, rem1, reset1, retry1
+for i = 1, n do
+  local key = KEYS[i]
+  local lim, capa
+  a, lim, w, capa, k = args(i)
+  if not a then return lim end
+  local ok, exc, rem, reset, retry = 0, 0, 0, 0, 0
+  x1, x2, x3, x4, x5, x6 = false, false, 0, 0, 0, false
+  if a == 0 then
+    -- x1: create the counter; x2: give an immortal counter its TTL.
+    local count, left = 0, w
+    local v = call('GET', key)
+    x1 = true
     if v then
       local cnt = tonumber(v)
       if cnt == nil then return redis.error_reply('ERR ratebudget: corrupt counter in check ' .. i) end
-      local pttl = redis.call('PTTL', key)
+      local pttl = call('PTTL', key)
       if pttl == -1 then
-        count, fresh, p.repair = cnt, false, true -- immortal counter: its window starts now
+        count, x1, x2 = cnt, false, true -- immortal counter: its window starts now
       elseif pttl > 0 then
-        count, left, fresh = cnt, pttl, false
+        count, left, x1 = cnt, pttl, false
       end
     end
-    p.fresh = fresh
-    if c > lim then
+    if k > lim then
       exc, rem = 1, lim - count
       if count > 0 then reset = left end
-    elseif count + c > lim then
+    elseif count + k > lim then
       rem, reset, retry = lim - count, left, left
     else
-      ok, rem, reset = 1, lim - count - c, left
+      ok, rem, reset = 1, lim - count - k, left
+    end
+    if x2 and write and (ok == 0 or n > 1) then
+      call('PEXPIRE', key, w) -- spend repeats it on admission
     end
   elseif a == 1 then
-    local rate, capa = limit[i], cap[i]
+    -- x1: new level, x2: its time, x3: TTL (time until full).
+    if not now then
+      local t = call('TIME')
+      local us = tonumber(t[2])
+      now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
+    end
+    local rate = lim
     local full = capa * w
-    local level, ts = full, now
-    local h = redis.call('HMGET', key, 'l', 't')
+    local level, ts, lag = full, now, 0
+    local h = call('HMGET', key, 'l', 't')
     if h[1] or h[2] then
       local l, st = tonumber(h[1]), tonumber(h[2])
       if l == nil or st == nil or l < 0 then
         return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
       end
       ts = st
-      local elapsed = now - ts
-      if elapsed < 0 then elapsed = 0 else ts = now end -- clock went back: no refill
-      if elapsed >= ceildiv(full - l, rate) then level = full else level = l + elapsed * rate end
+      local elapsed = now - st
+      if elapsed < 0 then
+        -- The clock went back: no refill, keep the later timestamp. Refill resumes when
+        -- the clock passes it again, so every wait below includes the lag.
+        lag, elapsed = -elapsed, 0
+      else
+        ts = now
+      end
+      if elapsed * rate < full - l then level = l + elapsed * rate end
     end
-    local need = c * w
-    if c > capa then
-      exc, rem, reset = 1, floordiv(level, w), ceildiv(full - level, rate)
+    -- wait(want) = 0 if want <= level, else lag + ceil((want - level) / rate)
+    local need = k * w
+    local d = full - level
+    local tofull = 0
+    if d > 0 then
+      local r = fmod(d, rate)
+      tofull = lag + (d - r) / rate
+      if r > 0 then tofull = tofull + 1 end
+    end
+    if k > capa then
+      exc, rem, reset = 1, (level - fmod(level, w)) / w, tofull
     elseif level < need then
-      rem, reset, retry = floordiv(level, w), ceildiv(full - level, rate), ceildiv(need - level, rate)
+      d = need - level
+      local r = fmod(d, rate)
+      retry = lag + (d - r) / rate
+      if r > 0 then retry = retry + 1 end
+      rem, reset = (level - fmod(level, w)) / w, tofull
     else
       level = level - need
-      local tofull = ceildiv(full - level, rate)
-      ok, rem, reset = 1, floordiv(level, w), tofull
-      p.level, p.ts, p.ttl = level, ts, ts + tofull - now
+      d = full - level
+      local r = fmod(d, rate)
+      tofull = lag + (d - r) / rate
+      if r > 0 then tofull = tofull + 1 end
+      ok, rem, reset = 1, (level - fmod(level, w)) / w, tofull
+      x1, x2, x3 = level, ts, tofull
     end
   else
-    local lim = limit[i]
-    local sum, last, base, nacc, ncost, first = 0, 0, 0, 0, 0, nil
-    local oldest = redis.call('ZRANGEBYSCORE', key, '(' .. fmt(now - w), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-    if #oldest > 0 then
-      first = oldest[1]
-      local oacc, ocost = parse(first)
-      local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      nacc, ncost = parse(newest[1])
-      last = tonumber(newest[2])
+    -- x1: time of the event, x2: cumulative sum before the window, x3, x4: the newest
+    -- event's sum and cost, x5: its time, x6: no event in the window.
+    if not now then
+      local t = call('TIME')
+      local us = tonumber(t[2])
+      now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
+    end
+    local sum, last, base, nacc, ncost = 0, 0, 0, 0, 0
+    local edge = now - w
+    local o
+    if write then
+      o = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      if o[1] and tonumber(o[2]) <= edge then
+        call('ZREMRANGEBYSCORE', key, '-inf', edge)
+        o = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+      end
+    else
+      o = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', edge), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    end
+    local first = o[1]
+    if first then
+      local oacc, ocost = match(first, '^(%d+):(%d+)$')
+      local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      local na, nc = match(newest[1], '^(%d+):(%d+)$')
+      oacc, ocost, nacc, ncost, last = tonumber(oacc), tonumber(ocost), tonumber(na), tonumber(nc), tonumber(newest[2])
       if not (oacc and ocost and nacc and ncost and last) then
         return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
       end
@@ -158,85 +261,52 @@ for i = 1, n do
       sum = nacc - base
       reset = last + w - now
     end
-    local at = math.max(now, last) -- keep events in order if the clock went back
-    if c > lim then
+    local at = now
+    if last > now then at = last end -- keep events in order if the clock went back
+    if k > lim then
       exc, rem = 1, lim - sum
-    elseif sum + c > lim then
+    elseif sum + k > lim then
       rem, retry = lim - sum, reset
       -- The oldest event whose leaving frees enough: binary search by rank over
       -- cumulative sums (each rank read is O(log n)).
-      local need = sum + c - lim
-      local lo = redis.call('ZRANK', key, first)
-      local hi = redis.call('ZCARD', key) - 1
+      local need = sum + k - lim
+      local lo = call('ZRANK', key, first)
+      local hi = call('ZCARD', key) - 1
       while lo < hi do
-        local mid = math.floor((lo + hi) / 2)
-        local e = redis.call('ZRANGE', key, mid, mid)
-        local acc = parse(e[1])
+        local mid = (lo + hi - (lo + hi) % 2) / 2
+        local e = call('ZRANGE', key, mid, mid)
+        local acc = tonumber(match(e[1], '^(%d+):'))
         if acc == nil then return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i) end
         if acc - base >= need then hi = mid else lo = mid + 1 end
       end
-      local e = redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')
+      local e = call('ZRANGE', key, lo, lo, 'WITHSCORES')
       retry = tonumber(e[2]) + w - now
     else
-      ok, rem, reset = 1, lim - sum - c, at + w - now
-      p.at, p.base, p.nacc, p.ncost, p.last = at, base, nacc, ncost, last
-      p.empty = first == nil
+      ok, rem, reset = 1, lim - sum - k, at + w - now
+      x1, x2, x3, x4, x5, x6 = at, base, nacc, ncost, last, first == nil
     end
   end
   if ok == 0 then all = false end
-  plan[i] = p
-  local r = #reply
-  reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4], reply[r + 5], reply[r + 6] = ok, exc, rem, reset, retry, 0
-end
-
-if not write then return reply end
-
--- Phase 2: housekeeping that changes no outcome, then the spend if all were admitted.
-for i = 1, n do
-  local a, p, key = algo[i], plan[i], KEYS[i]
-  if a == 0 and p.repair and not all then
-    redis.call('PEXPIRE', key, fmt(win[i]))
-  elseif a == 2 then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(now - win[i]))
+  ok1, exc1, rem1, reset1, retry1 = ok, exc, rem, reset, retry
+  if plan then
+    local r = 6 * i
+    reply[r - 5], reply[r - 4], reply[r - 3], reply[r - 2], reply[r - 1], reply[r] = ok, exc, rem, reset, retry, 0
+    local p = 9 * i
+    plan[p - 8], plan[p - 7], plan[p - 6] = a, w, k
+    plan[p - 5], plan[p - 4], plan[p - 3], plan[p - 2], plan[p - 1], plan[p] = x1, x2, x3, x4, x5, x6
   end
 end
-if not all then return reply end
 
+-- Phase 2: the spend, all checks being admitted.
+if n == 1 then
+  local acc = 0
+  if write and all then acc = spend(KEYS[1], a, w, k, x1, x2, x3, x4, x5, x6) end
+  return {ok1, exc1, rem1, reset1, retry1, acc}
+end
+if not (write and all) then return reply end
 for i = 1, n do
-  local a, p, key, c, w = algo[i], plan[i], KEYS[i], cost[i], win[i]
-  if a == 0 then
-    if p.fresh then
-      redis.call('SET', key, fmt(c), 'PX', fmt(w))
-    else
-      redis.call('INCRBY', key, fmt(c))
-      if p.repair then redis.call('PEXPIRE', key, fmt(w)) end
-    end
-  elseif a == 1 then
-    redis.call('HSET', key, 'l', fmt(p.level), 't', fmt(p.ts))
-    redis.call('PEXPIRE', key, fmt(p.ttl))
-  else
-    local nacc = p.nacc
-    if p.empty then
-      nacc = 0
-    elseif nacc + c > REBASE then
-      -- Rewrite the window's events with sums relative to the oldest one.
-      local evs = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-      redis.call('DEL', key)
-      for j = 1, #evs, 2 do
-        local acc, ec = parse(evs[j])
-        redis.call('ZADD', key, evs[j + 1], member(acc - p.base, ec))
-      end
-      nacc = nacc - p.base
-    end
-    local acc = nacc + c
-    if not p.empty and p.last == p.at then
-      redis.call('ZREM', key, member(nacc, p.ncost))
-      redis.call('ZADD', key, fmt(p.at), member(acc, p.ncost + c))
-    else
-      redis.call('ZADD', key, fmt(p.at), member(acc, c))
-    end
-    redis.call('PEXPIRE', key, fmt(p.at + w - now))
-    reply[6 * i] = acc
-  end
+  local p = 9 * i
+  reply[6 * i] = spend(KEYS[i], plan[p - 8], plan[p - 7], plan[p - 6],
+    plan[p - 5], plan[p - 4], plan[p - 3], plan[p - 2], plan[p - 1], plan[p])
 end
 return reply

@@ -4,7 +4,10 @@ import (
 	"context"
 	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,19 +18,29 @@ import (
 	"github.com/ratebudget/ratebudget/lua"
 )
 
+// benchCallers is the number of concurrent callers of the Redis benchmarks.
+const benchCallers = 64
+
 // BenchmarkProcess compares a decision with a bare PING on one client, against a private
-// redis-server process (no container network in between), with about 64 callers.
+// redis-server process (no container network in between), with 64 concurrent callers.
+//
+// Each sub-benchmark first times as many PINGs as it will make decisions, with the same
+// 64 callers on the same client, then times the decisions, and reports:
+//   - x-ping: decision throughput as a fraction of PING throughput (1 = as fast as PING);
+//   - redis-us/op: server time per decision (INFO commandstats, EVALSHA and EVAL), next
+//     to ping-redis-us, the server time per PING.
+//
+// The refusal cache is on (the default); no decision is refused, so each is a script call.
 func BenchmarkProcess(b *testing.B) {
-	const callers = 64
 	srv := redistest.Start(b)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: callers, MaxRetries: -1, ContextTimeoutEnabled: true})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: benchCallers, MaxRetries: -1, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { c.Close() })
 	l, err := lua.New(c, lua.WithPrefix("bench"))
 	if err != nil {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	par := (callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0)
+	par := (benchCallers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0)
 	b.Run("ping", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetParallelism(par)
@@ -40,14 +53,40 @@ func BenchmarkProcess(b *testing.B) {
 			}
 		})
 	})
+	rule := func(name string, alg ratebudget.Algorithm) ratebudget.Rule {
+		return ratebudget.Rule{Name: name, Algorithm: alg, Limit: 1 << 30, Window: time.Minute}
+	}
+	fixed := rule("f", ratebudget.FixedWindow)
+	token := rule("t", ratebudget.TokenBucket)
+	rolling := rule("r", ratebudget.RollingWindow)
 	var seq atomic.Int64
-	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		r := ratebudget.Rule{Name: "b", Algorithm: alg, Limit: 1 << 30, Window: time.Minute}
-		b.Run(alg.String(), func(b *testing.B) {
+	for _, bc := range []struct {
+		name  string
+		rules []ratebudget.Rule
+	}{
+		{"fixed", []ratebudget.Rule{fixed}},
+		{"token", []ratebudget.Rule{token}},
+		{"rolling", []ratebudget.Rule{rolling}},
+		{"3fixed", []ratebudget.Rule{fixed, rule("f2", ratebudget.FixedWindow), rule("f3", ratebudget.FixedWindow)}},
+		{"3mixed", []ratebudget.Rule{fixed, token, rolling}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
+			pingStats := commandStats(b, c)
+			pingCPU := cpuNow(b, c)
+			pingTime := pingLoop(b, c, b.N)
+			pingCPU = cpuNow(b, c).sub(pingCPU)
+			pingRedis := commandStats(b, c).sub(pingStats)
+			before := commandStats(b, c)
+			cpu := cpuNow(b, c)
 			b.SetParallelism(par)
+			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
-				checks := []ratebudget.Check{{Rule: r, Identity: strconv.FormatInt(seq.Add(1), 10), Cost: 1}}
+				id := "client-" + strconv.FormatInt(seq.Add(1), 10) // one budget per caller
+				checks := make([]ratebudget.Check, len(bc.rules))
+				for i, r := range bc.rules {
+					checks[i] = ratebudget.Check{Rule: r, Identity: id, Cost: 1}
+				}
 				for pb.Next() {
 					if _, err := l.Allow(ctx, checks); err != nil {
 						b.Error(err)
@@ -55,6 +94,121 @@ func BenchmarkProcess(b *testing.B) {
 					}
 				}
 			})
+			b.StopTimer()
+			elapsed := b.Elapsed()
+			cpu = cpuNow(b, c).sub(cpu)
+			after := commandStats(b, c).sub(before)
+			if elapsed > 0 {
+				b.ReportMetric(float64(pingTime)/float64(elapsed), "x-ping")
+			}
+			if calls := after.calls["evalsha"] + after.calls["eval"]; calls > 0 {
+				b.ReportMetric((after.usec["evalsha"]+after.usec["eval"])/float64(b.N), "redis-us/op")
+			}
+			if n := pingRedis.calls["ping"]; n > 0 {
+				b.ReportMetric(pingRedis.usec["ping"]/float64(n), "ping-redis-us")
+			}
+			n := float64(b.N)
+			b.ReportMetric(cpu.server/n, "server-cpu-us/op")
+			b.ReportMetric(cpu.client/n, "client-cpu-us/op")
+			b.ReportMetric(pingCPU.server/n, "ping-server-cpu-us")
+			b.ReportMetric(pingCPU.client/n, "ping-client-cpu-us")
 		})
 	}
 }
+
+// pingLoop times n PINGs made by benchCallers goroutines on c.
+func pingLoop(b *testing.B, c *redis.Client, n int) time.Duration {
+	ctx := context.Background()
+	var left atomic.Int64
+	left.Store(int64(n))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range benchCallers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for left.Add(-1) >= 0 {
+				if err := c.Ping(ctx).Err(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start)
+}
+
+type cmdStats struct {
+	calls map[string]float64
+	usec  map[string]float64
+}
+
+// commandStats reads INFO commandstats: calls and total microseconds per command.
+func commandStats(tb testing.TB, c *redis.Client) cmdStats {
+	tb.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := cmdStats{calls: map[string]float64{}, usec: map[string]float64{}}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		name = strings.TrimPrefix(name, "cmdstat_")
+		for _, f := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				continue
+			}
+			switch k {
+			case "calls":
+				s.calls[name] = x
+			case "usec":
+				s.usec[name] = x
+			}
+		}
+	}
+	return s
+}
+
+func (s cmdStats) sub(o cmdStats) cmdStats {
+	d := cmdStats{calls: map[string]float64{}, usec: map[string]float64{}}
+	for k, v := range s.calls {
+		d.calls[k] = v - o.calls[k]
+	}
+	for k, v := range s.usec {
+		d.usec[k] = v - o.usec[k]
+	}
+	return d
+}
+
+// cpuTimes are CPU microseconds used by the redis-server process and by this process.
+type cpuTimes struct{ server, client float64 }
+
+func cpuNow(tb testing.TB, c *redis.Client) cpuTimes {
+	tb.Helper()
+	info, err := c.InfoMap(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var t cpuTimes
+	for _, k := range []string{"used_cpu_sys", "used_cpu_user"} {
+		x, err := strconv.ParseFloat(info["CPU"][k], 64)
+		if err != nil {
+			tb.Fatalf("INFO cpu %s: %v", k, err)
+		}
+		t.server += x * 1e6
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	t.client = float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e3
+	return t
+}
+
+func (t cpuTimes) sub(o cpuTimes) cpuTimes { return cpuTimes{t.server - o.server, t.client - o.client} }

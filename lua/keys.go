@@ -53,7 +53,15 @@ func appendKey(dst, scratch []byte, prefix string, c *ratebudget.Check) ([]byte,
 func keySlot(tag []byte) uint16 {
 	var crc uint16
 	for _, b := range tag {
-		crc ^= uint16(b) << 8
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^b]
+	}
+	return crc & 16383
+}
+
+// crc16Table holds CRC16 (XMODEM, polynomial 0x1021) of every byte value.
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -61,6 +69,7 @@ func keySlot(tag []byte) uint16 {
 				crc <<= 1
 			}
 		}
+		t[i] = crc
 	}
-	return crc & 16383
-}
+	return t
+}()

@@ -3,6 +3,8 @@ package lua
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/refusal"
 )
 
 var (
@@ -34,6 +37,12 @@ type Limiter struct {
 	refundTimeout time.Duration
 	allow, refund *redis.Script
 	pool          sync.Pool // *scratch
+	cacheSize     int       // refusal cache entries; 0: no cache
+	refusals      *refusal.Cache
+	// proc is set for go-redis's own clients: decisions are then sent as prepared
+	// commands (see process); other Clients get EvalSha and Eval calls.
+	proc               processor
+	allowSHA, allowSrc any // boxed once
 }
 
 var _ ratebudget.Limiter = (*Limiter)(nil)
@@ -91,6 +100,37 @@ func WithRefundTimeout(d time.Duration) Option {
 	}
 }
 
+// DefaultRefusalCacheSize is the number of refusals the limiter remembers when neither
+// [WithRefusalCache] nor [WithoutRefusalCache] is given.
+const DefaultRefusalCacheSize = 1 << 16
+
+// MaxRefusalCacheSize is the largest accepted [WithRefusalCache] size.
+const MaxRefusalCacheSize = 1 << 24
+
+// WithRefusalCache sets how many refusals the limiter remembers (default
+// [DefaultRefusalCacheSize]): a budget that refused a cost with a known wait is refused
+// again locally, without a call to Redis, for requests of at least that cost until the
+// wait is over (see the package documentation for why this is exact). n must be in 1 to
+// [MaxRefusalCacheSize]; the cache holds at most n entries, plus one per shard of
+// rounding (32 shards).
+func WithRefusalCache(n int) Option {
+	return func(l *Limiter) error {
+		if n < 1 || n > MaxRefusalCacheSize {
+			return &ratebudget.ConfigError{Field: "WithRefusalCache", Problem: fmt.Sprintf("must be 1 to %d entries, got %d", MaxRefusalCacheSize, n)}
+		}
+		l.cacheSize = n
+		return nil
+	}
+}
+
+// WithoutRefusalCache makes every decision a call to Redis.
+func WithoutRefusalCache() Option {
+	return func(l *Limiter) error {
+		l.cacheSize = 0
+		return nil
+	}
+}
+
 // New returns a limiter that keeps its budgets in the Redis reached by client. It makes
 // no call to Redis; scripts are sent on first use. It returns a *[ratebudget.ConfigError]
 // naming the option at fault.
@@ -104,6 +144,7 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 		refundTimeout: 500 * time.Millisecond,
 		allow:         redis.NewScript(allowSource),
 		refund:        redis.NewScript(refundSource),
+		cacheSize:     DefaultRefusalCacheSize,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -112,6 +153,18 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 		if err := o(l); err != nil {
 			return nil, err
 		}
+	}
+	switch c := client.(type) {
+	case *redis.Client:
+		l.proc = c
+	case *redis.ClusterClient:
+		l.proc = c
+	case *redis.Ring:
+		l.proc = c
+	}
+	l.allowSHA, l.allowSrc = l.allow.Hash(), allowSource
+	if l.cacheSize > 0 {
+		l.refusals = refusal.New(l.cacheSize)
 	}
 	return l, nil
 }
@@ -130,6 +183,8 @@ func (l *Limiter) Key(c ratebudget.Check) string {
 type scratch struct {
 	buf   []byte // key bytes
 	hash  []byte // digest input
+	ckey  []byte // refusal cache key
+	ends  []int  // end of each check's key in buf
 	keys  []string
 	slots []uint16
 	outs  []ratebudget.Outcome
@@ -137,7 +192,9 @@ type scratch struct {
 	idx   []int // checks of the current group
 	gkeys []string
 	args  []any
-	done  []int // groups admitted, as first check indexes
+	nums  []int64 // numeric arguments, passed by pointer (no boxing)
+	done  []int   // groups admitted, as first check indexes
+	lost  bool    // a call failed in transit: the client may still hold args
 }
 
 func (l *Limiter) getScratch(n int) *scratch {
@@ -145,6 +202,8 @@ func (l *Limiter) getScratch(n int) *scratch {
 	if s == nil {
 		s = &scratch{}
 	}
+	s.buf = s.buf[:0]
+	s.ends = s.ends[:0]
 	s.keys = s.keys[:0]
 	s.slots = s.slots[:0]
 	s.outs = s.outs[:0]
@@ -158,6 +217,9 @@ func (l *Limiter) getScratch(n int) *scratch {
 }
 
 func (l *Limiter) putScratch(s *scratch) {
+	if s.lost {
+		return // never reuse what a command in an unknown state may still reference
+	}
 	clear(s.keys)
 	clear(s.gkeys)
 	clear(s.args)
@@ -167,10 +229,31 @@ func (l *Limiter) putScratch(s *scratch) {
 	l.pool.Put(s)
 }
 
+// key returns the key of check i, built by Allow.
+func (s *scratch) key(i int) []byte {
+	start := 0
+	if i > 0 {
+		start = s.ends[i-1]
+	}
+	return s.buf[start:s.ends[i]]
+}
+
+// cacheKey sets s.ckey to the refusal cache's key of check i: its budget key and the
+// rule's parameters, so that a rule changed under the same name never meets the
+// refusals of its former self.
+func (s *scratch) cacheKey(i int, c *ratebudget.Check) []byte {
+	s.ckey = append(s.ckey[:0], s.key(i)...)
+	s.ckey = binary.AppendUvarint(s.ckey, uint64(c.Rule.Limit))
+	s.ckey = binary.AppendUvarint(s.ckey, uint64(c.Rule.Window))
+	s.ckey = binary.AppendUvarint(s.ckey, uint64(c.Rule.Burst))
+	return s.ckey
+}
+
 // Allow decides all checks at once (see [ratebudget.Limiter]). Checks are validated with
 // [ratebudget.ValidateChecks] before anything is sent. Checks that share a hash slot
 // cost one script call; checks of several slots are decided slot by slot, with a
-// best-effort refund when a later slot refuses (see the package documentation).
+// best-effort refund when a later slot refuses (see the package documentation). A
+// refusal remembered by the refusal cache is repeated without a call.
 func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	if err := ratebudget.ValidateChecks(checks); err != nil {
 		return ratebudget.Decision{}, err
@@ -181,25 +264,44 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 		se.Uncertain = false
 		return ratebudget.Decision{}, se
 	}
+	s := l.getScratch(len(checks))
+	defer l.putScratch(s)
+
+	single := true
+	for i := range checks {
+		var slot uint16
+		s.buf, slot, s.hash = appendKey(s.buf, s.hash, l.prefix, &checks[i])
+		s.ends = append(s.ends, len(s.buf))
+		s.slots = append(s.slots, slot)
+		single = single && slot == s.slots[0]
+	}
+
+	var sent int64
+	if l.refusals != nil {
+		sent = l.refusals.Now()
+		found := false
+		var best ratebudget.Decision
+		for i := range checks {
+			d, ok := l.refusals.Lookup(s.cacheKey(i, &checks[i]), checks[i].Cost, sent)
+			if ok && (!found || d.RetryAfter > best.RetryAfter) {
+				d.Index = i
+				best, found = d, true
+			}
+		}
+		if found {
+			return best, nil
+		}
+	}
+
+	for i := range checks {
+		s.keys = append(s.keys, string(s.key(i)))
+	}
 	if l.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, l.timeout)
 		defer cancel()
 	}
-	s := l.getScratch(len(checks))
-	defer l.putScratch(s)
-
-	s.buf = s.buf[:0]
-	single := true
-	for i := range checks {
-		var slot uint16
-		start := len(s.buf)
-		s.buf, slot, s.hash = appendKey(s.buf, s.hash, l.prefix, &checks[i])
-		s.keys = append(s.keys, string(s.buf[start:]))
-		s.slots = append(s.slots, slot)
-		single = single && slot == s.slots[0]
-	}
-
+	var d ratebudget.Decision
 	if single {
 		s.idx = s.idx[:0]
 		for i := range checks {
@@ -208,9 +310,19 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 		if _, err := l.runAllow(ctx, s, checks, true); err != nil {
 			return ratebudget.Decision{}, err
 		}
-		return ratebudget.Combine(checks, s.outs), nil
+		d = ratebudget.Combine(checks, s.outs)
+	} else {
+		var err error
+		if d, err = l.allowGroups(ctx, s, checks); err != nil {
+			return ratebudget.Decision{}, err
+		}
 	}
-	return l.allowGroups(ctx, s, checks)
+	if l.refusals != nil && !d.Allowed && !d.Exceeded && d.RetryAfter > 0 {
+		// d reports the outcome Redis decided for checks[d.Index] (allowGroups only
+		// reports refusals that a script returned).
+		l.refusals.Store(s.cacheKey(d.Index, &checks[d.Index]), checks[d.Index].Cost, sent, d)
+	}
+	return d, nil
 }
 
 // group sets s.idx to the checks in the slot of checks[first].
@@ -242,7 +354,8 @@ func (l *Limiter) allowGroups(ctx context.Context, s *scratch, checks []ratebudg
 		s.group(i)
 		if refused {
 			// Decide the rest without writing, so that the decision reports the same
-			// rule as a single-step limiter would.
+			// rule as a single-step limiter would. On failure the group counts as
+			// admitted: it then cannot be reported (a refusal is already decided).
 			if _, err := l.runAllow(ctx, s, checks, false); err != nil {
 				for _, j := range s.idx {
 					s.outs[j] = ratebudget.Outcome{Allowed: true}
@@ -276,44 +389,98 @@ func (l *Limiter) refundDone(ctx context.Context, s *scratch, checks []ratebudge
 	for _, first := range s.done {
 		s.group(first)
 		s.gkeys = s.gkeys[:0]
-		s.args = s.args[:0]
+		args := make([]any, 0, 6*len(s.idx))
 		for _, j := range s.idx {
 			c := &checks[j]
 			s.gkeys = append(s.gkeys, s.keys[j])
-			s.args = append(s.args, int64(c.Rule.Algorithm), c.Rule.Limit, c.Rule.Window.Milliseconds(),
+			args = append(args, int64(c.Rule.Algorithm), c.Rule.Limit, c.Rule.Window.Milliseconds(),
 				c.Rule.Capacity(), c.Cost, s.aux[j])
 		}
-		_ = l.refund.Run(ctx, l.client, s.gkeys, s.args...).Err()
+		_ = l.refund.Run(ctx, l.client, s.gkeys, args...).Err()
 	}
 	s.done = s.done[:0]
+}
+
+// processor runs a prepared command: go-redis's own clients.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
 }
 
 // runAllow runs allow.lua for the checks in s.idx and stores their outcomes in s.outs
 // and s.aux. It reports whether all were admitted.
 func (l *Limiter) runAllow(ctx context.Context, s *scratch, checks []ratebudget.Check, write bool) (bool, error) {
-	s.gkeys = s.gkeys[:0]
-	s.args = s.args[:0]
+	mode := "0"
 	if write {
-		s.args = append(s.args, "1")
-	} else {
-		s.args = append(s.args, "0")
+		mode = "1"
 	}
+	// The numeric arguments, written before any pointer to them is taken.
+	s.nums = s.nums[:0]
 	for _, j := range s.idx {
 		c := &checks[j]
-		s.gkeys = append(s.gkeys, s.keys[j])
-		s.args = append(s.args, int64(c.Rule.Algorithm), c.Rule.Limit, c.Rule.Window.Milliseconds(),
+		s.nums = append(s.nums, int64(c.Rule.Algorithm), c.Rule.Limit, c.Rule.Window.Milliseconds(),
 			c.Rule.Capacity(), c.Cost)
 	}
-	v, err := l.allow.Run(ctx, l.client, s.gkeys, s.args...).Result()
+	var v any
+	var err error
+	if l.proc != nil {
+		v, err = l.process(ctx, s, mode)
+	} else {
+		s.gkeys = s.gkeys[:0]
+		args := make([]any, 0, 1+len(s.nums))
+		args = append(args, mode)
+		for _, j := range s.idx {
+			s.gkeys = append(s.gkeys, s.keys[j])
+		}
+		for _, n := range s.nums {
+			args = append(args, n)
+		}
+		v, err = l.allow.Run(ctx, l.client, s.gkeys, args...).Result()
+	}
 	if err != nil {
 		return false, classify(err)
 	}
+	return parseAllow(v, s, len(s.idx))
+}
+
+// process sends EVALSHA (and EVAL after NOSCRIPT, as go-redis's Script.Run does) with
+// an argument list from s: keys and numbers are passed by pointer, which go-redis
+// writes without boxing them into new interface values.
+func (l *Limiter) process(ctx context.Context, s *scratch, mode string) (any, error) {
+	s.args = append(s.args[:0], "evalsha", l.allowSHA, len(s.idx))
+	for _, j := range s.idx {
+		s.args = append(s.args, &s.keys[j])
+	}
+	s.args = append(s.args, mode)
+	for k := range s.nums {
+		s.args = append(s.args, &s.nums[k])
+	}
+	cmd := redis.NewCmd(ctx, s.args...)
+	cmd.SetFirstKeyPos(3)
+	err := l.proc.Process(ctx, cmd)
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		s.args[0], s.args[1] = "eval", l.allowSrc
+		cmd = redis.NewCmd(ctx, s.args...)
+		cmd.SetFirstKeyPos(3)
+		err = l.proc.Process(ctx, cmd)
+	}
+	if err != nil {
+		var rErr redis.Error
+		if !errors.As(err, &rErr) {
+			s.lost = true
+		}
+		return nil, err
+	}
+	return cmd.Val(), nil
+}
+
+// parseAllow checks allow.lua's reply for n checks and stores it in s.outs and s.aux.
+func parseAllow(v any, s *scratch, n int) (bool, error) {
 	vals, ok := v.([]any)
 	if !ok {
 		return false, badReply(fmt.Sprintf("%T, want an array", v))
 	}
-	if len(vals) != 6*len(s.idx) {
-		return false, badReply(fmt.Sprintf("%d elements, want %d", len(vals), 6*len(s.idx)))
+	if len(vals) != 6*n {
+		return false, badReply(fmt.Sprintf("%d elements, want %d", len(vals), 6*n))
 	}
 	all := true
 	for k, j := range s.idx {

@@ -30,7 +30,9 @@
 //   - token bucket ([ratebudget.TokenBucket]): a hash holding the level, as an integer in
 //     tokens × window milliseconds, and the time of that level; it expires when the
 //     bucket would be full again. A refusal writes nothing. If the server clock goes back
-//     the bucket does not refill until it catches up.
+//     the bucket does not refill until it catches up, and every wait it reports
+//     (RetryAfter, ResetAfter and the key's TTL) includes that lag, as
+//     [ratebudget.Memory]'s do; a full bucket reports no reset.
 //   - rolling window ([ratebudget.RollingWindow]): a sorted set of admitted events over
 //     (now-window, now], scored by time and named by their cumulative cost, so the window's
 //     sum and the earliest useful retry cost O(log n). A refusal only drops events that
@@ -39,6 +41,47 @@
 // A check whose cost exceeds its rule's capacity is refused with Decision.Exceeded.
 // Arguments are validated in Go before anything is sent, and again in the script before
 // its first write, since Redis cannot roll a script back.
+//
+// # Cost per decision
+//
+// A decision of checks that share a slot is exactly one EVALSHA (EVAL once after the
+// server's script cache was emptied) and no other command. Inside the script each check
+// costs a few commands, independent of the budget's size: a fixed window GET and PTTL,
+// then INCRBY (SET for a new window) on admission; a token bucket HMGET, then HSET and
+// PEXPIRE; a rolling window reads its oldest and newest events, then ZADD (with ZREM when
+// events of one millisecond are merged) and PEXPIRE, plus ZREMRANGEBYSCORE when events
+// have aged out and an O(log² n) search for a refusal's retry time. TIME is read once per
+// call, and only for token buckets and rolling windows. With go-redis's own clients the
+// command is handed to Process with a reused argument list (keys and numbers passed by
+// pointer); other [Client] implementations get EvalSha and Eval calls.
+//
+// # Refusal cache
+//
+// The limiter remembers refusals (64Ki by default; [WithRefusalCache], [WithoutRefusalCache]):
+// once Redis refuses a check of cost c with RetryAfter r, further requests for the same
+// budget (same key and rule parameters) with cost at least c are refused locally, without
+// a call, until r has passed since the refused request was sent. A flooding client then
+// costs Redis one call per wait instead of one per request. Only refusals decided by a
+// script for that budget are stored (for checks of several slots, the refusing group's
+// answer), never Exceeded refusals or errors.
+//
+// Without refunds this is exact: no request that Redis would admit is refused, because
+// until RetryAfter the budget can only become fuller:
+//   - fixed window: the count only grows until the window ends, and RetryAfter is the
+//     window's PTTL;
+//   - token bucket: the level grows only by refill, and RetryAfter is the refill time to
+//     the refused cost (including a backward clock's lag); others' spending only lowers it;
+//   - rolling window: the sum shrinks only as events age out, and RetryAfter is when enough
+//     of them have; new admissions only add events.
+//
+// The wait is timed from before the request was sent, on the process's monotonic clock,
+// so the copy never outlives Redis's refusal. What can make Redis admit earlier, and the
+// cache then refuse for at most the cached wait: a refund (a multi-slot decision whose
+// later group refused gives the earlier groups' spend back, see below), a budget lost on
+// the server (restart, eviction, deletion), and a server clock that steps forward. A request with a smaller cost, or for another budget
+// of the same client, still goes to Redis. A cached refusal reports the waits remaining
+// from the stored one and the Remaining Redis reported then; when several checks of a
+// request have cached refusals, the one with the longest wait is reported.
 //
 // # Keys
 //

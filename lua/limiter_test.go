@@ -50,6 +50,9 @@ func TestNewValidatesOptions(t *testing.T) {
 		{"negative timeout", "WithTimeout", []lua.Option{lua.WithTimeout(-1)}},
 		{"zero refund timeout", "WithRefundTimeout", []lua.Option{lua.WithRefundTimeout(0)}},
 		{"nil option", "options", []lua.Option{nil}},
+		{"zero refusal cache", "WithRefusalCache", []lua.Option{lua.WithRefusalCache(0)}},
+		{"negative refusal cache", "WithRefusalCache", []lua.Option{lua.WithRefusalCache(-1)}},
+		{"huge refusal cache", "WithRefusalCache", []lua.Option{lua.WithRefusalCache(lua.MaxRefusalCacheSize + 1)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,6 +65,9 @@ func TestNewValidatesOptions(t *testing.T) {
 	}
 	if _, err := lua.New(nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
 		t.Fatalf("New(nil) = %v, want a ConfigError", err)
+	}
+	if _, err := lua.New(c, lua.WithRefusalCache(10), lua.WithoutRefusalCache()); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := lua.New(c, lua.WithPrefix("app:v1"), lua.WithTimeout(50*time.Millisecond)); err != nil {
 		t.Fatal(err)

@@ -101,10 +101,11 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old, ok := s.m[string(key)]; ok {
-		// Keep the stronger claim: the lower cost with the later end is not comparable
-		// in general, so keep the entry that refuses more requests for longer only when
-		// it dominates; otherwise the newer one.
-		if old.cost <= e.cost && old.until >= e.until {
+		// Keep the entry that refuses more requests: a live one of lower cost stays (it
+		// ends a little earlier at worst, and the next refusal renews it), and of equal
+		// costs the one that ends later. Both are exact; this keeps the hit rate up when
+		// requests of several costs are refused together.
+		if old.until > sent && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until) {
 			return
 		}
 		s.m[string(key)] = e

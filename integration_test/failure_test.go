@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http/httptest"
 	"slices"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
@@ -623,4 +625,38 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// TestBlackholedDialIsDefinite: a dial that times out (a blackholed address: no answer
+// to SYN) never sent the script, so the error is a definite connection error, not an
+// uncertain timeout. The dialer waits for its deadline and then dials, which yields
+// exactly the error the standard library returns for a dial past its deadline.
+func TestBlackholedDialIsDefinite(t *testing.T) {
+	t.Parallel()
+	opts := recommendedOptions()
+	opts.Addr = "192.0.2.1:6379" // never dialled for real
+	opts.DialTimeout = 100 * time.Millisecond
+	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		<-ctx.Done() // the SYN is never answered
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	lim, err := luaNew(c, uniquePrefix(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = lim.Allow(ctxT(t), []ratebudget.Check{{Rule: faultRule(10), Cost: 1}})
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) {
+		t.Fatalf("error %v, want a *ratebudget.StoreError", err)
+	}
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "dial" || !op.Timeout() {
+		t.Fatalf("error %v, want a dial timeout underneath", err)
+	}
+	if se.Class != "connection" || se.Uncertain {
+		t.Errorf("dial timeout classified %q uncertain=%t, want connection, definite: nothing was sent", se.Class, se.Uncertain)
+	}
 }

@@ -13,7 +13,10 @@ import (
 )
 
 // classify wraps err, returned by a script call that may have reached the server, as a
-// *ratebudget.StoreError.
+// *ratebudget.StoreError. Uncertain is false only when the script surely did not spend:
+// it was never sent, or the server answered with an error. With client retries enabled
+// (go-redis MaxRetries not -1) err is the last attempt's, and an earlier attempt may
+// have spent although this one is definite: the recommended settings disable retries.
 func classify(err error) error {
 	se := &ratebudget.StoreError{Class: "other", Uncertain: true, Err: err}
 	var opErr *net.OpError
@@ -22,6 +25,10 @@ func classify(err error) error {
 	switch {
 	case errors.Is(err, redis.Nil):
 		se.Class = "reply" // the script ran but its reply is unusable
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		// No connection, so nothing was sent, even when the dial ran out of time (a
+		// blackholed address): checked before the context errors a dial timeout matches.
+		se.Class, se.Uncertain = "connection", false
 	case errors.Is(err, context.Canceled):
 		se.Class = "canceled"
 	case errors.Is(err, context.DeadlineExceeded):
@@ -31,11 +38,9 @@ func classify(err error) error {
 		se.Class, se.Uncertain = "timeout", false
 	case errors.Is(err, redis.ErrClosed):
 		se.Class, se.Uncertain = "connection", false
-	case errors.As(err, &opErr) && opErr.Op == "dial":
-		se.Class, se.Uncertain = "connection", false
 	case errors.As(err, &rErr):
 		// The server answered with an error: the script did not spend (it validates
-		// before its first write).
+		// before its first write, and an OOM refusal comes at the first write).
 		se.Class, se.Uncertain = "server", false
 	case errors.As(err, &netErr) && netErr.Timeout():
 		se.Class = "timeout"

@@ -19,6 +19,16 @@ type Limiter interface {
 	Allow(ctx context.Context, checks []Check) (Decision, error)
 }
 
+// ContextBound is implemented by limiters that can promise to return once the context
+// passed to Allow is done, whatever their store does. Callers that enforce a deadline
+// (package middleware) call such a limiter directly; any other limiter that does I/O is
+// called on a separate goroutine so that a store client ignoring its context cannot hold
+// the request past the deadline.
+type ContextBound interface {
+	// BoundByContext reports whether Allow returns once its context is done.
+	BoundByContext() bool
+}
+
 // Check asks for Cost units of Rule's budget for one identity and scope.
 type Check struct {
 	// Rule is the budget's rule. It must be valid ([Rule.Validate]).

@@ -148,7 +148,7 @@ func TestStoppedRedisPolicies(t *testing.T) {
 // failures the breaker opens and the client sends nothing more (counted with a hook);
 // after unpausing, decisions go back to Redis within the cool-down plus one probe. The
 // scripts of the timed-out requests may still run when the server wakes up (with
-// go-redis's defaults they all do): a timeout is an uncertain result.
+// go-redis's defaults every one that was sent does): a timeout is an uncertain result.
 func TestPausedRedisBreaker(t *testing.T) {
 	t.Parallel()
 	const failures, cooldown = 3, 300 * time.Millisecond
@@ -187,8 +187,10 @@ func TestPausedRedisBreaker(t *testing.T) {
 				t.Fatalf("%s: request %d: %d, want 503", a.name, i, rec.Code)
 			}
 		}
-		if got := a.calls.total() - before; got != failures {
-			t.Errorf("%s: %d script calls while paused, want %d: the breaker must stop calling", a.name, got, failures)
+		// At most one call per failure before the breaker opens (fewer when a call waiting
+		// for a pipeline behind a hung one ran out of time before it was sent), none after.
+		if got := a.calls.total() - before; got < 1 || got > failures {
+			t.Errorf("%s: %d script calls while paused, want 1..%d: the breaker must stop calling", a.name, got, failures)
 		}
 		evs := a.h.since(n)
 		for i, e := range evs {
@@ -248,11 +250,9 @@ func TestPausedRedisBreaker(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			done := spent >= allowed && spent <= allowed+timeouts
-			if a.name == "defaults" {
-				done = spent == allowed+timeouts
-			}
-			if done {
+			// Each timed-out decision may or may not have run: it was sent, or dropped
+			// unsent when its deadline passed while it waited behind a hung pipeline.
+			if spent >= allowed && spent <= allowed+timeouts {
 				t.Logf("%s: %d admitted, %d timed out; the server spent %d", a.name, allowed, timeouts, spent)
 				break
 			}
@@ -505,7 +505,17 @@ func TestCanceledMidDecision(t *testing.T) {
 	if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
 		t.Errorf("after a canceled request: %d, want 200 from Redis", rec.Code)
 	}
-	v, err := control.Get(ctxT(t), faultKey(t, prefix, limit)).Int()
+	// The released script of the canceled request may reach Redis after the last one
+	// (it travels on another connection): wait for it, with a deadline.
+	var v int
+	var err error
+	for end := time.Now().Add(2 * time.Second); ; {
+		v, err = control.Get(ctxT(t), faultKey(t, prefix, limit)).Int()
+		if err != nil || v >= 3 || time.Now().After(end) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
 	if err != nil || v != 3 {
 		t.Errorf("budget %d %v, want 3: warm-up, the canceled request (it ran), the last one", v, err)
 	}

@@ -7,8 +7,10 @@ import (
 	"github.com/ratebudget/ratebudget/lua"
 )
 
+// luaNew is the limiter under test: every decision goes to Redis (no refusal cache),
+// since these tests change budgets on the server behind the limiter's back.
 func luaNew(c lua.Client, prefix string) (*lua.Limiter, error) {
-	return lua.New(c, lua.WithPrefix(prefix))
+	return lua.New(c, lua.WithPrefix(prefix), lua.WithoutRefusalCache())
 }
 
 // keyOf is the key of ch under prefix.

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/autopipe"
 	"github.com/ratebudget/ratebudget/internal/refusal"
 )
 
@@ -38,6 +39,7 @@ type Limiter struct {
 	allow, refund *redis.Script
 	pool          sync.Pool // *scratch
 	cacheSize     int       // refusal cache entries; 0: no cache
+	batch         int       // decisions per pipeline; 0: no pipelining
 	refusals      *refusal.Cache
 	// proc is set for go-redis's own clients: decisions are then sent as prepared
 	// commands (see process); other Clients get EvalSha and Eval calls.
@@ -123,6 +125,38 @@ func WithRefusalCache(n int) Option {
 	}
 }
 
+// WithPipelining sets how many concurrent decisions may share one pipeline (default
+// [DefaultPipelineBatch]; 1 to [MaxPipelineBatch]). With go-redis's own clients
+// (*redis.Client, *redis.ClusterClient, *redis.Ring) decisions that arrive while others
+// are in flight are sent together, one pipeline and one pair of system calls for many
+// decisions; a decision that finds nothing in flight is sent at once, so an idle service
+// sees no added latency. Each decision stays its own script call: pipelining changes no
+// outcome, only the cost per decision under load.
+func WithPipelining(maxBatch int) Option {
+	return func(l *Limiter) error {
+		if maxBatch < 1 || maxBatch > MaxPipelineBatch {
+			return &ratebudget.ConfigError{Field: "WithPipelining", Problem: fmt.Sprintf("must be 1 to %d decisions, got %d", MaxPipelineBatch, maxBatch)}
+		}
+		l.batch = maxBatch
+		return nil
+	}
+}
+
+// WithoutPipelining sends every decision on its own.
+func WithoutPipelining() Option {
+	return func(l *Limiter) error {
+		l.batch = 0
+		return nil
+	}
+}
+
+// DefaultPipelineBatch is the largest number of decisions in one pipeline when neither
+// [WithPipelining] nor [WithoutPipelining] is given.
+const DefaultPipelineBatch = 128
+
+// MaxPipelineBatch is the largest accepted [WithPipelining] batch.
+const MaxPipelineBatch = 4096
+
 // WithoutRefusalCache makes every decision a call to Redis.
 func WithoutRefusalCache() Option {
 	return func(l *Limiter) error {
@@ -145,6 +179,7 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 		allow:         redis.NewScript(allowSource),
 		refund:        redis.NewScript(refundSource),
 		cacheSize:     DefaultRefusalCacheSize,
+		batch:         DefaultPipelineBatch,
 	}
 	for _, o := range opts {
 		if o == nil {
@@ -154,13 +189,21 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 			return nil, err
 		}
 	}
+	var pc autopipe.Client
 	switch c := client.(type) {
 	case *redis.Client:
-		l.proc = c
+		pc = c
 	case *redis.ClusterClient:
-		l.proc = c
+		pc = c
 	case *redis.Ring:
-		l.proc = c
+		pc = c
+	}
+	if pc != nil {
+		l.proc = pc
+		if l.batch > 0 {
+			// Two pipelines in flight keep the connection busy while the next forms.
+			l.proc = autopipe.New(pc, l.batch, 2)
+		}
 	}
 	l.allowSHA, l.allowSrc = l.allow.Hash(), allowSource
 	if l.cacheSize > 0 {
@@ -384,7 +427,13 @@ func (l *Limiter) refundDone(ctx context.Context, s *scratch, checks []ratebudge
 	if len(s.done) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.refundTimeout)
+	// The refund outlives a canceled caller, but not its deadline: a refund cut short
+	// leaves the spend in place (an over-count, never an under-count).
+	deadline := time.Now().Add(l.refundTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	for _, first := range s.done {
 		s.group(first)
@@ -396,10 +445,53 @@ func (l *Limiter) refundDone(ctx context.Context, s *scratch, checks []ratebudge
 			args = append(args, int64(c.Rule.Algorithm), c.Rule.Limit, c.Rule.Window.Milliseconds(),
 				c.Rule.Capacity(), c.Cost, s.aux[j])
 		}
-		_ = l.refund.Run(ctx, l.client, s.gkeys, args...).Err()
+		if l.proc == nil {
+			_ = l.refund.Run(ctx, l.client, s.gkeys, args...).Err()
+			continue
+		}
+		_ = l.processScript(ctx, l.refund, refundSource, s.gkeys, args) // copies its arguments
 	}
 	s.done = s.done[:0]
 }
+
+// processScript runs script through l.proc as EVALSHA, and as EVAL after NOSCRIPT.
+func (l *Limiter) processScript(ctx context.Context, script *redis.Script, src string, keys []string, args []any) error {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", script.Hash(), len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmdArgs = append(cmdArgs, args...)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	cmd.SetFirstKeyPos(3)
+	err := l.proc.Process(ctx, cmd)
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		cmdArgs[0], cmdArgs[1] = "eval", src
+		cmd = redis.NewCmd(ctx, cmdArgs...)
+		cmd.SetFirstKeyPos(3)
+		err = l.proc.Process(ctx, cmd)
+	}
+	return err
+}
+
+// BoundByContext reports whether Allow returns once its context is done whatever Redis
+// does (see [ratebudget.ContextBound]): true with pipelining (the default with go-redis's
+// own clients), whose callers wait on their context, and with a client whose
+// ContextTimeoutEnabled option lets the context bound its socket reads.
+func (l *Limiter) BoundByContext() bool {
+	if _, ok := l.proc.(*autopipe.Batcher); ok {
+		return true
+	}
+	switch c := l.client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+var _ ratebudget.ContextBound = (*Limiter)(nil)
 
 // processor runs a prepared command: go-redis's own clients.
 type processor interface {

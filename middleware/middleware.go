@@ -112,6 +112,7 @@ type mw struct {
 	cfg      config
 	limiter  ratebudget.Limiter
 	io       bool // the limiter does I/O: deadline and breaker apply
+	bounded  bool // the limiter returns once its context is done (ratebudget.ContextBound)
 	rules    []compiledRule
 	fallback *ratebudget.Memory
 	breaker  *breaker
@@ -167,6 +168,9 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	}
 	_, inProcess := lim.(*ratebudget.Memory)
 	m.io = !inProcess
+	if cb, ok := lim.(ratebudget.ContextBound); ok && cb.BoundByContext() {
+		m.bounded = true // no goroutine needed to enforce the deadline
+	}
 	if m.io && m.cfg.breaker.failures > 0 {
 		m.breaker = newBreaker(*m.cfg.breaker, m.cfg.clock)
 	}
@@ -311,7 +315,13 @@ func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.
 	}
 	start := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
-	d, err := m.allowBounded(dctx, checks)
+	var d ratebudget.Decision
+	var err error
+	if m.bounded {
+		d, err = m.limiter.Allow(dctx, checks)
+	} else {
+		d, err = m.allowBounded(dctx, checks)
+	}
 	cancel()
 	latency := time.Since(start)
 	if err != nil && dctx.Err() != nil && ctx.Err() == nil {

@@ -22,6 +22,7 @@ func newRedisClient(url string, timeout time.Duration) (*redis.Client, error) {
 		return nil, fmt.Errorf("-redis: %w", err)
 	}
 	opt.MaxRetries = -1
+	opt.DialerRetries = 1 // a refused connection fails at once, as a definite error
 	opt.ContextTimeoutEnabled = true
 	opt.DialTimeout = max(timeout, 100*time.Millisecond)
 	opt.ReadTimeout = max(timeout, 100*time.Millisecond)

@@ -1,12 +1,12 @@
-// Package autopipe sends concurrent script calls to Redis together, in pipelines: a
-// caller that finds no batch in flight sends its own call at once (no added latency when
-// idle), and calls that arrive meanwhile ride the next batch. Under load one network
+// Package autopipe sends concurrent commands to Redis together, in pipelines: a command
+// that finds no batch in flight is sent at once (no waiting when idle), and commands that
+// arrive meanwhile ride the next batch. Under load one network
 // round trip and one pair of system calls on each side then serve many decisions,
 // instead of one each.
 //
-// Only EVALSHA is batched. A batched call is still one independent command: NOSCRIPT,
-// an error reply or a lost connection affect each call as they would unbatched, so
-// go-redis's Script.Run falls back to EVAL as usual (EVAL is sent directly).
+// A batched command is still one independent command (a pipeline is not a
+// transaction): NOSCRIPT, an error reply or a lost connection affect each command as they
+// would unbatched.
 package autopipe
 
 import (
@@ -17,15 +17,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Client is what the batcher needs: running scripts and pipelines. *redis.Client,
+// Client is what the batcher needs: running commands and pipelines. *redis.Client,
 // *redis.ClusterClient and *redis.Ring implement it.
 type Client interface {
-	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
 	Pipeline() redis.Pipeliner
 }
 
-// Batcher implements redis.Scripter over c, batching EvalSha calls. It is safe for
-// concurrent use and starts no goroutine while idle.
+// Batcher runs commands through c, batching concurrent ones into pipelines. It is safe
+// for concurrent use and starts no goroutine while idle.
 type Batcher struct {
 	c           Client
 	maxBatch    int
@@ -38,10 +38,8 @@ type Batcher struct {
 
 type call struct {
 	ctx  context.Context
-	sha  string
-	keys []string
-	args []any
-	cmd  *redis.Cmd
+	cmd  redis.Cmder
+	err  error
 	done chan struct{}
 }
 
@@ -53,19 +51,16 @@ func New(c Client, maxBatch, maxInflight int) *Batcher {
 	return &Batcher{c: c, maxBatch: max(maxBatch, 1), maxInflight: max(maxInflight, 1)}
 }
 
-var _ redis.Scripter = (*Batcher)(nil)
-
-// EvalSha runs the script in the next batch. If ctx ends first it returns ctx's error;
-// the call may still be sent and run (an uncertain result), unless its batch had not
-// formed yet, in which case it is dropped unsent.
-func (b *Batcher) EvalSha(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
+// Process runs cmd in the next batch and returns its error. If ctx ends first it
+// returns ctx's error; the command may still be sent and run (an uncertain result), so
+// the caller must not reuse cmd's arguments. A command whose context ended before its
+// batch formed is dropped unsent.
+func (b *Batcher) Process(ctx context.Context, cmd redis.Cmder) error {
 	if err := ctx.Err(); err != nil {
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(err)
-		return cmd
+		return err
 	}
 	cl := callPool.Get().(*call)
-	cl.ctx, cl.sha, cl.keys, cl.args, cl.cmd = ctx, sha1, keys, args, nil
+	cl.ctx, cl.cmd, cl.err = ctx, cmd, nil
 	b.mu.Lock()
 	b.queue = append(b.queue, cl)
 	lead := b.inflight < b.maxInflight
@@ -74,25 +69,26 @@ func (b *Batcher) EvalSha(ctx context.Context, sha1 string, keys []string, args 
 	}
 	b.mu.Unlock()
 	if lead {
-		b.run()
+		// The batch is sent from its own goroutine so that every caller, this one too,
+		// waits on its own context: a client that ignores contexts (go-redis without
+		// ContextTimeoutEnabled) cannot hold a caller past its deadline.
+		go b.run()
 	}
 	select {
 	case <-cl.done:
-		cmd := cl.cmd
-		cl.ctx, cl.keys, cl.args, cl.cmd = nil, nil, nil, nil
+		err := cl.err
+		cl.ctx, cl.cmd = nil, nil
 		callPool.Put(cl)
-		return cmd
+		return err
 	case <-ctx.Done():
 		// Abandoned: the batch still completes it (and signals done, buffered); the call
 		// is not reused.
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(ctx.Err())
-		return cmd
+		return ctx.Err()
 	}
 }
 
 // run sends one batch of the queued calls, then hands the rest, if any, to a new
-// goroutine: the caller whose own call is answered returns without serving others.
+// goroutine.
 func (b *Batcher) run() {
 	b.mu.Lock()
 	n := min(len(b.queue), b.maxBatch)
@@ -124,8 +120,7 @@ func (b *Batcher) send(batch []*call) {
 	live := batch[:0:len(batch)]
 	for _, cl := range batch {
 		if err := cl.ctx.Err(); err != nil {
-			cl.cmd = redis.NewCmd(cl.ctx)
-			cl.cmd.SetErr(err)
+			cl.err = err
 			cl.done <- struct{}{}
 			continue
 		}
@@ -147,41 +142,17 @@ func (b *Batcher) send(batch []*call) {
 	}
 	if len(live) == 1 {
 		cl := live[0]
-		cl.cmd = b.c.EvalSha(ctx, cl.sha, cl.keys, cl.args...)
+		cl.err = b.c.Process(ctx, cl.cmd)
 		cl.done <- struct{}{}
 		return
 	}
 	p := b.c.Pipeline()
 	for _, cl := range live {
-		cl.cmd = p.EvalSha(ctx, cl.sha, cl.keys, cl.args...)
+		_ = p.Process(ctx, cl.cmd) // queued; the result comes with Exec
 	}
 	_, _ = p.Exec(ctx) // each command carries its own result or error
 	for _, cl := range live {
+		cl.err = cl.cmd.Err()
 		cl.done <- struct{}{}
 	}
-}
-
-// Eval is sent directly (it follows a NOSCRIPT and is rare).
-func (b *Batcher) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	return b.c.Eval(ctx, script, keys, args...)
-}
-
-// EvalRO is sent directly.
-func (b *Batcher) EvalRO(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	return b.c.EvalRO(ctx, script, keys, args...)
-}
-
-// EvalShaRO is sent directly.
-func (b *Batcher) EvalShaRO(ctx context.Context, sha1 string, keys []string, args ...any) *redis.Cmd {
-	return b.c.EvalShaRO(ctx, sha1, keys, args...)
-}
-
-// ScriptExists is sent directly.
-func (b *Batcher) ScriptExists(ctx context.Context, hashes ...string) *redis.BoolSliceCmd {
-	return b.c.ScriptExists(ctx, hashes...)
-}
-
-// ScriptLoad is sent directly.
-func (b *Batcher) ScriptLoad(ctx context.Context, script string) *redis.StringCmd {
-	return b.c.ScriptLoad(ctx, script)
 }

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# End-to-end cost of the limiter: the demo server with its Redis limiter against the same
+# server without a limiter (-no-limit), loaded over loopback by wrk, in alternation.
+# Every request is admitted (the limit is huge), so both serve the same work and the
+# ratio is the price of one Redis decision per request.
+#
+# Usage: cmd/demo-server/loadtest.sh [rounds] [seconds] [connections]
+# Needs: redis-server, wrk (Debian packages), Go.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-3}; secs=${2:-5}; conns=${3:-64}
+tmp=$(mktemp -d)
+rport=$((20000 + RANDOM % 10000)); hport=$((rport + 1))
+redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" --logfile "$tmp/redis.log" --daemonize yes --pidfile "$tmp/redis.pid"
+cleanup() { [ -n "${demo:-}" ] && kill "$demo" 2>/dev/null; kill "$(cat "$tmp/redis.pid")" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+go build -o "$tmp/demo" ./cmd/demo-server
+
+serve() { # args: extra demo flags; prints requests/s
+	"$tmp/demo" -addr "127.0.0.1:$hport" -redis "redis://127.0.0.1:$rport/0" -limit 1000000000 -window 1h -store-timeout 1s "$@" >"$tmp/demo.log" 2>&1 &
+	demo=$!
+	for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && break; sleep 0.05; done
+	wrk -t2 -c"$conns" -d"${secs}s" "http://127.0.0.1:$hport/api/hello" | awk '/Requests\/sec/ {print $2}'
+	kill "$demo"; wait "$demo" 2>/dev/null || true; demo=
+}
+
+printf '%-6s %14s %14s %7s\n' round "no limiter" "redis limiter" ratio
+for r in $(seq "$rounds"); do
+	off=$(serve -no-limit)
+	on=$(serve)
+	printf '%-6s %14s %14s %7.2f\n' "$r" "$off" "$on" "$(echo "$on / $off" | bc -l)"
+done

@@ -97,7 +97,9 @@ type Event struct {
 	// OutcomeUnavailable and fallback decisions) or the key-function error
 	// (OutcomeInvalid). Its text may hold internal details: log it, do not send it.
 	Err error
-	// Latency is the time the limiter took to decide (zero when it was not asked).
+	// Latency is the time the limiter took to answer, error or not (zero when it was not
+	// asked, e.g. with the breaker open). For a fallback decision it is the failed store
+	// call's time; the local decision itself takes well under a microsecond.
 	Latency time.Duration
 }
 

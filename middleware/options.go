@@ -99,9 +99,11 @@ func WithObserver(f func(Event)) Option {
 
 // WithTimeout bounds each decision of a limiter that does I/O (default 50ms), whatever
 // the request's own deadline: a hung store costs a request at most d, then the failure
-// policy applies. The bound holds even when the limiter's client ignores the context: the
-// call runs on its own goroutine and is abandoned at the deadline, reported as an
-// uncertain timeout (it may still reach the store and spend). It must be positive. The
+// policy applies. A limiter that promises to return when its context ends
+// (ratebudget.ContextBound, as the lua limiter does by default) is called directly;
+// any other runs on its own goroutine and is abandoned at the deadline, so the bound
+// holds even when its client ignores the context. A decision cut short is reported as an
+// uncertain timeout (it may still reach the store and spend). d must be positive. The
 // in-process ratebudget.Memory takes no I/O and gets no deadline.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) error {

@@ -580,7 +580,8 @@ func TestMetricsUnderFaults(t *testing.T) {
 		`ratebudget_decisions_total{outcome="unavailable",rule="none"}`:         3,
 		`ratebudget_breaker_transitions_total{to="open"}`:                       2,
 		`ratebudget_breaker_state`:                                              1, // the last transition was to open
-		`ratebudget_decision_duration_seconds_count{store="primary"}`:           5 + 2 + 2,
+		`ratebudget_decision_duration_seconds_count{result="ok"}`:               5,
+		`ratebudget_decision_duration_seconds_count{result="error"}`:            2 + 2,
 		`ratebudget_store_errors_total{class="breaker_open",uncertain="false"}`: 3,
 	} {
 		if got[k] != want {

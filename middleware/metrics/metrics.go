@@ -2,7 +2,7 @@
 // observer hooks: allowed, denied and degraded work are counted side by side.
 //
 //	ratebudget_decisions_total{rule,outcome}        counter    every decision, by reported rule and outcome
-//	ratebudget_decision_duration_seconds{store}     histogram  time the limiter took to decide
+//	ratebudget_decision_duration_seconds{result}    histogram  time the store took to answer: result "ok" or "error"
 //	ratebudget_store_errors_total{class,uncertain}  counter    budget-store failures by class
 //	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open
 //	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
@@ -42,8 +42,8 @@ type Collector struct {
 	transitions *prometheus.CounterVec
 
 	counters sync.Map // counterKey -> prometheus.Counter
-	store    prometheus.Observer
-	fallback prometheus.Observer
+	ok       prometheus.Observer
+	failed   prometheus.Observer
 }
 
 type counterKey struct {
@@ -60,9 +60,9 @@ func New() *Collector {
 		}, []string{"rule", "outcome"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "ratebudget_decision_duration_seconds",
-			Help:    "Time the limiter took to decide, by store (primary or the local fallback).",
+			Help:    "Time the budget store took to answer, by result (ok or error).",
 			Buckets: []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25},
-		}, []string{"store"}),
+		}, []string{"result"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratebudget_store_errors_total",
 			Help: "Budget-store failures by class; uncertain=true when budget may have been spent before the failure.",
@@ -76,8 +76,8 @@ func New() *Collector {
 			Help: "Circuit breaker transitions by new state.",
 		}, []string{"to"}),
 	}
-	c.store = c.latency.WithLabelValues("primary")
-	c.fallback = c.latency.WithLabelValues("fallback")
+	c.ok = c.latency.WithLabelValues("ok")
+	c.failed = c.latency.WithLabelValues("error")
 	return c
 }
 
@@ -94,10 +94,10 @@ func (c *Collector) Observe(e middleware.Event) {
 	}
 	ctr.(prometheus.Counter).Inc()
 	if e.Latency > 0 {
-		if e.Fallback {
-			c.fallback.Observe(e.Latency.Seconds())
+		if e.Err != nil {
+			c.failed.Observe(e.Latency.Seconds())
 		} else {
-			c.store.Observe(e.Latency.Seconds())
+			c.ok.Observe(e.Latency.Seconds())
 		}
 	}
 	var se *ratebudget.StoreError

@@ -87,7 +87,7 @@ ratebudget_breaker_state 1
 		}
 	}
 	// 7 store calls (5 answered, 2 failed); the 2 skipped by the open breaker took none.
-	if counts["primary"] != 7 || counts["fallback"] != 0 {
-		t.Fatalf("latency samples %v, want primary 7, fallback 0", counts)
+	if counts["ok"] != 5 || counts["error"] != 2 {
+		t.Fatalf("latency samples %v, want ok 5, error 2", counts)
 	}
 }

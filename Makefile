@@ -1,3 +1,6 @@
+SHELL       := /bin/bash
+.SHELLFLAGS := -o pipefail -c
+
 GO       ?= go
 PKGS     ?= ./...
 FUZZTIME ?= 20s
@@ -12,7 +15,7 @@ test:
 
 ## bench: the project's benchmarks, as a table
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS) | $(GO) run ./internal/benchtable
 
 ## demo: run the demo server on 127.0.0.1:8080 with the in-memory limiter
 demo:

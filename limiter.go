@@ -150,6 +150,45 @@ func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 	return d
 }
 
+// checksValid is ValidateChecks' fast path: the same conditions, checked without
+// building errors. When it reports false, ValidateChecks gives the error.
+func checksValid(checks []Check) bool {
+	for i := range checks {
+		c := &checks[i]
+		r := &c.Rule
+		w := r.Window
+		if r.Name == "" || len(r.Name) > MaxNameLen || r.Algorithm > RollingWindow ||
+			r.Limit <= 0 || r.Limit > MaxLimit || w < time.Millisecond || w > MaxWindow || w%time.Millisecond != 0 ||
+			c.Cost <= 0 || c.Cost > MaxLimit {
+			return false
+		}
+		for k := 0; k < len(r.Name); k++ {
+			if !nameByte[r.Name[k]] {
+				return false
+			}
+		}
+		if r.Burst != 0 || r.Algorithm == TokenBucket {
+			if r.Algorithm != TokenBucket || r.Burst < 0 || r.Burst > MaxLimit || r.Capacity() > maxScaled/w.Milliseconds() {
+				return false
+			}
+		}
+		for j := 0; j < i; j++ {
+			if checks[j].Rule.Name == r.Name && checks[j].Identity == c.Identity && checks[j].Scope == c.Scope {
+				return false
+			}
+		}
+	}
+	return len(checks) > 0
+}
+
+// nameByte marks the bytes allowed in a rule name: [A-Za-z0-9_.-].
+var nameByte = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
+	}
+	return t
+}()
+
 // ValidateChecks checks what a limiter must verify before it spends anything: at least one
 // check, valid rules, positive costs and no rule name used twice. It returns a
 // *[ConfigError] naming the field at fault.

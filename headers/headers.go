@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unsafe"
 )
 
 // Header names, as sent. (net/http canonicalises X-RateLimit-* to X-Ratelimit-*, which is
@@ -125,27 +126,26 @@ func RetryAfterSeconds(d time.Duration) int64 {
 }
 
 // Write sets the metadata headers of style s on h from in, replacing earlier values.
-// It makes two allocations per style: one for the values' bytes, one for the slices.
+// It makes one allocation per style: the values and the slices h holds share it.
 func Write(h http.Header, s Style, in Info) {
 	if s == None {
 		return
 	}
 	rem := max(in.Remaining, 0)
-	var buf [96]byte
 	if s == XRateLimit || s == Both {
-		b := strconv.AppendInt(buf[:0], in.Limit, 10)
+		v := new(values3)
+		b := strconv.AppendInt(v.buf[:0], in.Limit, 10)
 		i := len(b)
 		b = strconv.AppendInt(b, rem, 10)
 		j := len(b)
 		b = strconv.AppendInt(b, Seconds(in.Reset), 10)
-		all := string(b)
-		vals := make([]string, 3)
-		vals[0], vals[1], vals[2] = all[:i], all[i:j], all[j:]
-		h[keyLimit] = vals[0:1:1]
-		h[keyRemaining] = vals[1:2:2]
-		h[keyReset] = vals[2:3:3]
+		v.vals[0], v.vals[1], v.vals[2] = v.str(b, 0, i), v.str(b, i, j), v.str(b, j, len(b))
+		h[keyLimit] = v.vals[0:1:1]
+		h[keyRemaining] = v.vals[1:2:2]
+		h[keyReset] = v.vals[2:3:3]
 	}
 	if s == IETF || s == Both {
+		var buf [2*MaxPolicyNameLen + 96]byte
 		b := appendPolicy(buf[:0], in.Policy, in.Limit, in.Window)
 		i := len(b)
 		b = appendRateLimit(b, in.Policy, rem, in.Reset)
@@ -155,6 +155,25 @@ func Write(h http.Header, s Style, in Info) {
 		h[keyPolicy] = vals[0:1:1]
 		h[keyRateLimit] = vals[1:2:2]
 	}
+}
+
+// MaxPolicyNameLen is the policy-name length up to which Write formats the IETF fields
+// without an extra allocation (longer names still work).
+const MaxPolicyNameLen = 64
+
+// values3 holds three header values and their bytes in one allocation. Its strings point
+// into buf, which is never written after they are made.
+type values3 struct {
+	vals [3]string
+	buf  [60]byte // three int64 in decimal: at most 3 × 20 bytes
+}
+
+// str returns b[i:j] as a string sharing b's memory, which must be v.buf's.
+func (v *values3) str(b []byte, i, j int) string {
+	if i == j {
+		return ""
+	}
+	return unsafe.String(&b[i], j-i)
 }
 
 // PolicyValue formats a RateLimit-Policy item: "<name>";q=<quota>;w=<window seconds>.

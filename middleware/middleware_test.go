@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,26 +15,14 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type fakeClock = limitertest.FakeClock
 
-func newClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *fakeClock { return limitertest.NewFakeClock(time.Unix(1_700_000_000, 0)) }
 
 func byHeader(name string) func(*http.Request) (string, error) {
 	return func(r *http.Request) (string, error) {

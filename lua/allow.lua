@@ -18,22 +18,24 @@
 --
 -- State:
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY.
---   token bucket:   hash {l = level in tokens x window ms, t = ms of the level}, PEXPIRE =
---                   time until full.
+--   token bucket:   string "<level>:<ms>", the level in tokens x window ms and the time of
+--                   that level, both decimal integers, written with SET key value PX
+--                   (time until full).
 --   rolling window: sorted set of admitted events, score = ms (never decreasing), member =
 --                   "<16-digit cumulative cost after the event>:<cost>"; events of one ms
 --                   are merged. PEXPIRE = until the newest event leaves the window.
 -- Every number stays an exact integer below 2^53.
 --
 -- Cost per check, in server commands: fixed window GET, PTTL (when the counter exists),
--- then SET or INCRBY on admission; token bucket HMGET, then HSET and PEXPIRE on
--- admission; rolling window the oldest and newest events, then ZADD (and ZREM when the
--- newest event's millisecond is merged) and PEXPIRE on admission, plus
--- ZREMRANGEBYSCORE when events have aged out and a binary search over ranks for a
--- refusal's retry time. TIME once per call, only when a token bucket or rolling window
--- is decided. The script creates no table per check apart from the reply (and one plan
--- table for a group of several checks). Numbers are passed to redis.call as Lua
--- numbers: Redis formats them with %.17g, exact for integers below 2^53.
+-- then SET or INCRBY on admission; token bucket GET, then one SET with PX on admission;
+-- rolling window the oldest and newest events, then ZADD (and ZREM when the newest
+-- event's millisecond is merged) and PEXPIRE on admission, plus ZREMRANGEBYSCORE when
+-- events have aged out and a binary search over ranks for a refusal's retry time. TIME
+-- once per call, only when a token bucket or rolling window is decided. The script
+-- creates no table per check apart from the reply (and one plan table for a group of
+-- several checks). Numbers are passed to redis.call as Lua numbers: Redis formats them
+-- with %.17g, exact for integers below 2^53; the bucket's value is formatted with %.0f
+-- (Lua's own number-to-string conversion would round above 14 digits).
 
 local n = #KEYS
 if n == 0 or #ARGV ~= 1 + 5 * n then
@@ -107,8 +109,7 @@ local function spend(key, a, w, k, x1, x2, x3, x4, x5, x6)
     end
     return 0
   elseif a == 1 then
-    call('HSET', key, 'l', x1, 't', x2)
-    call('PEXPIRE', key, x3)
+    call('SET', key, format('%.0f:%.0f', x1, x2), 'PX', x3)
     return 0
   end
   local at, base, nacc, ncost, last, empty = x1, x2, x3, x4, x5, x6
@@ -185,10 +186,11 @@ for i = 1, n do
     local rate = lim
     local full = capa * w
     local level, ts, lag = full, now, 0
-    local h = call('HMGET', key, 'l', 't')
-    if h[1] or h[2] then
-      local l, st = tonumber(h[1]), tonumber(h[2])
-      if l == nil or st == nil or l < 0 then
+    local v = call('GET', key)
+    if v then
+      local ls, ss = match(v, '^(%d+):(%d+)$')
+      local l, st = tonumber(ls), tonumber(ss)
+      if l == nil or st == nil then
         return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
       end
       ts = st

@@ -2,6 +2,8 @@ package lua_test
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -81,7 +83,7 @@ func TestOneCommandPerDecision(t *testing.T) {
 	fixed, token, rolling := rule("f", ratebudget.FixedWindow), rule("t", ratebudget.TokenBucket), rule("r", ratebudget.RollingWindow)
 	// Most server commands a script may run per rule and decision, in steady state (no
 	// aged events to trim): see allow.lua.
-	perRule := map[ratebudget.Algorithm]int{ratebudget.FixedWindow: 3, ratebudget.TokenBucket: 4, ratebudget.RollingWindow: 6}
+	perRule := map[ratebudget.Algorithm]int{ratebudget.FixedWindow: 3, ratebudget.TokenBucket: 3, ratebudget.RollingWindow: 6}
 	for _, tc := range []struct {
 		name  string
 		rules []ratebudget.Rule
@@ -309,10 +311,8 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.HSet(ctx, key, "l", level, "t", now.UnixMilli()+lag).Err(); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.PExpire(ctx, key, time.Minute).Err(); err != nil {
+		bucket := strconv.FormatInt(level, 10) + ":" + strconv.FormatInt(now.UnixMilli()+lag, 10)
+		if err := c.Set(ctx, key, bucket, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
 		return time.Now()
@@ -347,5 +347,58 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 	d, err = l.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: "trent", Cost: 11}})
 	if err != nil || !d.Exceeded || d.ResetAfter != 0 || d.Remaining != 10 {
 		t.Fatalf("cost above capacity on a full bucket: %+v, %v; want Exceeded, no reset", d, err)
+	}
+}
+
+// TestTokenBucketState: a token bucket is one string "<level>:<ms>" (level in tokens x
+// window ms, time of the server's clock) whose TTL is the time until full; a value that
+// does not parse strictly is an error reply and is left as it was.
+func TestTokenBucketState(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10 tokens per 10s: one token per second.
+	r := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}
+	chk := []ratebudget.Check{{Rule: r, Identity: "sybil", Cost: 3}}
+	key := l.Key(chk[0])
+	before, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed || d.Remaining != 7 || d.ResetAfter != 3*time.Second {
+		t.Fatalf("first decision: %+v, %v", d, err)
+	}
+	after, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if typ := c.Type(ctx, key).Val(); typ != "string" {
+		t.Fatalf("bucket type %q, want string", typ)
+	}
+	v := c.Get(ctx, key).Val()
+	level, ts, ok := strings.Cut(v, ":")
+	ms, err := strconv.ParseInt(ts, 10, 64)
+	if !ok || level != "70000" || err != nil || ms < before.UnixMilli() || ms > after.UnixMilli() {
+		t.Fatalf("bucket %q, want \"70000:<ms in [%d, %d]>\"", v, before.UnixMilli(), after.UnixMilli())
+	}
+	if pttl := c.PTTL(ctx, key).Val(); pttl <= 2900*time.Millisecond || pttl > 3*time.Second {
+		t.Fatalf("PTTL %v, want the time until full, 3s", pttl)
+	}
+	for _, bad := range []string{"", "70000", "70000:", ":1", "-1:1", "1:-1", "1.5:1", "1:1:1", " 1:1", "1:1 ", "1e3:1", "0x10:1", "a:b"} {
+		if err := c.Set(ctx, key, bad, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, err := l.Allow(ctx, chk)
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se.Class != "server" || !strings.Contains(err.Error(), "corrupt bucket") {
+			t.Errorf("bucket %q: Allow = %v, want a corrupt-bucket server error", bad, err)
+		}
+		if got := c.Get(ctx, key).Val(); got != bad {
+			t.Errorf("bucket %q became %q", bad, got)
+		}
 	}
 }

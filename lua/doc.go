@@ -27,9 +27,11 @@
 //     window at the first admission of an idle budget and then increased with INCRBY. A
 //     refusal writes nothing and leaves the TTL alone; a counter found without a TTL is
 //     given one, never left immortal.
-//   - token bucket ([ratebudget.TokenBucket]): a hash holding the level, as an integer in
-//     tokens × window milliseconds, and the time of that level; it expires when the
-//     bucket would be full again. A refusal writes nothing. If the server clock goes back
+//   - token bucket ([ratebudget.TokenBucket]): one string "<level>:<time>", the level as
+//     an integer in tokens × window milliseconds and the time of that level in
+//     milliseconds, written with SET key value PX so that it expires when the bucket
+//     would be full again; a value that does not parse is an error reply, never a full
+//     bucket. A refusal writes nothing. If the server clock goes back
 //     the bucket does not refill until it catches up, and every wait it reports
 //     (RetryAfter, ResetAfter and the key's TTL) includes that lag, as
 //     [ratebudget.Memory]'s do; a full bucket reports no reset.
@@ -47,8 +49,8 @@
 // A decision of checks that share a slot is exactly one EVALSHA (EVAL once after the
 // server's script cache was emptied) and no other command. Inside the script each check
 // costs a few commands, independent of the budget's size: a fixed window GET and PTTL,
-// then INCRBY (SET for a new window) on admission; a token bucket HMGET, then HSET and
-// PEXPIRE; a rolling window reads its oldest and newest events, then ZADD (with ZREM when
+// then INCRBY (SET for a new window) on admission; a token bucket GET, then one SET with
+// PX; a rolling window reads its oldest and newest events, then ZADD (with ZREM when
 // events of one millisecond are merged) and PEXPIRE, plus ZREMRANGEBYSCORE when events
 // have aged out and an O(log² n) search for a refusal's retry time. TIME is read once per
 // call, and only for token buckets and rolling windows. With go-redis's own clients the

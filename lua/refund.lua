@@ -8,8 +8,12 @@
 --          window (ms), capacity (units), cost (units), and for a rolling window the
 --          cumulative sum allow.lua replied for the admitted event (else 0).
 -- Reply: one integer per check: 1 if the cost was given back, 0 if the state no longer
---          allowed an exact refund (the window closed, or the event is no longer the
---          newest); nothing is given back then.
+--          allowed an exact refund (the window closed, the bucket is gone, or the event
+--          is no longer the newest); nothing is given back then.
+--
+-- State: as written by allow.lua (see its header). A token bucket's string
+-- "<level>:<ms>" is rewritten at the server's current time with SET key value PX (time
+-- until full), or deleted once full; a value that does not parse is left alone.
 
 local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
@@ -68,8 +72,12 @@ for i = 1, n do
       done = 1
     end
   elseif a.algo == 1 then
-    local h = redis.call('HMGET', key, 'l', 't')
-    local l, ts = tonumber(h[1]), tonumber(h[2])
+    local v = redis.call('GET', key)
+    local l, ts
+    if v then
+      local ls, tss = string.match(v, '^(%d+):(%d+)$')
+      l, ts = tonumber(ls), tonumber(tss)
+    end
     if l and ts then
       local w, rate = a.win, a.limit
       local full = a.cap * w
@@ -81,8 +89,7 @@ for i = 1, n do
       if level >= full then
         redis.call('DEL', key)
       else
-        redis.call('HSET', key, 'l', fmt(level), 't', fmt(ts))
-        redis.call('PEXPIRE', key, fmt(ts + ceildiv(full - level, rate) - now))
+        redis.call('SET', key, fmt(level) .. ':' .. fmt(ts), 'PX', fmt(ts + ceildiv(full - level, rate) - now))
       end
       done = 1
     end

@@ -4,14 +4,19 @@
 //
 // # Construction
 //
-//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1})
+//	rdb := redis.NewClient(&redis.Options{
+//		Addr: "localhost:6379", MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
+//		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond,
+//		WriteTimeout: 200 * time.Millisecond, PoolTimeout: 200 * time.Millisecond,
+//	})
 //	lim, err := lua.New(rdb, lua.WithPrefix("rb"))
 //
 // New accepts any go-redis client that can run scripts ([redis.Scripter]):
 // *redis.Client, *redis.ClusterClient, *redis.Ring and failover clients. Configure that
 // client with MaxRetries: -1 (go-redis otherwise re-sends a script after a lost reply,
 // which spends twice), ContextTimeoutEnabled: true (so that the caller's deadline bounds
-// the socket read), and short DialTimeout, ReadTimeout, WriteTimeout and PoolTimeout.
+// the socket read), DialerRetries: 1 (a refused connection then fails at once, as a
+// definite error), and short DialTimeout, ReadTimeout, WriteTimeout and PoolTimeout.
 //
 // # Scripts
 //
@@ -56,6 +61,19 @@
 // call, and only for token buckets and rolling windows. With go-redis's own clients the
 // command is handed to Process with a reused argument list (keys and numbers passed by
 // pointer); other [Client] implementations get EvalSha and Eval calls.
+//
+// # Pipelining
+//
+// With go-redis's own clients, decisions that arrive while others are in flight are
+// sent together in one pipeline (at most [DefaultPipelineBatch] per pipeline, two
+// pipelines in flight; see [WithPipelining]): one round trip and one pair of system
+// calls on each side then serve many decisions. A decision that finds nothing in flight
+// is sent at once. A pipeline is not a transaction: each decision is still its own
+// atomic script call, with its own reply or error, so pipelining changes no outcome.
+// Every caller waits on its own context, which is why the limiter is
+// [ratebudget.ContextBound] whatever the client's settings. On two cores, 64 concurrent
+// callers make fixed-window decisions about as fast as they make bare PINGs on the same
+// client (0.94–1.03× in one run), against about 0.5× without pipelining.
 //
 // # Refusal cache
 //

@@ -22,6 +22,7 @@ func Example() {
 	}
 	opts.MaxRetries = -1              // never re-send a script whose reply was lost
 	opts.ContextTimeoutEnabled = true // the caller's deadline bounds socket reads
+	opts.DialerRetries = 1            // a refused connection fails at once
 	opts.DialTimeout = 200 * time.Millisecond
 	opts.ReadTimeout = 100 * time.Millisecond
 	opts.WriteTimeout = 100 * time.Millisecond

@@ -212,62 +212,27 @@ func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 		}
 		cost = c
 	}
-	cp := m.pool.Get().(*[]ratebudget.Check)
-	checks := *cp
-	defer func() {
-		clear(checks)
-		m.pool.Put(cp)
-	}()
-	for i := range m.rules {
-		cr := &m.rules[i]
-		id, err := cr.identity(r)
-		if err != nil {
-			m.invalid(w, r, err)
-			return
-		}
-		var scope string
-		if cr.scope != nil {
-			if scope, err = cr.scope(r); err != nil {
-				m.invalid(w, r, err)
-				return
-			}
-		}
-		checks[i] = ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: cost}
+	ev, ok := m.evaluate(w, r, cost)
+	if !ok {
+		return // answered by the error handler
 	}
-
-	d, latency, err := m.decide(ctx, checks)
-	ev := Event{Request: r, Decision: d, Latency: latency}
-	if err != nil {
-		var se *ratebudget.StoreError
-		if !errors.As(err, &se) {
-			// Not a store failure: a limiter that rejects its input. Treat it like one
-			// anyway (the policy applies) rather than admit or refuse silently.
-			err = &ratebudget.StoreError{Class: "other", Err: err}
-		}
-		ev.Err = err
+	d := ev.Decision
+	if ev.Err != nil && !ev.Fallback {
 		if ctx.Err() != nil {
 			ev.Outcome = OutcomeCanceled
 			m.observe(ev)
 			return
 		}
-		switch m.cfg.policy {
-		case FailOpen:
+		if m.cfg.policy == FailOpen {
 			ev.Outcome = OutcomeDegraded
 			m.observe(ev)
 			next.ServeHTTP(w, r)
 			return
-		case LocalFallback:
-			for i := range checks {
-				checks[i].Rule = m.rules[i].local
-			}
-			d, _ = m.fallback.Allow(ctx, checks)
-			ev.Decision, ev.Fallback = d, true
-		default:
-			ev.Outcome = OutcomeUnavailable
-			m.observe(ev)
-			headers.WriteUnavailable(w, r, m.cfg.retryAfter)
-			return
 		}
+		ev.Outcome = OutcomeUnavailable
+		m.observe(ev)
+		headers.WriteUnavailable(w, r, m.cfg.retryAfter)
+		return
 	}
 
 	info := headers.Info{Policy: d.Rule, Limit: d.Limit, Remaining: d.Remaining, Reset: d.ResetAfter, Window: d.Window, RetryAfter: d.RetryAfter}
@@ -294,6 +259,56 @@ func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 		m.observe(ev)
 		headers.WriteTooManyRequests(w, r, m.cfg.style, info)
 	}
+}
+
+// evaluate builds the request's checks, asks the limiter and, when the store fails under
+// LocalFallback, the local budget. ok is false when an identity or scope could not be
+// determined; the error handler has then answered. The checks go back to the pool before
+// evaluate returns, so a slow handler holds none.
+func (m *mw) evaluate(w http.ResponseWriter, r *http.Request, cost int64) (ev Event, ok bool) {
+	ctx := r.Context()
+	cp := m.pool.Get().(*[]ratebudget.Check)
+	checks := *cp
+	defer func() {
+		clear(checks)
+		m.pool.Put(cp)
+	}()
+	for i := range m.rules {
+		cr := &m.rules[i]
+		id, err := cr.identity(r)
+		if err != nil {
+			m.invalid(w, r, err)
+			return ev, false
+		}
+		var scope string
+		if cr.scope != nil {
+			if scope, err = cr.scope(r); err != nil {
+				m.invalid(w, r, err)
+				return ev, false
+			}
+		}
+		checks[i] = ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: cost}
+	}
+	d, latency, err := m.decide(ctx, checks)
+	ev = Event{Request: r, Decision: d, Latency: latency}
+	if err == nil {
+		return ev, true
+	}
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) {
+		// Not a store failure: a limiter that rejects its input. Treat it like one anyway
+		// (the policy applies) rather than admit or refuse silently.
+		err = &ratebudget.StoreError{Class: "other", Err: err}
+	}
+	ev.Err = err
+	if m.cfg.policy == LocalFallback && ctx.Err() == nil {
+		for i := range checks {
+			checks[i].Rule = m.rules[i].local
+		}
+		ev.Decision, _ = m.fallback.Allow(ctx, checks)
+		ev.Fallback = true
+	}
+	return ev, true
 }
 
 // decide asks the limiter, under the deadline and breaker when it does I/O.

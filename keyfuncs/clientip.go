@@ -306,6 +306,11 @@ func groupAddr(a netip.Addr, v4Bits, v6Bits int, raw string) string {
 	if a.Is4() {
 		bits = v4Bits
 	}
+	if bits == 32 && a.Is4() && strings.IndexByte(raw, ':') < 0 && len(raw) >= 7 {
+		// netip parses IPv4 only in canonical dotted decimal (no leading zeros), so raw
+		// text without a colon that parsed as IPv4 is already the canonical form.
+		return raw
+	}
 	var buf [64]byte
 	var b []byte
 	if bits >= a.BitLen() {

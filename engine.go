@@ -13,6 +13,9 @@ type budget struct {
 	sum    int64
 	// expires is when the state becomes equal to no state at all and can be dropped.
 	expires int64
+	// key is the budget's key and next the budget whose key hashes alike (see memShard).
+	key  memKey
+	next *budget
 }
 
 type event struct{ at, cost int64 }

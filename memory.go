@@ -3,6 +3,7 @@ package ratebudget
 import (
 	"context"
 	"hash/maphash"
+	"math/bits"
 	"sync"
 	"time"
 )
@@ -27,7 +28,8 @@ type Memory struct {
 
 type memShard struct {
 	mu        sync.Mutex
-	m         map[memKey]*budget
+	m         map[uint64]*budget // by hash of the key; budgets whose hashes collide are chained
+	n         int                // budgets held
 	nextSweep int64
 	_         [32]byte // keep hot mutexes on separate cache lines
 }
@@ -80,7 +82,7 @@ func NewMemory(opts ...MemoryOption) (*Memory, error) {
 		}
 	}
 	for i := range m.shards {
-		m.shards[i].m = make(map[memKey]*budget)
+		m.shards[i].m = make(map[uint64]*budget)
 	}
 	return m, nil
 }
@@ -101,20 +103,40 @@ func (m *Memory) Len() int {
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		n += len(s.m)
+		n += s.n
 		s.mu.Unlock()
 	}
 	return n
 }
 
-func (m *Memory) shardOf(k *memKey) int {
-	// The identity spreads budgets over shards; the rule name separates the service-wide
-	// budgets (empty identity) of different rules.
-	h := maphash.String(m.seed, k.identity) + uint64(len(k.name))*0x9E3779B97F4A7C15
-	if len(k.name) > 0 {
-		h += uint64(k.name[0])<<8 | uint64(k.name[len(k.name)-1])
+// hashOf hashes a budget's key: the map key within a shard, and the shard.
+func (m *Memory) hashOf(k *memKey) uint64 {
+	h := maphash.String(m.seed, k.identity)
+	h ^= bits.RotateLeft64(maphash.String(m.seed, k.name), 21) + uint64(k.algo)
+	if k.scope != "" {
+		h ^= bits.RotateLeft64(maphash.String(m.seed, k.scope), 42)
 	}
-	return int(h % memShards)
+	return h
+}
+
+func (m *Memory) shardOf(k *memKey) int { return int(m.hashOf(k) % memShards) }
+
+// get returns the budget of k (hash h), or nil.
+func (s *memShard) get(h uint64, k *memKey) *budget {
+	for b := s.m[h]; b != nil; b = b.next {
+		if b.key == *k {
+			return b
+		}
+	}
+	return nil
+}
+
+// add creates the budget of k (hash h), which must not exist.
+func (s *memShard) add(h uint64, k *memKey) *budget {
+	b := &budget{key: *k, next: s.m[h]}
+	s.m[h] = b
+	s.n++
+	return b
 }
 
 // Allow decides all checks at once, all-or-nothing. It returns an error only for invalid
@@ -129,17 +151,16 @@ func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 	if len(checks) == 1 {
 		c := &checks[0]
 		k := memKey{c.Rule.Name, c.Rule.Algorithm, c.Identity, c.Scope}
-		s := &m.shards[m.shardOf(&k)]
+		h := m.hashOf(&k)
+		s := &m.shards[h%memShards]
 		s.mu.Lock()
 		m.maybeSweep(s, now)
 		var o [1]Outcome
-		if b := s.m[k]; b != nil {
+		if b := s.get(h, &k); b != nil {
 			o[0] = decide(b, &c.Rule, c.Cost, now, true) // writes only if it admits
 		} else if o[0] = decide(nil, &c.Rule, c.Cost, now, false); o[0].Allowed {
 			// State is created only for an admission: refusals leave nothing behind.
-			b = &budget{}
-			s.m[k] = b
-			o[0] = decide(b, &c.Rule, c.Cost, now, true)
+			o[0] = decide(s.add(h, &k), &c.Rule, c.Cost, now, true)
 		}
 		s.mu.Unlock()
 		return Combine(checks, o[:]), nil
@@ -149,14 +170,17 @@ func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 
 func (m *Memory) allowMany(checks []Check, now int64) Decision {
 	var kbuf [8]memKey
+	var hbuf [8]uint64
 	var sbuf [8]int
 	var obuf [8]Outcome
-	keys, shards, outs := kbuf[:0], sbuf[:0], obuf[:0]
+	keys, hashes, shards, outs := kbuf[:0], hbuf[:0], sbuf[:0], obuf[:0]
 	for i := range checks {
 		c := &checks[i]
 		k := memKey{c.Rule.Name, c.Rule.Algorithm, c.Identity, c.Scope}
+		h := m.hashOf(&k)
 		keys = append(keys, k)
-		shards = append(shards, m.shardOf(&k))
+		hashes = append(hashes, h)
+		shards = append(shards, int(h%memShards))
 		outs = append(outs, Outcome{})
 	}
 	// Lock each distinct shard once, in ascending order, so that concurrent calls cannot
@@ -173,16 +197,15 @@ func (m *Memory) allowMany(checks []Check, now int64) Decision {
 	}
 	allowed := true
 	for i := range checks {
-		outs[i] = decide(m.shards[shards[i]].m[keys[i]], &checks[i].Rule, checks[i].Cost, now, false)
+		outs[i] = decide(m.shards[shards[i]].get(hashes[i], &keys[i]), &checks[i].Rule, checks[i].Cost, now, false)
 		allowed = allowed && outs[i].Allowed
 	}
 	if allowed {
 		for i := range checks {
 			s := &m.shards[shards[i]]
-			b := s.m[keys[i]]
+			b := s.get(hashes[i], &keys[i])
 			if b == nil {
-				b = &budget{}
-				s.m[keys[i]] = b
+				b = s.add(hashes[i], &keys[i])
 			}
 			outs[i] = decide(b, &checks[i].Rule, checks[i].Cost, now, true)
 		}
@@ -201,9 +224,21 @@ func (m *Memory) maybeSweep(s *memShard, now int64) {
 		return
 	}
 	s.nextSweep = now + m.sweep
-	for k, b := range s.m {
-		if b.expires <= now {
-			delete(s.m, k)
+	for h, head := range s.m {
+		var kept *budget
+		for b := head; b != nil; {
+			next := b.next
+			if b.expires > now {
+				b.next, kept = kept, b
+			} else {
+				s.n--
+			}
+			b = next
+		}
+		if kept == nil {
+			delete(s.m, h)
+		} else {
+			s.m[h] = kept
 		}
 	}
 }

@@ -160,3 +160,41 @@ func TestMultiShardLockOrder(t *testing.T) {
 		t.Fatalf("b spent %d, want 5", 1000-d.Remaining)
 	}
 }
+
+// TestHashCollisionsChain: budgets whose keys hash alike are told apart by their keys,
+// and sweeping drops only the expired ones of a chain.
+func TestHashCollisionsChain(t *testing.T) {
+	s := memShard{m: make(map[uint64]*budget)}
+	const h = 42
+	keys := []memKey{{"a", FixedWindow, "x", ""}, {"a", FixedWindow, "y", ""}, {"a", TokenBucket, "x", ""}, {"b", FixedWindow, "x", "s"}}
+	for i := range keys {
+		if s.get(h, &keys[i]) != nil {
+			t.Fatalf("key %d found before it was added", i)
+		}
+		b := s.add(h, &keys[i])
+		b.expires = int64(i % 2) // keys 0 and 2 expire at 0, keys 1 and 3 at 1
+	}
+	for i := range keys {
+		if b := s.get(h, &keys[i]); b == nil || b.key != keys[i] {
+			t.Fatalf("key %d: got %+v", i, b)
+		}
+	}
+	m := &Memory{sweep: 1}
+	m.maybeSweep(&s, 1) // every budget expiring at or before 1ms
+	if s.n != 0 || len(s.m) != 0 {
+		t.Fatalf("after sweeping at 1: %d budgets, map %d", s.n, len(s.m))
+	}
+	for i := range keys {
+		s.add(h, &keys[i]).expires = int64(10 + i%2)
+	}
+	s.nextSweep = 0
+	m.maybeSweep(&s, 10) // keys 0 and 2 expire at 10
+	if s.n != 2 {
+		t.Fatalf("after sweeping at 10: %d budgets, want 2", s.n)
+	}
+	for i := range keys {
+		if got := s.get(h, &keys[i]) != nil; got != (i%2 == 1) {
+			t.Errorf("key %d present %v after the sweep", i, got)
+		}
+	}
+}

@@ -16,6 +16,7 @@
 //	store unavailable, policy FailOpen        handler's  none (the event is OutcomeDegraded)
 //	store unavailable, policy LocalFallback   handler's or 429 from the per-replica budget
 //	request context already canceled          nothing is written, nothing is spent
+//	request canceled while the store decides  nothing is written; the store may have spent (uncertain)
 //
 // 5xx answers from the handler itself are passed through untouched.
 //

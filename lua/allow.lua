@@ -1,11 +1,12 @@
 -- allow.lua: decide a group of budget checks atomically and, when every check is
 -- admitted, spend them all. The semantics are those of the ratebudget in-process engine
--- (engine.go), in whole milliseconds of the server's clock (redis.call('TIME')).
+-- (engine.go), in whole milliseconds of the server's clock (redis.call('TIME') for a
+-- rolling window, key TTLs for a token bucket).
 --
 -- KEYS[i]  the budget key of check i; all keys hash to one slot.
 -- ARGV[1]  "1": decide and write (spend when all are admitted; trim aged rolling-window
---          events and give a counter found without a TTL its TTL back, either way);
---          "0": decide only, write nothing.
+--          events and give a counter or bucket found without a TTL its TTL back, either
+--          way); "0": decide only, write nothing.
 -- ARGV[2+5(i-1) .. 6+5(i-1)], for check i:
 --          algorithm (0 fixed window, 1 token bucket, 2 rolling window),
 --          limit (units per window; refill per window for the token bucket),
@@ -18,24 +19,32 @@
 --
 -- State:
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY.
---   token bucket:   string "<level>:<ms>", the level in tokens x window ms and the time of
---                   that level, both decimal integers, written with SET key value PX
---                   (time until full).
+--   token bucket:   string integer d, the deficit (full - level, in tokens x window ms;
+--                   rate = limit per ms, full = capacity x window) at the time of the
+--                   write, written with SET key d PX lag + ceil(d / rate): the key expires
+--                   when the bucket is full again, and no key is a full bucket. Redis
+--                   keeps the expiry as an absolute time and PTTL = expiry - now, so a
+--                   reader gets the time since the write as ceil(d / rate) - PTTL; below
+--                   zero, the clock went back by that much (the lag: no refill, and
+--                   every wait includes it, as in engine.go). A value without a TTL
+--                   counts as written now; a value that is not a decimal integer in
+--                   [0, full] is an error reply.
 --   rolling window: sorted set of admitted events, score = ms (never decreasing), member =
 --                   "<16-digit cumulative cost after the event>:<cost>"; events of one ms
 --                   are merged. PEXPIRE = until the newest event leaves the window.
 -- Every number stays an exact integer below 2^53.
 --
 -- Cost per check, in server commands: fixed window GET, PTTL (when the counter exists),
--- then SET or INCRBY on admission; token bucket GET, then one SET with PX on admission;
--- rolling window the oldest and newest events, then ZADD (and ZREM when the newest
--- event's millisecond is merged) and PEXPIRE on admission, plus ZREMRANGEBYSCORE when
--- events have aged out and a binary search over ranks for a refusal's retry time. TIME
--- once per call, only when a token bucket or rolling window is decided. The script
--- creates no table per check apart from the reply (and one plan table for a group of
--- several checks). Numbers are passed to redis.call as Lua numbers: Redis formats them
--- with %.17g, exact for integers below 2^53; the bucket's value is formatted with %.0f
--- (Lua's own number-to-string conversion would round above 14 digits).
+-- then SET or INCRBY on admission; token bucket GET, PTTL (when the bucket exists), then
+-- SET with PX on admission (PEXPIRE when a bucket without a TTL is refused); rolling
+-- window the oldest and newest events, then ZADD (and ZREM when the newest event's
+-- millisecond is merged) and PEXPIRE on admission, plus ZREMRANGEBYSCORE when events
+-- have aged out and a binary search over ranks for a refusal's retry time. TIME once
+-- per call, only when a rolling window is decided. The script creates no table per
+-- check apart from the reply (and one plan table for a group of several checks).
+-- Numbers are passed to redis.call as Lua numbers: Redis formats them with %.17g, exact
+-- for integers below 2^53 (Lua's own number-to-string conversion, %.14g, would round
+-- above 14 digits, so strings are built with %.0f).
 
 local n = #KEYS
 if n == 0 or #ARGV ~= 1 + 5 * n then
@@ -94,7 +103,7 @@ if n > 1 then
   end
 end
 
-local fmod, format, match = math.fmod, string.format, string.match
+local fmod, format, match, find = math.fmod, string.format, string.match, string.find
 local now -- server time in ms, read on first use
 
 -- spend writes an admitted check's new state (see the plan values below) and returns the
@@ -109,7 +118,7 @@ local function spend(key, a, w, k, x1, x2, x3, x4, x5, x6)
     end
     return 0
   elseif a == 1 then
-    call('SET', key, format('%.0f:%.0f', x1, x2), 'PX', x3)
+    call('SET', key, x1, 'PX', x2)
     return 0
   end
   local at, base, nacc, ncost, last, empty = x1, x2, x3, x4, x5, x6
@@ -149,6 +158,7 @@ for i = 1, n do
   a, lim, w, capa, k = args(i)
   if not a then return lim end
   local ok, exc, rem, reset, retry = 0, 0, 0, 0, 0
+  local fix = false -- a token bucket's TTL to give back (it had none)
   x1, x2, x3, x4, x5, x6 = false, false, 0, 0, 0, false
   if a == 0 then
     -- x1: create the counter; x2: give an immortal counter its TTL.
@@ -177,36 +187,43 @@ for i = 1, n do
       call('PEXPIRE', key, w) -- spend repeats it on admission
     end
   elseif a == 1 then
-    -- x1: new level, x2: its time, x3: TTL (time until full).
-    if not now then
-      local t = call('TIME')
-      local us = tonumber(t[2])
-      now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
-    end
-    local rate = lim
-    local full = capa * w
-    local level, ts, lag = full, now, 0
+    -- x1: new deficit, x2: its TTL (lag + time until full).
+    local rate, full = lim, capa * w
+    local d, lag = 0, 0 -- the deficit now (full - level) and the backward clock's lag
     local v = call('GET', key)
     if v then
-      local ls, ss = match(v, '^(%d+):(%d+)$')
-      local l, st = tonumber(ls), tonumber(ss)
-      if l == nil or st == nil then
+      if not find(v, '^%d+$') then
         return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
       end
-      ts = st
-      local elapsed = now - st
-      if elapsed < 0 then
-        -- The clock went back: no refill, keep the later timestamp. Refill resumes when
-        -- the clock passes it again, so every wait below includes the lag.
-        lag, elapsed = -elapsed, 0
-      else
-        ts = now
+      d = tonumber(v)
+      if d > full then
+        return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
       end
-      if elapsed * rate < full - l then level = l + elapsed * rate end
+      -- The deficit was written with PX = lag + ceil(d / rate), so the time since the
+      -- bucket's timestamp is ceil(d / rate) - PTTL; negative when the clock went back.
+      local r = fmod(d, rate)
+      local t = (d - r) / rate
+      if r > 0 then t = t + 1 end
+      local pttl = call('PTTL', key)
+      if pttl == -1 then
+        -- No TTL (written by hand): its time is now; give it its TTL back.
+        if write then fix = t end
+      else
+        local elapsed = t - pttl
+        if elapsed < 0 then
+          -- The clock went back: no refill, keep the later timestamp. Refill resumes when
+          -- the clock passes it again, so every wait below (and the TTL) includes the lag.
+          lag = -elapsed
+        elseif elapsed >= t then
+          d = 0
+        else
+          d = d - elapsed * rate -- elapsed * rate < d: exact
+        end
+      end
     end
     -- wait(want) = 0 if want <= level, else lag + ceil((want - level) / rate)
+    local level = full - d
     local need = k * w
-    local d = full - level
     local tofull = 0
     if d > 0 then
       local r = fmod(d, rate)
@@ -216,19 +233,22 @@ for i = 1, n do
     if k > capa then
       exc, rem, reset = 1, (level - fmod(level, w)) / w, tofull
     elseif level < need then
-      d = need - level
-      local r = fmod(d, rate)
-      retry = lag + (d - r) / rate
+      local e = need - level
+      local r = fmod(e, rate)
+      retry = lag + (e - r) / rate
       if r > 0 then retry = retry + 1 end
       rem, reset = (level - fmod(level, w)) / w, tofull
     else
-      level = level - need
-      d = full - level
+      d = d + need
+      level = full - d
       local r = fmod(d, rate)
       tofull = lag + (d - r) / rate
       if r > 0 then tofull = tofull + 1 end
       ok, rem, reset = 1, (level - fmod(level, w)) / w, tofull
-      x1, x2, x3 = level, ts, tofull
+      x1, x2 = d, tofull
+    end
+    if fix and (ok == 0 or n > 1) then
+      call('PEXPIRE', key, fix) -- spend's SET PX repeats it on admission
     end
   else
     -- x1: time of the event, x2: cumulative sum before the window, x3, x4: the newest

@@ -135,6 +135,11 @@ func TestOneCommandPerDecision(t *testing.T) {
 			if inner/decisions > float64(maxServer) {
 				t.Fatalf("%.2f server commands per decision, want at most %d", inner/decisions, maxServer)
 			}
+			// A token bucket's admission is exactly GET, PTTL and SET (no TIME).
+			if tc.name == "token" && (inner != 3*decisions || delta.calls["get"] != decisions ||
+				delta.calls["pttl"] != decisions || delta.calls["set"] != decisions) {
+				t.Fatalf("token admissions ran %v, want exactly GET, PTTL and SET per decision", delta.calls)
+			}
 			// Refusals are one EVALSHA too (with the refusal cache off).
 			nc, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache())
 			if err != nil {
@@ -149,6 +154,25 @@ func TestOneCommandPerDecision(t *testing.T) {
 			}
 			if got := hook.take(); len(got) != 1 || got["evalsha"] != 10 {
 				t.Fatalf("client sent %v for 10 decisions, want only 10 evalsha", got)
+			}
+			if tc.name == "token" {
+				// A token bucket's refusal is exactly GET and PTTL.
+				before := commandStats(t, control)
+				for range decisions {
+					if d, err := nc.Allow(ctx, heavy); err != nil || d.Allowed {
+						t.Fatalf("refusal: %+v, %v", d, err)
+					}
+				}
+				delta := commandStats(t, control).sub(before)
+				inner := 0.0
+				for name, n := range delta.calls {
+					if name != "evalsha" && name != "info" {
+						inner += n
+					}
+				}
+				if inner != 2*decisions || delta.calls["get"] != decisions || delta.calls["pttl"] != decisions {
+					t.Fatalf("token refusals ran %v, want exactly GET and PTTL per decision", delta.calls)
+				}
 			}
 		})
 	}
@@ -295,9 +319,10 @@ func TestRefusalCacheEndsWhenRedisAdmits(t *testing.T) {
 	}
 }
 
-// TestTokenBucketBackwardClock: a bucket whose timestamp is ahead of the server's clock
-// (the clock went back) refills nothing until the clock catches up, and every wait it
-// reports includes that lag, as the in-process engine's do.
+// TestTokenBucketBackwardClock: a bucket whose TTL is longer than its deficit implies
+// (the server's clock went back since it was written) refills nothing until the clock
+// catches up, and every wait it reports includes that lag, as the in-process engine's
+// do; an admission keeps the lag in the TTL it writes, so the next decision sees it too.
 func TestTokenBucketBackwardClock(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
@@ -306,21 +331,19 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 10 tokens per 10s: one token per second; the level is in tokens x window ms.
+	// 10 tokens per 10s: one token per second; the deficit is in tokens x window ms,
+	// and refills by 10 units per ms.
 	r := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}
 	chk := ratebudget.Check{Rule: r, Identity: "trent", Cost: 1}
 	key := l.Key(chk)
 	const lag = 5000 // ms
-	// set writes the bucket and returns a local time no later than the server's clock
-	// reading it was based on, so that the slack below covers every millisecond since.
-	set := func(level int64) time.Time {
+	// set writes a deficit with the TTL it would have been written with lag ms ahead of
+	// the server's clock, and returns the local time before the write, so that the slack
+	// below covers every millisecond since.
+	set := func(deficit int64) time.Time {
 		before := time.Now()
-		now, err := c.Time(ctx).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		bucket := strconv.FormatInt(level, 10) + ":" + strconv.FormatInt(now.UnixMilli()+lag, 10)
-		if err := c.Set(ctx, key, bucket, time.Minute).Err(); err != nil {
+		ttl := time.Duration(lag+(deficit+9)/10) * time.Millisecond
+		if err := c.Set(ctx, key, strconv.FormatInt(deficit, 10), ttl).Err(); err != nil {
 			t.Fatal(err)
 		}
 		return before
@@ -333,34 +356,58 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 		}
 	}
 	// Empty bucket: one token is lag + 1s away, a full bucket lag + 10s.
-	start := set(0)
+	start := set(10 * 10000)
 	d, err := l.Allow(ctx, []ratebudget.Check{chk})
-	if err != nil || d.Allowed {
+	if err != nil || d.Allowed || d.Remaining != 0 {
 		t.Fatalf("empty bucket: %+v, %v", d, err)
 	}
 	between("RetryAfter", d.RetryAfter, (lag+1000)*time.Millisecond, start)
 	between("ResetAfter", d.ResetAfter, (lag+10000)*time.Millisecond, start)
+	if v := c.Get(ctx, key).Val(); v != "100000" {
+		t.Errorf("a refusal rewrote the bucket as %q", v)
+	}
+	// Half-empty bucket: 5 tokens, nothing refilled while the clock lags.
+	start = set(5 * 10000)
+	d, err = l.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: "trent", Cost: 6}})
+	if err != nil || d.Allowed || d.Remaining != 5 {
+		t.Fatalf("half-empty bucket: %+v, %v", d, err)
+	}
+	between("RetryAfter", d.RetryAfter, (lag+1000)*time.Millisecond, start)
+	between("ResetAfter", d.ResetAfter, (lag+5000)*time.Millisecond, start)
 	// Full bucket: admitted, and refilling the spent token waits for the clock too.
-	start = set(10 * 10000)
+	start = set(0)
 	d, err = l.Allow(ctx, []ratebudget.Check{chk})
 	if err != nil || !d.Allowed || d.Remaining != 9 {
 		t.Fatalf("full bucket: %+v, %v", d, err)
 	}
 	between("ResetAfter", d.ResetAfter, (lag+1000)*time.Millisecond, start)
+	if v := c.Get(ctx, key).Val(); v != "10000" {
+		t.Errorf("bucket %q after spending one token of a full one, want deficit \"10000\"", v)
+	}
 	if pttl := c.PTTL(ctx, key).Val(); pttl < d.ResetAfter-5*time.Millisecond || pttl > d.ResetAfter {
 		t.Errorf("PTTL %v, want the reported reset %v", pttl, d.ResetAfter)
 	}
+	// The written TTL carries the lag: the next decision still refills nothing and waits
+	// for the clock (9 tokens, 10 wanted: one token, lag + 1s away).
+	d, err = l.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: "trent", Cost: 10}})
+	if err != nil || d.Allowed || d.Remaining != 9 {
+		t.Fatalf("after the admission: %+v, %v", d, err)
+	}
+	between("RetryAfter", d.RetryAfter, (lag+1000)*time.Millisecond, start)
+	between("ResetAfter", d.ResetAfter, (lag+1000)*time.Millisecond, start)
 	// A full bucket has nothing to refill: a cost above capacity reports no reset.
-	set(10 * 10000)
+	set(0)
 	d, err = l.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: "trent", Cost: 11}})
 	if err != nil || !d.Exceeded || d.ResetAfter != 0 || d.Remaining != 10 {
 		t.Fatalf("cost above capacity on a full bucket: %+v, %v; want Exceeded, no reset", d, err)
 	}
 }
 
-// TestTokenBucketState: a token bucket is one string "<level>:<ms>" (level in tokens x
-// window ms, time of the server's clock) whose TTL is the time until full; a value that
-// does not parse strictly is an error reply and is left as it was.
+// TestTokenBucketState: a token bucket is one string, its deficit (full - level, in
+// tokens x window ms) as a decimal integer, whose TTL is the time until full; the time
+// since it was written is ceil(deficit / rate) - PTTL. A bucket found without a TTL is
+// read as written now and given its TTL back; a value that is not a decimal integer in
+// [0, full] is an error reply and is left as it was.
 func TestTokenBucketState(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
@@ -369,34 +416,74 @@ func TestTokenBucketState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 10 tokens per 10s: one token per second.
+	// 10 tokens per 10s: one token per second; 10 units per ms, full = 100000.
 	r := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}
 	chk := []ratebudget.Check{{Rule: r, Identity: "sybil", Cost: 3}}
 	key := l.Key(chk[0])
-	before, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
 	if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed || d.Remaining != 7 || d.ResetAfter != 3*time.Second {
 		t.Fatalf("first decision: %+v, %v", d, err)
-	}
-	after, err := c.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
 	}
 	if typ := c.Type(ctx, key).Val(); typ != "string" {
 		t.Fatalf("bucket type %q, want string", typ)
 	}
-	v := c.Get(ctx, key).Val()
-	level, ts, ok := strings.Cut(v, ":")
-	ms, err := strconv.ParseInt(ts, 10, 64)
-	if !ok || level != "70000" || err != nil || ms < before.UnixMilli() || ms > after.UnixMilli() {
-		t.Fatalf("bucket %q, want \"70000:<ms in [%d, %d]>\"", v, before.UnixMilli(), after.UnixMilli())
+	if v := c.Get(ctx, key).Val(); v != "30000" {
+		t.Fatalf("bucket %q, want the deficit \"30000\"", v)
 	}
 	if pttl := c.PTTL(ctx, key).Val(); pttl <= 2900*time.Millisecond || pttl > 3*time.Second {
 		t.Fatalf("PTTL %v, want the time until full, 3s", pttl)
 	}
-	for _, bad := range []string{"", "70000", "70000:", ":1", "-1:1", "1:-1", "1.5:1", "1:1:1", " 1:1", "1:1 ", "1e3:1", "0x10:1", "a:b"} {
+
+	// The refill is read from the TTL: a deficit of 5 tokens written 2s ago (TTL 3s
+	// left of 5s) holds 7 tokens now; spending one leaves a deficit of 4 tokens, full in
+	// 4s, less the milliseconds that passed since the write below.
+	start := time.Now()
+	if err := c.Set(ctx, key, "50000", 3*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: "sybil", Cost: 1}})
+	slack := time.Since(start) + 2*time.Millisecond
+	if err != nil || !d.Allowed || d.Remaining != 6 || d.ResetAfter > 4*time.Second || d.ResetAfter < 4*time.Second-slack {
+		t.Fatalf("after 2s of refill: %+v, %v; want admitted, 6 left, reset 4s minus at most %v", d, err, slack)
+	}
+	v, _ := strconv.ParseInt(c.Get(ctx, key).Val(), 10, 64)
+	if el := (40000 - v) / 10; v > 40000 || (40000-v)%10 != 0 || time.Duration(el)*time.Millisecond > slack {
+		t.Fatalf("deficit %d, want 40000 less 10 per ms since the write (at most %v)", v, slack)
+	}
+	if pttl := c.PTTL(ctx, key).Val(); pttl > d.ResetAfter || pttl < d.ResetAfter-slack {
+		t.Fatalf("PTTL %v, want the reported reset %v", pttl, d.ResetAfter)
+	}
+
+	// A bucket without a TTL counts as written now, and is given its TTL back by an
+	// admission and by a refusal alike.
+	for _, tc := range []struct {
+		value   string
+		allowed bool
+		left    int64
+		pttl    time.Duration // TTL after the decision
+	}{
+		{"50000", true, 2, 8 * time.Second},
+		{"100000", false, 0, 10 * time.Second},
+		{"0", true, 7, 3 * time.Second},
+	} {
+		start := time.Now()
+		if err := c.Set(ctx, key, tc.value, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		d, err := l.Allow(ctx, chk)
+		slack := time.Since(start) + 2*time.Millisecond
+		if err != nil || d.Allowed != tc.allowed || d.Remaining != tc.left {
+			t.Fatalf("bucket %s without a TTL: %+v, %v", tc.value, d, err)
+		}
+		if p := c.PTTL(ctx, key).Val(); p > tc.pttl || p < tc.pttl-slack {
+			t.Fatalf("bucket %s without a TTL: PTTL %v after the decision, want %v minus at most %v", tc.value, p, tc.pttl, slack)
+		}
+		if !tc.allowed && c.Get(ctx, key).Val() != tc.value {
+			t.Fatalf("bucket %s without a TTL: a refusal changed the value", tc.value)
+		}
+	}
+	// Strict parsing: anything but a decimal integer in [0, full] is an error reply.
+	for _, bad := range []string{"", "-1", "+1", "1.5", " 1", "1 ", "1e3", "0x10", "a", "100001",
+		"99999999999999999999", "70000:1796069878916"} {
 		if err := c.Set(ctx, key, bad, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -408,5 +495,54 @@ func TestTokenBucketState(t *testing.T) {
 		if got := c.Get(ctx, key).Val(); got != bad {
 			t.Errorf("bucket %q became %q", bad, got)
 		}
+	}
+	// The bounds themselves are valid: an empty bucket (deficit = full) refuses.
+	if err := c.Set(ctx, key, "100000", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Allow(ctx, chk); err != nil || d.Allowed || d.Remaining != 0 {
+		t.Fatalf("empty bucket: %+v, %v", d, err)
+	}
+}
+
+// TestTokenBucketRefundKeepsLag: a refund (a later slot's group refused) gives the cost
+// back to a bucket whose clock lags, and the TTL it writes keeps the lag.
+func TestTokenBucketRefundKeepsLag(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	hook := countCommands(c)
+	ctx := context.Background()
+	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 10 units per ms, full = 100000; the fixed window of another identity (another
+	// slot) is spent, so it refuses after the bucket's group was admitted.
+	tb := ratebudget.Check{Rule: ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}, Identity: "ann", Cost: 1}
+	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 1, Window: time.Minute}, Identity: "bob", Cost: 1}
+	if d, err := l.Allow(ctx, []ratebudget.Check{fw}); err != nil || !d.Allowed {
+		t.Fatalf("spending the fixed window: %+v, %v", d, err)
+	}
+	// 5 tokens, written 5s ahead of the server's clock: PTTL = lag + 5s.
+	const lag = 5 * time.Second
+	start := time.Now()
+	if err := c.Set(ctx, l.Key(tb), "50000", lag+5*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hook.take()
+	d, err := l.Allow(ctx, []ratebudget.Check{tb, fw})
+	if err != nil || d.Allowed || d.Rule != "fw" {
+		t.Fatalf("decision: %+v, %v; want refused by fw", d, err)
+	}
+	// Two allow calls and a refund (EVAL too, if the refund script was not loaded yet).
+	if got := hook.take(); got["evalsha"] != 3 {
+		t.Fatalf("client sent %v, want two allow calls and a refund", got)
+	}
+	slack := time.Since(start) + 2*time.Millisecond
+	if v := c.Get(ctx, l.Key(tb)).Val(); v != "50000" {
+		t.Fatalf("bucket %q after the refund, want \"50000\" (no refill while the clock lags)", v)
+	}
+	if p := c.PTTL(ctx, l.Key(tb)).Val(); p > lag+5*time.Second || p < lag+5*time.Second-slack {
+		t.Fatalf("PTTL %v after the refund, want %v (lag + time until full) minus at most %v", p, lag+5*time.Second, slack)
 	}
 }

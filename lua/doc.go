@@ -26,19 +26,24 @@
 // server answers NOSCRIPT (its script cache is emptied by a restart, a failover or SCRIPT
 // FLUSH), so nothing needs loading in advance.
 //
-// All time is the Redis server's clock (redis.call('TIME'), whole milliseconds); the
-// callers' clocks never matter. The time rules are exactly those of [ratebudget.Memory]:
+// All time is the Redis server's clock (whole milliseconds: redis.call('TIME') for a
+// rolling window, key TTLs for a token bucket); the callers' clocks never matter. The
+// time rules are exactly those of [ratebudget.Memory]:
 //   - fixed window ([ratebudget.FixedWindow]): a counter created with SET key cost PX
 //     window at the first admission of an idle budget and then increased with INCRBY. A
 //     refusal writes nothing and leaves the TTL alone; a counter found without a TTL is
 //     given one, never left immortal.
-//   - token bucket ([ratebudget.TokenBucket]): one string "<level>:<time>", the level as
-//     an integer in tokens × window milliseconds and the time of that level in
-//     milliseconds, written with SET key value PX so that it expires when the bucket
-//     would be full again; a value that does not parse is an error reply, never a full
-//     bucket. A refusal writes nothing. If the server clock goes back
-//     the bucket does not refill until it catches up, and every wait it reports
-//     (RetryAfter, ResetAfter and the key's TTL) includes that lag, as
+//   - token bucket ([ratebudget.TokenBucket]): one integer, the deficit (capacity minus
+//     level, in tokens × window milliseconds) at the time of the write, written with
+//     SET key deficit PX (time until full), so that the key expires when the bucket is
+//     full again and no key is a full bucket. The time is kept in the TTL: Redis stores
+//     the expiry as an absolute time, so the time since the write is the time until
+//     full that the deficit implies minus PTTL. A value that is not a decimal integer
+//     between 0 and the full bucket is an error reply, never a full bucket; a value
+//     found without a TTL counts as written now and is given its TTL back. A refusal
+//     writes nothing else. If the server clock goes back the bucket does not refill
+//     until it catches up, and every wait it reports (RetryAfter, ResetAfter and the
+//     key's TTL, which keeps the lag for the next decision) includes that lag, as
 //     [ratebudget.Memory]'s do; a full bucket reports no reset.
 //   - rolling window ([ratebudget.RollingWindow]): a sorted set of admitted events over
 //     (now-window, now], scored by time and named by their cumulative cost, so the window's
@@ -54,11 +59,11 @@
 // A decision of checks that share a slot is exactly one EVALSHA (EVAL once after the
 // server's script cache was emptied) and no other command. Inside the script each check
 // costs a few commands, independent of the budget's size: a fixed window GET and PTTL,
-// then INCRBY (SET for a new window) on admission; a token bucket GET, then one SET with
-// PX; a rolling window reads its oldest and newest events, then ZADD (with ZREM when
-// events of one millisecond are merged) and PEXPIRE, plus ZREMRANGEBYSCORE when events
-// have aged out and an O(log² n) search for a refusal's retry time. TIME is read once per
-// call, and only for token buckets and rolling windows. With go-redis's own clients the
+// then INCRBY (SET for a new window) on admission; a token bucket GET and PTTL, then
+// one SET with PX on admission; a rolling window reads its oldest and newest events,
+// then ZADD (with ZREM when events of one millisecond are merged) and PEXPIRE, plus
+// ZREMRANGEBYSCORE when events have aged out and an O(log² n) search for a refusal's
+// retry time. TIME is read once per call, and only for rolling windows. With go-redis's own clients the
 // command is handed to Process with a reused argument list (keys and numbers passed by
 // pointer); other [Client] implementations get EvalSha and Eval calls.
 //

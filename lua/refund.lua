@@ -11,9 +11,10 @@
 --          allowed an exact refund (the window closed, the bucket is gone, or the event
 --          is no longer the newest); nothing is given back then.
 --
--- State: as written by allow.lua (see its header). A token bucket's string
--- "<level>:<ms>" is rewritten at the server's current time with SET key value PX (time
--- until full), or deleted once full; a value that does not parse is left alone.
+-- State: as written by allow.lua (see its header). A token bucket's deficit is read
+-- with its PTTL as allow.lua reads it, lowered by cost x window and rewritten with SET
+-- key deficit PX lag + ceil(deficit / rate), or deleted once the bucket is full; a
+-- value that is not a decimal integer in [0, full] is left alone.
 
 local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
@@ -28,7 +29,6 @@ local function int(s, lo, hi)
   if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
   return v
 end
-local function fmt(x) return string.format('%.0f', x) end
 local function ceildiv(a, b)
   if a <= 0 then return 0 end
   local r = math.fmod(a, b)
@@ -55,9 +55,6 @@ for i = 1, n do
   args[i] = a
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
 local reply = {}
 for i = 1, n do
   local a, key = args[i], KEYS[i]
@@ -68,28 +65,35 @@ for i = 1, n do
       redis.call('DEL', key)
       done = 1
     elseif v and v > a.cost then
-      redis.call('DECRBY', key, fmt(a.cost)) -- keeps the TTL
+      redis.call('DECRBY', key, a.cost) -- keeps the TTL
       done = 1
     end
   elseif a.algo == 1 then
     local v = redis.call('GET', key)
-    local l, ts
-    if v then
-      local ls, tss = string.match(v, '^(%d+):(%d+)$')
-      l, ts = tonumber(ls), tonumber(tss)
-    end
-    if l and ts then
-      local w, rate = a.win, a.limit
-      local full = a.cap * w
-      local elapsed = now - ts
-      if elapsed < 0 then elapsed = 0 else ts = now end
-      local level = full
-      if elapsed < ceildiv(full - l, rate) then level = l + elapsed * rate end
-      level = math.min(full, level + a.cost * w)
-      if level >= full then
+    local d = v and string.find(v, '^%d+$') and tonumber(v)
+    local w, rate = a.win, a.limit
+    local full = a.cap * w
+    if d and d <= full then
+      -- The time since the write is ceil(d / rate) - PTTL (see allow.lua); below zero
+      -- the clock went back: no refill, and the new TTL keeps the lag.
+      local lag = 0
+      local pttl = redis.call('PTTL', key)
+      if pttl ~= -1 then
+        local t = ceildiv(d, rate)
+        local elapsed = t - pttl
+        if elapsed < 0 then
+          lag = -elapsed
+        elseif elapsed >= t then
+          d = 0
+        else
+          d = d - elapsed * rate
+        end
+      end
+      d = d - a.cost * w
+      if d <= 0 then
         redis.call('DEL', key)
       else
-        redis.call('SET', key, fmt(level) .. ':' .. fmt(ts), 'PX', fmt(ts + ceildiv(full - level, rate) - now))
+        redis.call('SET', key, d, 'PX', lag + ceildiv(d, rate))
       end
       done = 1
     end

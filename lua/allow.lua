@@ -27,8 +27,9 @@
 --                   reader gets the time since the write as ceil(d / rate) - PTTL; below
 --                   zero, the clock went back by that much (the lag: no refill, and
 --                   every wait includes it, as in engine.go). A value without a TTL
---                   counts as written now; a value that is not a decimal integer in
---                   [0, full] is an error reply.
+--                   counts as written now; a deficit above full (a lowered capacity) is
+--                   an empty bucket; a value that is not a decimal integer below 2^53 is
+--                   an error reply.
 --   rolling window: sorted set of admitted events, score = ms (never decreasing), member =
 --                   "<16-digit cumulative cost after the event>:<cost>"; events of one ms
 --                   are merged. PEXPIRE = until the newest event leaves the window.
@@ -196,7 +197,7 @@ for i = 1, n do
         return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
       end
       d = tonumber(v)
-      if d > full then
+      if d > MAXSCALED then
         return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
       end
       -- The deficit was written with PX = lag + ceil(d / rate), so the time since the
@@ -220,6 +221,9 @@ for i = 1, n do
           d = d - elapsed * rate -- elapsed * rate < d: exact
         end
       end
+      -- A deficit above full (the rule's capacity was lowered under the same name) is an
+      -- empty bucket.
+      if d > full then d = full end
     end
     -- wait(want) = 0 if want <= level, else lag + ceil((want - level) / rate)
     local level = full - d

@@ -481,8 +481,8 @@ func TestTokenBucketState(t *testing.T) {
 			t.Fatalf("bucket %s without a TTL: a refusal changed the value", tc.value)
 		}
 	}
-	// Strict parsing: anything but a decimal integer in [0, full] is an error reply.
-	for _, bad := range []string{"", "-1", "+1", "1.5", " 1", "1 ", "1e3", "0x10", "a", "100001",
+	// Strict parsing: anything but a decimal integer below 2^53 is an error reply.
+	for _, bad := range []string{"", "-1", "+1", "1.5", " 1", "1 ", "1e3", "0x10", "a",
 		"99999999999999999999", "70000:1796069878916"} {
 		if err := c.Set(ctx, key, bad, time.Minute).Err(); err != nil {
 			t.Fatal(err)
@@ -496,12 +496,15 @@ func TestTokenBucketState(t *testing.T) {
 			t.Errorf("bucket %q became %q", bad, got)
 		}
 	}
-	// The bounds themselves are valid: an empty bucket (deficit = full) refuses.
-	if err := c.Set(ctx, key, "100000", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := l.Allow(ctx, chk); err != nil || d.Allowed || d.Remaining != 0 {
-		t.Fatalf("empty bucket: %+v, %v", d, err)
+	// An empty bucket (deficit = full) refuses, and so does a deficit above full (the
+	// capacity was lowered under the same name): it is an empty bucket, not an error.
+	for _, empty := range []string{"100000", "100001", "5000000"} {
+		if err := c.Set(ctx, key, empty, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := l.Allow(ctx, chk); err != nil || d.Allowed || d.Remaining != 0 || d.RetryAfter <= 0 {
+			t.Fatalf("deficit %s: %+v, %v; want an empty bucket's refusal", empty, d, err)
+		}
 	}
 }
 

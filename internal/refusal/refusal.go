@@ -40,10 +40,14 @@ type Cache struct {
 	shards [shards]shard
 }
 
+// sweepEvery is the least time between two sweeps of a full shard.
+const sweepEvery = int64(100 * time.Millisecond)
+
 type shard struct {
-	mu sync.Mutex
-	m  map[string]entry
-	_  [40]byte
+	mu        sync.Mutex
+	m         map[string]entry
+	nextSweep int64
+	_         [40]byte
 }
 
 type entry struct {
@@ -112,6 +116,12 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 		return
 	}
 	if len(s.m) >= c.max {
+		if sent < s.nextSweep {
+			return // full, and swept recently: not caching is always correct
+		}
+		// Sweep at most once per sweepEvery, so that a flood of distinct refused keys
+		// cannot make every refusal scan a full shard.
+		s.nextSweep = sent + sweepEvery
 		for k, v := range s.m {
 			if v.until <= sent {
 				delete(s.m, k)

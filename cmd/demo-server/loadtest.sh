@@ -16,17 +16,23 @@ cleanup() { [ -n "${demo:-}" ] && kill "$demo" 2>/dev/null; kill "$(cat "$tmp/re
 trap cleanup EXIT
 go build -o "$tmp/demo" ./cmd/demo-server
 
-serve() { # args: extra demo flags; prints requests/s
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, in clock ticks
+tick=$(getconf CLK_TCK)
+
+serve() { # args: extra demo flags; prints requests/s, then demo and Redis CPU µs per request
 	"$tmp/demo" -addr "127.0.0.1:$hport" -redis "redis://127.0.0.1:$rport/0" -limit 1000000000 -window 1h -store-timeout 1s "$@" >"$tmp/demo.log" 2>&1 &
 	demo=$!
 	for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && break; sleep 0.05; done
-	wrk -t2 -c"$conns" -d"${secs}s" "http://127.0.0.1:$hport/api/hello" | awk '/Requests\/sec/ {print $2}'
+	local rpid d0 r0 rps
+	rpid=$(cat "$tmp/redis.pid"); d0=$(cpu "$demo"); r0=$(cpu "$rpid")
+	rps=$(wrk -t2 -c"$conns" -d"${secs}s" "http://127.0.0.1:$hport/api/hello" | awk '/Requests\/sec/ {print $2}')
+	echo "$rps $(echo "($(cpu "$demo") - $d0) * 1000000 / $tick / ($rps * $secs)" | bc -l) $(echo "($(cpu "$rpid") - $r0) * 1000000 / $tick / ($rps * $secs)" | bc -l)"
 	kill "$demo"; wait "$demo" 2>/dev/null || true; demo=
 }
 
-printf '%-6s %14s %14s %7s\n' round "no limiter" "redis limiter" ratio
+printf '%-6s %12s %12s %7s   %s\n' round "no limiter" "redis" ratio "CPU µs/request: demo without, demo with, redis with"
 for r in $(seq "$rounds"); do
-	off=$(serve -no-limit)
-	on=$(serve)
-	printf '%-6s %14s %14s %7.2f\n' "$r" "$off" "$on" "$(echo "$on / $off" | bc -l)"
+	read -r off doff _ < <(serve -no-limit)
+	read -r on don ron < <(serve)
+	printf '%-6s %12.0f %12.0f %7.2f   %.1f %.1f %.1f\n' "$r" "$off" "$on" "$(echo "$on / $off" | bc -l)" "$doff" "$don" "$ron"
 done

@@ -105,4 +105,3 @@ func freePort(tb testing.TB) int {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
-

@@ -406,8 +406,8 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 // TestTokenBucketState: a token bucket is one string, its deficit (full - level, in
 // tokens x window ms) as a decimal integer, whose TTL is the time until full; the time
 // since it was written is ceil(deficit / rate) - PTTL. A bucket found without a TTL is
-// read as written now and given its TTL back; a value that is not a decimal integer in
-// [0, full] is an error reply and is left as it was.
+// read as written now and given its TTL back; a deficit above full is an empty bucket; a
+// value that is not a decimal integer below 2^53 is an error reply and is left as it was.
 func TestTokenBucketState(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)

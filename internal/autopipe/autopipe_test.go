@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,25 +41,13 @@ func calls(t testing.TB, c *redis.Client, name string) int64 {
 		t.Fatal(err)
 	}
 	v := info["Commandstats"]["cmdstat_"+name]
-	for _, f := range splitComma(v) {
+	for _, f := range strings.Split(v, ",") {
 		if len(f) > 6 && f[:6] == "calls=" {
 			n, _ := strconv.ParseInt(f[6:], 10, 64)
 			return n
 		}
 	}
 	return 0
-}
-
-func splitComma(s string) []string {
-	var out []string
-	start := 0
-	for i := 0; i <= len(s); i++ {
-		if i == len(s) || s[i] == ',' {
-			out = append(out, s[start:i])
-			start = i + 1
-		}
-	}
-	return out
 }
 
 // Concurrent calls all run exactly once, each with its own reply.

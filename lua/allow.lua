@@ -41,8 +41,11 @@
 -- window the oldest and newest events, then ZADD (and ZREM when the newest event's
 -- millisecond is merged) and PEXPIRE on admission, plus ZREMRANGEBYSCORE when events
 -- have aged out and a binary search over ranks for a refusal's retry time. TIME once
--- per call, only when a rolling window is decided. The script creates no table per
--- check apart from the reply (and one plan table for a group of several checks).
+-- per call, only when a rolling window is decided. Lua work is kept small next to the
+-- commands: no closure is created, a single check keeps its state in locals and
+-- builds one table (the reply), and a group builds two (the reply and S, created at
+-- their final size for 2 or 3 checks, since growing a Lua table costs more than a
+-- command).
 -- Numbers are passed to redis.call as Lua numbers: Redis formats them with %.17g, exact
 -- for integers below 2^53 (Lua's own number-to-string conversion, %.14g, would round
 -- above 14 digits, so strings are built with %.0f).
@@ -60,106 +63,70 @@ local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
 local MAXWINDOW = 31622400000       -- 366 days in ms
 local REBASE = 4503599627370496     -- 2^52: rebase cumulative sums above this
-local tonumber = tonumber
-local call = redis.call
+local tonumber, call = tonumber, redis.call
+local fmod, format, match, find = math.fmod, string.format, string.match, string.find
 
--- args returns check i's algorithm, limit, window, capacity and cost, or nil and an
--- error reply. The algorithm is compared as a string, capacity as the limit's string
+-- Parse and validate every check before reading or writing anything (Redis has no
+-- rollback). The algorithm is compared as a string, capacity as the limit's string
 -- (equal except for a token bucket) and a cost of '1' needs no parsing: tonumber is the
--- costly part. (x % 1 ~= 0 also rejects NaN and infinities.)
-local function args(i)
+-- costly part. (x % 1 ~= 0 also rejects NaN and infinities.) A single check's values
+-- stay in locals; several checks' go to S, 11 per check: these 5, then the 6 plan values
+-- below. S and the reply are created at their size for 2 or 3 checks (growing a Lua
+-- table costs more than the commands).
+local a, lim, w, capa, k
+local S, reply
+if n == 2 then
+  S, reply = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0,0,0,0,0}
+elseif n == 3 then
+  S, reply = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}
+elseif n > 3 then
+  S, reply = {}, {}
+end
+for i = 1, n do
   local b = 5 * i - 3
   local as, ls, cs, ks = ARGV[b], ARGV[b + 1], ARGV[b + 3], ARGV[b + 4]
-  local a, l, w = 0, tonumber(ls), tonumber(ARGV[b + 2])
-  local c, k = l, 1
+  a, lim, w = 0, tonumber(ls), tonumber(ARGV[b + 2])
+  capa, k = lim, 1
   if ks ~= '1' then k = tonumber(ks) end
   if as == '1' then
-    a, c = 1, tonumber(cs)
+    a, capa = 1, tonumber(cs)
   elseif as == '2' then
     a = 2
   elseif as ~= '0' then
     a = nil
   end
-  if not (a and l and w and c and k)
-    or l % 1 ~= 0 or l < 1 or l > MAXLIMIT or w % 1 ~= 0 or w < 1 or w > MAXWINDOW
-    or c % 1 ~= 0 or c < 1 or c > MAXLIMIT or k % 1 ~= 0 or k < 1 or k > MAXLIMIT then
-    return nil, redis.error_reply('ERR ratebudget: bad argument for check ' .. i)
+  if not (a and lim and w and capa and k)
+    or lim % 1 ~= 0 or lim < 1 or lim > MAXLIMIT or w % 1 ~= 0 or w < 1 or w > MAXWINDOW
+    or capa % 1 ~= 0 or capa < 1 or capa > MAXLIMIT or k % 1 ~= 0 or k < 1 or k > MAXLIMIT then
+    return redis.error_reply('ERR ratebudget: bad argument for check ' .. i)
   end
   if a == 1 then
-    if c > MAXSCALED / w then
-      return nil, redis.error_reply('ERR ratebudget: capacity x window exceeds 2^53 for check ' .. i)
+    if capa > MAXSCALED / w then
+      return redis.error_reply('ERR ratebudget: capacity x window exceeds 2^53 for check ' .. i)
     end
   elseif cs ~= ls then
-    return nil, redis.error_reply('ERR ratebudget: capacity differs from limit for check ' .. i)
+    return redis.error_reply('ERR ratebudget: capacity differs from limit for check ' .. i)
   end
-  return a, l, w, c, k
-end
-
--- Validate every argument before writing anything: Redis has no rollback. A single
--- check is validated below, before its first command.
-if n > 1 then
-  for i = 1, n do
-    local a, err = args(i)
-    if not a then return err end
+  if S then
+    local p = 11 * i
+    S[p - 10], S[p - 9], S[p - 8], S[p - 7], S[p - 6] = a, lim, w, capa, k
   end
 end
 
-local fmod, format, match, find = math.fmod, string.format, string.match, string.find
 local now -- server time in ms, read on first use
 
--- spend writes an admitted check's new state (see the plan values below) and returns the
--- rolling window's cumulative sum, else 0.
-local function spend(key, a, w, k, x1, x2, x3, x4, x5, x6)
-  if a == 0 then
-    if x1 then
-      call('SET', key, k, 'PX', w)
-    else
-      call('INCRBY', key, k)
-      if x2 then call('PEXPIRE', key, w) end
-    end
-    return 0
-  elseif a == 1 then
-    call('SET', key, x1, 'PX', x2)
-    return 0
-  end
-  local at, base, nacc, ncost, last, empty = x1, x2, x3, x4, x5, x6
-  if empty then
-    nacc = 0
-  elseif nacc + k > REBASE then
-    -- Rewrite the window's events with sums relative to the oldest one.
-    local evs = call('ZRANGE', key, 0, -1, 'WITHSCORES')
-    call('DEL', key)
-    for j = 1, #evs, 2 do
-      local acc, ec = match(evs[j], '^(%d+):(%d+)$')
-      call('ZADD', key, evs[j + 1], format('%016.0f:%.0f', tonumber(acc) - base, tonumber(ec)))
-    end
-    nacc = nacc - base
-  end
-  local acc = nacc + k
-  if not empty and last == at then
-    call('ZREM', key, format('%016.0f:%.0f', nacc, ncost))
-    call('ZADD', key, at, format('%016.0f:%.0f', acc, ncost + k))
-  else
-    call('ZADD', key, at, format('%016.0f:%.0f', acc, k))
-  end
-  call('PEXPIRE', key, at + w - now)
-  return acc
-end
-
 -- Phase 1: read (and trim aged rolling-window events, which changes no outcome); compute
--- every outcome and what an admission would write.
-local reply, plan -- for several checks: 6 reply and 9 plan values (a, w, cost, x1..x6) per check
-if n > 1 then reply, plan = {}, {} end
+-- every outcome and what an admission would write (x1..x6, per algorithm below).
 local all = true
-local a, w, k, x1, x2, x3, x4, x5, x6 -- the last check's, for a single check
-local ok1, exc1, rem1, reset1, retry1
+local x1, x2, x3, x4, x5, x6 -- the last check's, for a single check
+local ok, exc, rem, reset, retry
 for i = 1, n do
   local key = KEYS[i]
-  local lim, capa
-  a, lim, w, capa, k = args(i)
-  if not a then return lim end
-  local ok, exc, rem, reset, retry = 0, 0, 0, 0, 0
-  local fix = false -- a token bucket's TTL to give back (it had none)
+  if S then
+    local p = 11 * i
+    a, lim, w, capa, k = S[p - 10], S[p - 9], S[p - 8], S[p - 7], S[p - 6]
+  end
+  ok, exc, rem, reset, retry = 0, 0, 0, 0, 0
   x1, x2, x3, x4, x5, x6 = false, false, 0, 0, 0, false
   if a == 0 then
     -- x1: create the counter; x2: give an immortal counter its TTL.
@@ -185,12 +152,12 @@ for i = 1, n do
       ok, rem, reset = 1, lim - count - k, left
     end
     if x2 and write and (ok == 0 or n > 1) then
-      call('PEXPIRE', key, w) -- spend repeats it on admission
+      call('PEXPIRE', key, w) -- the spend repeats it on admission
     end
   elseif a == 1 then
     -- x1: new deficit, x2: its TTL (lag + time until full).
     local rate, full = lim, capa * w
-    local d, lag = 0, 0 -- the deficit now (full - level) and the backward clock's lag
+    local d, lag, fix = 0, 0, false -- the deficit now (full - level), the backward clock's lag, a TTL to give back
     local v = call('GET', key)
     if v then
       if not find(v, '^%d+$') then
@@ -252,17 +219,17 @@ for i = 1, n do
       x1, x2 = d, tofull
     end
     if fix and (ok == 0 or n > 1) then
-      call('PEXPIRE', key, fix) -- spend's SET PX repeats it on admission
+      call('PEXPIRE', key, fix) -- the spend's SET PX repeats it on admission
     end
   else
     -- x1: time of the event, x2: cumulative sum before the window, x3, x4: the newest
-    -- event's sum and cost, x5: its time, x6: no event in the window.
+    -- event's sum and cost, x5: its time, x6: its member (false: no event in the window).
     if not now then
       local t = call('TIME')
       local us = tonumber(t[2])
       now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
     end
-    local sum, last, base, nacc, ncost = 0, 0, 0, 0, 0
+    local sum, last, base, nacc, ncost, nmember = 0, 0, 0, 0, 0, false
     local edge = now - w
     local o
     if write then
@@ -278,7 +245,8 @@ for i = 1, n do
     if first then
       local oacc, ocost = match(first, '^(%d+):(%d+)$')
       local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      local na, nc = match(newest[1], '^(%d+):(%d+)$')
+      nmember = newest[1]
+      local na, nc = match(nmember, '^(%d+):(%d+)$')
       oacc, ocost, nacc, ncost, last = tonumber(oacc), tonumber(ocost), tonumber(na), tonumber(nc), tonumber(newest[2])
       if not (oacc and ocost and nacc and ncost and last) then
         return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
@@ -309,30 +277,66 @@ for i = 1, n do
       retry = tonumber(e[2]) + w - now
     else
       ok, rem, reset = 1, lim - sum - k, at + w - now
-      x1, x2, x3, x4, x5, x6 = at, base, nacc, ncost, last, first == nil
+      x1, x2, x3, x4, x5, x6 = at, base, nacc, ncost, last, nmember
     end
   end
   if ok == 0 then all = false end
-  ok1, exc1, rem1, reset1, retry1 = ok, exc, rem, reset, retry
-  if plan then
+  if S then
     local r = 6 * i
     reply[r - 5], reply[r - 4], reply[r - 3], reply[r - 2], reply[r - 1], reply[r] = ok, exc, rem, reset, retry, 0
-    local p = 9 * i
-    plan[p - 8], plan[p - 7], plan[p - 6] = a, w, k
-    plan[p - 5], plan[p - 4], plan[p - 3], plan[p - 2], plan[p - 1], plan[p] = x1, x2, x3, x4, x5, x6
+    local p = 11 * i
+    S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p] = x1, x2, x3, x4, x5, x6
   end
 end
 
--- Phase 2: the spend, all checks being admitted.
-if n == 1 then
-  local acc = 0
-  if write and all then acc = spend(KEYS[1], a, w, k, x1, x2, x3, x4, x5, x6) end
-  return {ok1, exc1, rem1, reset1, retry1, acc}
+-- Phase 2: the spend, every check being admitted. It writes each check's new state and,
+-- for a rolling window, its event's cumulative sum into the reply.
+if not (write and all) then
+  if S then return reply end
+  return {ok, exc, rem, reset, retry, 0}
 end
-if not (write and all) then return reply end
 for i = 1, n do
-  local p = 9 * i
-  reply[6 * i] = spend(KEYS[i], plan[p - 8], plan[p - 7], plan[p - 6],
-    plan[p - 5], plan[p - 4], plan[p - 3], plan[p - 2], plan[p - 1], plan[p])
+  local key = KEYS[i]
+  if S then
+    local p = 11 * i
+    a, w, k = S[p - 10], S[p - 8], S[p - 6]
+    x1, x2, x3, x4, x5, x6 = S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p]
+  end
+  local acc = 0
+  if a == 0 then
+    if x1 then
+      call('SET', key, k, 'PX', w)
+    else
+      call('INCRBY', key, k)
+      if x2 then call('PEXPIRE', key, w) end
+    end
+  elseif a == 1 then
+    call('SET', key, x1, 'PX', x2)
+  else
+    local at, base, nacc, ncost, last, newest = x1, x2, x3, x4, x5, x6
+    if not newest then
+      nacc = 0
+    elseif nacc + k > REBASE then
+      -- Rewrite the window's events with sums relative to the oldest one.
+      local evs = call('ZRANGE', key, 0, -1, 'WITHSCORES')
+      call('DEL', key)
+      for j = 1, #evs, 2 do
+        local eacc, ec = match(evs[j], '^(%d+):(%d+)$')
+        call('ZADD', key, evs[j + 1], format('%016.0f:%.0f', tonumber(eacc) - base, tonumber(ec)))
+      end
+      nacc = nacc - base
+      newest = format('%016.0f:%.0f', nacc, ncost)
+    end
+    acc = nacc + k
+    if newest and last == at then
+      call('ZREM', key, newest)
+      call('ZADD', key, at, format('%016.0f:%.0f', acc, ncost + k))
+    else
+      call('ZADD', key, at, format('%016.0f:%.0f', acc, k))
+    end
+    call('PEXPIRE', key, at + w - now)
+  end
+  if not S then return {ok, exc, rem, reset, retry, acc} end
+  reply[6 * i] = acc
 end
 return reply

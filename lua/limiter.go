@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/autopipe"
 	"github.com/ratebudget/ratebudget/internal/refusal"
+	"github.com/ratebudget/ratebudget/internal/wire"
 )
 
 var (
@@ -45,6 +47,8 @@ type Limiter struct {
 	// commands (see process); other Clients get EvalSha and Eval calls.
 	proc               processor
 	allowSHA, allowSrc any // boxed once
+	dedicated          bool
+	conn               *wire.Conn // the dedicated connection, if any
 }
 
 var _ ratebudget.Limiter = (*Limiter)(nil)
@@ -157,6 +161,31 @@ const DefaultPipelineBatch = 128
 // MaxPipelineBatch is the largest accepted [WithPipelining] batch.
 const MaxPipelineBatch = 4096
 
+// WithDedicatedConnection sends decisions over a connection of the limiter's own,
+// opened with the *redis.Client's dialer, credentials and database, instead of through
+// the client's pool: decisions from concurrent callers are written together as they
+// arrive and their replies matched in order, which costs markedly less CPU per decision
+// than go-redis pipelines under load. It applies to a *redis.Client (including a
+// failover client) only; it ignores the client's hooks (the commands do not pass
+// through them) and its retry settings (a decision is never retried). The connection
+// is dialed on first use and again after a failure, and closed by [Limiter.Close] or
+// after 5 minutes without a decision.
+func WithDedicatedConnection() Option {
+	return func(l *Limiter) error {
+		l.dedicated = true
+		return nil
+	}
+}
+
+// Close closes the limiter's dedicated connection, if it has one (see
+// [WithDedicatedConnection]); decisions in flight fail. It does not close the client.
+func (l *Limiter) Close() error {
+	if l.conn != nil {
+		return l.conn.Close()
+	}
+	return nil
+}
+
 // WithoutRefusalCache makes every decision a call to Redis.
 func WithoutRefusalCache() Option {
 	return func(l *Limiter) error {
@@ -198,7 +227,25 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 	case *redis.Ring:
 		pc = c
 	}
-	if pc != nil {
+	if c, ok := client.(*redis.Client); ok && l.dedicated {
+		opt := c.Options()
+		l.conn = wire.New(wire.Options{
+			Dial: func(ctx context.Context) (net.Conn, error) {
+				if opt.DialTimeout > 0 {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, opt.DialTimeout)
+					defer cancel()
+				}
+				return opt.Dialer(ctx, opt.Network, opt.Addr)
+			},
+			Username:     opt.Username,
+			Password:     opt.Password,
+			DB:           opt.DB,
+			ReplyTimeout: opt.ReadTimeout,
+			WriteTimeout: opt.WriteTimeout,
+		})
+		l.proc = l.conn
+	} else if pc != nil {
 		l.proc = pc
 		if l.batch > 0 {
 			// Two pipelines in flight keep the connection busy while the next forms.
@@ -476,10 +523,11 @@ func (l *Limiter) processScript(ctx context.Context, script *redis.Script, src s
 
 // BoundByContext reports whether Allow returns once its context is done whatever Redis
 // does (see [ratebudget.ContextBound]): true with pipelining (the default with go-redis's
-// own clients), whose callers wait on their context, and with a client whose
-// ContextTimeoutEnabled option lets the context bound its socket reads.
+// own clients) and with [WithDedicatedConnection], whose callers wait on their context,
+// and with a client whose ContextTimeoutEnabled option lets the context bound its
+// socket reads.
 func (l *Limiter) BoundByContext() bool {
-	if _, ok := l.proc.(*autopipe.Batcher); ok {
+	if _, ok := l.proc.(*autopipe.Batcher); ok || l.conn != nil {
 		return true
 	}
 	switch c := l.client.(type) {

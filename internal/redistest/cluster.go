@@ -76,8 +76,8 @@ func StartCluster(tb testing.TB, n int) (*redis.ClusterClient, []*Server) {
 	// The client learns the slot map on first use; wait until it routes every slot.
 	for {
 		err := c.ForEachShard(ctx, func(ctx context.Context, s *redis.Client) error { return s.Ping(ctx).Err() })
-		slots, serr := c.ClusterSlots(ctx).Result()
-		if err == nil && serr == nil && coversAll(slots) {
+		shards, serr := c.ClusterShards(ctx).Result()
+		if err == nil && serr == nil && coversAll(shards) {
 			break
 		}
 		if ctx.Err() != nil {
@@ -88,10 +88,12 @@ func StartCluster(tb testing.TB, n int) (*redis.ClusterClient, []*Server) {
 	return c, nodes
 }
 
-func coversAll(slots []redis.ClusterSlot) bool {
-	n := 0
-	for _, s := range slots {
-		n += s.End - s.Start + 1
+func coversAll(shards []redis.ClusterShard) bool {
+	var n int64
+	for _, sh := range shards {
+		for _, s := range sh.Slots {
+			n += s.End - s.Start + 1
+		}
 	}
 	return n == 16384
 }

@@ -1,0 +1,633 @@
+// Package wire runs go-redis commands on one dedicated connection, pipelined: commands
+// from concurrent callers are appended to one write buffer that a writer goroutine
+// sends as it frees up, and a reader goroutine matches the replies to the callers in
+// order. Compared with go-redis pipelines there is no per-batch connection checkout,
+// hook chain or goroutine start, and a busy connection always has the next batch
+// forming while the last one travels.
+//
+// A command is one independent command (a pipeline is not a transaction): an error
+// reply affects that command only. A lost connection fails every command it owes a
+// reply to, with an uncertain outcome; the next command dials again.
+package wire
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Options configure a [Conn]. Dial is required.
+type Options struct {
+	// Dial opens a network connection (TLS included, if wanted).
+	Dial func(ctx context.Context) (net.Conn, error)
+	// Username and Password authenticate each new connection (AUTH), when Password is
+	// not empty.
+	Username, Password string
+	// DB is SELECTed on each new connection when not 0.
+	DB int
+	// ReplyTimeout is how long the connection may owe its oldest reply before it is
+	// closed as dead (default 3s); WriteTimeout bounds one write (default 3s).
+	ReplyTimeout, WriteTimeout time.Duration
+	// IdleTimeout closes a connection that owed nothing for this long (default 5m).
+	IdleTimeout time.Duration
+}
+
+// Conn sends commands over one connection at a time, dialed on first use and again
+// after a failure. It is safe for concurrent use.
+type Conn struct {
+	opt Options
+
+	mu      sync.Mutex
+	cur     *link
+	dialing chan struct{} // closed when the dial in progress ends
+	closed  bool
+}
+
+// New returns a Conn; it dials on first use.
+func New(opt Options) *Conn {
+	if opt.ReplyTimeout <= 0 {
+		opt.ReplyTimeout = 3 * time.Second
+	}
+	if opt.WriteTimeout <= 0 {
+		opt.WriteTimeout = 3 * time.Second
+	}
+	if opt.IdleTimeout <= 0 {
+		opt.IdleTimeout = 5 * time.Minute
+	}
+	return &Conn{opt: opt}
+}
+
+// ErrClosed is returned by Process after Close, for a command that was not sent. It is
+// go-redis's redis.ErrClosed.
+var ErrClosed = redis.ErrClosed
+
+// errClosedOwed fails the commands that a closed connection owed replies to: they may
+// have run.
+var errClosedOwed = fmt.Errorf("wire: connection closed with replies owed: %w", net.ErrClosed)
+
+// errIdle closes a connection that owed nothing for IdleTimeout.
+var errIdle = errors.New("wire: idle connection closed")
+
+// Close closes the connection; commands in flight fail.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	l := c.cur
+	c.cur = nil
+	c.mu.Unlock()
+	if l != nil {
+		l.fail(errClosedOwed)
+	}
+	return nil
+}
+
+// call is one command waiting for its reply.
+type call struct {
+	cmd  redis.Cmder
+	at   time.Time // when it was queued
+	done chan struct{}
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// Process sends cmd and waits for its reply or for ctx to end. The reply is stored in
+// cmd (only *redis.Cmd and *redis.StatusCmd are supported). A command whose context has
+// ended is not sent. If ctx ends while the reply is owed, Process returns ctx's error
+// and the command may still run.
+func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
+	if err := ctx.Err(); err != nil {
+		cmd.SetErr(err)
+		return err
+	}
+	cl := callPool.Get().(*call)
+	cl.cmd = cmd
+	for attempt := 0; ; attempt++ {
+		l, err := c.link(ctx)
+		if err != nil {
+			cmd.SetErr(err)
+			cl.cmd = nil
+			callPool.Put(cl)
+			return err
+		}
+		queued, err := l.enqueue(cl)
+		if queued {
+			break
+		}
+		// The link died before the command was queued: nothing was sent.
+		c.drop(l)
+		if attempt == 1 {
+			cmd.SetErr(err)
+			cl.cmd = nil
+			callPool.Put(cl)
+			return err
+		}
+	}
+	select {
+	case <-cl.done:
+		err := cmd.Err()
+		cl.cmd = nil
+		callPool.Put(cl)
+		return err
+	case <-ctx.Done():
+		// Abandoned: the reader still completes it (done is buffered); not reused.
+		err := ctx.Err()
+		return err
+	}
+}
+
+// link returns the live connection, dialing one if there is none.
+func (c *Conn) link(ctx context.Context) (*link, error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if l := c.cur; l != nil {
+			c.mu.Unlock()
+			return l, nil
+		}
+		if ch := c.dialing; ch != nil {
+			c.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		c.dialing = ch
+		c.mu.Unlock()
+
+		l, err := c.dial(ctx)
+		c.mu.Lock()
+		c.dialing = nil
+		close(ch)
+		if err == nil {
+			if c.closed {
+				c.mu.Unlock()
+				l.fail(errClosedOwed)
+				return nil, ErrClosed
+			}
+			c.cur = l
+		}
+		c.mu.Unlock()
+		return l, err
+	}
+}
+
+// drop forgets l if it is the current link.
+func (c *Conn) drop(l *link) {
+	c.mu.Lock()
+	if c.cur == l {
+		c.cur = nil
+	}
+	c.mu.Unlock()
+}
+
+func (c *Conn) dial(ctx context.Context) (*link, error) {
+	nc, err := c.opt.Dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l := &link{c: c, nc: nc, wake: make(chan struct{}, 1), gone: make(chan struct{})}
+	l.br = bufio.NewReaderSize(replyReader{l}, 32<<10)
+	if err := l.handshake(ctx); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	go l.writeLoop()
+	go l.readLoop()
+	return l, nil
+}
+
+// link is one connection with its writer and reader goroutines.
+type link struct {
+	c  *Conn
+	nc net.Conn
+	br *bufio.Reader
+
+	mu    sync.Mutex
+	wbuf  []byte  // commands to write
+	spare []byte  // the writer's other buffer
+	queue []*call // owed replies, oldest first, from head
+	head  int
+	err   error     // set once the link is dead
+	idle  time.Time // since when nothing is owed
+	once  sync.Once // closes the connection
+
+	wake chan struct{} // the writer has something to write
+	gone chan struct{} // closed when the link dies
+}
+
+// handshake authenticates and selects the database, synchronously, before the link
+// carries any command.
+func (l *link) handshake(ctx context.Context) error {
+	var cmds [][]any
+	if l.c.opt.Password != "" {
+		if l.c.opt.Username != "" {
+			cmds = append(cmds, []any{"auth", l.c.opt.Username, l.c.opt.Password})
+		} else {
+			cmds = append(cmds, []any{"auth", l.c.opt.Password})
+		}
+	}
+	if l.c.opt.DB != 0 {
+		cmds = append(cmds, []any{"select", l.c.opt.DB})
+	}
+	if len(cmds) == 0 {
+		return nil
+	}
+	if d, ok := ctx.Deadline(); ok {
+		l.nc.SetDeadline(d)
+		defer l.nc.SetDeadline(time.Time{})
+	}
+	var buf []byte
+	for _, args := range cmds {
+		var err error
+		if buf, err = appendCommand(buf, args); err != nil {
+			return err
+		}
+	}
+	if _, err := l.nc.Write(buf); err != nil {
+		return err
+	}
+	br := bufio.NewReader(l.nc) // bounded by the deadline above, unlike l.br
+	for range cmds {
+		v, err := readReply(br)
+		if err != nil {
+			return err
+		}
+		if e, ok := v.(Error); ok {
+			return e
+		}
+	}
+	return nil
+}
+
+// enqueue appends cl's command to the write buffer. It reports false, with the link's
+// error, if the link is dead (nothing was queued).
+func (l *link) enqueue(cl *call) (bool, error) {
+	l.mu.Lock()
+	if l.err != nil {
+		err := l.err
+		l.mu.Unlock()
+		return false, err
+	}
+	n := len(l.wbuf)
+	var err error
+	l.wbuf, err = appendCommand(l.wbuf, cl.cmd.Args())
+	if err != nil {
+		l.wbuf = l.wbuf[:n]
+		l.mu.Unlock()
+		cl.cmd.SetErr(err)
+		cl.done <- struct{}{}
+		return true, nil
+	}
+	cl.at = time.Now()
+	if l.head == len(l.queue) {
+		// Nothing was owed: the reader may be waiting with the idle deadline. Bring it
+		// forward to this command's reply timeout (replyReader checks it on wake-up).
+		l.nc.SetReadDeadline(cl.at.Add(l.c.opt.ReplyTimeout))
+	}
+	l.queue = append(l.queue, cl)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	return true, nil
+}
+
+func (l *link) writeLoop() {
+	for {
+		select {
+		case <-l.wake:
+		case <-l.gone:
+			return
+		}
+		// Let callers that are ready to run queue their commands first: a batch costs
+		// two system calls on each side whatever its size.
+		runtime.Gosched()
+		l.mu.Lock()
+		if len(l.wbuf) == 0 {
+			l.mu.Unlock()
+			continue
+		}
+		// Swap buffers: callers append to the other one while this one is written.
+		buf := l.wbuf
+		l.wbuf, l.spare = l.spare[:0], nil
+		l.mu.Unlock()
+		l.nc.SetWriteDeadline(time.Now().Add(l.c.opt.WriteTimeout))
+		_, err := l.nc.Write(buf)
+		if err != nil {
+			l.fail(err)
+			return
+		}
+		l.mu.Lock()
+		l.spare = buf[:0]
+		l.mu.Unlock()
+	}
+}
+
+func (l *link) readLoop() {
+	for {
+		v, err := readReply(l.br)
+		if err != nil {
+			l.fail(err)
+			return
+		}
+		l.mu.Lock()
+		if l.head == len(l.queue) {
+			l.mu.Unlock()
+			l.fail(errors.New("wire: reply without a command"))
+			return
+		}
+		cl := l.queue[l.head]
+		l.queue[l.head] = nil
+		l.head++
+		if l.head == len(l.queue) {
+			l.queue, l.head = l.queue[:0], 0
+			l.idle = time.Now()
+		}
+		l.mu.Unlock()
+		deliver(cl.cmd, v)
+		cl.done <- struct{}{}
+	}
+}
+
+// fail kills the link: every owed command fails with the link's first error
+// (uncertain: it may have run), the connection is closed and the Conn forgets the link.
+func (l *link) fail(err error) {
+	l.mu.Lock()
+	if l.err == nil {
+		l.err = err
+	}
+	err = l.err
+	owed := l.queue[l.head:]
+	l.queue, l.head = nil, 0
+	l.mu.Unlock()
+	l.once.Do(func() {
+		close(l.gone)
+		l.nc.Close()
+		l.c.drop(l)
+	})
+	for _, cl := range owed {
+		cl.cmd.SetErr(err)
+		cl.done <- struct{}{}
+	}
+}
+
+// replyReader reads from the connection with deadlines: a read that times out while
+// the oldest owed reply is younger than ReplyTimeout (or while nothing is owed and the
+// link has not been idle for IdleTimeout) is retried.
+type replyReader struct{ l *link }
+
+func (r replyReader) Read(p []byte) (int, error) {
+	l := r.l
+	for {
+		now := time.Now()
+		l.mu.Lock()
+		var deadline time.Time
+		if l.head < len(l.queue) {
+			deadline = l.queue[l.head].at.Add(l.c.opt.ReplyTimeout)
+			if !deadline.After(now) {
+				l.mu.Unlock()
+				return 0, errTimeout
+			}
+		} else {
+			if l.idle.IsZero() {
+				l.idle = now
+			}
+			deadline = l.idle.Add(l.c.opt.IdleTimeout)
+			if !deadline.After(now) {
+				// Dead from now on, under the lock: a command queued after this check
+				// finds the link dead and dials a new one.
+				l.err = errIdle
+				l.mu.Unlock()
+				return 0, errIdle
+			}
+		}
+		// Set under the lock, so that enqueue's earlier deadline is not overwritten.
+		l.nc.SetReadDeadline(deadline)
+		l.mu.Unlock()
+		n, err := l.nc.Read(p)
+		if n > 0 || err == nil {
+			return n, err
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return n, err
+		}
+		// Timed out: loop to see whether a new command moved the deadline.
+	}
+}
+
+var errTimeout = &timeoutError{}
+
+type timeoutError struct{}
+
+func (*timeoutError) Error() string   { return "wire: no reply within the reply timeout" }
+func (*timeoutError) Timeout() bool   { return true }
+func (*timeoutError) Temporary() bool { return true }
+
+var _ net.Error = errTimeout
+
+// Error is an error reply from the server. It satisfies go-redis's redis.Error.
+type Error string
+
+func (e Error) Error() string { return string(e) }
+
+// RedisError marks Error as a server reply (see redis.Error).
+func (Error) RedisError() {}
+
+var _ redis.Error = Error("")
+
+// deliver stores reply v (or an Error) in cmd.
+func deliver(cmd redis.Cmder, v any) {
+	if e, ok := v.(Error); ok {
+		cmd.SetErr(e)
+		return
+	}
+	switch c := cmd.(type) {
+	case *redis.Cmd:
+		if v == nil {
+			c.SetErr(redis.Nil)
+			return
+		}
+		c.SetVal(v)
+	case *redis.StatusCmd:
+		s, _ := v.(string)
+		c.SetVal(s)
+	default:
+		cmd.SetErr(fmt.Errorf("wire: unsupported command type %T", cmd))
+	}
+}
+
+// appendCommand appends args as a RESP array of bulk strings.
+func appendCommand(b []byte, args []any) ([]byte, error) {
+	b = append(b, '*')
+	b = strconv.AppendInt(b, int64(len(args)), 10)
+	b = append(b, '\r', '\n')
+	for _, a := range args {
+		switch v := a.(type) {
+		case string:
+			b = appendBulk(b, v)
+		case *string:
+			b = appendBulk(b, *v)
+		case []byte:
+			b = appendBulkBytes(b, v)
+		case int:
+			b = appendInt(b, int64(v))
+		case int64:
+			b = appendInt(b, v)
+		case *int64:
+			b = appendInt(b, *v)
+		default:
+			return b, fmt.Errorf("wire: unsupported argument type %T", a)
+		}
+	}
+	return b, nil
+}
+
+func appendBulk(b []byte, s string) []byte {
+	b = append(b, '$')
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, '\r', '\n')
+	b = append(b, s...)
+	return append(b, '\r', '\n')
+}
+
+func appendBulkBytes(b []byte, s []byte) []byte {
+	b = append(b, '$')
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, '\r', '\n')
+	b = append(b, s...)
+	return append(b, '\r', '\n')
+}
+
+func appendInt(b []byte, n int64) []byte {
+	var tmp [20]byte
+	d := strconv.AppendInt(tmp[:0], n, 10)
+	b = append(b, '$')
+	b = strconv.AppendInt(b, int64(len(d)), 10)
+	b = append(b, '\r', '\n')
+	b = append(b, d...)
+	return append(b, '\r', '\n')
+}
+
+// maxBulk bounds a bulk string or array in a reply (a corrupt stream must not make the
+// reader allocate without limit).
+const maxBulk = 512 << 20
+
+// readReply reads one RESP2 reply: int64, string (simple or bulk), nil, []any, or Error.
+func readReply(br *bufio.Reader) (any, error) {
+	line, err := readLine(br)
+	if err != nil {
+		return nil, err
+	}
+	if len(line) == 0 {
+		return nil, errProtocol
+	}
+	switch line[0] {
+	case ':':
+		return parseInt(line[1:])
+	case '+':
+		return string(line[1:]), nil
+	case '-':
+		return Error(line[1:]), nil
+	case '$':
+		n, err := parseInt(line[1:])
+		if err != nil || n > maxBulk {
+			return nil, errProtocol
+		}
+		if n < 0 {
+			return nil, nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := readFull(br, buf); err != nil {
+			return nil, err
+		}
+		return string(buf[:n]), nil
+	case '*':
+		n, err := parseInt(line[1:])
+		if err != nil || n > maxBulk {
+			return nil, errProtocol
+		}
+		if n < 0 {
+			return nil, nil
+		}
+		vals := make([]any, n)
+		for i := range vals {
+			v, err := readReply(br)
+			if err != nil {
+				return nil, err
+			}
+			vals[i] = v // an Error inside an array stays a value, as in go-redis
+		}
+		return vals, nil
+	}
+	return nil, errProtocol
+}
+
+var errProtocol = errors.New("wire: protocol error")
+
+// readLine returns the next line without its CRLF; the slice is valid until the next
+// read.
+func readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return nil, errProtocol
+		}
+		return nil, err
+	}
+	if len(line) < 2 || line[len(line)-2] != '\r' {
+		return nil, errProtocol
+	}
+	return line[:len(line)-2], nil
+}
+
+func readFull(br *bufio.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := br.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func parseInt(b []byte) (int64, error) {
+	if len(b) == 0 {
+		return 0, errProtocol
+	}
+	neg := b[0] == '-'
+	if neg {
+		b = b[1:]
+		if len(b) == 0 {
+			return 0, errProtocol
+		}
+	}
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' || n > (1<<62)/10 {
+			return 0, errProtocol
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, nil
+}

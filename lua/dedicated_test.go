@@ -1,0 +1,172 @@
+package lua_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
+)
+
+func dedicated(t *testing.T, c lua.Client, opts ...lua.Option) *lua.Limiter {
+	t.Helper()
+	l, err := lua.New(c, append([]lua.Option{lua.WithPrefix(uniquePrefix(t)), lua.WithDedicatedConnection()}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// TestConformanceDedicated runs the shared suite over the dedicated connection.
+func TestConformanceDedicated(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
+		return limitertest.Harness{Limiter: dedicated(t, client)}
+	})
+}
+
+// TestDedicatedExactUnderContention: 64 callers on one dedicated connection admit
+// exactly the limit, and the budget in Redis says so.
+func TestDedicatedExactUnderContention(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	l := dedicated(t, client, lua.WithoutRefusalCache())
+	if !l.BoundByContext() {
+		t.Fatal("a dedicated connection must report BoundByContext")
+	}
+	const callers, each, limit = 64, 20, 500
+	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: limit, Window: time.Minute}, Identity: "ann", Cost: 1}}
+	var mu sync.Mutex
+	admitted := 0
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				d, err := l.Allow(context.Background(), chk)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if admitted != limit {
+		t.Fatalf("admitted %d of %d, want exactly %d", admitted, callers*each, limit)
+	}
+	if v, err := client.Get(context.Background(), l.Key(chk[0])).Int(); err != nil || v != limit {
+		t.Fatalf("counter in Redis: %d, %v, want %d", v, err, limit)
+	}
+}
+
+// TestDedicatedScriptFlush: after SCRIPT FLUSH the next decision loads the script
+// (EVAL after NOSCRIPT) and decides normally.
+func TestDedicatedScriptFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	l := dedicated(t, client)
+	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 2, Window: time.Minute}, Identity: "ann", Cost: 1}}
+	ctx := context.Background()
+	for i, want := range []bool{true, true, false} {
+		if i == 1 {
+			if err := client.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := l.Allow(ctx, chk)
+		if err != nil || d.Allowed != want {
+			t.Fatalf("decision %d: %+v, %v, want allowed=%v", i, d, err, want)
+		}
+	}
+}
+
+// TestDedicatedUsesClientSettings: the connection authenticates as the client's user
+// and selects the client's database.
+func TestDedicatedUsesClientSettings(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "acl", "setuser", "limiter", "on", ">pw", "~*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: "pw", DB: 5, MaxRetries: -1})
+	defer c.Close()
+	l := dedicated(t, c)
+	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute}, Identity: "ann", Cost: 1}}
+	if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed {
+		t.Fatalf("Allow: %+v, %v", d, err)
+	}
+	if v, err := c.Get(ctx, l.Key(chk[0])).Result(); err != nil || v != "1" {
+		t.Fatalf("counter in DB 5: %q, %v", v, err)
+	}
+	if n := admin.Exists(ctx, l.Key(chk[0])).Val(); n != 0 {
+		t.Fatal("the counter was written to DB 0")
+	}
+}
+
+// TestDedicatedStoreErrors: the failures of a dedicated connection are classified like
+// the client's: a frozen server is an uncertain timeout, a killed one a connection
+// error, a refused dial a certain one, and Close a certain one.
+func TestDedicatedStoreErrors(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	l := dedicated(t, client)
+	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 100, Window: time.Minute}, Identity: "ann", Cost: 1}}
+	if _, err := l.Allow(context.Background(), chk); err != nil {
+		t.Fatal(err)
+	}
+	class := func(ctx context.Context) (string, bool) {
+		_, err := l.Allow(ctx, chk)
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) {
+			t.Fatalf("Allow = %v, want a StoreError", err)
+		}
+		return se.Class, se.Uncertain
+	}
+
+	srv.Freeze(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	if c, u := class(ctx); c != "timeout" || !u {
+		t.Errorf("frozen: %s uncertain=%v, want an uncertain timeout", c, u)
+	}
+	cancel()
+	srv.Thaw(t)
+	if d, err := l.Allow(context.Background(), chk); err != nil || !d.Allowed {
+		t.Fatalf("after thaw: %+v, %v", d, err)
+	}
+
+	srv.Kill(t)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, u := class(context.Background())
+		if c != "connection" {
+			t.Fatalf("killed: class %s, want connection", c)
+		}
+		if !u {
+			break // a refused dial: nothing was sent
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no certain dial error after the kill")
+		}
+	}
+	l.Close()
+	if c, u := class(context.Background()); c != "connection" || u {
+		t.Errorf("closed: %s uncertain=%v, want a certain connection error", c, u)
+	}
+}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -38,6 +39,9 @@ const (
 type clientVariant struct {
 	name string
 	opts *redis.Options
+	// dedicated: the limiter sends decisions over its own connection
+	// (lua.WithDedicatedConnection) instead of the client's pool.
+	dedicated bool
 }
 
 // clientVariants: the recommended settings, and go-redis's defaults (no context
@@ -45,13 +49,14 @@ type clientVariant struct {
 // the same.
 func clientVariants() []clientVariant {
 	return []clientVariant{
-		{"recommended", recommendedOptions()},
-		{"defaults", defaultOptions()},
+		{"recommended", recommendedOptions(), false},
+		{"defaults", defaultOptions(), false},
 	}
 }
 
 // TestStoppedRedisPolicies: with the container stopped (connection refused), every
-// policy answers within the decision deadline, with either client configuration:
+// policy answers within the decision deadline, with either client configuration and
+// over a dedicated connection:
 // closed → 503 with no-store and Retry-After, never 429, no error text in the body;
 // open → 200, degraded; local with 2 replicas and limit 10 → exactly 5 admitted, then 429.
 func TestStoppedRedisPolicies(t *testing.T) {
@@ -64,7 +69,8 @@ func TestStoppedRedisPolicies(t *testing.T) {
 		serve           func() (*httptest.ResponseRecorder, time.Duration)
 	}
 	var arms []arm
-	for _, v := range clientVariants() {
+	variants := append(clientVariants(), clientVariant{"dedicated", recommendedOptions(), true})
+	for _, v := range variants {
 		c := fr.client(t, v.opts)
 		for _, p := range []struct {
 			name string
@@ -75,7 +81,16 @@ func TestStoppedRedisPolicies(t *testing.T) {
 			{"local", middleware.WithLocalFallback(2)},
 		} {
 			// No breaker: every request goes to the stopped server and must still be fast.
-			h, ev, _ := faultHandler(t, c, 10, faultDeadline, p.opt, middleware.WithBreaker(0, 0))
+			opts := []lua.Option{lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache()}
+			if v.dedicated {
+				opts = append(opts, lua.WithDedicatedConnection())
+			}
+			lim, err := lua.New(c, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { lim.Close() })
+			h, ev := faultHandlerOf(t, lim, 10, faultDeadline, p.opt, middleware.WithBreaker(0, 0))
 			warm(t, h, ev)
 			arms = append(arms, arm{v.name, p.name, ev, func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }})
 		}
@@ -134,7 +149,7 @@ func TestStoppedRedisPolicies(t *testing.T) {
 					}
 				}
 			}
-			if a.variant == "recommended" && classes["connection/uncertain=false"] == 0 {
+			if a.variant != "defaults" && classes["connection/uncertain=false"] == 0 {
 				// One dial attempt: the refusal itself is reported, at once.
 				t.Errorf("store errors %v, want refused connections reported as definite connection errors", classes)
 			}

@@ -258,6 +258,13 @@ func faultHandler(t *testing.T, c *redis.Client, limit int64, deadline time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
+	h, ev := faultHandlerOf(t, lim, limit, deadline, opts...)
+	return h, ev, prefix
+}
+
+// faultHandlerOf is faultHandler with a limiter of the caller's.
+func faultHandlerOf(t *testing.T, lim ratebudget.Limiter, limit int64, deadline time.Duration, opts ...middleware.Option) (http.Handler, *events) {
+	t.Helper()
 	ev := &events{}
 	opts = append([]middleware.Option{middleware.WithTimeout(deadline), middleware.WithObserver(ev.observe)}, opts...)
 	mw, err := middleware.New(lim, []middleware.Rule{{
@@ -267,7 +274,7 @@ func faultHandler(t *testing.T, c *redis.Client, limit int64, deadline time.Dura
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mw(okHandler), ev, prefix
+	return mw(okHandler), ev
 }
 
 func faultRule(limit int64) ratebudget.Rule {

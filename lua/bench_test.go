@@ -31,14 +31,21 @@ const benchCallers = 64
 //     to ping-redis-us, the server time per PING.
 //
 // The refusal cache is on (the default); no decision is refused, so each is a script call.
+// Each time rule runs twice: through the client's own pool, pipelined by the limiter (the
+// default), and over a dedicated connection (lua.WithDedicatedConnection, "dedicated/").
 func BenchmarkProcess(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: benchCallers, MaxRetries: -1, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { c.Close() })
-	l, err := lua.New(c, lua.WithPrefix("bench"))
+	pooled, err := lua.New(c, lua.WithPrefix("bench"))
 	if err != nil {
 		b.Fatal(err)
 	}
+	ded, err := lua.New(c, lua.WithPrefix("bench"), lua.WithDedicatedConnection())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ded.Close() })
 	ctx := context.Background()
 	par := (benchCallers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0)
 	b.Run("ping", func(b *testing.B) {
@@ -60,16 +67,31 @@ func BenchmarkProcess(b *testing.B) {
 	token := rule("t", ratebudget.TokenBucket)
 	rolling := rule("r", ratebudget.RollingWindow)
 	var seq atomic.Int64
-	for _, bc := range []struct {
+	type benchCase struct {
 		name  string
+		l     *lua.Limiter
 		rules []ratebudget.Rule
-	}{
-		{"fixed", []ratebudget.Rule{fixed}},
-		{"token", []ratebudget.Rule{token}},
-		{"rolling", []ratebudget.Rule{rolling}},
-		{"3fixed", []ratebudget.Rule{fixed, rule("f2", ratebudget.FixedWindow), rule("f3", ratebudget.FixedWindow)}},
-		{"3mixed", []ratebudget.Rule{fixed, token, rolling}},
-	} {
+	}
+	var cases []benchCase
+	for _, tr := range []struct {
+		prefix string
+		l      *lua.Limiter
+	}{{"", pooled}, {"dedicated/", ded}} {
+		for _, rc := range []struct {
+			name  string
+			rules []ratebudget.Rule
+		}{
+			{"fixed", []ratebudget.Rule{fixed}},
+			{"token", []ratebudget.Rule{token}},
+			{"rolling", []ratebudget.Rule{rolling}},
+			{"3fixed", []ratebudget.Rule{fixed, rule("f2", ratebudget.FixedWindow), rule("f3", ratebudget.FixedWindow)}},
+			{"3mixed", []ratebudget.Rule{fixed, token, rolling}},
+		} {
+			cases = append(cases, benchCase{tr.prefix + rc.name, tr.l, rc.rules})
+		}
+	}
+	for _, bc := range cases {
+		l := bc.l
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			pingStats := commandStats(b, c)

@@ -3,7 +3,9 @@ package lua_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,6 +119,33 @@ func TestDedicatedUsesClientSettings(t *testing.T) {
 	}
 	if n := admin.Exists(ctx, l.Key(chk[0])).Val(); n != 0 {
 		t.Fatal("the counter was written to DB 0")
+	}
+	// A credentials provider is asked at each dial.
+	var asked atomic.Int32
+	cp := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1,
+		CredentialsProviderContext: func(context.Context) (string, string, error) {
+			asked.Add(1)
+			return "limiter", "pw", nil
+		}})
+	defer cp.Close()
+	lp := dedicated(t, cp)
+	if d, err := lp.Allow(ctx, chk); err != nil || !d.Allowed {
+		t.Fatalf("Allow with a credentials provider: %+v, %v", d, err)
+	}
+	if asked.Load() == 0 {
+		t.Fatal("the credentials provider was not asked")
+	}
+}
+
+// TestDedicatedNeedsPlainClient: the option is refused at construction for a client it
+// cannot serve, naming itself.
+func TestDedicatedNeedsPlainClient(t *testing.T) {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cc.Close()
+	_, err := lua.New(cc, lua.WithDedicatedConnection())
+	var ce *ratebudget.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "WithDedicatedConnection" || !strings.Contains(err.Error(), "*redis.ClusterClient") {
+		t.Fatalf("cluster client: %v, want a ConfigError naming WithDedicatedConnection and the type", err)
 	}
 }
 

@@ -80,6 +80,20 @@
 // callers make fixed-window decisions about as fast as they make bare PINGs on the same
 // client (0.94–1.03× in one run), against about 0.5× without pipelining.
 //
+// # Dedicated connection
+//
+// With [WithDedicatedConnection] and a *redis.Client, decisions bypass the client's pool
+// and go over one connection of the limiter's own, dialed with the client's Dialer,
+// Username, Password and DB (AUTH and SELECT on each new connection). Callers append
+// their commands to a shared write buffer; a writer goroutine sends what queued while
+// its last write was on the wire, and a reader goroutine matches replies to callers in
+// order. Every caller waits on its own context. The connection is dialed on first use
+// and again after a failure: a failed dial is a definite connection error; a reply owed
+// for longer than the client's ReadTimeout (3s if it has none) closes the connection and fails
+// what it owed as uncertain, as does a lost connection. A connection idle for 5 minutes
+// is closed; [Limiter.Close] closes it for good. Commands on it do not pass through the
+// client's hooks and are never retried.
+//
 // # Refusal cache
 //
 // The limiter remembers refusals (64Ki by default; [WithRefusalCache], [WithoutRefusalCache]):

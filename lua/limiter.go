@@ -177,6 +177,21 @@ func WithDedicatedConnection() Option {
 	}
 }
 
+// credentials returns the client's credentials provider, if it has one, as the
+// dedicated connection asks for it at each dial.
+func credentials(opt *redis.Options) func(context.Context) (string, string, error) {
+	if f := opt.CredentialsProviderContext; f != nil {
+		return f
+	}
+	if f := opt.CredentialsProvider; f != nil {
+		return func(context.Context) (string, string, error) {
+			u, p := f()
+			return u, p, nil
+		}
+	}
+	return nil
+}
+
 // Close closes the limiter's dedicated connection, if it has one (see
 // [WithDedicatedConnection]); decisions in flight fail. It does not close the client.
 func (l *Limiter) Close() error {
@@ -227,6 +242,15 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 	case *redis.Ring:
 		pc = c
 	}
+	if l.dedicated {
+		c, ok := client.(*redis.Client)
+		if !ok {
+			return nil, &ratebudget.ConfigError{Field: "WithDedicatedConnection", Problem: fmt.Sprintf("needs a *redis.Client, got %T", client)}
+		}
+		if c.Options().StreamingCredentialsProvider != nil {
+			return nil, &ratebudget.ConfigError{Field: "WithDedicatedConnection", Problem: "the client's StreamingCredentialsProvider is not supported (CredentialsProvider and CredentialsProviderContext are)"}
+		}
+	}
 	if c, ok := client.(*redis.Client); ok && l.dedicated {
 		opt := c.Options()
 		l.conn = wire.New(wire.Options{
@@ -240,6 +264,7 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 			},
 			Username:     opt.Username,
 			Password:     opt.Password,
+			Credentials:  credentials(opt),
 			DB:           opt.DB,
 			ReplyTimeout: opt.ReadTimeout,
 			WriteTimeout: opt.WriteTimeout,

@@ -29,8 +29,9 @@ type Options struct {
 	// Dial opens a network connection (TLS included, if wanted).
 	Dial func(ctx context.Context) (net.Conn, error)
 	// Username and Password authenticate each new connection (AUTH), when Password is
-	// not empty.
+	// not empty. Credentials, if set, is asked for them instead, at each dial.
 	Username, Password string
+	Credentials        func(ctx context.Context) (username, password string, err error)
 	// DB is SELECTed on each new connection when not 0.
 	DB int
 	// ReplyTimeout is how long the connection may owe its oldest reply before it is
@@ -233,11 +234,18 @@ type link struct {
 // carries any command.
 func (l *link) handshake(ctx context.Context) error {
 	var cmds [][]any
-	if l.c.opt.Password != "" {
-		if l.c.opt.Username != "" {
-			cmds = append(cmds, []any{"auth", l.c.opt.Username, l.c.opt.Password})
+	user, pass := l.c.opt.Username, l.c.opt.Password
+	if l.c.opt.Credentials != nil {
+		var err error
+		if user, pass, err = l.c.opt.Credentials(ctx); err != nil {
+			return err
+		}
+	}
+	if pass != "" {
+		if user != "" {
+			cmds = append(cmds, []any{"auth", user, pass})
 		} else {
-			cmds = append(cmds, []any{"auth", l.c.opt.Password})
+			cmds = append(cmds, []any{"auth", pass})
 		}
 	}
 	if l.c.opt.DB != 0 {
@@ -552,9 +560,18 @@ func readReply(br *bufio.Reader) (any, error) {
 		if n < 0 {
 			return nil, nil
 		}
-		buf := make([]byte, n+2)
-		if _, err := readFull(br, buf); err != nil {
-			return nil, err
+		// Grown as the bytes arrive: a corrupt length must not allocate up front.
+		buf := make([]byte, 0, min(n+2, 64<<10))
+		for int64(len(buf)) < n+2 {
+			chunk := min(n+2-int64(len(buf)), 64<<10)
+			start := len(buf)
+			buf = append(buf, make([]byte, chunk)...)
+			if _, err := readFull(br, buf[start:]); err != nil {
+				return nil, err
+			}
+		}
+		if buf[n] != '\r' || buf[n+1] != '\n' {
+			return nil, errProtocol
 		}
 		return string(buf[:n]), nil
 	case '*':
@@ -565,13 +582,13 @@ func readReply(br *bufio.Reader) (any, error) {
 		if n < 0 {
 			return nil, nil
 		}
-		vals := make([]any, n)
-		for i := range vals {
+		vals := make([]any, 0, min(n, 1024)) // grown as elements arrive, as above
+		for range n {
 			v, err := readReply(br)
 			if err != nil {
 				return nil, err
 			}
-			vals[i] = v // an Error inside an array stays a value, as in go-redis
+			vals = append(vals, v) // an Error inside an array stays a value, as in go-redis
 		}
 		return vals, nil
 	}

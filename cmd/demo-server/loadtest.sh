@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# End-to-end cost of the limiter: the demo server with its Redis limiter against the same
-# server without a limiter (-no-limit), loaded over loopback by wrk, in alternation.
+# End-to-end cost of the limiter: the demo server with its Redis limiter, over its
+# dedicated connection (the default) and through the client's pool (-redis-pool),
+# against the same server without a limiter (-no-limit), loaded over loopback by wrk, in
+# alternation.
 # Every request is admitted (the limit is huge), so both serve the same work and the
 # ratio is the price of one Redis decision per request.
 #
@@ -12,7 +14,13 @@ rounds=${1:-3}; secs=${2:-5}; conns=${3:-64}
 tmp=$(mktemp -d)
 rport=$((20000 + RANDOM % 10000)); hport=$((rport + 1))
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" --logfile "$tmp/redis.log" --daemonize yes --pidfile "$tmp/redis.pid"
-cleanup() { [ -n "${demo:-}" ] && kill "$demo" 2>/dev/null; kill "$(cat "$tmp/redis.pid")" 2>/dev/null; rm -rf "$tmp"; }
+cleanup() {
+	[ -n "${demo:-}" ] && kill "$demo" 2>/dev/null
+	local rpid
+	rpid=$(cat "$tmp/redis.pid" 2>/dev/null) && kill "$rpid" 2>/dev/null
+	for _ in $(seq 50); do [ -n "$rpid" ] && kill -0 "$rpid" 2>/dev/null || break; sleep 0.1; done
+	rm -rf "$tmp"
+}
 trap cleanup EXIT
 go build -o "$tmp/demo" ./cmd/demo-server
 
@@ -30,9 +38,11 @@ serve() { # args: extra demo flags; prints requests/s, then demo and Redis CPU �
 	kill "$demo"; wait "$demo" 2>/dev/null || true; demo=
 }
 
-printf '%-6s %12s %12s %7s   %s\n' round "no limiter" "redis" ratio "CPU µs/request: demo without, demo with, redis with"
+printf '%-6s %11s %11s %6s %11s %6s   %s\n' round "no limiter" "dedicated" ratio "pool" ratio "CPU µs/request: demo without; demo, redis with dedicated; with pool"
 for r in $(seq "$rounds"); do
 	read -r off doff _ < <(serve -no-limit)
 	read -r on don ron < <(serve)
-	printf '%-6s %12.0f %12.0f %7.2f   %.1f %.1f %.1f\n' "$r" "$off" "$on" "$(echo "$on / $off" | bc -l)" "$doff" "$don" "$ron"
+	read -r pool dpool rpool < <(serve -redis-pool)
+	printf '%-6s %11.0f %11.0f %6.2f %11.0f %6.2f   %.1f; %.1f, %.1f; %.1f, %.1f\n' "$r" "$off" "$on" "$(echo "$on / $off" | bc -l)" \
+		"$pool" "$(echo "$pool / $off" | bc -l)" "$doff" "$don" "$ron" "$dpool" "$rpool"
 done

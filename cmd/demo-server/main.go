@@ -58,6 +58,7 @@ type options struct {
 	trustedProxies []string
 	ipv6Prefix     int
 	noLimit        bool
+	redisPool      bool
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -76,6 +77,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	proxies := fs.String("trusted-proxies", "", "comma-separated CIDRs of proxies whose X-Forwarded-For is believed")
 	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
 	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
+	fs.BoolVar(&o.redisPool, "redis-pool", false, "send Redis decisions through the client's pool, pipelined, instead of a dedicated connection")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

@@ -36,13 +36,17 @@ func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudg
 	if err != nil {
 		return nil, nil, err
 	}
-	lim, err := lua.New(client, lua.WithPrefix("rb-demo"), lua.WithDedicatedConnection())
+	opts := []lua.Option{lua.WithPrefix("rb-demo")}
+	if !o.redisPool {
+		// Decisions go over a connection of their own (see lua.WithDedicatedConnection):
+		// the demo uses no go-redis hooks, and it is the cheapest path per decision.
+		opts = append(opts, lua.WithDedicatedConnection())
+	}
+	lim, err := lua.New(client, opts...)
 	if err != nil {
 		client.Close()
 		return nil, nil, err
 	}
-	// Decisions go over a connection of their own (see lua.WithDedicatedConnection): the
-	// demo uses no go-redis hooks, and it is the cheapest path per decision.
 	// Starting without Redis is allowed: the failure policy applies until it answers.
 	pctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()

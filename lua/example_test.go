@@ -47,3 +47,21 @@ func Example() {
 		fmt.Println(http.StatusTooManyRequests, d.Rule, d.RetryAfter)
 	}
 }
+
+// Send decisions over a connection of the limiter's own instead of the client's pool:
+// less CPU per decision under load, at the price of bypassing the client's hooks.
+func ExampleWithDedicatedConnection() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+	defer client.Close()
+	limiter, err := lua.New(client, lua.WithDedicatedConnection())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer limiter.Close() // closes the dedicated connection, not the client
+
+	rule := ratebudget.Rule{Name: "api", Limit: 100, Window: time.Minute}
+	d, err := limiter.Allow(context.Background(), []ratebudget.Check{{Rule: rule, Identity: "203.0.113.7", Cost: 1}})
+	if err == nil && !d.Allowed {
+		fmt.Println(http.StatusTooManyRequests, d.RetryAfter)
+	}
+}

@@ -308,6 +308,7 @@ type scratch struct {
 	gkeys []string
 	args  []any
 	nums  []int64 // numeric arguments, passed by pointer (no boxing)
+	ints  []int64 // the script's reply
 	done  []int   // groups admitted, as first check indexes
 	lost  bool    // a call failed in transit: the client may still hold args
 }
@@ -587,6 +588,16 @@ func (l *Limiter) runAllow(ctx context.Context, s *scratch, checks []ratebudget.
 	}
 	var v any
 	var err error
+	if l.conn != nil {
+		// The dedicated connection reads the integers without go-redis values.
+		if s.ints, err = l.processInts(ctx, s, mode); err != nil {
+			if errors.Is(err, wire.ErrReplyShape) {
+				return false, badReply(err.Error())
+			}
+			return false, classify(err)
+		}
+		return parseAllow(s.ints, s, len(s.idx))
+	}
 	if l.proc != nil {
 		v, err = l.process(ctx, s, mode)
 	} else {
@@ -604,13 +615,27 @@ func (l *Limiter) runAllow(ctx context.Context, s *scratch, checks []ratebudget.
 	if err != nil {
 		return false, classify(err)
 	}
-	return parseAllow(v, s, len(s.idx))
+	if s.ints, err = replyInts(v, s.ints[:0]); err != nil {
+		return false, err
+	}
+	return parseAllow(s.ints, s, len(s.idx))
 }
 
-// process sends EVALSHA (and EVAL after NOSCRIPT, as go-redis's Script.Run does) with
-// an argument list from s: keys and numbers are passed by pointer, which go-redis
-// writes without boxing them into new interface values.
-func (l *Limiter) process(ctx context.Context, s *scratch, mode string) (any, error) {
+// processInts is process over the dedicated connection.
+func (l *Limiter) processInts(ctx context.Context, s *scratch, mode string) ([]int64, error) {
+	l.allowArgs(s, mode)
+	ints, err := l.conn.Ints(ctx, s.args, s.ints[:0])
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		s.args[0], s.args[1] = "eval", l.allowSrc
+		ints, err = l.conn.Ints(ctx, s.args, s.ints[:0])
+	}
+	return ints, err
+}
+
+// allowArgs sets s.args to allow.lua's EVALSHA for the checks in s.idx: keys and
+// numbers are passed by pointer, which go-redis and the dedicated connection write
+// without boxing them into new interface values.
+func (l *Limiter) allowArgs(s *scratch, mode string) {
 	s.args = append(s.args[:0], "evalsha", l.allowSHA, len(s.idx))
 	for _, j := range s.idx {
 		s.args = append(s.args, &s.keys[j])
@@ -619,6 +644,29 @@ func (l *Limiter) process(ctx context.Context, s *scratch, mode string) (any, er
 	for k := range s.nums {
 		s.args = append(s.args, &s.nums[k])
 	}
+}
+
+// replyInts appends the integers of a go-redis reply to dst; a reply of another shape
+// is a bad reply.
+func replyInts(v any, dst []int64) ([]int64, error) {
+	vals, ok := v.([]any)
+	if !ok {
+		return dst, badReply(fmt.Sprintf("%T, want an array", v))
+	}
+	for e, x := range vals {
+		n, ok := x.(int64)
+		if !ok {
+			return dst, badReply(fmt.Sprintf("element %d is %T, want an integer", e, x))
+		}
+		dst = append(dst, n)
+	}
+	return dst, nil
+}
+
+// process sends EVALSHA (and EVAL after NOSCRIPT, as go-redis's Script.Run does) with
+// the argument list of allowArgs.
+func (l *Limiter) process(ctx context.Context, s *scratch, mode string) (any, error) {
+	l.allowArgs(s, mode)
 	cmd := redis.NewCmd(ctx, s.args...)
 	cmd.SetFirstKeyPos(3)
 	err := l.proc.Process(ctx, cmd)
@@ -639,24 +687,14 @@ func (l *Limiter) process(ctx context.Context, s *scratch, mode string) (any, er
 }
 
 // parseAllow checks allow.lua's reply for n checks and stores it in s.outs and s.aux.
-func parseAllow(v any, s *scratch, n int) (bool, error) {
-	vals, ok := v.([]any)
-	if !ok {
-		return false, badReply(fmt.Sprintf("%T, want an array", v))
-	}
+func parseAllow(vals []int64, s *scratch, n int) (bool, error) {
 	if len(vals) != 6*n {
 		return false, badReply(fmt.Sprintf("%d elements, want %d", len(vals), 6*n))
 	}
 	all := true
 	for k, j := range s.idx {
 		var f [6]int64
-		for e := range f {
-			n, ok := vals[6*k+e].(int64)
-			if !ok {
-				return false, badReply(fmt.Sprintf("element %d is %T, want an integer", 6*k+e, vals[6*k+e]))
-			}
-			f[e] = n
-		}
+		copy(f[:], vals[6*k:])
 		if f[0] < 0 || f[0] > 1 || f[1] < 0 || f[1] > 1 || f[3] < 0 || f[4] < 0 || f[5] < 0 {
 			return false, badReply(fmt.Sprintf("check %d: out-of-range values %v", k, f))
 		}

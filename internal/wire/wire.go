@@ -74,6 +74,10 @@ var ErrClosed = redis.ErrClosed
 // have run.
 var errClosedOwed = fmt.Errorf("wire: connection closed with replies owed: %w", net.ErrClosed)
 
+// ErrReplyShape is matched by the error of an [Conn.Ints] call whose reply was not an
+// array of integers (the command ran).
+var ErrReplyShape = errors.New("wire: unexpected reply")
+
 // errIdle closes a connection that owed nothing for IdleTimeout.
 var errIdle = errors.New("wire: idle connection closed")
 
@@ -90,9 +94,13 @@ func (c *Conn) Close() error {
 	return nil
 }
 
-// call is one command waiting for its reply.
+// call is one command waiting for its reply: either a go-redis command (cmd), whose
+// reply is stored in it, or arguments whose reply must be an array of integers (ints).
 type call struct {
 	cmd  redis.Cmder
+	args []any    // with cmd == nil: the arguments, read only while queueing
+	ints []int64  // with cmd == nil: the reply, owned by the call
+	err  error    // with cmd == nil: the error
 	at   time.Time // when it was queued
 	done chan struct{}
 }
@@ -104,43 +112,79 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 // ended is not sent. If ctx ends while the reply is owed, Process returns ctx's error
 // and the command may still run.
 func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
-	if err := ctx.Err(); err != nil {
+	cl := callPool.Get().(*call)
+	cl.cmd = cmd
+	if err := c.send(ctx, cl); err != nil {
 		cmd.SetErr(err)
 		return err
 	}
+	cl.release()
+	return cmd.Err()
+}
+
+// Ints sends args (strings, []byte, int, int64, and pointers to string and int64) and
+// appends the reply, which must be an array of integers, to dst. An error reply is an
+// [Error]; a reply of another shape is an error whose text says what came. Context
+// handling is as for Process; args are not used after Ints returns.
+func (c *Conn) Ints(ctx context.Context, args []any, dst []int64) ([]int64, error) {
 	cl := callPool.Get().(*call)
-	cl.cmd = cmd
+	cl.args = args
+	if err := c.send(ctx, cl); err != nil {
+		return dst, err
+	}
+	dst, err := append(dst, cl.ints...), cl.err
+	cl.release()
+	return dst, err
+}
+
+// send queues cl and waits for its reply or for ctx to end. When it returns nil the
+// reply is in cl, which the caller returns to the pool (cl.args, cl.cmd are cleared).
+func (c *Conn) send(ctx context.Context, cl *call) error {
+	if err := ctx.Err(); err != nil {
+		cl.release()
+		return err
+	}
 	for attempt := 0; ; attempt++ {
 		l, err := c.link(ctx)
 		if err != nil {
-			cmd.SetErr(err)
-			cl.cmd = nil
-			callPool.Put(cl)
+			cl.release()
 			return err
 		}
 		queued, err := l.enqueue(cl)
+		cl.args = nil // encoded, or not to be sent
 		if queued {
 			break
 		}
 		// The link died before the command was queued: nothing was sent.
 		c.drop(l)
 		if attempt == 1 {
-			cmd.SetErr(err)
-			cl.cmd = nil
-			callPool.Put(cl)
+			cl.release()
 			return err
 		}
 	}
 	select {
 	case <-cl.done:
-		err := cmd.Err()
-		cl.cmd = nil
-		callPool.Put(cl)
-		return err
+		// The reply is in cl; a deferred release keeps it readable for the caller.
+		return nil
 	case <-ctx.Done():
 		// Abandoned: the reader still completes it (done is buffered); not reused.
-		err := ctx.Err()
-		return err
+		return ctx.Err()
+	}
+}
+
+// release returns cl to the pool; only its owner, after its reply, may call it.
+func (cl *call) release() {
+	cl.cmd, cl.args, cl.err = nil, nil, nil
+	cl.ints = cl.ints[:0]
+	callPool.Put(cl)
+}
+
+// setErr records err as cl's outcome.
+func (cl *call) setErr(err error) {
+	if cl.cmd != nil {
+		cl.cmd.SetErr(err)
+	} else {
+		cl.err = err
 	}
 }
 
@@ -291,12 +335,16 @@ func (l *link) enqueue(cl *call) (bool, error) {
 		return false, err
 	}
 	n := len(l.wbuf)
+	args := cl.args
+	if cl.cmd != nil {
+		args = cl.cmd.Args()
+	}
 	var err error
-	l.wbuf, err = appendCommand(l.wbuf, cl.cmd.Args())
+	l.wbuf, err = appendCommand(l.wbuf, args)
 	if err != nil {
 		l.wbuf = l.wbuf[:n]
 		l.mu.Unlock()
-		cl.cmd.SetErr(err)
+		cl.setErr(err)
 		cl.done <- struct{}{}
 		return true, nil
 	}
@@ -348,11 +396,12 @@ func (l *link) writeLoop() {
 
 func (l *link) readLoop() {
 	for {
-		v, err := readReply(l.br)
+		line, err := readLine(l.br)
 		if err != nil {
 			l.fail(err)
 			return
 		}
+		// The reply belongs to the oldest owed call, which only this loop removes.
 		l.mu.Lock()
 		if l.head == len(l.queue) {
 			l.mu.Unlock()
@@ -360,6 +409,19 @@ func (l *link) readLoop() {
 			return
 		}
 		cl := l.queue[l.head]
+		l.mu.Unlock()
+		if cl.cmd != nil {
+			v, err := parseReply(line, l.br)
+			if err != nil {
+				l.fail(err)
+				return
+			}
+			deliver(cl.cmd, v)
+		} else if err := parseInts(line, l.br, cl); err != nil {
+			l.fail(err)
+			return
+		}
+		l.mu.Lock()
 		l.queue[l.head] = nil
 		l.head++
 		if l.head == len(l.queue) {
@@ -367,7 +429,6 @@ func (l *link) readLoop() {
 			l.idle = time.Now()
 		}
 		l.mu.Unlock()
-		deliver(cl.cmd, v)
 		cl.done <- struct{}{}
 	}
 }
@@ -389,7 +450,7 @@ func (l *link) fail(err error) {
 		l.c.drop(l)
 	})
 	for _, cl := range owed {
-		cl.cmd.SetErr(err)
+		cl.setErr(err)
 		cl.done <- struct{}{}
 	}
 }
@@ -542,6 +603,69 @@ func readReply(br *bufio.Reader) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseReply(line, br)
+}
+
+// parseInts reads the reply that starts with line, which should be an array of
+// integers, into cl.ints. A reply of another shape is read whole (the stream stays in
+// step) and becomes cl.err: an [Error] for an error reply, else a description. The
+// error returned is a broken stream.
+func parseInts(line []byte, br *bufio.Reader, cl *call) error {
+	cl.ints, cl.err = cl.ints[:0], nil
+	if len(line) > 0 && line[0] == '*' {
+		n, err := parseInt(line[1:])
+		if err != nil || n > maxBulk {
+			return errProtocol
+		}
+		if n < 0 {
+			cl.err = redis.Nil
+			return nil
+		}
+		for i := int64(0); i < n; i++ {
+			el, err := readLine(br)
+			if err != nil {
+				return err
+			}
+			if len(el) > 0 && el[0] == ':' {
+				v, err := parseInt(el[1:])
+				if err != nil {
+					return err
+				}
+				cl.ints = append(cl.ints, v)
+				continue
+			}
+			// Not an integer: read the rest and report the shape.
+			v, err := parseReply(el, br)
+			if err != nil {
+				return err
+			}
+			for i++; i < n; i++ {
+				if _, err := readReply(br); err != nil {
+					return err
+				}
+			}
+			cl.err = fmt.Errorf("%w: element %d is %T, want an integer", ErrReplyShape, len(cl.ints), v)
+			return nil
+		}
+		return nil
+	}
+	v, err := parseReply(line, br)
+	if err != nil {
+		return err
+	}
+	switch v := v.(type) {
+	case Error:
+		cl.err = v
+	case nil:
+		cl.err = redis.Nil
+	default:
+		cl.err = fmt.Errorf("%w: reply is %T, want an array of integers", ErrReplyShape, v)
+	}
+	return nil
+}
+
+// parseReply reads the rest of the reply that starts with line (see readReply).
+func parseReply(line []byte, br *bufio.Reader) (any, error) {
 	if len(line) == 0 {
 		return nil, errProtocol
 	}

@@ -105,6 +105,39 @@ func TestReplyKinds(t *testing.T) {
 	}
 }
 
+// TestInts: an integer-array reply is read without go-redis values; any other shape
+// is an error for that call only, and the connection stays in step.
+func TestInts(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newConn(t, srv.Addr, wire.Options{})
+	ctx := context.Background()
+	key, n := "k", int64(7)
+	got, err := c.Ints(ctx, []any{"eval", "return {1, -2, tonumber(ARGV[1])}", 1, &key, &n}, nil)
+	if err != nil || fmt.Sprint(got) != "[1 -2 7]" {
+		t.Fatalf("Ints = %v, %v, want [1 -2 7]", got, err)
+	}
+	for _, tc := range []struct{ script, want string }{
+		{"return {1, 'x', 3}", "element 1"},
+		{"return {1, {2}, 3}", "element 1"},
+		{"return 5", "reply is int64"},
+		{"return redis.error_reply('ERR nope')", "ERR nope"},
+		{"return nil", "redis: nil"},
+	} {
+		_, err := c.Ints(ctx, []any{"eval", tc.script, 0}, nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error with %q", tc.script, err, tc.want)
+		}
+		// The next reply is still the next call's.
+		if got, err := c.Ints(ctx, []any{"eval", "return {42}", 0}, nil); err != nil || fmt.Sprint(got) != "[42]" {
+			t.Fatalf("after %s: %v, %v", tc.script, got, err)
+		}
+	}
+	var rErr redis.Error
+	if _, err := c.Ints(ctx, []any{"evalsha", strings.Repeat("0", 40), 0}, nil); !errors.As(err, &rErr) || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		t.Fatalf("unknown script: %v, want a NOSCRIPT server error", err)
+	}
+}
+
 // TestAuthAndDB: each new connection authenticates (AUTH user password) and selects
 // its database; a wrong password is a server error and nothing is run.
 func TestAuthAndDB(t *testing.T) {

@@ -98,9 +98,9 @@ func (c *Conn) Close() error {
 // reply is stored in it, or arguments whose reply must be an array of integers (ints).
 type call struct {
 	cmd  redis.Cmder
-	args []any    // with cmd == nil: the arguments, read only while queueing
-	ints []int64  // with cmd == nil: the reply, owned by the call
-	err  error    // with cmd == nil: the error
+	args []any     // with cmd == nil: the arguments, read only while queueing
+	ints []int64   // with cmd == nil: the reply, owned by the call
+	err  error     // with cmd == nil: the error
 	at   time.Time // when it was queued
 	done chan struct{}
 }

@@ -29,6 +29,17 @@ type ContextBound interface {
 	BoundByContext() bool
 }
 
+// TimeoutBound is implemented by limiters that can bound one decision by a timeout
+// themselves, more cheaply than through a context with a deadline (which costs an
+// allocation, a timer and a registration with its parent context per decision).
+// AllowWithin decides as Allow does; once timeout has passed it returns a [*StoreError]
+// of class "timeout" (Uncertain: the call may have reached the store), and it returns
+// once ctx is done, as a [ContextBound] limiter does. Callers that enforce a deadline
+// (package middleware) use it when the limiter also reports BoundByContext.
+type TimeoutBound interface {
+	AllowWithin(ctx context.Context, timeout time.Duration, checks []Check) (Decision, error)
+}
+
 // Check asks for Cost units of Rule's budget for one identity and scope.
 type Check struct {
 	// Rule is the budget's rule. It must be valid ([Rule.Validate]).

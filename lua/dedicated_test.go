@@ -150,15 +150,22 @@ func TestDedicatedNeedsPlainClient(t *testing.T) {
 }
 
 // TestDedicatedStoreErrors: the failures of a dedicated connection are classified like
-// the client's: a frozen server is an uncertain timeout, a killed one a connection
+// the client's: a frozen server is an uncertain timeout (with a context deadline, or
+// with AllowWithin's timeout, through either transport), a killed one a connection
 // error, a refused dial a certain one, and Close a certain one.
 func TestDedicatedStoreErrors(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	l := dedicated(t, client)
-	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 100, Window: time.Minute}, Identity: "ann", Cost: 1}}
-	if _, err := l.Allow(context.Background(), chk); err != nil {
+	pooled, err := lua.New(client, lua.WithPrefix(uniquePrefix(t)))
+	if err != nil {
 		t.Fatal(err)
+	}
+	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 100, Window: time.Minute}, Identity: "ann", Cost: 1}}
+	for _, lim := range []*lua.Limiter{l, pooled} {
+		if _, err := lim.Allow(context.Background(), chk); err != nil {
+			t.Fatal(err)
+		}
 	}
 	class := func(ctx context.Context) (string, bool) {
 		_, err := l.Allow(ctx, chk)
@@ -175,6 +182,14 @@ func TestDedicatedStoreErrors(t *testing.T) {
 		t.Errorf("frozen: %s uncertain=%v, want an uncertain timeout", c, u)
 	}
 	cancel()
+	// AllowWithin bounds the call by its timeout alone (no context deadline).
+	for _, lim := range []*lua.Limiter{l, pooled} {
+		_, err := lim.AllowWithin(context.Background(), 100*time.Millisecond, chk)
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se.Class != "timeout" || !se.Uncertain {
+			t.Errorf("frozen, AllowWithin: %v, want an uncertain timeout", err)
+		}
+	}
 	srv.Thaw(t)
 	if d, err := l.Allow(context.Background(), chk); err != nil || !d.Allowed {
 		t.Fatalf("after thaw: %+v, %v", d, err)

@@ -371,6 +371,21 @@ func (s *scratch) cacheKey(i int, c *ratebudget.Check) []byte {
 // best-effort refund when a later slot refuses (see the package documentation). A
 // refusal remembered by the refusal cache is repeated without a call.
 func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	return l.decide(ctx, 0, checks)
+}
+
+// AllowWithin is Allow bounded by timeout as well as by ctx (see
+// [ratebudget.TimeoutBound]); a timeout of zero or less adds no bound. Over a dedicated
+// connection a decision of one slot is bounded without a context of its own; other
+// decisions derive one.
+func (l *Limiter) AllowWithin(ctx context.Context, timeout time.Duration, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	return l.decide(ctx, timeout, checks)
+}
+
+var _ ratebudget.TimeoutBound = (*Limiter)(nil)
+
+// decide is Allow, with AllowWithin's timeout when within is above zero.
+func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	if err := ratebudget.ValidateChecks(checks); err != nil {
 		return ratebudget.Decision{}, err
 	}
@@ -412,10 +427,15 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 	for i := range checks {
 		s.keys = append(s.keys, string(s.key(i)))
 	}
-	if l.timeout > 0 {
+	timeout := l.timeout
+	if within > 0 && (timeout <= 0 || within < timeout) {
+		timeout = within
+	}
+	if timeout > 0 && !(single && l.conn != nil) {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.timeout)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
+		timeout = 0 // the context bounds every call
 	}
 	var d ratebudget.Decision
 	if single {
@@ -423,7 +443,7 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 		for i := range checks {
 			s.idx = append(s.idx, i)
 		}
-		if _, err := l.runAllow(ctx, s, checks, true); err != nil {
+		if _, err := l.runAllow(ctx, timeout, s, checks, true); err != nil {
 			return ratebudget.Decision{}, err
 		}
 		d = ratebudget.Combine(checks, s.outs)
@@ -472,14 +492,14 @@ func (l *Limiter) allowGroups(ctx context.Context, s *scratch, checks []ratebudg
 			// Decide the rest without writing, so that the decision reports the same
 			// rule as a single-step limiter would. On failure the group counts as
 			// admitted: it then cannot be reported (a refusal is already decided).
-			if _, err := l.runAllow(ctx, s, checks, false); err != nil {
+			if _, err := l.runAllow(ctx, 0, s, checks, false); err != nil {
 				for _, j := range s.idx {
 					s.outs[j] = ratebudget.Outcome{Allowed: true}
 				}
 			}
 			continue
 		}
-		ok, err := l.runAllow(ctx, s, checks, true)
+		ok, err := l.runAllow(ctx, 0, s, checks, true)
 		if err != nil {
 			l.refundDone(ctx, s, checks)
 			return ratebudget.Decision{}, err
@@ -574,7 +594,10 @@ type processor interface {
 
 // runAllow runs allow.lua for the checks in s.idx and stores their outcomes in s.outs
 // and s.aux. It reports whether all were admitted.
-func (l *Limiter) runAllow(ctx context.Context, s *scratch, checks []ratebudget.Check, write bool) (bool, error) {
+//
+// A timeout above zero bounds the call over the dedicated connection (other paths get
+// their bound from ctx).
+func (l *Limiter) runAllow(ctx context.Context, timeout time.Duration, s *scratch, checks []ratebudget.Check, write bool) (bool, error) {
 	mode := "0"
 	if write {
 		mode = "1"
@@ -590,7 +613,7 @@ func (l *Limiter) runAllow(ctx context.Context, s *scratch, checks []ratebudget.
 	var err error
 	if l.conn != nil {
 		// The dedicated connection reads the integers without go-redis values.
-		if s.ints, err = l.processInts(ctx, s, mode); err != nil {
+		if s.ints, err = l.processInts(ctx, timeout, s, mode); err != nil {
 			if errors.Is(err, wire.ErrReplyShape) {
 				return false, badReply(err.Error())
 			}
@@ -622,12 +645,18 @@ func (l *Limiter) runAllow(ctx context.Context, s *scratch, checks []ratebudget.
 }
 
 // processInts is process over the dedicated connection.
-func (l *Limiter) processInts(ctx context.Context, s *scratch, mode string) ([]int64, error) {
+func (l *Limiter) processInts(ctx context.Context, timeout time.Duration, s *scratch, mode string) ([]int64, error) {
 	l.allowArgs(s, mode)
-	ints, err := l.conn.Ints(ctx, s.args, s.ints[:0])
+	start := time.Now()
+	ints, err := l.conn.Ints(ctx, timeout, s.args, s.ints[:0])
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if timeout > 0 {
+			if timeout -= time.Since(start); timeout <= 0 {
+				return ints, context.DeadlineExceeded // no time left to send EVAL
+			}
+		}
 		s.args[0], s.args[1] = "eval", l.allowSrc
-		ints, err = l.conn.Ints(ctx, s.args, s.ints[:0])
+		ints, err = l.conn.Ints(ctx, timeout, s.args, s.ints[:0])
 	}
 	return ints, err
 }

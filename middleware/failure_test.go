@@ -217,3 +217,78 @@ func TestDeadlineHoldsWhenLimiterIgnoresContext(t *testing.T) {
 		}
 	}
 }
+
+// within is a ContextBound limiter that also bounds its own time (ratebudget.TimeoutBound).
+type within struct {
+	flaky
+	bounded  bool
+	timeouts []time.Duration
+	mu       sync.Mutex
+}
+
+func (w *within) BoundByContext() bool { return w.bounded }
+
+func (w *within) AllowWithin(ctx context.Context, timeout time.Duration, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	w.mu.Lock()
+	w.timeouts = append(w.timeouts, timeout)
+	w.mu.Unlock()
+	if _, ok := ctx.Deadline(); ok {
+		return ratebudget.Decision{}, errors.New("AllowWithin got a context with a deadline")
+	}
+	if w.hang.Load() {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: context.DeadlineExceeded}
+		case <-ctx.Done():
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "canceled", Uncertain: true, Err: ctx.Err()}
+		}
+	}
+	return w.flaky.Allow(ctx, checks)
+}
+
+// TestTimeoutBoundLimiter: a limiter that bounds its own decisions gets the deadline as
+// a timeout, with no context deadline of the middleware's; its timeouts apply the policy
+// and count in the breaker like any store failure. One that does not report
+// BoundByContext is called through Allow, as before.
+func TestTimeoutBoundLimiter(t *testing.T) {
+	w := &within{flaky: flaky{next: memory(t, newClock())}, bounded: true}
+	var events []middleware.Event
+	var mu sync.Mutex
+	h := mustNew(t, w, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
+		middleware.WithTimeout(30*time.Millisecond), middleware.WithBreaker(2, time.Hour),
+		middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+		t.Fatalf("admitted request: %d", rec.Code)
+	}
+	w.hang.Store(true)
+	for i, want := range []int{503, 503, 503} {
+		if rec := do(h, "GET", "/", nil); rec.Code != want {
+			t.Fatalf("hung request %d: %d, want %d", i, rec.Code, want)
+		}
+	}
+	if got := w.calls.Load(); got != 1 {
+		t.Errorf("Allow called %d times through AllowWithin, want 1 (the admitted request)", got)
+	}
+	w.mu.Lock()
+	if len(w.timeouts) != 3 || w.timeouts[0] != 30*time.Millisecond {
+		t.Errorf("AllowWithin timeouts %v, want 30ms for the admitted and the two hung requests before the breaker opened", w.timeouts)
+	}
+	w.mu.Unlock()
+	mu.Lock()
+	defer mu.Unlock()
+	for i, wantClass := range []string{"timeout", "timeout", "breaker_open"} {
+		var se *ratebudget.StoreError
+		if !errors.As(events[i+1].Err, &se) || se.Class != wantClass {
+			t.Errorf("event %d: %v, want a %s StoreError", i+1, events[i+1].Err, wantClass)
+		}
+	}
+
+	// Not bounded by its context: the middleware keeps its own deadline and Allow.
+	u := &within{flaky: flaky{next: memory(t, newClock())}}
+	h = mustNew(t, u, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}})(ok)
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 || u.calls.Load() != 1 || len(u.timeouts) != 0 {
+		t.Fatalf("unbounded limiter: %d, %d Allow calls, AllowWithin %v", rec.Code, u.calls.Load(), u.timeouts)
+	}
+}

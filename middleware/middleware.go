@@ -114,8 +114,9 @@ type compiledRule struct {
 type mw struct {
 	cfg      config
 	limiter  ratebudget.Limiter
-	io       bool // the limiter does I/O: deadline and breaker apply
-	bounded  bool // the limiter returns once its context is done (ratebudget.ContextBound)
+	io       bool                    // the limiter does I/O: deadline and breaker apply
+	bounded  bool                    // the limiter returns once its context is done (ratebudget.ContextBound)
+	within   ratebudget.TimeoutBound // the limiter bounds its own decisions' time
 	rules    []compiledRule
 	fallback *ratebudget.Memory
 	breaker  *breaker
@@ -173,6 +174,9 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	m.io = !inProcess
 	if cb, ok := lim.(ratebudget.ContextBound); ok && cb.BoundByContext() {
 		m.bounded = true // no goroutine needed to enforce the deadline
+		if tb, ok := lim.(ratebudget.TimeoutBound); ok {
+			m.within = tb // nor a timer context
+		}
 	}
 	if m.io && m.cfg.breaker.failures > 0 {
 		m.breaker = newBreaker(*m.cfg.breaker, m.cfg.clock)
@@ -332,24 +336,28 @@ func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.
 		}
 	}
 	start := time.Now()
-	dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
 	var d ratebudget.Decision
 	var err error
-	if m.bounded {
-		d, err = m.limiter.Allow(dctx, checks)
+	if m.within != nil {
+		d, err = m.within.AllowWithin(ctx, m.cfg.timeout, checks)
 	} else {
-		d, err = m.allowBounded(dctx, checks)
-	}
-	cancel()
-	latency := time.Since(start)
-	if err != nil && dctx.Err() != nil && ctx.Err() == nil {
-		// The decision's own deadline passed: whatever the limiter returned, it is a store
-		// timeout, and the command may have reached the store.
-		var se *ratebudget.StoreError
-		if !errors.As(err, &se) {
-			err = &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: err}
+		dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
+		if m.bounded {
+			d, err = m.limiter.Allow(dctx, checks)
+		} else {
+			d, err = m.allowBounded(dctx, checks)
+		}
+		cancel()
+		if err != nil && dctx.Err() != nil && ctx.Err() == nil {
+			// The decision's own deadline passed: whatever the limiter returned, it is a
+			// store timeout, and the command may have reached the store.
+			var se *ratebudget.StoreError
+			if !errors.As(err, &se) {
+				err = &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: err}
+			}
 		}
 	}
+	latency := time.Since(start)
 	if m.breaker != nil {
 		// A canceled request says nothing about the store's health.
 		failed := err != nil && ctx.Err() == nil

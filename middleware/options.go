@@ -100,7 +100,9 @@ func WithObserver(f func(Event)) Option {
 // WithTimeout bounds each decision of a limiter that does I/O (default 50ms), whatever
 // the request's own deadline: a hung store costs a request at most d, then the failure
 // policy applies. A limiter that promises to return when its context ends
-// (ratebudget.ContextBound, as the lua limiter does by default) is called directly;
+// (ratebudget.ContextBound, as the lua limiter does by default) is called directly,
+// with a context deadline, or with d as a timeout if it also implements
+// ratebudget.TimeoutBound (as the lua limiter does; no timer context per decision);
 // any other runs on its own goroutine and is abandoned at the deadline, so the bound
 // holds even when its client ignores the context. A decision cut short is reported as an
 // uncertain timeout (it may still reach the store and spend). d must be positive. The

@@ -103,6 +103,9 @@ type call struct {
 	err  error     // with cmd == nil: the error
 	at   time.Time // when it was queued
 	done chan struct{}
+	// timer bounds the wait when a timeout is given; it stays with the call (stopped
+	// when idle) so that a timeout costs no allocation.
+	timer *time.Timer
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
@@ -114,7 +117,7 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
 	cl := callPool.Get().(*call)
 	cl.cmd = cmd
-	if err := c.send(ctx, cl); err != nil {
+	if err := c.send(ctx, 0, cl); err != nil {
 		cmd.SetErr(err)
 		return err
 	}
@@ -124,12 +127,13 @@ func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
 
 // Ints sends args (strings, []byte, int, int64, and pointers to string and int64) and
 // appends the reply, which must be an array of integers, to dst. An error reply is an
-// [Error]; a reply of another shape is an error whose text says what came. Context
-// handling is as for Process; args are not used after Ints returns.
-func (c *Conn) Ints(ctx context.Context, args []any, dst []int64) ([]int64, error) {
+// [Error]; a reply of another shape matches [ErrReplyShape]. Context handling is as for
+// Process; a timeout above zero also bounds the wait (context.DeadlineExceeded), without
+// the cost of a context with a deadline. args are not used after Ints returns.
+func (c *Conn) Ints(ctx context.Context, timeout time.Duration, args []any, dst []int64) ([]int64, error) {
 	cl := callPool.Get().(*call)
 	cl.args = args
-	if err := c.send(ctx, cl); err != nil {
+	if err := c.send(ctx, timeout, cl); err != nil {
 		return dst, err
 	}
 	dst, err := append(dst, cl.ints...), cl.err
@@ -137,9 +141,9 @@ func (c *Conn) Ints(ctx context.Context, args []any, dst []int64) ([]int64, erro
 	return dst, err
 }
 
-// send queues cl and waits for its reply or for ctx to end. When it returns nil the
-// reply is in cl, which the caller returns to the pool (cl.args, cl.cmd are cleared).
-func (c *Conn) send(ctx context.Context, cl *call) error {
+// send queues cl and waits for its reply, for ctx to end or for timeout (if above
+// zero) to pass. When it returns nil the reply is in cl, which the caller releases.
+func (c *Conn) send(ctx context.Context, timeout time.Duration, cl *call) error {
 	if err := ctx.Err(); err != nil {
 		cl.release()
 		return err
@@ -162,13 +166,29 @@ func (c *Conn) send(ctx context.Context, cl *call) error {
 			return err
 		}
 	}
+	if timeout <= 0 {
+		select {
+		case <-cl.done:
+			return nil // the reply is in cl; the caller releases it after reading
+		case <-ctx.Done():
+			// Abandoned: the reader still completes it (done is buffered); not reused.
+			return ctx.Err()
+		}
+	}
+	if cl.timer == nil {
+		cl.timer = time.NewTimer(timeout)
+	} else {
+		cl.timer.Reset(timeout)
+	}
 	select {
 	case <-cl.done:
-		// The reply is in cl; a deferred release keeps it readable for the caller.
+		cl.timer.Stop()
 		return nil
 	case <-ctx.Done():
-		// Abandoned: the reader still completes it (done is buffered); not reused.
-		return ctx.Err()
+		cl.timer.Stop()
+		return ctx.Err() // abandoned, as above
+	case <-cl.timer.C:
+		return context.DeadlineExceeded // abandoned, as above
 	}
 }
 

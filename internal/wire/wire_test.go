@@ -112,7 +112,7 @@ func TestInts(t *testing.T) {
 	c := newConn(t, srv.Addr, wire.Options{})
 	ctx := context.Background()
 	key, n := "k", int64(7)
-	got, err := c.Ints(ctx, []any{"eval", "return {1, -2, tonumber(ARGV[1])}", 1, &key, &n}, nil)
+	got, err := c.Ints(ctx, 0, []any{"eval", "return {1, -2, tonumber(ARGV[1])}", 1, &key, &n}, nil)
 	if err != nil || fmt.Sprint(got) != "[1 -2 7]" {
 		t.Fatalf("Ints = %v, %v, want [1 -2 7]", got, err)
 	}
@@ -123,18 +123,42 @@ func TestInts(t *testing.T) {
 		{"return redis.error_reply('ERR nope')", "ERR nope"},
 		{"return nil", "redis: nil"},
 	} {
-		_, err := c.Ints(ctx, []any{"eval", tc.script, 0}, nil)
+		_, err := c.Ints(ctx, 0, []any{"eval", tc.script, 0}, nil)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error with %q", tc.script, err, tc.want)
 		}
 		// The next reply is still the next call's.
-		if got, err := c.Ints(ctx, []any{"eval", "return {42}", 0}, nil); err != nil || fmt.Sprint(got) != "[42]" {
+		if got, err := c.Ints(ctx, 0, []any{"eval", "return {42}", 0}, nil); err != nil || fmt.Sprint(got) != "[42]" {
 			t.Fatalf("after %s: %v, %v", tc.script, got, err)
 		}
 	}
 	var rErr redis.Error
-	if _, err := c.Ints(ctx, []any{"evalsha", strings.Repeat("0", 40), 0}, nil); !errors.As(err, &rErr) || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+	if _, err := c.Ints(ctx, 0, []any{"evalsha", strings.Repeat("0", 40), 0}, nil); !errors.As(err, &rErr) || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
 		t.Fatalf("unknown script: %v, want a NOSCRIPT server error", err)
+	}
+}
+
+// TestIntsTimeout: a timeout bounds the wait like a context deadline, and the
+// connection stays usable after the frozen server thaws.
+func TestIntsTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newConn(t, srv.Addr, wire.Options{ReplyTimeout: time.Minute})
+	ctx := context.Background()
+	if _, err := c.Ints(ctx, time.Second, []any{"eval", "return {1}", 0}, nil); err != nil {
+		t.Fatal(err)
+	}
+	srv.Freeze(t)
+	start := time.Now()
+	_, err := c.Ints(ctx, 100*time.Millisecond, []any{"eval", "return {2}", 0}, nil)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("frozen: %v, want context.DeadlineExceeded", err)
+	}
+	if el := time.Since(start); el < 100*time.Millisecond {
+		t.Fatalf("returned after %v, before the timeout", el)
+	}
+	srv.Thaw(t)
+	if got, err := c.Ints(ctx, time.Second, []any{"eval", "return {3}", 0}, nil); err != nil || fmt.Sprint(got) != "[3]" {
+		t.Fatalf("after thaw: %v, %v", got, err)
 	}
 }
 

@@ -281,16 +281,41 @@ func TestPausedRedisBreaker(t *testing.T) {
 
 // TestRestartedRedisResumes: after Stop and Start the server is empty (no budgets, no
 // script cache). Decisions resume without any action (EVALSHA → NOSCRIPT → EVAL heals
-// the cache) and the budget starts afresh: a restart loses budget state.
+// the cache) and the budget starts afresh: a restart loses budget state. Through the
+// client's pool and over a dedicated connection (which redials with the client's
+// dialer).
 func TestRestartedRedisResumes(t *testing.T) {
 	t.Parallel()
+	for _, dedicated := range []bool{false, true} {
+		name := "pool"
+		if dedicated {
+			name = "dedicated"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testRestartedRedisResumes(t, dedicated)
+		})
+	}
+}
+
+func testRestartedRedisResumes(t *testing.T, dedicated bool) {
 	const limit = 5
 	fr := startFaultRedis(t)
 	opts := recommendedOptions()
 	opts.Dialer = fr.dialer(opts.DialTimeout) // the mapped port changes on restart
 	c := fr.client(t, opts)
 	calls := countScripts(c)
-	h, ev, prefix := faultHandler(t, c, limit, faultDeadline, middleware.WithBreaker(3, 300*time.Millisecond))
+	prefix := uniquePrefix(t)
+	lopts := []lua.Option{lua.WithPrefix(prefix), lua.WithoutRefusalCache()}
+	if dedicated {
+		lopts = append(lopts, lua.WithDedicatedConnection())
+	}
+	lim, err := lua.New(c, lopts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	h, ev := faultHandlerOf(t, lim, limit, faultDeadline, middleware.WithBreaker(3, 300*time.Millisecond))
 	warm(t, h, ev)
 	for range 2 {
 		if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
@@ -328,7 +353,8 @@ func TestRestartedRedisResumes(t *testing.T) {
 	if eval < 1 || sha < 1 {
 		t.Errorf("server saw evalsha=%d eval=%d, want the NOSCRIPT → EVAL path", sha, eval)
 	}
-	t.Logf("after restart the server saw evalsha=%d eval=%d; the client sent %d+%d in all", sha, eval, calls.evalsha.Load(), calls.eval.Load())
+	// The dedicated connection's commands do not pass through the client's hooks.
+	t.Logf("after restart the server saw evalsha=%d eval=%d; the client's hooks saw %d+%d in all", sha, eval, calls.evalsha.Load(), calls.eval.Load())
 	codes := []int{200}
 	for range limit {
 		r, _ := serve(t, h, faultBound)

@@ -439,21 +439,33 @@ func TestOOMIsDefinite(t *testing.T) {
 // TestLostReplyIsUncertain: the script reaches Redis and runs, but its reply is lost
 // (a proxy drops it and closes the connection). The error is classified uncertain, and
 // the budget WAS spent on the server. With go-redis's default retries the same request
-// is sent again and spent again: at most 1 + MaxRetries times.
+// is sent again and spent again: at most 1 + MaxRetries times. A dedicated connection
+// never re-sends: spent once.
 func TestLostReplyIsUncertain(t *testing.T) {
 	t.Parallel()
 	requireRedis(t)
 	control := newClient(t, 2)
 	p := startProxy(t, redisAddr)
 	const limit = 100
-	for _, v := range clientVariants() {
+	variants := append(clientVariants(), clientVariant{"dedicated", recommendedOptions(), true})
+	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			opts := *v.opts
 			opts.Addr = p.Addr()
 			c := redis.NewClient(&opts)
 			t.Cleanup(func() { c.Close() })
+			prefix := uniquePrefix(t)
+			lopts := []lua.Option{lua.WithPrefix(prefix), lua.WithoutRefusalCache()}
+			if v.dedicated {
+				lopts = append(lopts, lua.WithDedicatedConnection())
+			}
+			lim, err := lua.New(c, lopts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { lim.Close() })
 			// A deadline long enough for go-redis's retries: this test is about counts.
-			h, ev, prefix := faultHandler(t, c, limit, 3*time.Second, middleware.WithBreaker(0, 0))
+			h, ev := faultHandlerOf(t, lim, limit, 3*time.Second, middleware.WithBreaker(0, 0))
 			warm(t, h, ev)
 			key := faultKey(t, prefix, limit)
 			spent := func() int {
@@ -481,7 +493,7 @@ func TestLostReplyIsUncertain(t *testing.T) {
 			dropped := p.dropped.Load() - dropped0
 			got := spent() - 1
 			switch v.name {
-			case "recommended": // MaxRetries -1: sent once, spent once
+			case "recommended", "dedicated": // sent once, spent once
 				if got != 1 || dropped != 1 {
 					t.Errorf("one request with a lost reply spent %d (replies dropped %d), want exactly 1", got, dropped)
 				}

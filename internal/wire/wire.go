@@ -117,8 +117,10 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
 	cl := callPool.Get().(*call)
 	cl.cmd = cmd
-	if err := c.send(ctx, 0, cl); err != nil {
-		cmd.SetErr(err)
+	if abandoned, err := c.send(ctx, 0, cl); err != nil {
+		if !abandoned {
+			cmd.SetErr(err) // an abandoned cmd is the reader's to complete
+		}
 		return err
 	}
 	cl.release()
@@ -133,7 +135,7 @@ func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
 func (c *Conn) Ints(ctx context.Context, timeout time.Duration, args []any, dst []int64) ([]int64, error) {
 	cl := callPool.Get().(*call)
 	cl.args = args
-	if err := c.send(ctx, timeout, cl); err != nil {
+	if _, err := c.send(ctx, timeout, cl); err != nil {
 		return dst, err
 	}
 	dst, err := append(dst, cl.ints...), cl.err
@@ -143,16 +145,22 @@ func (c *Conn) Ints(ctx context.Context, timeout time.Duration, args []any, dst 
 
 // send queues cl and waits for its reply, for ctx to end or for timeout (if above
 // zero) to pass. When it returns nil the reply is in cl, which the caller releases.
-func (c *Conn) send(ctx context.Context, timeout time.Duration, cl *call) error {
+// abandoned reports an error after cl was queued: cl then belongs to the reader, which
+// completes it when the reply comes, and must not be touched or reused.
+func (c *Conn) send(ctx context.Context, timeout time.Duration, cl *call) (abandoned bool, err error) {
 	if err := ctx.Err(); err != nil {
 		cl.release()
-		return err
+		return false, err
+	}
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
 	}
 	for attempt := 0; ; attempt++ {
-		l, err := c.link(ctx)
+		l, err := c.link(ctx, deadline)
 		if err != nil {
 			cl.release()
-			return err
+			return false, err
 		}
 		queued, err := l.enqueue(cl)
 		cl.args = nil // encoded, or not to be sent
@@ -163,32 +171,33 @@ func (c *Conn) send(ctx context.Context, timeout time.Duration, cl *call) error 
 		c.drop(l)
 		if attempt == 1 {
 			cl.release()
-			return err
+			return false, err
 		}
 	}
 	if timeout <= 0 {
 		select {
 		case <-cl.done:
-			return nil // the reply is in cl; the caller releases it after reading
+			return false, nil // the reply is in cl; the caller releases it after reading
 		case <-ctx.Done():
 			// Abandoned: the reader still completes it (done is buffered); not reused.
-			return ctx.Err()
+			return true, ctx.Err()
 		}
 	}
+	left := time.Until(deadline)
 	if cl.timer == nil {
-		cl.timer = time.NewTimer(timeout)
+		cl.timer = time.NewTimer(left)
 	} else {
-		cl.timer.Reset(timeout)
+		cl.timer.Reset(left)
 	}
 	select {
 	case <-cl.done:
 		cl.timer.Stop()
-		return nil
+		return false, nil
 	case <-ctx.Done():
 		cl.timer.Stop()
-		return ctx.Err() // abandoned, as above
+		return true, ctx.Err() // abandoned, as above
 	case <-cl.timer.C:
-		return context.DeadlineExceeded // abandoned, as above
+		return true, context.DeadlineExceeded // abandoned, as above
 	}
 }
 
@@ -208,8 +217,20 @@ func (cl *call) setErr(err error) {
 	}
 }
 
-// link returns the live connection, dialing one if there is none.
-func (c *Conn) link(ctx context.Context) (*link, error) {
+// link returns the live connection, dialing one if there is none. A deadline that is
+// not zero bounds the dial and the wait for another caller's dial.
+func (c *Conn) link(ctx context.Context, deadline time.Time) (*link, error) {
+	c.mu.Lock()
+	if l := c.cur; l != nil && !c.closed {
+		c.mu.Unlock()
+		return l, nil // the common case: no context to derive
+	}
+	c.mu.Unlock()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
 	for {
 		c.mu.Lock()
 		if c.closed {
@@ -318,10 +339,14 @@ func (l *link) handshake(ctx context.Context) error {
 	if len(cmds) == 0 {
 		return nil
 	}
-	if d, ok := ctx.Deadline(); ok {
-		l.nc.SetDeadline(d)
-		defer l.nc.SetDeadline(time.Time{})
+	// Bounded by the context's deadline, and by the reply timeout in any case: a server
+	// that accepts connections but never answers must not hold the dial forever.
+	d := time.Now().Add(l.c.opt.ReplyTimeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+		d = cd
 	}
+	l.nc.SetDeadline(d)
+	defer l.nc.SetDeadline(time.Time{})
 	var buf []byte
 	for _, args := range cmds {
 		var err error

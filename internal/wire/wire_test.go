@@ -162,6 +162,54 @@ func TestIntsTimeout(t *testing.T) {
 	}
 }
 
+// TestSilentServerBoundsDial: a server that accepts connections but never answers the
+// handshake holds a caller no longer than its timeout, with or without a context
+// deadline, and no longer than ReplyTimeout without either.
+func TestSilentServerBoundsDial(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer nc.Close() // read nothing, answer nothing
+		}
+	}()
+	c := newConn(t, ln.Addr().String(), wire.Options{Password: "pw", ReplyTimeout: 300 * time.Millisecond})
+	returns := func(name string, f func() error) {
+		t.Helper()
+		errc := make(chan error, 1)
+		go func() { errc <- f() }()
+		select {
+		case err := <-errc:
+			if err == nil {
+				t.Errorf("%s: no error from a silent server", name)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: still waiting for a silent server after 5s", name)
+		}
+	}
+	returns("Ints with a timeout", func() error {
+		_, err := c.Ints(context.Background(), 100*time.Millisecond, []any{"ping"}, nil)
+		return err
+	})
+	returns("Ints with a context deadline", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_, err := c.Ints(ctx, 0, []any{"ping"}, nil)
+		return err
+	})
+	returns("Process without a deadline", func() error {
+		_, err := do(context.Background(), c, "ping")
+		return err
+	})
+}
+
 // TestAuthAndDB: each new connection authenticates (AUTH user password) and selects
 // its database; a wrong password is a server error and nothing is run.
 func TestAuthAndDB(t *testing.T) {

@@ -302,14 +302,15 @@ type link struct {
 	nc net.Conn
 	br *bufio.Reader
 
-	mu    sync.Mutex
-	wbuf  []byte  // commands to write
-	spare []byte  // the writer's other buffer
-	queue []*call // owed replies, oldest first, from head
-	head  int
-	err   error     // set once the link is dead
-	idle  time.Time // since when nothing is owed
-	once  sync.Once // closes the connection
+	mu      sync.Mutex
+	wbuf    []byte  // commands to write
+	spare   []byte  // the writer's other buffer
+	queue   []*call // owed replies, oldest first, from head
+	head    int
+	err     error     // set once the link is dead
+	idle    time.Time // since when nothing is owed
+	reading bool      // the reader is parsing the reply of queue[head] and completes it
+	once    sync.Once // closes the connection
 
 	wake chan struct{} // the writer has something to write
 	gone chan struct{} // closed when the link dies
@@ -454,19 +455,16 @@ func (l *link) readLoop() {
 			return
 		}
 		cl := l.queue[l.head]
+		l.reading = true // fail leaves cl to this loop
 		l.mu.Unlock()
+		var v any
 		if cl.cmd != nil {
-			v, err := parseReply(line, l.br)
-			if err != nil {
-				l.fail(err)
-				return
-			}
-			deliver(cl.cmd, v)
-		} else if err := parseInts(line, l.br, cl); err != nil {
-			l.fail(err)
-			return
+			v, err = parseReply(line, l.br)
+		} else {
+			err = parseInts(line, l.br, cl)
 		}
 		l.mu.Lock()
+		l.reading = false
 		l.queue[l.head] = nil
 		l.head++
 		if l.head == len(l.queue) {
@@ -474,7 +472,17 @@ func (l *link) readLoop() {
 			l.idle = time.Now()
 		}
 		l.mu.Unlock()
+		switch {
+		case err != nil:
+			cl.setErr(err) // the stream broke inside the reply
+		case cl.cmd != nil:
+			deliver(cl.cmd, v)
+		}
 		cl.done <- struct{}{}
+		if err != nil {
+			l.fail(err)
+			return
+		}
 	}
 }
 
@@ -486,8 +494,13 @@ func (l *link) fail(err error) {
 		l.err = err
 	}
 	err = l.err
-	owed := l.queue[l.head:]
-	l.queue, l.head = nil, 0
+	from := l.head
+	if l.reading {
+		from++ // the reader completes the call whose reply it is parsing
+	}
+	owed := append([]*call(nil), l.queue[from:]...)
+	clear(l.queue[from:])
+	l.queue = l.queue[:from]
 	l.mu.Unlock()
 	l.once.Do(func() {
 		close(l.gone)

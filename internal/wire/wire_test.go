@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -359,6 +361,48 @@ func TestClose(t *testing.T) {
 	c.Close()
 	if _, err := do(ctx, c, "ping"); !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("after Close: %v, want redis.ErrClosed", err)
+	}
+}
+
+// TestCloseUnderLoad: closing the connection while 32 callers keep it busy ends every
+// call, each with its own reply or an error, never another call's reply.
+func TestCloseUnderLoad(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newConn(t, srv.Addr, wire.Options{})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var ok, failed atomic.Int64
+	bad := make(chan string, 32)
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := int64(g)
+			for range 300 {
+				got, err := c.Ints(ctx, time.Second, []any{"eval", "return {tonumber(ARGV[1])}", 0, &n}, nil)
+				switch {
+				case err != nil:
+					failed.Add(1)
+				case len(got) != 1 || got[0] != n:
+					bad <- fmt.Sprintf("caller %d got %v", g, got)
+					return
+				default:
+					ok.Add(1)
+				}
+			}
+		}()
+	}
+	for deadline := time.Now().Add(10 * time.Second); ok.Load() < 500 && time.Now().Before(deadline); {
+		runtime.Gosched() // close once the connection is busy
+	}
+	c.Close()
+	wg.Wait()
+	close(bad)
+	for b := range bad {
+		t.Error(b)
+	}
+	if failed.Load() == 0 {
+		t.Errorf("no call failed after Close (%d succeeded)", ok.Load())
 	}
 }
 

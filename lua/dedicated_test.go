@@ -214,3 +214,56 @@ func TestDedicatedStoreErrors(t *testing.T) {
 		t.Errorf("closed: %s uncertain=%v, want a certain connection error", c, u)
 	}
 }
+
+// TestDedicatedOneCommandPerDecision: over the dedicated connection too, a decision of
+// three rules of one identity is exactly one EVALSHA on the server (counted with INFO
+// commandstats from another client), and a flood of refused requests barely reaches it.
+func TestDedicatedOneCommandPerDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	control := srv.Client(t)
+	ctx := context.Background()
+	l := dedicated(t, control)
+	rule := func(name string, alg ratebudget.Algorithm) ratebudget.Rule {
+		return ratebudget.Rule{Name: name, Algorithm: alg, Limit: 1 << 30, Window: time.Minute}
+	}
+	var checks []ratebudget.Check
+	for _, r := range []ratebudget.Rule{rule("f", ratebudget.FixedWindow), rule("t", ratebudget.TokenBucket), rule("r", ratebudget.RollingWindow)} {
+		checks = append(checks, ratebudget.Check{Rule: r, Identity: "ann", Cost: 1})
+	}
+	if _, err := l.Allow(ctx, checks); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	before := commandStats(t, control)
+	const decisions = 200
+	for range decisions {
+		if d, err := l.Allow(ctx, checks); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+	}
+	delta := commandStats(t, control).sub(before)
+	if delta.calls["evalsha"] != decisions || delta.calls["eval"] != 0 {
+		t.Fatalf("server ran %v evalsha and %v eval for %d decisions, want exactly %d evalsha",
+			delta.calls["evalsha"], delta.calls["eval"], decisions, decisions)
+	}
+
+	// A refused budget: after the first refusal the refusal cache answers.
+	refused := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "tight", Limit: 1, Window: time.Minute}, Identity: "mallory", Cost: 1}}
+	before = commandStats(t, control)
+	const flood = 1000
+	admitted := 0
+	for range flood {
+		d, err := l.Allow(ctx, refused)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+	}
+	delta = commandStats(t, control).sub(before)
+	if admitted != 1 || delta.calls["evalsha"] > 2 {
+		t.Fatalf("flood: %d admitted, %v script calls for %d requests, want 1 admitted and at most 2 calls",
+			admitted, delta.calls["evalsha"], flood)
+	}
+	t.Logf("flood of %d requests: %v script calls (%.4f per request)", flood, delta.calls["evalsha"], delta.calls["evalsha"]/flood)
+}

@@ -22,7 +22,6 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
-	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -81,16 +80,7 @@ func TestStoppedRedisPolicies(t *testing.T) {
 			{"local", middleware.WithLocalFallback(2)},
 		} {
 			// No breaker: every request goes to the stopped server and must still be fast.
-			opts := []lua.Option{lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache()}
-			if v.dedicated {
-				opts = append(opts, lua.WithDedicatedConnection())
-			}
-			lim, err := lua.New(c, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { lim.Close() })
-			h, ev := faultHandlerOf(t, lim, 10, faultDeadline, p.opt, middleware.WithBreaker(0, 0))
+			h, ev, _ := faultHandlerOver(t, c, v.dedicated, 10, faultDeadline, p.opt, middleware.WithBreaker(0, 0))
 			warm(t, h, ev)
 			arms = append(arms, arm{v.name, p.name, ev, func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }})
 		}
@@ -305,17 +295,7 @@ func testRestartedRedisResumes(t *testing.T, dedicated bool) {
 	opts.Dialer = fr.dialer(opts.DialTimeout) // the mapped port changes on restart
 	c := fr.client(t, opts)
 	calls := countScripts(c)
-	prefix := uniquePrefix(t)
-	lopts := []lua.Option{lua.WithPrefix(prefix), lua.WithoutRefusalCache()}
-	if dedicated {
-		lopts = append(lopts, lua.WithDedicatedConnection())
-	}
-	lim, err := lua.New(c, lopts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lim.Close() })
-	h, ev := faultHandlerOf(t, lim, limit, faultDeadline, middleware.WithBreaker(3, 300*time.Millisecond))
+	h, ev, prefix := faultHandlerOver(t, c, dedicated, limit, faultDeadline, middleware.WithBreaker(3, 300*time.Millisecond))
 	warm(t, h, ev)
 	for range 2 {
 		if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
@@ -454,18 +434,8 @@ func TestLostReplyIsUncertain(t *testing.T) {
 			opts.Addr = p.Addr()
 			c := redis.NewClient(&opts)
 			t.Cleanup(func() { c.Close() })
-			prefix := uniquePrefix(t)
-			lopts := []lua.Option{lua.WithPrefix(prefix), lua.WithoutRefusalCache()}
-			if v.dedicated {
-				lopts = append(lopts, lua.WithDedicatedConnection())
-			}
-			lim, err := lua.New(c, lopts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { lim.Close() })
 			// A deadline long enough for go-redis's retries: this test is about counts.
-			h, ev := faultHandlerOf(t, lim, limit, 3*time.Second, middleware.WithBreaker(0, 0))
+			h, ev, prefix := faultHandlerOver(t, c, v.dedicated, limit, 3*time.Second, middleware.WithBreaker(0, 0))
 			warm(t, h, ev)
 			key := faultKey(t, prefix, limit)
 			spent := func() int {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -253,18 +254,24 @@ var okHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { 
 // global rule of limit per minute, with the decision deadline given.
 func faultHandler(t *testing.T, c *redis.Client, limit int64, deadline time.Duration, opts ...middleware.Option) (http.Handler, *events, string) {
 	t.Helper()
+	return faultHandlerOver(t, c, false, limit, deadline, opts...)
+}
+
+// faultHandlerOver is faultHandler with the limiter's decisions over a dedicated
+// connection (lua.WithDedicatedConnection, closed when the test ends) when dedicated is
+// set, through c's pool otherwise.
+func faultHandlerOver(t *testing.T, c *redis.Client, dedicated bool, limit int64, deadline time.Duration, opts ...middleware.Option) (http.Handler, *events, string) {
+	t.Helper()
 	prefix := uniquePrefix(t)
-	lim, err := luaNew(c, prefix)
+	var more []lua.Option
+	if dedicated {
+		more = append(more, lua.WithDedicatedConnection())
+	}
+	lim, err := luaNew(c, prefix, more...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, ev := faultHandlerOf(t, lim, limit, deadline, opts...)
-	return h, ev, prefix
-}
-
-// faultHandlerOf is faultHandler with a limiter of the caller's.
-func faultHandlerOf(t *testing.T, lim ratebudget.Limiter, limit int64, deadline time.Duration, opts ...middleware.Option) (http.Handler, *events) {
-	t.Helper()
+	t.Cleanup(func() { lim.Close() })
 	ev := &events{}
 	opts = append([]middleware.Option{middleware.WithTimeout(deadline), middleware.WithObserver(ev.observe)}, opts...)
 	mw, err := middleware.New(lim, []middleware.Rule{{
@@ -274,7 +281,7 @@ func faultHandlerOf(t *testing.T, lim ratebudget.Limiter, limit int64, deadline 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mw(okHandler), ev
+	return mw(okHandler), ev, prefix
 }
 
 func faultRule(limit int64) ratebudget.Rule {

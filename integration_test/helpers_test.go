@@ -9,8 +9,8 @@ import (
 
 // luaNew is the limiter under test: every decision goes to Redis (no refusal cache),
 // since these tests change budgets on the server behind the limiter's back.
-func luaNew(c lua.Client, prefix string) (*lua.Limiter, error) {
-	return lua.New(c, lua.WithPrefix(prefix), lua.WithoutRefusalCache())
+func luaNew(c lua.Client, prefix string, more ...lua.Option) (*lua.Limiter, error) {
+	return lua.New(c, append([]lua.Option{lua.WithPrefix(prefix), lua.WithoutRefusalCache()}, more...)...)
 }
 
 // keyOf is the key of ch under prefix.

@@ -611,7 +611,7 @@ func appendCommand(b []byte, args []any) ([]byte, error) {
 		case *string:
 			b = appendBulk(b, *v)
 		case []byte:
-			b = appendBulkBytes(b, v)
+			b = appendBulk(b, v)
 		case int:
 			b = appendInt(b, int64(v))
 		case int64:
@@ -625,15 +625,7 @@ func appendCommand(b []byte, args []any) ([]byte, error) {
 	return b, nil
 }
 
-func appendBulk(b []byte, s string) []byte {
-	b = append(b, '$')
-	b = strconv.AppendInt(b, int64(len(s)), 10)
-	b = append(b, '\r', '\n')
-	b = append(b, s...)
-	return append(b, '\r', '\n')
-}
-
-func appendBulkBytes(b []byte, s []byte) []byte {
+func appendBulk[T string | []byte](b []byte, s T) []byte {
 	b = append(b, '$')
 	b = strconv.AppendInt(b, int64(len(s)), 10)
 	b = append(b, '\r', '\n')

@@ -470,6 +470,12 @@ func (l *link) readLoop() {
 		if l.head == len(l.queue) {
 			l.queue, l.head = l.queue[:0], 0
 			l.idle = time.Now()
+		} else if l.head >= 1024 && l.head >= len(l.queue)/2 {
+			// Under sustained load the queue may never drain: move what is owed to the
+			// front so that the slice does not grow with every command ever sent.
+			n := copy(l.queue, l.queue[l.head:])
+			clear(l.queue[n:])
+			l.queue, l.head = l.queue[:n], 0
 		}
 		l.mu.Unlock()
 		switch {

@@ -577,6 +577,7 @@ var _ net.Error = errTimeout
 // Error is an error reply from the server. It satisfies go-redis's redis.Error.
 type Error string
 
+// Error returns the server's message, e.g. "NOSCRIPT No matching script."
 func (e Error) Error() string { return string(e) }
 
 // RedisError marks Error as a server reply (see redis.Error).

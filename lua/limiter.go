@@ -247,12 +247,10 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 		if !ok {
 			return nil, &ratebudget.ConfigError{Field: "WithDedicatedConnection", Problem: fmt.Sprintf("needs a *redis.Client, got %T", client)}
 		}
-		if c.Options().StreamingCredentialsProvider != nil {
+		opt := c.Options()
+		if opt.StreamingCredentialsProvider != nil {
 			return nil, &ratebudget.ConfigError{Field: "WithDedicatedConnection", Problem: "the client's StreamingCredentialsProvider is not supported (CredentialsProvider and CredentialsProviderContext are)"}
 		}
-	}
-	if c, ok := client.(*redis.Client); ok && l.dedicated {
-		opt := c.Options()
 		l.conn = wire.New(wire.Options{
 			Dial: func(ctx context.Context) (net.Conn, error) {
 				if opt.DialTimeout > 0 {

@@ -53,6 +53,12 @@ func clientVariants() []clientVariant {
 	}
 }
 
+// transportVariants: clientVariants, and the recommended settings with decisions over a
+// dedicated connection.
+func transportVariants() []clientVariant {
+	return append(clientVariants(), clientVariant{"dedicated", recommendedOptions(), true})
+}
+
 // TestStoppedRedisPolicies: with the container stopped (connection refused), every
 // policy answers within the decision deadline, with either client configuration and
 // over a dedicated connection:
@@ -68,8 +74,7 @@ func TestStoppedRedisPolicies(t *testing.T) {
 		serve           func() (*httptest.ResponseRecorder, time.Duration)
 	}
 	var arms []arm
-	variants := append(clientVariants(), clientVariant{"dedicated", recommendedOptions(), true})
-	for _, v := range variants {
+	for _, v := range transportVariants() {
 		c := fr.client(t, v.opts)
 		for _, p := range []struct {
 			name string
@@ -427,8 +432,7 @@ func TestLostReplyIsUncertain(t *testing.T) {
 	control := newClient(t, 2)
 	p := startProxy(t, redisAddr)
 	const limit = 100
-	variants := append(clientVariants(), clientVariant{"dedicated", recommendedOptions(), true})
-	for _, v := range variants {
+	for _, v := range transportVariants() {
 		t.Run(v.name, func(t *testing.T) {
 			opts := *v.opts
 			opts.Addr = p.Addr()

@@ -24,10 +24,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("Conformance", func(t *testing.T) {
 		limitertest.Run(t, func(t *testing.T) limitertest.Harness {
-			l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)))
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := newLimiter(t, c)
 			return limitertest.Harness{Limiter: l}
 		})
 	})

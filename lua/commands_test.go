@@ -95,10 +95,7 @@ func TestOneCommandPerDecision(t *testing.T) {
 		{"three-fixed", []ratebudget.Rule{fixed, rule("f2", ratebudget.FixedWindow), rule("f3", ratebudget.FixedWindow)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)))
-			if err != nil {
-				t.Fatal(err)
-			}
+			l := newLimiter(t, c)
 			var checks []ratebudget.Check
 			maxServer := 0
 			for _, r := range tc.rules {
@@ -141,10 +138,7 @@ func TestOneCommandPerDecision(t *testing.T) {
 				t.Fatalf("token admissions ran %v, want exactly GET, PTTL and SET per decision", delta.calls)
 			}
 			// Refusals are one EVALSHA too (with the refusal cache off).
-			nc, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache())
-			if err != nil {
-				t.Fatal(err)
-			}
+			nc := newLimiter(t, c, lua.WithoutRefusalCache())
 			heavy := append([]ratebudget.Check(nil), checks...)
 			heavy[0].Rule.Limit, heavy[0].Rule.Window = 1, time.Minute
 			for i := range 10 {
@@ -183,10 +177,7 @@ func TestRefusalCacheFlood(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	hook := countCommands(c)
-	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newLimiter(t, c)
 	ctx := context.Background()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -327,10 +318,7 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache())
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newLimiter(t, c, lua.WithoutRefusalCache())
 	// 10 tokens per 10s: one token per second; the deficit is in tokens x window ms,
 	// and refills by 10 units per ms.
 	r := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}
@@ -412,10 +400,7 @@ func TestTokenBucketState(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache())
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newLimiter(t, c, lua.WithoutRefusalCache())
 	// 10 tokens per 10s: one token per second; 10 units per ms, full = 100000.
 	r := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}
 	chk := []ratebudget.Check{{Rule: r, Identity: "sybil", Cost: 3}}
@@ -515,10 +500,7 @@ func TestTokenBucketRefundKeepsLag(t *testing.T) {
 	c := srv.Client(t)
 	hook := countCommands(c)
 	ctx := context.Background()
-	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache())
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newLimiter(t, c, lua.WithoutRefusalCache())
 	// 10 units per ms, full = 100000; the fixed window of another identity (another
 	// slot) is spent, so it refuses after the bucket's group was admitted.
 	tb := ratebudget.Check{Rule: ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}, Identity: "ann", Cost: 1}

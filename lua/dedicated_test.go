@@ -19,12 +19,7 @@ import (
 
 func dedicated(t *testing.T, c lua.Client, opts ...lua.Option) *lua.Limiter {
 	t.Helper()
-	l, err := lua.New(c, append([]lua.Option{lua.WithPrefix(uniquePrefix(t)), lua.WithDedicatedConnection()}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l
+	return newLimiter(t, c, append([]lua.Option{lua.WithDedicatedConnection()}, opts...)...)
 }
 
 // TestConformanceDedicated runs the shared suite over the dedicated connection.
@@ -157,10 +152,7 @@ func TestDedicatedStoreErrors(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	l := dedicated(t, client)
-	pooled, err := lua.New(client, lua.WithPrefix(uniquePrefix(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pooled := newLimiter(t, client)
 	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 100, Window: time.Minute}, Identity: "ann", Cost: 1}}
 	for _, lim := range []*lua.Limiter{l, pooled} {
 		if _, err := lim.Allow(context.Background(), chk); err != nil {

@@ -22,16 +22,24 @@ func uniquePrefix(t *testing.T) string {
 	return fmt.Sprintf("rbtest%d-%d", time.Now().UnixNano(), prefixSeq.Add(1))
 }
 
+// newLimiter returns a limiter on c under a prefix of its own, closed when the test ends.
+func newLimiter(t *testing.T, c lua.Client, opts ...lua.Option) *lua.Limiter {
+	t.Helper()
+	l, err := lua.New(c, append([]lua.Option{lua.WithPrefix(uniquePrefix(t))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
 // TestConformanceProcess runs the shared suite against a private redis-server process.
 // The integration tests run it again against a container.
 func TestConformanceProcess(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
-		l, err := lua.New(client, lua.WithPrefix(uniquePrefix(t)))
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := newLimiter(t, client)
 		return limitertest.Harness{Limiter: l}
 	})
 }

@@ -111,7 +111,7 @@ type call struct {
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 // Process sends cmd and waits for its reply or for ctx to end. The reply is stored in
-// cmd (only *redis.Cmd and *redis.StatusCmd are supported). A command whose context has
+// cmd (a *redis.Cmd; other types get an error). A command whose context has
 // ended is not sent. If ctx ends while the reply is owed, Process returns ctx's error
 // and the command may still run.
 func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
@@ -598,9 +598,6 @@ func deliver(cmd redis.Cmder, v any) {
 			return
 		}
 		c.SetVal(v)
-	case *redis.StatusCmd:
-		s, _ := v.(string)
-		c.SetVal(s)
 	default:
 		cmd.SetErr(fmt.Errorf("wire: unsupported command type %T", cmd))
 	}

@@ -31,8 +31,14 @@
 --                   an empty bucket; a value that is not a decimal integer below 2^53 is
 --                   an error reply.
 --   rolling window: sorted set of admitted events, score = ms (never decreasing), member =
---                   "<16-digit cumulative cost after the event>:<cost>"; events of one ms
---                   are merged. PEXPIRE = until the newest event leaves the window.
+--                   "<cumulative cost after the event>:<cost>:<ms>", all decimal; events
+--                   of one ms are merged. The member repeats the score so that reading an
+--                   event needs no WITHSCORES (a double formatted by the server and parsed
+--                   again here). Cumulative sums are rebased below 2^46, so Lua's own
+--                   number-to-string conversion (%.14g) writes them exactly. Members of
+--                   the earlier form "<16-digit cumulative cost>:<cost>" are still read
+--                   (their time then comes from ZSCORE). PEXPIRE = until the newest
+--                   event leaves the window.
 -- Every number stays an exact integer below 2^53.
 --
 -- Cost per check, in server commands: fixed window GET, PTTL (when the counter exists),
@@ -46,9 +52,11 @@
 -- builds one table (the reply), and a group builds two (the reply and S, created at
 -- their final size for 2 or 3 checks, since growing a Lua table costs more than a
 -- command).
--- Numbers are passed to redis.call as Lua numbers: Redis formats them with %.17g, exact
--- for integers below 2^53 (Lua's own number-to-string conversion, %.14g, would round
--- above 14 digits, so strings are built with %.0f).
+-- Formatting a number costs about as much as a whole command, so the common paths
+-- pass strings: the caller's window and cost strings (required in canonical decimal
+-- form), the server time as TIME's own digits, and literal ranks. Numbers that must be
+-- computed are passed to redis.call as Lua numbers, which Redis formats with %.17g,
+-- exact for integers below 2^53 (Lua's own conversion, %.14g, rounds above 14 digits).
 
 local n = #KEYS
 if n == 0 or #ARGV ~= 1 + 5 * n then
@@ -62,9 +70,9 @@ end
 local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
 local MAXWINDOW = 31622400000       -- 366 days in ms
-local REBASE = 4503599627370496     -- 2^52: rebase cumulative sums above this
+local REBASE = 70368744177664       -- 2^46: rebase cumulative sums above this
 local tonumber, call = tonumber, redis.call
-local fmod, format, match, find = math.fmod, string.format, string.match, string.find
+local fmod, format, match, find, sub = math.fmod, string.format, string.match, string.find, string.sub
 
 -- Parse and validate every check before reading or writing anything (Redis has no
 -- rollback). The algorithm is compared as a string, capacity as the limit's string
@@ -84,10 +92,13 @@ elseif n > 3 then
 end
 for i = 1, n do
   local b = 5 * i - 3
-  local as, ls, cs, ks = ARGV[b], ARGV[b + 1], ARGV[b + 3], ARGV[b + 4]
-  a, lim, w = 0, tonumber(ls), tonumber(ARGV[b + 2])
+  local as, ls, ws, cs, ks = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  a, lim, w = 0, tonumber(ls), nil
   capa, k = lim, 1
-  if ks ~= '1' then k = tonumber(ks) end
+  -- The window and cost strings are passed on to SET, PEXPIRE, INCRBY and rolling-window
+  -- members as they are, so they must be plain decimals.
+  if find(ws, '^[1-9]%d*$') then w = tonumber(ws) end
+  if ks ~= '1' then k = find(ks, '^[1-9]%d*$') and tonumber(ks) end
   if as == '1' then
     a, capa = 1, tonumber(cs)
   elseif as == '2' then
@@ -113,7 +124,7 @@ for i = 1, n do
   end
 end
 
-local now -- server time in ms, read on first use
+local now, nowstr -- server time in ms (and its digits), read on first use
 
 -- Phase 1: read (and trim aged rolling-window events, which changes no outcome); compute
 -- every outcome and what an admission would write (x1..x6, per algorithm below).
@@ -152,7 +163,7 @@ for i = 1, n do
       ok, rem, reset = 1, lim - count - k, left
     end
     if x2 and write and (ok == 0 or n > 1) then
-      call('PEXPIRE', key, w) -- the spend repeats it on admission
+      call('PEXPIRE', key, ARGV[5 * i - 1]) -- the window; the spend repeats it on admission
     end
   elseif a == 1 then
     -- x1: new deficit, x2: its TTL (lag + time until full).
@@ -223,32 +234,42 @@ for i = 1, n do
     end
   else
     -- x1: time of the event, x2: cumulative sum before the window, x3, x4: the newest
-    -- event's sum and cost, x5: its time, x6: its member (false: no event in the window).
+    -- event's sum and cost, x5: the newest event's time as written when the new event
+    -- merges into it (else false), x6: its member (false: no event in the window).
     if not now then
       local t = call('TIME')
-      local us = tonumber(t[2])
-      now = tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
+      nowstr = t[1] .. sub(sub('00000' .. t[2], -6), 1, 3)
+      now = tonumber(nowstr)
     end
-    local sum, last, base, nacc, ncost, nmember = 0, 0, 0, 0, 0, false
+    local sum, last, base, nacc, ncost, nmember, lastms = 0, 0, 0, 0, 0, false, false
     local edge = now - w
-    local o
-    if write then
-      o = call('ZRANGE', key, 0, 0, 'WITHSCORES')
-      if o[1] and tonumber(o[2]) <= edge then
-        call('ZREMRANGEBYSCORE', key, '-inf', edge)
-        o = call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    local first, oacc, ocost, ot
+    -- The oldest event in the window. Writing, aged events are trimmed first (a second
+    -- pass reads the new oldest); reading only, they are skipped.
+    for _ = 1, 2 do
+      if write then
+        first = call('ZRANGE', key, '0', '0')[1]
+      else
+        first = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', edge), '+inf', 'LIMIT', '0', '1')[1]
       end
-    else
-      o = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', edge), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if not first then break end
+      local ts
+      oacc, ocost, ts = match(first, '^(%d+):(%d+):?(%d*)$')
+      if ts == '' then ts = call('ZSCORE', key, first) end
+      oacc, ocost, ot = tonumber(oacc), tonumber(ocost), tonumber(ts)
+      if not (oacc and ocost and ot) then
+        return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
+      end
+      if ot > edge then break end
+      call('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', edge))
     end
-    local first = o[1]
     if first then
-      local oacc, ocost = match(first, '^(%d+):(%d+)$')
-      local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-      nmember = newest[1]
-      local na, nc = match(nmember, '^(%d+):(%d+)$')
-      oacc, ocost, nacc, ncost, last = tonumber(oacc), tonumber(ocost), tonumber(na), tonumber(nc), tonumber(newest[2])
-      if not (oacc and ocost and nacc and ncost and last) then
+      nmember = call('ZRANGE', key, '-1', '-1')[1]
+      local na, nc
+      na, nc, lastms = match(nmember, '^(%d+):(%d+):?(%d*)$')
+      if lastms == '' then lastms = call('ZSCORE', key, nmember) end
+      nacc, ncost, last = tonumber(na), tonumber(nc), tonumber(lastms)
+      if not (nacc and ncost and last) then
         return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
       end
       base = oacc - ocost
@@ -277,7 +298,8 @@ for i = 1, n do
       retry = tonumber(e[2]) + w - now
     else
       ok, rem, reset = 1, lim - sum - k, at + w - now
-      x1, x2, x3, x4, x5, x6 = at, base, nacc, ncost, last, nmember
+      if last ~= at then lastms = false end
+      x1, x2, x3, x4, x5, x6 = at, base, nacc, ncost, lastms, nmember
     end
   end
   if ok == 0 then all = false end
@@ -303,38 +325,46 @@ for i = 1, n do
     x1, x2, x3, x4, x5, x6 = S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p]
   end
   local acc = 0
+  local ws, ks = ARGV[5 * i - 1], ARGV[5 * i + 1] -- this check's window and cost strings
   if a == 0 then
     if x1 then
-      call('SET', key, k, 'PX', w)
+      call('SET', key, ks, 'PX', ws)
     else
-      call('INCRBY', key, k)
-      if x2 then call('PEXPIRE', key, w) end
+      call('INCRBY', key, ks)
+      if x2 then call('PEXPIRE', key, ws) end
     end
   elseif a == 1 then
     call('SET', key, x1, 'PX', x2)
   else
-    local at, base, nacc, ncost, last, newest = x1, x2, x3, x4, x5, x6
+    local at, base, nacc, ncost, mergeat, newest = x1, x2, x3, x4, x5, x6
     if not newest then
       nacc = 0
     elseif nacc + k > REBASE then
-      -- Rewrite the window's events with sums relative to the oldest one.
+      -- Rewrite the window's events with sums relative to the oldest one (aged events
+      -- were trimmed in phase 1), keeping each event's time as its score reads.
       local evs = call('ZRANGE', key, 0, -1, 'WITHSCORES')
       call('DEL', key)
       for j = 1, #evs, 2 do
-        local eacc, ec = match(evs[j], '^(%d+):(%d+)$')
-        call('ZADD', key, evs[j + 1], format('%016.0f:%.0f', tonumber(eacc) - base, tonumber(ec)))
+        local eacc, ec = match(evs[j], '^(%d+):(%d+)')
+        newest = (tonumber(eacc) - base) .. ':' .. ec .. ':' .. evs[j + 1]
+        call('ZADD', key, evs[j + 1], newest)
       end
       nacc = nacc - base
-      newest = format('%016.0f:%.0f', nacc, ncost)
+      if mergeat then mergeat = evs[#evs] end
     end
     acc = nacc + k
-    if newest and last == at then
+    if mergeat then
       call('ZREM', key, newest)
-      call('ZADD', key, at, format('%016.0f:%.0f', acc, ncost + k))
+      call('ZADD', key, mergeat, acc .. ':' .. (ncost + k) .. ':' .. mergeat)
     else
-      call('ZADD', key, at, format('%016.0f:%.0f', acc, k))
+      -- A new event: at == now. Its cost is the caller's string when canonical.
+      call('ZADD', key, nowstr, acc .. ':' .. ks .. ':' .. nowstr)
     end
-    call('PEXPIRE', key, at + w - now)
+    if at == now then
+      call('PEXPIRE', key, ws)
+    else
+      call('PEXPIRE', key, at + w - now) -- the clock went back: the newest event is ahead
+    end
   end
   if not S then return {ok, exc, rem, reset, retry, acc} end
   reply[6 * i] = acc

@@ -46,8 +46,9 @@
 //     key's TTL, which keeps the lag for the next decision) includes that lag, as
 //     [ratebudget.Memory]'s do; a full bucket reports no reset.
 //   - rolling window ([ratebudget.RollingWindow]): a sorted set of admitted events over
-//     (now-window, now], scored by time and named by their cumulative cost, so the window's
-//     sum and the earliest useful retry cost O(log n). A refusal only drops events that
+//     (now-window, now], scored by time and named "<cumulative cost>:<cost>:<ms>", so the
+//     window's sum and the earliest useful retry cost O(log n) and reading an event needs
+//     no score. Events of one millisecond are merged. A refusal only drops events that
 //     have left the window, which changes no outcome.
 //
 // A check whose cost exceeds its rule's capacity is refused with Decision.Exceeded.

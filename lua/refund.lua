@@ -11,7 +11,8 @@
 --          allowed an exact refund (the window closed, the bucket is gone, or the event
 --          is no longer the newest); nothing is given back then.
 --
--- State: as written by allow.lua (see its header). A token bucket's deficit is read
+-- State: as written by allow.lua (see its header); a refunded rolling-window event is
+-- rewritten in allow.lua's current member form. A token bucket's deficit is read
 -- with its PTTL as allow.lua reads it, lowered by cost x window and rewritten with SET
 -- key deficit PX lag + ceil(deficit / rate), or deleted once the bucket is full; a
 -- value that is not a decimal integer in [0, full] is left alone.
@@ -36,7 +37,6 @@ local function ceildiv(a, b)
   if r > 0 then q = q + 1 end
   return q
 end
-local function member(acc, cost) return string.format('%016.0f:%.0f', acc, cost) end
 
 local args = {}
 for i = 1, n do
@@ -100,12 +100,13 @@ for i = 1, n do
   else
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if #newest > 0 then
-      local acc, c = string.match(newest[1], '^(%d+):(%d+)$')
+      local acc, c = string.match(newest[1], '^(%d+):(%d+):?%d*$')
       acc, c = tonumber(acc), tonumber(c)
       if acc == a.aux and c and c >= a.cost then
         redis.call('ZREM', key, newest[1])
         if c > a.cost then
-          redis.call('ZADD', key, newest[2], member(acc - a.cost, c - a.cost))
+          -- The event's time is its score (WITHSCORES writes integers exactly).
+          redis.call('ZADD', key, newest[2], (acc - a.cost) .. ':' .. (c - a.cost) .. ':' .. newest[2])
         end
         done = 1
       end

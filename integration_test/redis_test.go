@@ -434,7 +434,7 @@ func TestBytesPerKey(t *testing.T) {
 					// not change the memory a key takes.
 					pipe.Set(ctx, key, strconv.FormatInt(window.Milliseconds(), 10), window)
 				case ratebudget.RollingWindow:
-					pipe.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: fmt.Sprintf("%d:%d:%d", 1, 1, now)})
+					pipe.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: fmt.Sprintf("%d:%d:%d:%d:%d", 1, 1, now, 0, now)})
 					pipe.PExpire(ctx, key, window)
 				}
 			}

@@ -31,22 +31,29 @@
 --                   an empty bucket; a value that is not a decimal integer below 2^53 is
 --                   an error reply.
 --   rolling window: sorted set of admitted events, score = ms (never decreasing), member =
---                   "<cumulative cost after the event>:<cost>:<ms>", all decimal; events
---                   of one ms are merged. The member repeats the score so that reading an
---                   event needs no WITHSCORES (a double formatted by the server and parsed
---                   again here). Cumulative sums are rebased below 2^46, so Lua's own
---                   number-to-string conversion (%.14g) writes them exactly. Members of
---                   the earlier form "<16-digit cumulative cost>:<cost>" are still read
---                   (their time then comes from ZSCORE). PEXPIRE = until the newest
---                   event leaves the window.
+--                   "<cumulative cost after the event>:<cost>:<ms>:<base>:<oldest ms>",
+--                   all decimal, where base is the cumulative cost before the window's
+--                   oldest event and oldest ms that event's time, both as they were when
+--                   the event was written; events of one ms are merged. While that
+--                   oldest event is still in the window no event has left it, so the
+--                   newest event alone gives the window's sum (newest sum - base); once
+--                   it has left, aged events are trimmed and the oldest event left is
+--                   read. The member repeats the score so that reading an event needs
+--                   no WITHSCORES (a double formatted by the server, parsed again here).
+--                   Cumulative sums are rebased below 2^46, so Lua's own number-to-string
+--                   conversion (%.14g) writes them exactly. Members of the earlier forms
+--                   "<16-digit cumulative cost>:<cost>" and "<sum>:<cost>:<ms>" are still
+--                   read (the first's time from ZSCORE); they never name the window.
+--                   PEXPIRE = until the newest event leaves the window.
 -- Every number stays an exact integer below 2^53.
 --
 -- Cost per check, in server commands: fixed window GET, PTTL (when the counter exists),
 -- then SET or INCRBY on admission; token bucket GET, PTTL (when the bucket exists), then
 -- SET with PX on admission (PEXPIRE when a bucket without a TTL is refused); rolling
--- window the oldest and newest events, then ZADD (and ZREM when the newest event's
--- millisecond is merged) and PEXPIRE on admission, plus ZREMRANGEBYSCORE when events
--- have aged out and a binary search over ranks for a refusal's retry time. TIME once
+-- window the newest event, then ZADD (and ZREM when the newest event's millisecond is
+-- merged) and PEXPIRE on admission, plus ZREMRANGEBYSCORE and a read of the oldest
+-- event once events have left the window, and a binary search over ranks for a
+-- refusal's retry time. TIME once
 -- per call, only when a rolling window is decided. Lua work is kept small next to the
 -- commands: no closure is created, a single check keeps its state in locals and
 -- builds one table (the reply), and a group builds two (the reply and S, created at
@@ -78,15 +85,15 @@ local fmod, format, match, find, sub = math.fmod, string.format, string.match, s
 -- rollback). The algorithm is compared as a string, capacity as the limit's string
 -- (equal except for a token bucket) and a cost of '1' needs no parsing: tonumber is the
 -- costly part. (x % 1 ~= 0 also rejects NaN and infinities.) A single check's values
--- stay in locals; several checks' go to S, 11 per check: these 5, then the 6 plan values
+-- stay in locals; several checks' go to S, 12 per check: these 5, then the 7 plan values
 -- below. S and the reply are created at their size for 2 or 3 checks (growing a Lua
 -- table costs more than the commands).
 local a, lim, w, capa, k
 local S, reply
 if n == 2 then
-  S, reply = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0,0,0,0,0}
+  S, reply = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0,0,0,0,0}
 elseif n == 3 then
-  S, reply = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}
+  S, reply = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}
 elseif n > 3 then
   S, reply = {}, {}
 end
@@ -119,8 +126,8 @@ for i = 1, n do
     return redis.error_reply('ERR ratebudget: capacity differs from limit for check ' .. i)
   end
   if S then
-    local p = 11 * i
-    S[p - 10], S[p - 9], S[p - 8], S[p - 7], S[p - 6] = a, lim, w, capa, k
+    local p = 12 * i
+    S[p - 11], S[p - 10], S[p - 9], S[p - 8], S[p - 7] = a, lim, w, capa, k
   end
 end
 
@@ -129,16 +136,16 @@ local now, nowstr -- server time in ms (and its digits), read on first use
 -- Phase 1: read (and trim aged rolling-window events, which changes no outcome); compute
 -- every outcome and what an admission would write (x1..x6, per algorithm below).
 local all = true
-local x1, x2, x3, x4, x5, x6 -- the last check's, for a single check
+local x1, x2, x3, x4, x5, x6, x7 -- the last check's, for a single check
 local ok, exc, rem, reset, retry
 for i = 1, n do
   local key = KEYS[i]
   if S then
-    local p = 11 * i
-    a, lim, w, capa, k = S[p - 10], S[p - 9], S[p - 8], S[p - 7], S[p - 6]
+    local p = 12 * i
+    a, lim, w, capa, k = S[p - 11], S[p - 10], S[p - 9], S[p - 8], S[p - 7]
   end
   ok, exc, rem, reset, retry = 0, 0, 0, 0, 0
-  x1, x2, x3, x4, x5, x6 = false, false, 0, 0, 0, false
+  x1, x2, x3, x4, x5, x6, x7 = false, false, 0, 0, 0, false, false
   if a == 0 then
     -- x1: create the counter; x2: give an immortal counter its TTL.
     local count, left = 0, w
@@ -233,48 +240,64 @@ for i = 1, n do
       call('PEXPIRE', key, fix) -- the spend's SET PX repeats it on admission
     end
   else
-    -- x1: time of the event, x2: cumulative sum before the window, x3, x4: the newest
-    -- event's sum and cost, x5: the newest event's time as written when the new event
-    -- merges into it (else false), x6: its member (false: no event in the window).
+    -- x1: time of the event, x2: the cumulative sum before the window (a string),
+    -- x3, x4: the newest event's sum and cost, x5: the newest event's time as written
+    -- when the new event merges into it (else false), x6: its member (false: no event
+    -- in the window), x7: the window's oldest event's time as written.
     if not now then
       local t = call('TIME')
       nowstr = t[1] .. sub(sub('00000' .. t[2], -6), 1, 3)
       now = tonumber(nowstr)
     end
-    local sum, last, base, nacc, ncost, nmember, lastms = 0, 0, 0, 0, 0, false, false
+    local sum, last, nacc, ncost, lastms = 0, 0, 0, 0, false
+    local base, basestr, oms = 0, '0', nowstr -- an empty window: the new event is its oldest
     local edge = now - w
-    local first, oacc, ocost, ot
-    -- The oldest event in the window. Writing, aged events are trimmed first (a second
-    -- pass reads the new oldest); reading only, they are skipped.
-    for _ = 1, 2 do
-      if write then
-        first = call('ZRANGE', key, '0', '0')[1]
-      else
-        first = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', edge), '+inf', 'LIMIT', '0', '1')[1]
+    local ofirst = false -- the oldest event in the window when aged events may precede it
+    local nmember = call('ZRANGE', key, '-1', '-1')[1] or false
+    if nmember then
+      local na, nc, nt, nb, no = match(nmember, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
+      if not na then
+        na, nc, nt = match(nmember, '^(%d+):(%d+):?(%d*)$')
+        if nt == '' then nt = call('ZSCORE', key, nmember) end
       end
-      if not first then break end
-      local ts
-      oacc, ocost, ts = match(first, '^(%d+):(%d+):?(%d*)$')
-      if ts == '' then ts = call('ZSCORE', key, first) end
-      oacc, ocost, ot = tonumber(oacc), tonumber(ocost), tonumber(ts)
-      if not (oacc and ocost and ot) then
-        return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
-      end
-      if ot > edge then break end
-      call('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', edge))
-    end
-    if first then
-      nmember = call('ZRANGE', key, '-1', '-1')[1]
-      local na, nc
-      na, nc, lastms = match(nmember, '^(%d+):(%d+):?(%d*)$')
-      if lastms == '' then lastms = call('ZSCORE', key, nmember) end
-      nacc, ncost, last = tonumber(na), tonumber(nc), tonumber(lastms)
+      nacc, ncost, last = tonumber(na), tonumber(nc), tonumber(nt)
       if not (nacc and ncost and last) then
         return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
       end
-      base = oacc - ocost
-      sum = nacc - base
-      reset = last + w - now
+      if last <= edge then
+        -- Every event has left the window.
+        if write then call('DEL', key) end
+        nmember, nacc, ncost, last = false, 0, 0, 0
+      else
+        lastms = nt
+        if no and tonumber(no) > edge then
+          -- The oldest event of the window the newest was written in is still in the
+          -- window: no event has left it since, and the base written then holds.
+          basestr, oms = nb, no
+          base = tonumber(nb)
+        else
+          -- Events have left the window (or the newest predates these fields): trim
+          -- them when writing, and read the oldest event that is left.
+          local first, oacc, ocost
+          if write then
+            call('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', edge))
+            first = call('ZRANGE', key, '0', '0')[1]
+          else
+            first = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', edge), '+inf', 'LIMIT', '0', '1')[1]
+            ofirst = first
+          end
+          if first then oacc, ocost, oms = match(first, '^(%d+):(%d+):?(%d*)') end
+          if oms == '' then oms = call('ZSCORE', key, first) end
+          oacc, ocost = tonumber(oacc), tonumber(ocost)
+          if not (oacc and ocost and oms) then
+            return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
+          end
+          base = oacc - ocost
+          basestr = false -- formatted on admission
+        end
+        sum = nacc - base
+        reset = last + w - now
+      end
     end
     local at = now
     if last > now then at = last end -- keep events in order if the clock went back
@@ -285,7 +308,8 @@ for i = 1, n do
       -- The oldest event whose leaving frees enough: binary search by rank over
       -- cumulative sums (each rank read is O(log n)).
       local need = sum + k - lim
-      local lo = call('ZRANK', key, first)
+      local lo = 0 -- the oldest event in the window: aged ones were trimmed, or there are none
+      if ofirst then lo = call('ZRANK', key, ofirst) end
       local hi = call('ZCARD', key) - 1
       while lo < hi do
         local mid = (lo + hi - (lo + hi) % 2) / 2
@@ -299,15 +323,16 @@ for i = 1, n do
     else
       ok, rem, reset = 1, lim - sum - k, at + w - now
       if last ~= at then lastms = false end
-      x1, x2, x3, x4, x5, x6 = at, base, nacc, ncost, lastms, nmember
+      if not basestr then basestr = base .. '' end
+      x1, x2, x3, x4, x5, x6, x7 = at, basestr, nacc, ncost, lastms, nmember, oms
     end
   end
   if ok == 0 then all = false end
   if S then
     local r = 6 * i
     reply[r - 5], reply[r - 4], reply[r - 3], reply[r - 2], reply[r - 1], reply[r] = ok, exc, rem, reset, retry, 0
-    local p = 11 * i
-    S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p] = x1, x2, x3, x4, x5, x6
+    local p = 12 * i
+    S[p - 6], S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p] = x1, x2, x3, x4, x5, x6, x7
   end
 end
 
@@ -320,9 +345,9 @@ end
 for i = 1, n do
   local key = KEYS[i]
   if S then
-    local p = 11 * i
-    a, w, k = S[p - 10], S[p - 8], S[p - 6]
-    x1, x2, x3, x4, x5, x6 = S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p]
+    local p = 12 * i
+    a, w, k = S[p - 11], S[p - 9], S[p - 7]
+    x1, x2, x3, x4, x5, x6, x7 = S[p - 6], S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p]
   end
   local acc = 0
   local ws, ks = ARGV[5 * i - 1], ARGV[5 * i + 1] -- this check's window and cost strings
@@ -336,10 +361,11 @@ for i = 1, n do
   elseif a == 1 then
     call('SET', key, x1, 'PX', x2)
   else
-    local at, base, nacc, ncost, mergeat, newest = x1, x2, x3, x4, x5, x6
+    local at, basestr, nacc, ncost, mergeat, newest, oms = x1, x2, x3, x4, x5, x6, x7
     if not newest then
       nacc = 0
     elseif nacc + k > REBASE then
+      local base = tonumber(basestr)
       -- Rewrite the window's events with sums relative to the oldest one (aged events
       -- were trimmed in phase 1), keeping each event's time as its score reads.
       local evs = call('ZRANGE', key, 0, -1, 'WITHSCORES')
@@ -349,16 +375,18 @@ for i = 1, n do
         newest = (tonumber(eacc) - base) .. ':' .. ec .. ':' .. evs[j + 1]
         call('ZADD', key, evs[j + 1], newest)
       end
-      nacc = nacc - base
+      nacc, basestr = nacc - base, '0'
       if mergeat then mergeat = evs[#evs] end
     end
     acc = nacc + k
+    -- The newest event also names the window's base and oldest event, so that the next
+    -- decision needs no other read until that event leaves the window.
+    local tail = ':' .. basestr .. ':' .. oms
     if mergeat then
       call('ZREM', key, newest)
-      call('ZADD', key, mergeat, acc .. ':' .. (ncost + k) .. ':' .. mergeat)
+      call('ZADD', key, mergeat, acc .. ':' .. (ncost + k) .. ':' .. mergeat .. tail)
     else
-      -- A new event: at == now. Its cost is the caller's string when canonical.
-      call('ZADD', key, nowstr, acc .. ':' .. ks .. ':' .. nowstr)
+      call('ZADD', key, nowstr, acc .. ':' .. ks .. ':' .. nowstr .. tail) -- at == now
     end
     if at == now then
       call('PEXPIRE', key, ws)

@@ -46,10 +46,13 @@
 //     key's TTL, which keeps the lag for the next decision) includes that lag, as
 //     [ratebudget.Memory]'s do; a full bucket reports no reset.
 //   - rolling window ([ratebudget.RollingWindow]): a sorted set of admitted events over
-//     (now-window, now], scored by time and named "<cumulative cost>:<cost>:<ms>", so the
-//     window's sum and the earliest useful retry cost O(log n) and reading an event needs
-//     no score. Events of one millisecond are merged. A refusal only drops events that
-//     have left the window, which changes no outcome.
+//     (now-window, now], scored by time and named by their cumulative cost, their cost,
+//     their time, and the cumulative cost before the window's oldest event with that
+//     event's time. The window's sum is the newest event's cumulative cost less that
+//     base, so while no event has left the window a decision reads only the newest
+//     event; the earliest useful retry costs O(log² n). Events of one millisecond are
+//     merged. A refusal only drops events that have left the window, which changes no
+//     outcome.
 //
 // A check whose cost exceeds its rule's capacity is refused with Decision.Exceeded.
 // Arguments are validated in Go before anything is sent, and again in the script before
@@ -61,11 +64,15 @@
 // server's script cache was emptied) and no other command. Inside the script each check
 // costs a few commands, independent of the budget's size: a fixed window GET and PTTL,
 // then INCRBY (SET for a new window) on admission; a token bucket GET and PTTL, then
-// one SET with PX on admission; a rolling window reads its oldest and newest events,
-// then ZADD (with ZREM when events of one millisecond are merged) and PEXPIRE, plus
-// ZREMRANGEBYSCORE when events have aged out and an O(log² n) search for a refusal's
-// retry time. TIME is read once per call, and only for rolling windows. With go-redis's own clients the
-// command is handed to Process with a reused argument list (keys and numbers passed by
+// one SET with PX on admission; a rolling window reads its newest event, then ZADD
+// (with ZREM when events of one millisecond are merged) and PEXPIRE on admission, plus
+// ZREMRANGEBYSCORE and a read of the oldest event once events have left the window, and
+// an O(log² n) search for a refusal's retry time. TIME is read once per call, and only
+// for rolling windows. Arguments that the script passes on (window, cost, the server
+// time) stay strings: formatting a number costs the server about as much as a command.
+// With go-redis's own clients the command is handed to Process with a reused argument
+// list (keys and numbers passed by pointer); other [Client] implementations get EvalSha
+// and Eval calls.
 // pointer); other [Client] implementations get EvalSha and Eval calls.
 //
 // # Pipelining

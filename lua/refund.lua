@@ -100,13 +100,29 @@ for i = 1, n do
   else
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if #newest > 0 then
-      local acc, c = string.match(newest[1], '^(%d+):(%d+):?%d*$')
+      -- tail: the window's base and oldest event that allow.lua wrote with the event.
+      local acc, c, tail = string.match(newest[1], '^(%d+):(%d+)(.*)$')
       acc, c = tonumber(acc), tonumber(c)
       if acc == a.aux and c and c >= a.cost then
         redis.call('ZREM', key, newest[1])
         if c > a.cost then
-          -- The event's time is its score (WITHSCORES writes integers exactly).
-          redis.call('ZADD', key, newest[2], (acc - a.cost) .. ':' .. (c - a.cost) .. ':' .. newest[2])
+          -- The event stays the newest, and its tail still holds. Its time is its score
+          -- (WITHSCORES writes integers exactly).
+          if string.find(tail, '^:%d+:%d+:%d+$') then
+            tail = string.match(tail, '^:%d+(:%d+:%d+)$')
+          else
+            tail = ''
+          end
+          redis.call('ZADD', key, newest[2], (acc - a.cost) .. ':' .. (c - a.cost) .. ':' .. newest[2] .. tail)
+        else
+          -- The event before it becomes the newest. Its tail may predate events that
+          -- the refunded admission trimmed: drop it, so that allow.lua reads the oldest
+          -- event again.
+          local prev = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+          if #prev > 0 and string.find(prev[1], '^%d+:%d+:%d+:%d+:%d+$') then
+            redis.call('ZREM', key, prev[1])
+            redis.call('ZADD', key, prev[2], string.match(prev[1], '^(%d+:%d+):') .. ':' .. prev[2])
+          end
         end
         done = 1
       end

@@ -35,9 +35,10 @@ func serverMillis(t *testing.T, c *redis.Client) int64 {
 	return now.UnixMilli()
 }
 
-// TestRollingLogForm: every event is named "<cumulative cost>:<cost>:<ms>" with the ms
-// equal to its score, events of one millisecond are merged, and the key expires when
-// its newest event leaves the window.
+// TestRollingLogForm: every event is named "<cumulative cost>:<cost>:<ms>:<base>:<oldest
+// ms>" with the ms equal to its score and, since no event left the window, a base of 0
+// and the first event's time; events of one millisecond are merged, and the key expires
+// when its newest event leaves the window.
 func TestRollingLogForm(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
@@ -58,10 +59,11 @@ func TestRollingLogForm(t *testing.T) {
 		}
 	}
 	acc, prev := 0, -1.0
-	for _, z := range rollingLog(t, c, key) {
+	zs := rollingLog(t, c, key)
+	for _, z := range zs {
 		f := strings.Split(z.Member.(string), ":")
-		if len(f) != 3 {
-			t.Fatalf("member %q: want three fields", z.Member)
+		if len(f) != 5 || f[3] != "0" || f[4] != fmt.Sprintf("%.0f", zs[0].Score) {
+			t.Fatalf("member %q: want five fields ending in :0:<the first event's ms>", z.Member)
 		}
 		a, err1 := strconv.Atoi(f[0])
 		cost, err2 := strconv.Atoi(f[1])
@@ -123,8 +125,8 @@ func TestRollingEarlierMembers(t *testing.T) {
 	if len(zs) != 3 {
 		t.Fatalf("log %v, want the two earlier events and a new one", zs)
 	}
-	if m := zs[2].Member.(string); m != fmt.Sprintf("9:3:%.0f", zs[2].Score) {
-		t.Fatalf("new member %q, want 9:3:<its ms>", m)
+	if m := zs[2].Member.(string); m != fmt.Sprintf("9:3:%.0f:0:%d", zs[2].Score, now-30000) {
+		t.Fatalf("new member %q, want 9:3:<its ms>:0:<the oldest event's ms>", m)
 	}
 }
 
@@ -166,8 +168,8 @@ func TestRollingRebase(t *testing.T) {
 			t.Fatalf("event %d: %v, want %s at its own score", i, zs[i], w)
 		}
 	}
-	if m := zs[2].Member.(string); m != fmt.Sprintf("35:5:%.0f", zs[2].Score) {
-		t.Fatalf("new event %q, want 35:5:<ms>", m)
+	if m := zs[2].Member.(string); m != fmt.Sprintf("35:5:%.0f:0:%d", zs[2].Score, now-20000) {
+		t.Fatalf("new event %q, want 35:5:<ms>:0:<the oldest event's ms>", m)
 	}
 	d, err = l.Allow(ctx, chk)
 	if err != nil || !d.Allowed || d.Remaining != 60 {
@@ -197,11 +199,130 @@ func TestRollingClockAhead(t *testing.T) {
 		t.Fatalf("cost 2 over 3 spent of 10: %+v, %v; want admitted with 5 remaining", d, err)
 	}
 	zs := rollingLog(t, c, key)
-	if len(zs) != 1 || zs[0].Member != fmt.Sprintf("5:5:%d", ahead) || zs[0].Score != float64(ahead) {
-		t.Fatalf("log %v, want one event 5:5:%d", zs, ahead)
+	if len(zs) != 1 || zs[0].Member != fmt.Sprintf("5:5:%d:0:%d", ahead, ahead) || zs[0].Score != float64(ahead) {
+		t.Fatalf("log %v, want one event 5:5:%d:0:%d", zs, ahead, ahead)
 	}
 	slack := time.Since(start) + 2*time.Millisecond
 	if p := c.PTTL(ctx, key).Val(); p > 15*time.Second || p < 15*time.Second-slack {
 		t.Fatalf("PTTL %v, want 15s (5s ahead + the window) minus at most %v", p, slack)
+	}
+}
+
+// TestRollingWindowSlides: once the oldest event that the newest one names has left the
+// window, the next admission trims the aged events, reads the oldest event left and
+// names it, with the sum before it, in its own event.
+func TestRollingWindowSlides(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	l := newLimiter(t, c, lua.WithoutRefusalCache())
+	rule := ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 100, Window: time.Minute}
+	chk := []ratebudget.Check{{Rule: rule, Identity: "ann", Cost: 5}}
+	key := l.Key(chk[0])
+	now := serverMillis(t, c)
+	a, b, d := now-70000, now-20000, now-10000
+	// 7 units that have left the window, then 10 and 20 units, all naming the first event.
+	if err := c.ZAdd(ctx, key,
+		redis.Z{Score: float64(a), Member: fmt.Sprintf("7:7:%d:0:%d", a, a)},
+		redis.Z{Score: float64(b), Member: fmt.Sprintf("17:10:%d:0:%d", b, a)},
+		redis.Z{Score: float64(d), Member: fmt.Sprintf("37:20:%d:0:%d", d, a)},
+	).Err(); err != nil {
+		t.Fatal(err)
+	}
+	c.PExpire(ctx, key, 50*time.Second)
+	dec, err := l.Allow(ctx, chk)
+	if err != nil || !dec.Allowed || dec.Remaining != 65 {
+		t.Fatalf("cost 5 over 30 spent of 100: %+v, %v; want admitted with 65 remaining", dec, err)
+	}
+	zs := rollingLog(t, c, key)
+	if len(zs) != 3 || zs[0].Score != float64(b) {
+		t.Fatalf("log %v, want the aged event trimmed", zs)
+	}
+	if m := zs[2].Member.(string); m != fmt.Sprintf("42:5:%.0f:7:%d", zs[2].Score, b) {
+		t.Fatalf("new event %q, want 42:5:<ms>:7:%d", m, b)
+	}
+}
+
+// TestRollingNewestNamesTheWindow: while the oldest event that the newest one names is
+// in the window, an admission reads only the newest event: one ZRANGE, no trimming
+// and no score (counted by the server, which counts commands run by scripts).
+func TestRollingNewestNamesTheWindow(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	l := newLimiter(t, c, lua.WithoutRefusalCache())
+	rule := ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 1000, Window: time.Minute}
+	chk := []ratebudget.Check{{Rule: rule, Identity: "ann", Cost: 1}}
+	for range 3 {
+		if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed {
+			t.Fatalf("warm-up: %+v, %v", d, err)
+		}
+	}
+	if err := c.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for range n {
+		if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed {
+			t.Fatalf("%+v, %v", d, err)
+		}
+	}
+	stats := commandStats(t, c)
+	want := map[string]float64{"time": n, "zrange": n, "zadd": n, "pexpire": n}
+	for cmd, calls := range stats.calls {
+		if cmd == "evalsha" || cmd == "eval" || cmd == "zrem" || strings.HasPrefix(cmd, "config") {
+			continue // zrem: events of one millisecond are merged
+		}
+		if calls != want[cmd] {
+			t.Errorf("%s called %v times by %d admissions, want %v", cmd, calls, n, want[cmd])
+		}
+	}
+	for cmd, calls := range want {
+		if stats.calls[cmd] != calls {
+			t.Errorf("%s called %v times by %d admissions, want %v", cmd, stats.calls[cmd], n, calls)
+		}
+	}
+}
+
+// TestRollingRefund: an admission given back because a later group refused leaves the
+// log counting what it counted before, and the event that becomes the newest no longer
+// names the window (the refunded admission may have trimmed events it named).
+func TestRollingRefund(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	l := newLimiter(t, c, lua.WithoutRefusalCache())
+	rw := ratebudget.Check{Rule: ratebudget.Rule{Name: "rw", Algorithm: ratebudget.RollingWindow, Limit: 10, Window: time.Minute}, Identity: "ann", Cost: 3}
+	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 1, Window: time.Minute}, Identity: "bob", Cost: 1}
+	if l.Key(rw) == l.Key(fw) {
+		t.Fatal("keys collide")
+	}
+	if d, err := l.Allow(ctx, []ratebudget.Check{rw}); err != nil || !d.Allowed || d.Remaining != 7 {
+		t.Fatalf("first admission: %+v, %v", d, err)
+	}
+	if d, err := l.Allow(ctx, []ratebudget.Check{fw}); err != nil || !d.Allowed {
+		t.Fatalf("spending the fixed window: %+v, %v", d, err)
+	}
+	before := rollingLog(t, c, l.Key(rw))
+	if len(before) != 1 || strings.Count(before[0].Member.(string), ":") != 4 {
+		t.Fatalf("log %v, want one event naming the window", before)
+	}
+	// Wait for the next millisecond, so that the refunded event is an event of its own.
+	for deadline := time.Now().Add(time.Second); serverMillis(t, c) <= int64(before[0].Score); {
+		if time.Now().After(deadline) {
+			t.Fatal("the server clock did not move")
+		}
+	}
+	d, err := l.Allow(ctx, []ratebudget.Check{rw, fw})
+	if err != nil || d.Allowed || d.Rule != "fw" {
+		t.Fatalf("decision: %+v, %v; want refused by fw", d, err)
+	}
+	after := rollingLog(t, c, l.Key(rw))
+	want := fmt.Sprintf("3:3:%.0f", before[0].Score)
+	if len(after) != 1 || after[0].Member != want || after[0].Score != before[0].Score {
+		t.Fatalf("log after the refund %v, want the first event alone as %s", after, want)
+	}
+	if d, err := l.Allow(ctx, []ratebudget.Check{rw}); err != nil || !d.Allowed || d.Remaining != 4 {
+		t.Fatalf("after the refund: %+v, %v; want admitted with 4 remaining", d, err)
 	}
 }

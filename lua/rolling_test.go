@@ -3,6 +3,7 @@ package lua_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"testing"
@@ -315,5 +316,116 @@ func TestRollingRefund(t *testing.T) {
 	}
 	if d := rc.allow(t, 3); !d.Allowed || d.Remaining != 4 {
 		t.Fatalf("after the refund: %+v; want admitted with 4 remaining", d)
+	}
+}
+
+// logEvent is one parsed rolling-window event.
+type logEvent struct {
+	ms, acc, cost  int64
+	base, oldestMS int64 // -1 when the member does not name the window
+}
+
+func parseLog(t *testing.T, zs []redis.Z) []logEvent {
+	t.Helper()
+	evs := make([]logEvent, len(zs))
+	for i, z := range zs {
+		f := strings.Split(z.Member.(string), ":")
+		if len(f) != 3 && len(f) != 5 {
+			t.Fatalf("member %q: want 3 or 5 fields", z.Member)
+		}
+		n := make([]int64, len(f))
+		for j := range f {
+			v, err := strconv.ParseInt(f[j], 10, 64)
+			if err != nil {
+				t.Fatalf("member %q: %v", z.Member, err)
+			}
+			n[j] = v
+		}
+		if float64(n[2]) != z.Score {
+			t.Fatalf("member %q at score %.0f: its time is not its score", z.Member, z.Score)
+		}
+		evs[i] = logEvent{ms: n[2], acc: n[0], cost: n[1], base: -1, oldestMS: -1}
+		if len(f) == 5 {
+			evs[i].base, evs[i].oldestMS = n[3], n[4]
+		}
+	}
+	return evs
+}
+
+// TestRollingRandomWalk: random costs at random moments on a short window. After every
+// admission the log must account for it exactly: the new event is the newest, the
+// events in its window sum to limit - remaining, cumulative sums step by each event's
+// cost, and the newest event names the window's oldest event and the sum before it.
+// Every refusal's Remaining must match a sum of the log's events that were in the
+// window at some moment of the call.
+func TestRollingRandomWalk(t *testing.T) {
+	const limit, window = 20, 40 * time.Millisecond
+	w := window.Milliseconds()
+	rc := newRollingCase(t, limit, window, 1)
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 7))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("seed %d", seed)
+		}
+	})
+	admitted, refused := 0, 0
+	for i := range 400 {
+		cost := 1 + rng.Int64N(6)
+		before := serverMillis(t, rc.c)
+		d := rc.allow(t, cost)
+		evs := parseLog(t, rollingLog(t, rc.c, rc.key))
+		if d.Allowed {
+			admitted++
+			newest := evs[len(evs)-1]
+			at := newest.ms
+			sum, oldest := int64(0), -1
+			for j, e := range evs {
+				if e.ms > at-w {
+					sum += e.cost
+					if oldest < 0 {
+						oldest = j
+					}
+				}
+				if j > 0 && e.acc != evs[j-1].acc+e.cost {
+					t.Fatalf("decision %d: event %+v does not follow %+v by its cost", i, e, evs[j-1])
+				}
+			}
+			if got := limit - d.Remaining; got != sum {
+				t.Fatalf("decision %d (cost %d): limit - remaining = %d, events in (%d, %d] sum to %d: %+v", i, cost, got, at-w, at, sum, evs)
+			}
+			o := evs[oldest]
+			if newest.base != o.acc-o.cost || newest.oldestMS != o.ms {
+				t.Fatalf("decision %d: newest %+v does not name the oldest event in its window %+v", i, newest, o)
+			}
+			if oldest != 0 {
+				t.Fatalf("decision %d: aged events were not trimmed: %+v", i, evs)
+			}
+		} else {
+			refused++
+			if d.RetryAfter <= 0 || d.RetryAfter > window {
+				t.Fatalf("decision %d: refused with retry after %v", i, d.RetryAfter)
+			}
+			after := serverMillis(t, rc.c)
+			ok := false
+			for now := before; now <= after && !ok; now++ {
+				sum := int64(0)
+				for _, e := range evs {
+					if e.ms > now-w && e.ms <= now {
+						sum += e.cost
+					}
+				}
+				ok = limit-d.Remaining == sum && sum+cost > limit
+			}
+			if !ok {
+				t.Fatalf("decision %d (cost %d): refused with %d remaining; no moment in [%d, %d] matches the log %+v", i, cost, d.Remaining, before, after, evs)
+			}
+		}
+		if rng.IntN(4) == 0 {
+			time.Sleep(time.Duration(rng.IntN(15)) * time.Millisecond) // let the window slide
+		}
+	}
+	if admitted < 50 || refused < 50 {
+		t.Fatalf("%d admitted and %d refused: the walk did not exercise both", admitted, refused)
 	}
 }

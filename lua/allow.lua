@@ -134,7 +134,7 @@ end
 local now, nowstr -- server time in ms (and its digits), read on first use
 
 -- Phase 1: read (and trim aged rolling-window events, which changes no outcome); compute
--- every outcome and what an admission would write (x1..x6, per algorithm below).
+-- every outcome and what an admission would write (x1..x7, per algorithm below).
 local all = true
 local x1, x2, x3, x4, x5, x6, x7 -- the last check's, for a single check
 local ok, exc, rem, reset, retry
@@ -240,7 +240,8 @@ for i = 1, n do
       call('PEXPIRE', key, fix) -- the spend's SET PX repeats it on admission
     end
   else
-    -- x1: time of the event, x2: the cumulative sum before the window (a string),
+    -- x1: time of the event, x2: the cumulative sum before the window (the string
+    -- written with the newest event, or a number to format once it is below 2^46),
     -- x3, x4: the newest event's sum and cost, x5: the newest event's time as written
     -- when the new event merges into it (else false), x6: its member (false: no event
     -- in the window), x7: the window's oldest event's time as written.
@@ -293,7 +294,7 @@ for i = 1, n do
             return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
           end
           base = oacc - ocost
-          basestr = false -- formatted on admission
+          basestr = false -- formatted on admission, after any rebase
         end
         sum = nacc - base
         reset = last + w - now
@@ -323,8 +324,7 @@ for i = 1, n do
     else
       ok, rem, reset = 1, lim - sum - k, at + w - now
       if last ~= at then lastms = false end
-      if not basestr then basestr = base .. '' end
-      x1, x2, x3, x4, x5, x6, x7 = at, basestr, nacc, ncost, lastms, nmember, oms
+      x1, x2, x3, x4, x5, x6, x7 = at, basestr or base, nacc, ncost, lastms, nmember, oms
     end
   end
   if ok == 0 then all = false end
@@ -361,11 +361,11 @@ for i = 1, n do
   elseif a == 1 then
     call('SET', key, x1, 'PX', x2)
   else
-    local at, basestr, nacc, ncost, mergeat, newest, oms = x1, x2, x3, x4, x5, x6, x7
+    local at, base, nacc, ncost, mergeat, newest, oms = x1, x2, x3, x4, x5, x6, x7
     if not newest then
       nacc = 0
     elseif nacc + k > REBASE then
-      local base = tonumber(basestr)
+      base = tonumber(base)
       -- Rewrite the window's events with sums relative to the oldest one (aged events
       -- were trimmed in phase 1), keeping each event's time as its score reads.
       local evs = call('ZRANGE', key, 0, -1, 'WITHSCORES')
@@ -375,13 +375,15 @@ for i = 1, n do
         newest = (tonumber(eacc) - base) .. ':' .. ec .. ':' .. evs[j + 1]
         call('ZADD', key, evs[j + 1], newest)
       end
-      nacc, basestr = nacc - base, '0'
+      nacc, base = nacc - base, '0'
       if mergeat then mergeat = evs[#evs] end
+    elseif type(base) == 'number' then
+      base = base .. '' -- exact: base <= nacc < 2^46
     end
     acc = nacc + k
     -- The newest event also names the window's base and oldest event, so that the next
     -- decision needs no other read until that event leaves the window.
-    local tail = ':' .. basestr .. ':' .. oms
+    local tail = ':' .. base .. ':' .. oms
     if mergeat then
       call('ZREM', key, newest)
       call('ZADD', key, mergeat, acc .. ':' .. (ncost + k) .. ':' .. mergeat .. tail)

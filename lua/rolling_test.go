@@ -429,3 +429,34 @@ func TestRollingRandomWalk(t *testing.T) {
 		t.Fatalf("%d admitted and %d refused: the walk did not exercise both", admitted, refused)
 	}
 }
+
+// TestRollingRebaseEarlierLog: a log in the earlier form may hold cumulative sums far
+// above 2^46 (it was rebased at 2^52); the next admission rebases it exactly.
+func TestRollingRebaseEarlierLog(t *testing.T) {
+	rc := newRollingCase(t, 100, time.Minute, 5)
+	now := serverMillis(t, rc.c)
+	const base = int64(1) << 50 // 1125899906842624: Lua's %.14g would write 1.1258999068426e+15
+	rc.writeLog(t, 50*time.Second,
+		event(now-20000, fmt.Sprintf("%016d:%d", base+7, 7)),
+		event(now-10000, fmt.Sprintf("%016d:%d", base+37, 30)))
+	if d := rc.allow(t, 5); !d.Allowed || d.Remaining != 58 {
+		t.Fatalf("cost 5 over 37 spent of 100: %+v; want admitted with 58 remaining", d)
+	}
+	zs := rollingLog(t, rc.c, rc.key)
+	want := []string{
+		fmt.Sprintf("7:7:%d", now-20000),
+		fmt.Sprintf("37:30:%d", now-10000),
+		fmt.Sprintf("42:5:%.0f:0:%d", zs[len(zs)-1].Score, now-20000),
+	}
+	if len(zs) != len(want) {
+		t.Fatalf("log %v, want %v", zs, want)
+	}
+	for i := range want {
+		if zs[i].Member != want[i] {
+			t.Fatalf("log %v, want %v", zs, want)
+		}
+	}
+	if d := rc.allow(t, 5); !d.Allowed || d.Remaining != 53 {
+		t.Fatalf("after the rebase: %+v; want admitted with 53 remaining", d)
+	}
+}

@@ -158,41 +158,6 @@ func TestRollingEarlierMembers(t *testing.T) {
 	}
 }
 
-// TestRollingRebase: cumulative sums close to 2^46 are rewritten relative to the
-// window's oldest event, without changing any outcome.
-func TestRollingRebase(t *testing.T) {
-	rc := newRollingCase(t, 100, time.Minute, 5)
-	now := serverMillis(t, rc.c)
-	const high = int64(1)<<46 - 3
-	// An aged event, then 10 and 20 units in the window, the newest one's sum 3 below 2^46.
-	rc.writeLog(t, 50*time.Second,
-		event(now-90000, fmt.Sprintf("%d:7:%d", high-30, now-90000)),
-		event(now-20000, fmt.Sprintf("%d:10:%d", high-20, now-20000)),
-		event(now-10000, fmt.Sprintf("%d:20:%d", high, now-10000)))
-	if d := rc.allow(t, 5); !d.Allowed || d.Remaining != 65 {
-		t.Fatalf("cost 5 over 30 spent of 100: %+v; want admitted with 65 remaining", d)
-	}
-	zs := rollingLog(t, rc.c, rc.key)
-	want := []string{
-		fmt.Sprintf("10:10:%d", now-20000),
-		fmt.Sprintf("30:20:%d", now-10000),
-	}
-	if len(zs) != 3 {
-		t.Fatalf("log %v, want two rebased events and the new one", zs)
-	}
-	for i, w := range want {
-		if zs[i].Member != w || zs[i].Score != float64(now-20000+10000*int64(i)) {
-			t.Fatalf("event %d: %v, want %s at its own score", i, zs[i], w)
-		}
-	}
-	if m := zs[2].Member.(string); m != fmt.Sprintf("35:5:%.0f:0:%d", zs[2].Score, now-20000) {
-		t.Fatalf("new event %q, want 35:5:<ms>:0:<the oldest event's ms>", m)
-	}
-	if d := rc.allow(t, 5); !d.Allowed || d.Remaining != 60 {
-		t.Fatalf("after the rebase: %+v; want admitted with 60 remaining", d)
-	}
-}
-
 // TestRollingClockAhead: an event ahead of the server's clock (the clock went back)
 // takes the new event into its millisecond, and the key lives until that event leaves
 // the window.
@@ -430,33 +395,63 @@ func TestRollingRandomWalk(t *testing.T) {
 	}
 }
 
-// TestRollingRebaseEarlierLog: a log in the earlier form may hold cumulative sums far
-// above 2^46 (it was rebased at 2^52); the next admission rebases it exactly.
-func TestRollingRebaseEarlierLog(t *testing.T) {
-	rc := newRollingCase(t, 100, time.Minute, 5)
-	now := serverMillis(t, rc.c)
-	const base = int64(1) << 50 // 1125899906842624: Lua's %.14g would write 1.1258999068426e+15
-	rc.writeLog(t, 50*time.Second,
-		event(now-20000, fmt.Sprintf("%016d:%d", base+7, 7)),
-		event(now-10000, fmt.Sprintf("%016d:%d", base+37, 30)))
-	if d := rc.allow(t, 5); !d.Allowed || d.Remaining != 58 {
-		t.Fatalf("cost 5 over 37 spent of 100: %+v; want admitted with 58 remaining", d)
-	}
-	zs := rollingLog(t, rc.c, rc.key)
-	want := []string{
-		fmt.Sprintf("7:7:%d", now-20000),
-		fmt.Sprintf("37:30:%d", now-10000),
-		fmt.Sprintf("42:5:%.0f:0:%d", zs[len(zs)-1].Score, now-20000),
-	}
-	if len(zs) != len(want) {
-		t.Fatalf("log %v, want %v", zs, want)
-	}
-	for i := range want {
-		if zs[i].Member != want[i] {
-			t.Fatalf("log %v, want %v", zs, want)
-		}
-	}
-	if d := rc.allow(t, 5); !d.Allowed || d.Remaining != 53 {
-		t.Fatalf("after the rebase: %+v; want admitted with 53 remaining", d)
+// TestRollingRebase: cumulative sums about to pass 2^46 are rewritten relative to the
+// window's oldest event, aged events trimmed, without changing any outcome; that holds
+// for a log in the earlier form too, whose sums may be far above 2^46 (it was rebased
+// at 2^52), beyond what Lua's %.14g writes exactly.
+func TestRollingRebase(t *testing.T) {
+	const near = int64(1)<<46 - 3
+	const far = int64(1) << 50 // 1125899906842624; %.14g writes 1.1258999068426e+15
+	for _, tc := range []struct {
+		name string
+		log  func(now int64) []redis.Z
+		// spent is the window's sum before the two admissions of 5; want is the log
+		// after the first, bar its new event.
+		spent int64
+		want  func(now int64) []string
+	}{
+		{"near 2^46", func(now int64) []redis.Z {
+			return []redis.Z{ // an aged event, then 10 and 20 units
+				event(now-90000, fmt.Sprintf("%d:7:%d", near-30, now-90000)),
+				event(now-20000, fmt.Sprintf("%d:10:%d", near-20, now-20000)),
+				event(now-10000, fmt.Sprintf("%d:20:%d", near, now-10000)),
+			}
+		}, 30, func(now int64) []string {
+			return []string{fmt.Sprintf("10:10:%d", now-20000), fmt.Sprintf("30:20:%d", now-10000)}
+		}},
+		{"earlier form near 2^50", func(now int64) []redis.Z {
+			return []redis.Z{ // 7 and 30 units
+				event(now-20000, fmt.Sprintf("%016d:%d", far+7, 7)),
+				event(now-10000, fmt.Sprintf("%016d:%d", far+37, 30)),
+			}
+		}, 37, func(now int64) []string {
+			return []string{fmt.Sprintf("7:7:%d", now-20000), fmt.Sprintf("37:30:%d", now-10000)}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := newRollingCase(t, 100, time.Minute, 5)
+			now := serverMillis(t, rc.c)
+			rc.writeLog(t, 50*time.Second, tc.log(now)...)
+			if d := rc.allow(t, 5); !d.Allowed || d.Remaining != 95-tc.spent {
+				t.Fatalf("cost 5 over %d spent of 100: %+v; want admitted with %d remaining", tc.spent, d, 95-tc.spent)
+			}
+			zs := rollingLog(t, rc.c, rc.key)
+			want := tc.want(now)
+			want = append(want, fmt.Sprintf("%d:5:%.0f:0:%d", tc.spent+5, zs[len(zs)-1].Score, now-20000))
+			if len(zs) != len(want) {
+				t.Fatalf("log %v, want %v", zs, want)
+			}
+			for i, w := range want {
+				if zs[i].Member != w {
+					t.Fatalf("log %v, want %v", zs, want)
+				}
+			}
+			if zs[0].Score != float64(now-20000) || zs[1].Score != float64(now-10000) {
+				t.Fatalf("log %v: the rebased events moved", zs)
+			}
+			if d := rc.allow(t, 5); !d.Allowed || d.Remaining != 90-tc.spent {
+				t.Fatalf("after the rebase: %+v; want admitted with %d remaining", d, 90-tc.spent)
+			}
+		})
 	}
 }

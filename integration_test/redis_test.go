@@ -229,10 +229,11 @@ func TestMultiRuleRawState(t *testing.T) {
 					}
 					checks = append(checks, ratebudget.Check{Rule: ratebudget.Rule{Name: "r" + alg.String(), Algorithm: alg, Limit: limit, Window: time.Minute}, Identity: id, Cost: 1})
 				}
+				// PTTLs may drop, and buckets refill, by the time the test takes from here.
+				start := time.Now()
 				if d, err := l.Allow(ctx, checks); err != nil || !d.Allowed {
 					t.Fatalf("first decision: %+v, %v", d, err)
 				}
-				start := time.Now() // PTTLs may drop by the time the test takes from here
 				before := make([]keyState, len(checks))
 				for i := range checks {
 					before[i] = rawState(t, c, l.Key(checks[i]))
@@ -403,8 +404,15 @@ func TestBytesPerKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("creates 300k keys")
 	}
-	c := newClient(t, 8)
-	ctx := ctxT(t)
+	// 300k keys in pipelines of 2000 commands take a few seconds, more on a loaded
+	// machine: this test gets a minute and long socket timeouts.
+	requireRedis(t)
+	opts := clientOptions(redisAddr, 8)
+	opts.ReadTimeout, opts.WriteTimeout = 30*time.Second, 30*time.Second
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
 	l := newLimiter(t, c)
 	const n = 100_000
 	const window = 20 * time.Second // the keys vanish on their own

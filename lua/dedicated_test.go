@@ -259,3 +259,49 @@ func TestDedicatedOneCommandPerDecision(t *testing.T) {
 	}
 	t.Logf("flood of %d requests: %v script calls (%.4f per request)", flood, delta.calls["evalsha"], delta.calls["evalsha"]/flood)
 }
+
+// TestDedicatedDecisionAllocs: once warm, a decision over the dedicated connection
+// allocates nothing, for one check or for three in one slot: keys go out from the
+// scratch buffer, numbers by pointer, and the reply is read into reused integers.
+func TestDedicatedDecisionAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; make test runs this without it")
+	}
+	srv := redistest.Start(t)
+	l := dedicated(t, srv.Client(t))
+	rule := func(name string, alg ratebudget.Algorithm) ratebudget.Rule {
+		return ratebudget.Rule{Name: name, Algorithm: alg, Limit: 1 << 30, Window: time.Minute}
+	}
+	for _, tc := range []struct {
+		name  string
+		rules []ratebudget.Rule
+	}{
+		{"fixed", []ratebudget.Rule{rule("f", ratebudget.FixedWindow)}},
+		{"token", []ratebudget.Rule{rule("t", ratebudget.TokenBucket)}},
+		{"rolling", []ratebudget.Rule{rule("r", ratebudget.RollingWindow)}},
+		{"3mixed", []ratebudget.Rule{rule("f", ratebudget.FixedWindow), rule("t", ratebudget.TokenBucket), rule("r", ratebudget.RollingWindow)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checks := make([]ratebudget.Check, len(tc.rules))
+			for i, r := range tc.rules {
+				checks[i] = ratebudget.Check{Rule: r, Identity: "allocs-" + tc.name, Cost: 1}
+			}
+			ctx := context.Background()
+			admitted, failed := 0, 0
+			allocs := testing.AllocsPerRun(200, func() {
+				d, err := l.Allow(ctx, checks)
+				if err != nil {
+					failed++
+				} else if d.Allowed {
+					admitted++
+				}
+			})
+			if failed > 0 || admitted != 201 { // AllocsPerRun makes one warm-up call
+				t.Fatalf("%d of 201 decisions admitted, %d failed", admitted, failed)
+			}
+			if allocs != 0 {
+				t.Errorf("%v allocations per decision, want 0", allocs)
+			}
+		})
+	}
+}

@@ -294,11 +294,12 @@ func (l *Limiter) Key(c ratebudget.Check) string {
 
 // scratch holds one decision's buffers, reused through Limiter.pool.
 type scratch struct {
-	buf   []byte // key bytes
-	hash  []byte // digest input
-	ckey  []byte // refusal cache key
-	ends  []int  // end of each check's key in buf
-	keys  []string
+	buf   []byte   // key bytes
+	hash  []byte   // digest input
+	ckey  []byte   // refusal cache key
+	ends  []int    // end of each check's key in buf
+	keys  []string // string keys, for every path but a single slot's call over the dedicated connection
+	kb    [][]byte // that path's keys, views of buf
 	slots []uint16
 	outs  []ratebudget.Outcome
 	aux   []int64
@@ -319,6 +320,7 @@ func (l *Limiter) getScratch(n int) *scratch {
 	s.buf = s.buf[:0]
 	s.ends = s.ends[:0]
 	s.keys = s.keys[:0]
+	s.kb = s.kb[:0]
 	s.slots = s.slots[:0]
 	s.outs = s.outs[:0]
 	s.aux = s.aux[:0]
@@ -335,6 +337,7 @@ func (l *Limiter) putScratch(s *scratch) {
 		return // never reuse what a command in an unknown state may still reference
 	}
 	clear(s.keys)
+	clear(s.kb)
 	clear(s.gkeys)
 	clear(s.args)
 	if cap(s.buf) > 4096 || cap(s.hash) > 4096 {
@@ -422,8 +425,16 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 		}
 	}
 
-	for i := range checks {
-		s.keys = append(s.keys, string(s.key(i)))
+	if single && l.conn != nil {
+		// The dedicated connection encodes the arguments before Ints waits: the key
+		// bytes can be sent from buf, without a string each.
+		for i := range checks {
+			s.kb = append(s.kb, s.key(i))
+		}
+	} else {
+		for i := range checks {
+			s.keys = append(s.keys, string(s.key(i)))
+		}
 	}
 	timeout := l.timeout
 	if within > 0 && (timeout <= 0 || within < timeout) {
@@ -665,9 +676,17 @@ func (l *Limiter) processInts(ctx context.Context, timeout time.Duration, s *scr
 func (l *Limiter) allowArgs(s *scratch, mode string) {
 	s.args = append(s.args[:0], "evalsha", l.allowSHA, len(s.idx))
 	for _, j := range s.idx {
-		s.args = append(s.args, &s.keys[j])
+		if len(s.kb) > 0 {
+			s.args = append(s.args, &s.kb[j])
+		} else {
+			s.args = append(s.args, &s.keys[j])
+		}
 	}
-	s.args = append(s.args, mode)
+	if mode == "1" {
+		s.args = append(s.args, "1") // a constant: no boxing
+	} else {
+		s.args = append(s.args, "0")
+	}
 	for k := range s.nums {
 		s.args = append(s.args, &s.nums[k])
 	}

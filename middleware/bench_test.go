@@ -132,3 +132,50 @@ func BenchmarkMiddlewareIOPath(b *testing.B) {
 		})
 	}
 }
+
+// TestAllocsPerRequest: an admitted request through the middleware on the in-process
+// limiter allocates once (the metadata headers' values), whatever the client. The count
+// is part of the hot path's contract (at most 4); this pins today's 1.
+func TestAllocsPerRequest(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates; make test runs this without it")
+	}
+	byAddr, err := keyfuncs.ClientIP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, _ := ratebudget.NewMemory()
+	mw, err := middleware.New(lim, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour},
+		Identity: byAddr,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := 0
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }))
+	reqs := make([]*http.Request, 16)
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest("GET", "/", nil)
+		reqs[i].RemoteAddr = "192.0.2." + strconv.Itoa(i) + ":1000"
+	}
+	w := &discard{h: http.Header{}}
+	for _, r := range reqs { // each client's budget exists before counting
+		h.ServeHTTP(w, r)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(500, func() {
+		clear(w.h)
+		h.ServeHTTP(w, reqs[i%len(reqs)])
+		i++
+	})
+	if served != len(reqs)+501 { // AllocsPerRun makes one warm-up call
+		t.Fatalf("served %d requests, want %d: not every request was admitted", served, len(reqs)+501)
+	}
+	if w.h.Get("X-RateLimit-Remaining") == "" {
+		t.Fatal("no X-RateLimit-Remaining header: the count would not include the headers")
+	}
+	if allocs > 1 {
+		t.Errorf("%v allocations per admitted request, want at most 1", allocs)
+	}
+}

@@ -127,7 +127,7 @@ func (c *Conn) Process(ctx context.Context, cmd redis.Cmder) error {
 	return cmd.Err()
 }
 
-// Ints sends args (strings, []byte, int, int64, and pointers to string and int64) and
+// Ints sends args (strings, []byte, int, int64, and pointers to string, []byte and int64) and
 // appends the reply, which must be an array of integers, to dst. An error reply is an
 // [Error]; a reply of another shape matches [ErrReplyShape]. Context handling is as for
 // Process; a timeout above zero also bounds the wait (context.DeadlineExceeded), without
@@ -616,6 +616,8 @@ func appendCommand(b []byte, args []any) ([]byte, error) {
 			b = appendBulk(b, *v)
 		case []byte:
 			b = appendBulk(b, v)
+		case *[]byte:
+			b = appendBulk(b, *v)
 		case int:
 			b = appendInt(b, int64(v))
 		case int64:

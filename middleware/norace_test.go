@@ -1,0 +1,5 @@
+//go:build !race
+
+package middleware_test
+
+const raceEnabled = false

@@ -17,9 +17,10 @@ test:
 	$(GO) test -race -count=1 -shuffle=on $(PKGS)
 	$(GO) test -count=1 -run 'Allocs' $(ALLOCPKGS)
 
-## bench: the project's benchmarks, as a table
+## bench: the project's benchmarks, as a table (one package at a time: go test runs
+## packages' test binaries in parallel by default, and benchmarks would share the CPUs)
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS) | $(GO) run ./internal/benchtable
+	$(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 $(PKGS) | $(GO) run ./internal/benchtable
 
 ## demo: run the demo server on 127.0.0.1:8080 with the in-memory limiter
 demo:

@@ -292,3 +292,32 @@ func TestTimeoutBoundLimiter(t *testing.T) {
 		t.Fatalf("unbounded limiter: %d, %d Allow calls, AllowWithin %v", rec.Code, u.calls.Load(), u.timeouts)
 	}
 }
+
+// Checks are pooled with their rules in place; a local-fallback decision swaps in the
+// local rules (limit / replicas), and the store must never see them afterwards.
+func TestLocalFallbackLeavesPooledRulesIntact(t *testing.T) {
+	t.Parallel()
+	configured := rule("r", 1000, time.Minute) // locally 500: the fallback admits all 20
+	var fail bool
+	var seen []ratebudget.Rule
+	lim := limiterFunc(func(_ context.Context, c []ratebudget.Check) (ratebudget.Decision, error) {
+		seen = append(seen, c[0].Rule)
+		if fail {
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("down")}
+		}
+		return ratebudget.Decision{Allowed: true, Rule: c[0].Rule.Name, Limit: c[0].Rule.Limit, Remaining: 1}, nil
+	})
+	h := mustNew(t, lim, []middleware.Rule{{Rule: configured, Identity: global}},
+		middleware.WithLocalFallback(2), middleware.WithBreaker(0, 0))(ok)
+	for i := range 40 {
+		fail = i%2 == 0
+		if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+			t.Fatalf("request %d: %d, want 200", i, rec.Code)
+		}
+	}
+	for i, r := range seen {
+		if r != configured {
+			t.Fatalf("call %d got rule %+v, want the configured %+v", i, r, configured)
+		}
+	}
+}

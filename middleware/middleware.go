@@ -188,8 +188,13 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		}
 		m.fallback = fb
 	}
-	n := len(m.rules)
-	m.pool.New = func() any { s := make([]ratebudget.Check, n); return &s }
+	m.pool.New = func() any {
+		s := make([]ratebudget.Check, len(m.rules))
+		for i := range s {
+			s[i].Rule = m.rules[i].rule // kept between uses: only the rest is per request
+		}
+		return &s
+	}
 	return m, nil
 }
 
@@ -202,7 +207,7 @@ func (m *mw) wrap(next http.Handler) http.Handler {
 func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	ctx := r.Context()
 	if ctx.Err() != nil {
-		m.observe(Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()})
+		m.observe(&Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()})
 		return
 	}
 	cost := int64(1)
@@ -217,25 +222,25 @@ func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 		}
 		cost = c
 	}
-	ev, ok := m.evaluate(w, r, cost)
-	if !ok {
+	var ev Event // filled in place: an Event is too large to return by value on this path
+	if !m.evaluate(w, r, cost, &ev) {
 		return // answered by the error handler
 	}
-	d := ev.Decision
+	d := &ev.Decision
 	if ev.Err != nil && !ev.Fallback {
 		if ctx.Err() != nil {
 			ev.Outcome = OutcomeCanceled
-			m.observe(ev)
+			m.observe(&ev)
 			return
 		}
 		if m.cfg.policy == FailOpen {
 			ev.Outcome = OutcomeDegraded
-			m.observe(ev)
+			m.observe(&ev)
 			next.ServeHTTP(w, r)
 			return
 		}
 		ev.Outcome = OutcomeUnavailable
-		m.observe(ev)
+		m.observe(&ev)
 		headers.WriteUnavailable(w, r, m.cfg.retryAfter)
 		return
 	}
@@ -244,7 +249,7 @@ func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	switch {
 	case d.Allowed:
 		ev.Outcome = OutcomeAllowed
-		m.observe(ev)
+		m.observe(&ev)
 		headers.Write(w.Header(), m.cfg.style, info)
 		next.ServeHTTP(w, r)
 	case m.cfg.onRefusal != nil:
@@ -252,52 +257,51 @@ func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 		if d.Exceeded {
 			ev.Outcome = OutcomeExceeded
 		}
-		m.observe(ev)
+		m.observe(&ev)
 		headers.Write(w.Header(), m.cfg.style, info)
-		m.cfg.onRefusal(w, r, d)
+		m.cfg.onRefusal(w, r, *d)
 	case d.Exceeded:
 		ev.Outcome = OutcomeExceeded
-		m.observe(ev)
+		m.observe(&ev)
 		headers.WriteCostExceeded(w, r, m.cfg.style, info, cost)
 	default:
 		ev.Outcome = OutcomeDenied
-		m.observe(ev)
+		m.observe(&ev)
 		headers.WriteTooManyRequests(w, r, m.cfg.style, info)
 	}
 }
 
 // evaluate builds the request's checks, asks the limiter and, when the store fails under
-// LocalFallback, the local budget. ok is false when an identity or scope could not be
-// determined; the error handler has then answered. The checks go back to the pool before
-// evaluate returns, so a slow handler holds none.
-func (m *mw) evaluate(w http.ResponseWriter, r *http.Request, cost int64) (ev Event, ok bool) {
+// LocalFallback, the local budget, and fills ev. It reports false when an identity or
+// scope could not be determined; the error handler has then answered. The checks go back
+// to the pool before evaluate returns, so a slow handler holds none.
+func (m *mw) evaluate(w http.ResponseWriter, r *http.Request, cost int64, ev *Event) bool {
 	ctx := r.Context()
 	cp := m.pool.Get().(*[]ratebudget.Check)
-	checks := *cp
-	defer func() {
-		clear(checks)
-		m.pool.Put(cp)
-	}()
+	checks := *cp // each holds its rule already (see New)
+	defer m.putChecks(cp)
 	for i := range m.rules {
 		cr := &m.rules[i]
 		id, err := cr.identity(r)
 		if err != nil {
 			m.invalid(w, r, err)
-			return ev, false
+			return false
 		}
 		var scope string
 		if cr.scope != nil {
 			if scope, err = cr.scope(r); err != nil {
 				m.invalid(w, r, err)
-				return ev, false
+				return false
 			}
 		}
-		checks[i] = ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: cost}
+		c := &checks[i]
+		c.Identity, c.Scope, c.Cost = id, scope, cost
 	}
-	d, latency, err := m.decide(ctx, checks)
-	ev = Event{Request: r, Decision: d, Latency: latency}
+	ev.Request = r
+	var err error
+	ev.Decision, ev.Latency, err = m.decide(ctx, checks)
 	if err == nil {
-		return ev, true
+		return true
 	}
 	var se *ratebudget.StoreError
 	if !errors.As(err, &se) {
@@ -312,8 +316,21 @@ func (m *mw) evaluate(w http.ResponseWriter, r *http.Request, cost int64) (ev Ev
 		}
 		ev.Decision, _ = m.fallback.Allow(ctx, checks)
 		ev.Fallback = true
+		for i := range checks {
+			checks[i].Rule = m.rules[i].rule // as the pool keeps them
+		}
 	}
-	return ev, true
+	return true
+}
+
+// putChecks returns checks to the pool with their rules and without the request's
+// identity and scope, which must not outlive it.
+func (m *mw) putChecks(cp *[]ratebudget.Check) {
+	checks := *cp
+	for i := range checks {
+		checks[i].Identity, checks[i].Scope = "", ""
+	}
+	m.pool.Put(cp)
 }
 
 // decide asks the limiter, under the deadline and breaker when it does I/O.
@@ -424,7 +441,7 @@ func (m *mw) allowBounded(ctx context.Context, checks []ratebudget.Check) (rateb
 }
 
 func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err error) {
-	m.observe(Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+	m.observe(&Event{Request: r, Outcome: OutcomeInvalid, Err: err})
 	if m.cfg.onError != nil {
 		m.cfg.onError(w, r, err)
 		return
@@ -442,8 +459,8 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err error) {
 	headers.WriteUnidentified(w, r, "the rate-limit identity of this request could not be determined")
 }
 
-func (m *mw) observe(ev Event) {
+func (m *mw) observe(ev *Event) {
 	for _, f := range m.cfg.observers {
-		f(ev)
+		f(*ev)
 	}
 }

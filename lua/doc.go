@@ -85,9 +85,9 @@
 // atomic script call, with its own reply or error, so pipelining changes no outcome.
 // Every caller waits on its own context, which is why the limiter is
 // [ratebudget.ContextBound] whatever the client's settings. On two cores, 64 concurrent
-// callers make fixed-window decisions at 0.73–1.7× the rate of bare PINGs on the same
+// callers make fixed-window decisions at 0.73–2.2× the rate of bare PINGs on the same
 // client (runs and machines vary), against about 0.5× without pipelining; over a
-// dedicated connection (below) at 0.89–1.9×.
+// dedicated connection (below) at 0.89–2.7×.
 //
 // # Dedicated connection
 //

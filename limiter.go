@@ -14,7 +14,7 @@ import (
 // exceeds its rule's capacity is refused with [Decision.Exceeded] set, not reported as
 // an error.
 //
-// Allow must not retain checks after it returns.
+// Allow must not modify checks, nor retain them after it returns (callers reuse them).
 type Limiter interface {
 	Allow(ctx context.Context, checks []Check) (Decision, error)
 }

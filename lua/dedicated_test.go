@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/israce"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
@@ -264,7 +265,7 @@ func TestDedicatedOneCommandPerDecision(t *testing.T) {
 // allocates nothing, for one check or for three in one slot: keys go out from the
 // scratch buffer, numbers by pointer, and the reply is read into reused integers.
 func TestDedicatedDecisionAllocs(t *testing.T) {
-	if raceEnabled {
+	if israce.Enabled {
 		t.Skip("the race detector allocates; make test runs this without it")
 	}
 	srv := redistest.Start(t)

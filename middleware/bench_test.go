@@ -11,6 +11,7 @@ import (
 	"github.com/go-chi/httprate"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/israce"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
@@ -137,7 +138,7 @@ func BenchmarkMiddlewareIOPath(b *testing.B) {
 // limiter allocates once (the metadata headers' values), whatever the client. The count
 // is part of the hot path's contract (at most 4); this pins today's 1.
 func TestAllocsPerRequest(t *testing.T) {
-	if raceEnabled {
+	if israce.Enabled {
 		t.Skip("the race detector allocates; make test runs this without it")
 	}
 	byAddr, err := keyfuncs.ClientIP()

@@ -1,5 +1,0 @@
-//go:build !race
-
-package lua_test
-
-const raceEnabled = false

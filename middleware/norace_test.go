@@ -1,5 +1,0 @@
-//go:build !race
-
-package middleware_test
-
-const raceEnabled = false

@@ -49,6 +49,8 @@ type Limiter struct {
 	allowSHA, allowSrc any // boxed once
 	dedicated          bool
 	conn               *wire.Conn // the dedicated connection, if any
+	coalesceMax        int        // WithCoalescing's group; 0: no coalescing
+	coal               *coalescer
 }
 
 var _ ratebudget.Limiter = (*Limiter)(nil)
@@ -279,6 +281,9 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 	if l.cacheSize > 0 {
 		l.refusals = refusal.New(l.cacheSize)
 	}
+	if l.coalesceMax > 0 {
+		l.coal = newCoalescer(l.coalesceMax)
+	}
 	return l, nil
 }
 
@@ -310,6 +315,16 @@ type scratch struct {
 	ints  []int64 // the script's reply
 	done  []int   // groups admitted, as first check indexes
 	lost  bool    // a call failed in transit: the client may still hold args
+	mult  int64   // the call asks for mult times each check's cost (a coalesced group)
+
+	// Coalescing (see coalesced); waiting and runner are guarded by the shard's lock.
+	sig     []byte        // the decision's signature
+	wake    chan struct{} // wakes a waiting member; capacity 1
+	timer   *time.Timer
+	waiting bool  // in a group not yet sent
+	runner  bool  // sends its group's call
+	role    uint8 // for other members, set before the wake
+	gerr    error // roleErr's error
 }
 
 func (l *Limiter) getScratch(n int) *scratch {
@@ -325,6 +340,10 @@ func (l *Limiter) getScratch(n int) *scratch {
 	s.outs = s.outs[:0]
 	s.aux = s.aux[:0]
 	s.done = s.done[:0]
+	s.mult = 1
+	if s.wake == nil {
+		s.wake = make(chan struct{}, 1)
+	}
 	for range n {
 		s.outs = append(s.outs, ratebudget.Outcome{})
 		s.aux = append(s.aux, 0)
@@ -452,10 +471,15 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 		for i := range checks {
 			s.idx = append(s.idx, i)
 		}
-		if _, err := l.runAllow(ctx, timeout, s, checks, true); err != nil {
+		var err error
+		if l.coal != nil {
+			d, err = l.coalesced(ctx, timeout, s, checks)
+		} else {
+			d, err = l.alone(ctx, timeout, s, checks)
+		}
+		if err != nil {
 			return ratebudget.Decision{}, err
 		}
-		d = ratebudget.Combine(checks, s.outs)
 	} else {
 		var err error
 		if d, err = l.allowGroups(ctx, s, checks); err != nil {
@@ -616,7 +640,7 @@ func (l *Limiter) runAllow(ctx context.Context, timeout time.Duration, s *scratc
 	for _, j := range s.idx {
 		c := &checks[j]
 		s.nums = append(s.nums, int64(c.Rule.Algorithm), c.Rule.Limit, c.Rule.Window.Milliseconds(),
-			c.Rule.Capacity(), c.Cost)
+			c.Rule.Capacity(), c.Cost*s.mult)
 	}
 	var v any
 	var err error

@@ -38,11 +38,14 @@ serve() { # args: extra demo flags; prints requests/s, then demo and Redis CPU �
 	kill "$demo"; wait "$demo" 2>/dev/null || true; demo=
 }
 
-printf '%-6s %11s %11s %6s %11s %6s   %s\n' round "no limiter" "dedicated" ratio "pool" ratio "CPU µs/request: demo without; demo, redis with dedicated; with pool"
+printf '%-6s %11s %11s %6s %11s %6s %11s %6s   %s\n' round "no limiter" "dedicated" ratio "pool" ratio "coalesced" ratio \
+	"CPU µs/request: demo without; demo, redis with dedicated; with pool; coalesced"
 for r in $(seq "$rounds"); do
 	read -r off doff _ < <(serve -no-limit)
 	read -r on don ron < <(serve)
 	read -r pool dpool rpool < <(serve -redis-pool)
-	printf '%-6s %11.0f %11.0f %6.2f %11.0f %6.2f   %.1f; %.1f, %.1f; %.1f, %.1f\n' "$r" "$off" "$on" "$(echo "$on / $off" | bc -l)" \
-		"$pool" "$(echo "$pool / $off" | bc -l)" "$doff" "$don" "$ron" "$dpool" "$rpool"
+	read -r co dco rco < <(serve -coalesce 256)
+	printf '%-6s %11.0f %11.0f %6.2f %11.0f %6.2f %11.0f %6.2f   %.1f; %.1f, %.1f; %.1f, %.1f; %.1f, %.1f\n' "$r" "$off" \
+		"$on" "$(echo "$on / $off" | bc -l)" "$pool" "$(echo "$pool / $off" | bc -l)" "$co" "$(echo "$co / $off" | bc -l)" \
+		"$doff" "$don" "$ron" "$dpool" "$rpool" "$dco" "$rco"
 done

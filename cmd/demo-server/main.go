@@ -59,6 +59,7 @@ type options struct {
 	ipv6Prefix     int
 	noLimit        bool
 	redisPool      bool
+	coalesce       int
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -78,6 +79,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
 	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
 	fs.BoolVar(&o.redisPool, "redis-pool", false, "send Redis decisions through the client's pool, pipelined, instead of a dedicated connection")
+	fs.IntVar(&o.coalesce, "coalesce", 0, "decide up to this many concurrent identical Redis decisions as one call (see lua.WithCoalescing); 0: off")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

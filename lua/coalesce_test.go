@@ -1,0 +1,405 @@
+package lua_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
+)
+
+// transports are the two ways decisions reach Redis.
+var transports = []struct {
+	name string
+	opts []lua.Option
+}{
+	{"pool", nil},
+	{"dedicated", []lua.Option{lua.WithDedicatedConnection()}},
+}
+
+func TestCoalescingConfig(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	for _, n := range []int{-1, 0, 1, lua.MaxCoalescedGroup + 1} {
+		_, err := lua.New(c, lua.WithCoalescing(n))
+		var ce *ratebudget.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "WithCoalescing" {
+			t.Errorf("WithCoalescing(%d): %v, want a ConfigError naming WithCoalescing", n, err)
+		}
+	}
+	if _, err := lua.New(c, lua.WithCoalescing(2)); err != nil {
+		t.Errorf("WithCoalescing(2): %v", err)
+	}
+}
+
+// TestConformanceCoalesced runs the shared suite with coalescing on, over both transports.
+func TestConformanceCoalesced(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			limitertest.Run(t, func(t *testing.T) limitertest.Harness {
+				return limitertest.Harness{Limiter: newLimiter(t, client, append(tr.opts, lua.WithCoalescing(64))...)}
+			})
+		})
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 10 seconds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+type result struct {
+	d   ratebudget.Decision
+	err error
+}
+
+// hold freezes srv and starts one decision of checks on l, which then waits for Redis
+// with its signature in flight; later decisions of the same checks join a group.
+func hold(t *testing.T, srv *redistest.Server, l *lua.Limiter, checks []ratebudget.Check, out chan<- result) {
+	t.Helper()
+	srv.Freeze(t)
+	go func() {
+		d, err := l.Allow(context.Background(), checks)
+		out <- result{d, err}
+	}()
+	waitFor(t, "the first decision in flight", func() bool { _, f := lua.Waiting(l); return f == 1 })
+}
+
+// join starts n decisions of checks on l, each with its own context from ctx(i), and
+// waits until want of them wait in a group.
+func join(t *testing.T, l *lua.Limiter, checks []ratebudget.Check, n, want int, ctx func(i int) context.Context, out chan<- result) {
+	t.Helper()
+	for i := range n {
+		go func() {
+			d, err := l.Allow(ctx(i), checks)
+			out <- result{d, err}
+		}()
+	}
+	waitFor(t, "decisions to join a group", func() bool { m, _ := lua.Waiting(l); return m == want })
+}
+
+func background(int) context.Context { return context.Background() }
+
+// TestCoalescedGroup: decisions that arrive while one is in flight are sent as one
+// call, admitted in full, and each gets the remaining budget it would have seen one
+// after another. The server runs two script calls for 100 decisions.
+func TestCoalescedGroup(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			control := srv.Client(t)
+			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
+			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			warm := []ratebudget.Check{{Rule: chk[0].Rule, Identity: "warm", Cost: 1}}
+			if _, err := l.Allow(context.Background(), warm); err != nil { // loads the script
+				t.Fatal(err)
+			}
+			before := commandStats(t, control)
+			out := make(chan result, 100)
+			hold(t, srv, l, chk, out)
+			join(t, l, chk, 99, 99, background, out)
+			srv.Thaw(t)
+			var remaining []int64
+			for range 100 {
+				r := <-out
+				if r.err != nil || !r.d.Allowed {
+					t.Fatalf("decision: %+v, %v; want admitted", r.d, r.err)
+				}
+				remaining = append(remaining, r.d.Remaining)
+			}
+			slices.Sort(remaining)
+			for i, v := range remaining {
+				if v != int64(900+i) {
+					t.Fatalf("remaining, sorted: %v; want 900 to 999, each once", remaining)
+				}
+			}
+			if m, f := lua.Waiting(l); m != 0 || f != 0 {
+				t.Errorf("after the decisions: %d waiting, %d in flight; want none", m, f)
+			}
+			delta := commandStats(t, control).sub(before)
+			if delta.calls["evalsha"] != 2 || delta.calls["eval"] != 0 {
+				t.Errorf("server ran %v evalsha, %v eval for 100 decisions; want 2 evalsha", delta.calls["evalsha"], delta.calls["eval"])
+			}
+			if v, err := control.Get(context.Background(), l.Key(chk[0])).Int(); err != nil || v != 100 {
+				t.Fatalf("counter in Redis: %d, %v; want 100", v, err)
+			}
+		})
+	}
+}
+
+// TestCoalescedAtTheLimit: a group that does not fit spends nothing and its members are
+// decided one by one, so exactly the limit is admitted; a group is never larger than the
+// rule's capacity, and decisions beyond a full group go alone.
+func TestCoalescedAtTheLimit(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			control := srv.Client(t)
+			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(4096), lua.WithoutRefusalCache())...)
+			const limit, callers = 50, 200
+			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: limit, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			out := make(chan result, callers)
+			hold(t, srv, l, chk, out)
+			// The group holds at most limit / cost = 50 decisions; the other 149 go alone.
+			join(t, l, chk, callers-1, limit, background, out)
+			srv.Thaw(t)
+			admitted := 0
+			for range callers {
+				r := <-out
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				if r.d.Allowed {
+					admitted++
+				} else if r.d.RetryAfter <= 0 {
+					t.Errorf("refusal without a retry time: %+v", r.d)
+				}
+			}
+			if admitted != limit {
+				t.Fatalf("admitted %d of %d, want exactly %d", admitted, callers, limit)
+			}
+			if v, err := control.Get(context.Background(), l.Key(chk[0])).Int(); err != nil || v != limit {
+				t.Fatalf("counter in Redis: %d, %v; want %d", v, err, limit)
+			}
+		})
+	}
+}
+
+// TestCoalescedMembersLeave: a member whose context ends, or whose AllowWithin bound
+// passes, while its group waits, gets a certain error and spends nothing; the rest of
+// the group is decided.
+func TestCoalescedMembersLeave(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			control := srv.Client(t)
+			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
+			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			out := make(chan result, 32)
+			hold(t, srv, l, chk, out)
+			const members, leaving = 10, 4
+			ctxs := make([]context.Context, members)
+			cancels := make([]context.CancelFunc, members)
+			for i := range ctxs {
+				ctxs[i], cancels[i] = context.WithCancel(context.Background())
+				defer cancels[i]()
+			}
+			left := make(chan result, members)
+			for i := range members {
+				go func() {
+					d, err := l.Allow(ctxs[i], chk)
+					if i < leaving {
+						left <- result{d, err}
+						return
+					}
+					out <- result{d, err}
+				}()
+			}
+			waitFor(t, "decisions to join a group", func() bool { m, _ := lua.Waiting(l); return m == members })
+			// Two more bounded by AllowWithin run out of time in the group.
+			for range 2 {
+				go func() {
+					d, err := l.AllowWithin(context.Background(), 20*time.Millisecond, chk)
+					left <- result{d, err}
+				}()
+			}
+			for i := range leaving {
+				cancels[i]()
+			}
+			for range leaving + 2 {
+				r := <-left
+				var se *ratebudget.StoreError
+				if !errors.As(r.err, &se) || se.Uncertain || (se.Class != "canceled" && se.Class != "timeout") {
+					t.Fatalf("a member that left: %+v, %v; want a certain canceled or timeout error", r.d, r.err)
+				}
+			}
+			waitFor(t, "members to leave", func() bool { m, _ := lua.Waiting(l); return m == members-leaving })
+			srv.Thaw(t)
+			var remaining []int64
+			for range 1 + members - leaving {
+				r := <-out
+				if r.err != nil || !r.d.Allowed {
+					t.Fatalf("decision: %+v, %v; want admitted", r.d, r.err)
+				}
+				remaining = append(remaining, r.d.Remaining)
+			}
+			slices.Sort(remaining)
+			if want := []int64{993, 994, 995, 996, 997, 998, 999}; !slices.Equal(remaining, want) {
+				t.Errorf("remaining: %v, want %v", remaining, want)
+			}
+			if v, err := control.Get(context.Background(), l.Key(chk[0])).Int(); err != nil || v != 1+members-leaving {
+				t.Fatalf("counter in Redis: %d, %v; want %d", v, err, 1+members-leaving)
+			}
+		})
+	}
+}
+
+// TestCoalescedStoreError: when the store fails, every member of the group gets a store
+// error of its own, and nobody waits forever.
+func TestCoalescedStoreError(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			control := srv.Client(t)
+			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256))...)
+			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			out := make(chan result, 32)
+			hold(t, srv, l, chk, out)
+			join(t, l, chk, 8, 8, background, out)
+			srv.Kill(t)
+			seen := map[*ratebudget.StoreError]bool{}
+			for range 9 {
+				r := <-out
+				var se *ratebudget.StoreError
+				if !errors.As(r.err, &se) {
+					t.Fatalf("decision with the store gone: %+v, %v; want a StoreError", r.d, r.err)
+				}
+				if seen[se] {
+					t.Fatal("two members share one *StoreError")
+				}
+				seen[se] = true
+			}
+		})
+	}
+}
+
+// TestCoalescedExactUnderContention: 64 callers on one budget, coalescing on, admit
+// exactly the limit.
+func TestCoalescedExactUnderContention(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	for _, tr := range transports {
+		for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
+			t.Run(tr.name+"/"+alg.String(), func(t *testing.T) {
+				l := newLimiter(t, client, append(tr.opts, lua.WithCoalescing(16), lua.WithoutRefusalCache())...)
+				const callers, each, limit = 64, 20, 500
+				chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Algorithm: alg, Limit: limit, Window: time.Hour}, Identity: "ann", Cost: 1}}
+				var mu sync.Mutex
+				admitted := 0
+				var wg sync.WaitGroup
+				for range callers {
+					wg.Go(func() {
+						for range each {
+							d, err := l.Allow(context.Background(), chk)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if d.Allowed {
+								mu.Lock()
+								admitted++
+								mu.Unlock()
+							}
+						}
+					})
+				}
+				wg.Wait()
+				if admitted != limit {
+					t.Fatalf("admitted %d of %d, want exactly %d", admitted, callers*each, limit)
+				}
+			})
+		}
+	}
+}
+
+// TestCoalescedSenderLeaves: the first member of a group, which is to send its call,
+// has its context end as the group is sealed. It reports a certain error, having sent
+// nothing, and the other members decide alone: all admitted, and the budget in Redis
+// counts exactly the admissions.
+func TestCoalescedSenderLeaves(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			control := srv.Client(t)
+			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
+			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			lua.OnSeal(l, cancel)
+			out := make(chan result, 8)
+			hold(t, srv, l, chk, out)
+			sender := make(chan result, 1)
+			go func() {
+				d, err := l.Allow(ctx, chk)
+				sender <- result{d, err}
+			}()
+			waitFor(t, "the sender to join", func() bool { m, _ := lua.Waiting(l); return m == 1 })
+			join(t, l, chk, 3, 4, background, out)
+			srv.Thaw(t)
+			s := <-sender
+			var se *ratebudget.StoreError
+			if !errors.As(s.err, &se) || se.Uncertain || se.Class != "canceled" {
+				t.Fatalf("sender: %+v, %v; want a certain canceled error", s.d, s.err)
+			}
+			for range 4 {
+				if r := <-out; r.err != nil || !r.d.Allowed {
+					t.Fatalf("decision %+v, %v; want admitted", r.d, r.err)
+				}
+			}
+			if v, err := control.Get(context.Background(), l.Key(chk[0])).Int(); err != nil || v != 4 {
+				t.Fatalf("counter in Redis: %d, %v; want 4", v, err)
+			}
+		})
+	}
+}
+
+// TestCoalescedSenderTimesOut: the sender's own AllowWithin bound passes while its
+// group's call waits on a frozen server. It reports an uncertain timeout; the other
+// members, who still have time, decide alone and are admitted once the server answers.
+// The group's call, already written, is then applied too: the budget is over-counted by
+// the group, never under-counted.
+func TestCoalescedSenderTimesOut(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			control := srv.Client(t)
+			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
+			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			lua.OnSeal(l, func() { srv.Freeze(t) })
+			out := make(chan result, 8)
+			hold(t, srv, l, chk, out)
+			sender := make(chan result, 1)
+			go func() {
+				d, err := l.AllowWithin(context.Background(), 300*time.Millisecond, chk)
+				sender <- result{d, err}
+			}()
+			waitFor(t, "the sender to join", func() bool { m, _ := lua.Waiting(l); return m == 1 })
+			join(t, l, chk, 2, 3, background, out)
+			srv.Thaw(t) // the first decision returns; the group is sealed, and the server frozen again
+			if r := <-out; r.err != nil || !r.d.Allowed {
+				t.Fatalf("first decision %+v, %v; want admitted", r.d, r.err)
+			}
+			s := <-sender
+			var se *ratebudget.StoreError
+			if !errors.As(s.err, &se) || !se.Uncertain || se.Class != "timeout" {
+				t.Fatalf("sender: %+v, %v; want an uncertain timeout", s.d, s.err)
+			}
+			srv.Thaw(t)
+			for range 2 {
+				if r := <-out; r.err != nil || !r.d.Allowed {
+					t.Fatalf("decision %+v, %v; want admitted", r.d, r.err)
+				}
+			}
+			if v, err := control.Get(context.Background(), l.Key(chk[0])).Int(); err != nil || v != 1+3+2 {
+				t.Fatalf("counter in Redis: %d, %v; want 6 (1, the group of 3, then 2 alone)", v, err)
+			}
+		})
+	}
+}

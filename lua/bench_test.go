@@ -33,6 +33,9 @@ const benchCallers = 64
 // The refusal cache is on (the default); no decision is refused, so each is a script call.
 // Each time rule runs twice: through the client's own pool, pipelined by the limiter (the
 // default), and over a dedicated connection (lua.WithDedicatedConnection, "dedicated/").
+// Each caller has a budget of its own, except in the "hot" cases, where all 64 share one:
+// over the dedicated connection without and with lua.WithCoalescing ("coalesced/"), which
+// also runs on per-caller budgets, where it has nothing to group.
 func BenchmarkProcess(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: benchCallers, MaxRetries: -1, ContextTimeoutEnabled: true})
@@ -46,6 +49,11 @@ func BenchmarkProcess(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { ded.Close() })
+	coal, err := lua.New(c, lua.WithPrefix("bench"), lua.WithDedicatedConnection(), lua.WithCoalescing(256))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { coal.Close() })
 	ctx := context.Background()
 	par := (benchCallers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0)
 	b.Run("ping", func(b *testing.B) {
@@ -71,6 +79,7 @@ func BenchmarkProcess(b *testing.B) {
 		name  string
 		l     *lua.Limiter
 		rules []ratebudget.Rule
+		hot   bool // one budget for all callers
 	}
 	var cases []benchCase
 	for _, tr := range []struct {
@@ -87,9 +96,13 @@ func BenchmarkProcess(b *testing.B) {
 			{"3fixed", []ratebudget.Rule{fixed, rule("f2", ratebudget.FixedWindow), rule("f3", ratebudget.FixedWindow)}},
 			{"3mixed", []ratebudget.Rule{fixed, token, rolling}},
 		} {
-			cases = append(cases, benchCase{tr.prefix + rc.name, tr.l, rc.rules})
+			cases = append(cases, benchCase{tr.prefix + rc.name, tr.l, rc.rules, false})
 		}
 	}
+	cases = append(cases,
+		benchCase{"dedicated/hot", ded, []ratebudget.Rule{fixed}, true},
+		benchCase{"coalesced/hot", coal, []ratebudget.Rule{fixed}, true},
+		benchCase{"coalesced/fixed", coal, []ratebudget.Rule{fixed}, false})
 	for _, bc := range cases {
 		l := bc.l
 		b.Run(bc.name, func(b *testing.B) {
@@ -105,6 +118,9 @@ func BenchmarkProcess(b *testing.B) {
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				id := "client-" + strconv.FormatInt(seq.Add(1), 10) // one budget per caller
+				if bc.hot {
+					id = "hot"
+				}
 				checks := make([]ratebudget.Check, len(bc.rules))
 				for i, r := range bc.rules {
 					checks[i] = ratebudget.Check{Rule: r, Identity: id, Cost: 1}

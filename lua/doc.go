@@ -73,7 +73,6 @@
 // With go-redis's own clients the command is handed to Process with a reused argument
 // list (keys and numbers passed by pointer); other [Client] implementations get EvalSha
 // and Eval calls.
-// pointer); other [Client] implementations get EvalSha and Eval calls.
 //
 // # Pipelining
 //
@@ -102,6 +101,33 @@
 // what it owed as uncertain, as does a lost connection. A connection idle for 5 minutes
 // is closed; [Limiter.Close] closes it for good. Commands on it do not pass through the
 // client's hooks and are never retried.
+//
+// # Coalescing
+//
+// A hot budget, one that many concurrent requests spend from, costs Redis a script call
+// per request and serializes them on one key. With [WithCoalescing], a decision that
+// finds another decision for the same checks (same budgets, rule parameters and costs)
+// in flight waits; the decisions that gathered meanwhile, up to the given group size and
+// never more cost than a rule's capacity, are then sent as one call asking for all of
+// their cost, by the first of them. That call is one EVALSHA of allow.lua like any other,
+// so nothing changes in Redis:
+//   - a group admitted in full is exactly its members admitted one after another at one
+//     server time; member i of n is told the Remaining it would have seen in that order
+//     (the group's Remaining plus (n-1-i) × cost), and the group's ResetAfter;
+//   - a group that does not fit spends nothing (a refusal never does), and its members
+//     are then decided one call each, so the budget's last units are shared out exactly
+//     as without coalescing; a group's refusal is never stored in the refusal cache;
+//   - a store error reaches every member as its own *[ratebudget.StoreError].
+//
+// Every member waits on its own context and AllowWithin bound. One that gives up before
+// its group is sent leaves it, with a certain error and nothing spent; one that gives up
+// after gets an uncertain error, as a single caller would. If the member sending the call
+// gives up during it, the others decide alone and the group's call may still be applied:
+// an over-count, never an under-count. Decisions for different budgets never wait for
+// each other; the cost is up to one extra round trip for a request that arrives while
+// its budget has a decision in flight. It applies to decisions whose checks share a slot.
+// With all 64 callers of the package's BenchmarkProcess on one budget, coalescing made decisions at
+// about twice the rate without it, with a tenth of the Redis CPU per decision.
 //
 // # Refusal cache
 //

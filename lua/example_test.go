@@ -65,3 +65,22 @@ func ExampleWithDedicatedConnection() {
 		fmt.Println(http.StatusTooManyRequests, d.RetryAfter)
 	}
 }
+
+// Decide concurrent requests for one budget in groups: while a decision for a budget is
+// in flight, the requests that arrive for it wait and then go to Redis as one call.
+func ExampleWithCoalescing() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+	defer client.Close()
+	limiter, err := lua.New(client, lua.WithDedicatedConnection(), lua.WithCoalescing(256))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer limiter.Close()
+
+	// Every caller of a service-wide rule spends the same budget: a hot key.
+	rule := ratebudget.Rule{Name: "service", Limit: 50_000, Window: time.Second}
+	d, err := limiter.Allow(context.Background(), []ratebudget.Check{{Rule: rule, Identity: "*", Cost: 1}})
+	if err == nil && !d.Allowed {
+		fmt.Println(http.StatusTooManyRequests, d.RetryAfter)
+	}
+}

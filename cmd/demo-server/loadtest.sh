@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# End-to-end cost of the limiter: the demo server with its Redis limiter, over its
-# dedicated connection (the default) and through the client's pool (-redis-pool),
-# against the same server without a limiter (-no-limit), loaded over loopback by wrk, in
-# alternation.
-# Every request is admitted (the limit is huge), so both serve the same work and the
-# ratio is the price of one Redis decision per request.
+# End-to-end cost of the limiter: the demo server with its Redis limiter against the same
+# server without a limiter (-no-limit), loaded over loopback by wrk, in alternation. The
+# limiter runs three ways: as the demo runs it (a dedicated connection, with coalescing),
+# without coalescing (-coalesce 0), and through the client's pool (-redis-pool
+# -coalesce 0).
+# Every request is admitted (the limit is huge), so all serve the same work and the
+# ratio is the price of a Redis decision per request. By default every request comes from
+# one client, so all spend one budget (a hot budget: coalescing groups them); with
+# budgets=many, wrk sends a random X-Forwarded-For from 65,536 addresses through a trusted
+# proxy, so requests spend many budgets and coalescing has little to group.
 #
-# Usage: cmd/demo-server/loadtest.sh [rounds] [seconds] [connections]
+# Usage: cmd/demo-server/loadtest.sh [rounds] [seconds] [connections] [one|many]
 # Needs: redis-server, wrk (Debian packages), Go.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-rounds=${1:-3}; secs=${2:-5}; conns=${3:-64}
+rounds=${1:-3}; secs=${2:-5}; conns=${3:-64}; budgets=${4:-one}
 tmp=$(mktemp -d)
+spread=()
+case $budgets in
+one) ;;
+many)
+	cat >"$tmp/spread.lua" <<'LUA'
+request = function()
+	return wrk.format(nil, nil, {["X-Forwarded-For"] = "10.7." .. math.random(0, 255) .. "." .. math.random(0, 255)})
+end
+LUA
+	spread=(-s "$tmp/spread.lua")
+	;;
+*) echo "budgets must be one or many, got $budgets" >&2; exit 2 ;;
+esac
 rport=$((20000 + RANDOM % 10000)); hport=$((rport + 1))
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" --logfile "$tmp/redis.log" --daemonize yes --pidfile "$tmp/redis.pid"
 cleanup() {
@@ -28,24 +45,29 @@ cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, in clock tic
 tick=$(getconf CLK_TCK)
 
 serve() { # args: extra demo flags; prints requests/s, then demo and Redis CPU µs per request
-	"$tmp/demo" -addr "127.0.0.1:$hport" -redis "redis://127.0.0.1:$rport/0" -limit 1000000000 -window 1h -store-timeout 1s "$@" >"$tmp/demo.log" 2>&1 &
+	"$tmp/demo" -addr "127.0.0.1:$hport" -redis "redis://127.0.0.1:$rport/0" -limit 1000000000 -window 1h -store-timeout 1s -trusted-proxies 127.0.0.1/32 "$@" >"$tmp/demo.log" 2>&1 &
 	demo=$!
 	for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && break; sleep 0.05; done
 	local rpid d0 r0 rps
 	rpid=$(cat "$tmp/redis.pid"); d0=$(cpu "$demo"); r0=$(cpu "$rpid")
-	rps=$(wrk -t2 -c"$conns" -d"${secs}s" "http://127.0.0.1:$hport/api/hello" | awk '/Requests\/sec/ {print $2}')
+	rps=$(wrk -t2 -c"$conns" -d"${secs}s" "${spread[@]}" "http://127.0.0.1:$hport/api/hello" | awk '/Requests\/sec/ {print $2}')
 	echo "$rps $(echo "($(cpu "$demo") - $d0) * 1000000 / $tick / ($rps * $secs)" | bc -l) $(echo "($(cpu "$rpid") - $r0) * 1000000 / $tick / ($rps * $secs)" | bc -l)"
 	kill "$demo"; wait "$demo" 2>/dev/null || true; demo=
 }
 
-printf '%-6s %11s %11s %6s %11s %6s %11s %6s   %s\n' round "no limiter" "dedicated" ratio "pool" ratio "coalesced" ratio \
-	"CPU µs/request: demo without; demo, redis with dedicated; with pool; coalesced"
+printf '%-6s %11s %11s %6s %11s %6s %11s %6s   %s\n' round "no limiter" "coalesced" ratio "dedicated" ratio "pool" ratio \
+	"CPU µs/request: demo without; demo, redis with coalesced; dedicated; pool"
 for r in $(seq "$rounds"); do
-	read -r off doff _ < <(serve -no-limit)
-	read -r on don ron < <(serve)
-	read -r pool dpool rpool < <(serve -redis-pool)
-	read -r co dco rco < <(serve -coalesce 256)
+	# Each round starts at another variant, so that none always runs first or last.
+	for k in 0 1 2 3; do
+		case $(((k + r - 1) % 4)) in
+		0) read -r off doff _ < <(serve -no-limit) ;;
+		1) read -r co dco rco < <(serve) ;;
+		2) read -r on don ron < <(serve -coalesce 0) ;;
+		3) read -r pool dpool rpool < <(serve -redis-pool -coalesce 0) ;;
+		esac
+	done
 	printf '%-6s %11.0f %11.0f %6.2f %11.0f %6.2f %11.0f %6.2f   %.1f; %.1f, %.1f; %.1f, %.1f; %.1f, %.1f\n' "$r" "$off" \
-		"$on" "$(echo "$on / $off" | bc -l)" "$pool" "$(echo "$pool / $off" | bc -l)" "$co" "$(echo "$co / $off" | bc -l)" \
-		"$doff" "$don" "$ron" "$dpool" "$rpool" "$dco" "$rco"
+		"$co" "$(echo "$co / $off" | bc -l)" "$on" "$(echo "$on / $off" | bc -l)" "$pool" "$(echo "$pool / $off" | bc -l)" \
+		"$doff" "$dco" "$rco" "$don" "$ron" "$dpool" "$rpool"
 done

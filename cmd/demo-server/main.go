@@ -32,6 +32,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -79,7 +80,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
 	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
 	fs.BoolVar(&o.redisPool, "redis-pool", false, "send Redis decisions through the client's pool, pipelined, instead of a dedicated connection")
-	fs.IntVar(&o.coalesce, "coalesce", 0, "decide up to this many concurrent identical Redis decisions as one call (see lua.WithCoalescing); 0: off")
+	fs.IntVar(&o.coalesce, "coalesce", 256, "with -redis: decide up to this many concurrent requests for one budget as one call (lua.WithCoalescing); 0: off")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -93,6 +94,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	if o.storeError, err = middleware.ParsePolicy(*policy); err != nil {
 		return o, err
+	}
+	if o.coalesce != 0 && (o.coalesce < 2 || o.coalesce > lua.MaxCoalescedGroup) {
+		return o, fmt.Errorf("-coalesce: must be 0 (off) or 2 to %d requests, got %d", lua.MaxCoalescedGroup, o.coalesce)
 	}
 	if *proxies != "" {
 		for _, p := range strings.Split(*proxies, ",") {

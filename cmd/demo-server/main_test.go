@@ -130,7 +130,7 @@ func TestAccountsJobsAndGuide(t *testing.T) {
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-algorithm", "sliding"}, {"-headers", "X"}, {"-store-error", "maybe"}, {"-limit", "0"}, {"-window", "1500us"},
-		{"-trusted-proxies", "10.0.0.0/33"},
+		{"-trusted-proxies", "10.0.0.0/33"}, {"-coalesce", "1"}, {"-coalesce", "-1"}, {"-coalesce", "4097"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), io.Discard, nil)

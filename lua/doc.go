@@ -126,8 +126,9 @@
 // an over-count, never an under-count. Decisions for different budgets never wait for
 // each other; the cost is up to one extra round trip for a request that arrives while
 // its budget has a decision in flight. It applies to decisions whose checks share a slot.
-// With all 64 callers of the package's BenchmarkProcess on one budget, coalescing made decisions at
-// about twice the rate without it, with a tenth of the Redis CPU per decision.
+// With the 64 callers of the package's BenchmarkProcess all on one budget, coalescing
+// made decisions at about twice the rate without it, for less than a tenth of the Redis
+// time per decision.
 //
 // # Refusal cache
 //

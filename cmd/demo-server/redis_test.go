@@ -19,6 +19,7 @@ func TestTwoServersShareOneRedisBudget(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr + "/0"
 	// A generous deadline: this test is about exactness, not latency (cold pools, -race).
+	// Both servers coalesce concurrent requests for one budget (the default -coalesce).
 	a := startDemo(t, "-redis", url, "-limit", "20", "-window", "30s", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
 	// The second server sends its decisions through the client's pool: both transports
 	// spend the same budget.
@@ -128,5 +129,22 @@ func TestFrozenRedisAnswersFast(t *testing.T) {
 			t.Fatalf("request %d: %d, want 503", i, resp.StatusCode)
 		}
 	}
+	// Concurrent requests for one budget wait in a coalesced group behind a decision in
+	// flight: each is still bounded by its own deadline.
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			resp, err := client.Get(base + "/api/hello")
+			if err != nil {
+				t.Errorf("concurrent request %d: %v", i, err)
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 503 {
+				t.Errorf("concurrent request %d: %d, want 503", i, resp.StatusCode)
+			}
+		})
+	}
+	wg.Wait()
 	srv.Thaw(t)
 }

@@ -109,6 +109,9 @@ type Info struct {
 	Window time.Duration
 	// RetryAfter is, for a refusal, the earliest time a retry could be admitted.
 	RetryAfter time.Duration
+	// LimitText, when not empty, is Limit in decimal, formatted once by a caller that
+	// keeps one per rule; Write copies it instead of formatting Limit.
+	LimitText string
 }
 
 // Seconds converts d to whole seconds, rounded up; zero and negative durations give 0.
@@ -134,7 +137,12 @@ func Write(h http.Header, s Style, in Info) {
 	rem := max(in.Remaining, 0)
 	if s == XRateLimit || s == Both {
 		v := new(values3)
-		b := strconv.AppendInt(v.buf[:0], in.Limit, 10)
+		var b []byte
+		if in.LimitText != "" && len(in.LimitText) <= 20 {
+			b = append(v.buf[:0], in.LimitText...)
+		} else {
+			b = strconv.AppendInt(v.buf[:0], in.Limit, 10)
+		}
 		i := len(b)
 		b = strconv.AppendInt(b, rem, 10)
 		j := len(b)

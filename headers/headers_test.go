@@ -48,6 +48,17 @@ func TestWriteStyles(t *testing.T) {
 			t.Errorf("%s = %q, want %q", k, got, v)
 		}
 	}
+	// A caller's preformatted limit is copied as it is; one too long for a decimal
+	// int64 is ignored and Limit formatted instead.
+	for _, tc := range []struct{ text, want string }{{"100", "100"}, {"1000000000000", "1000000000000"}, {"123456789012345678901", "100"}} {
+		pre := http.Header{}
+		withText := in
+		withText.LimitText = tc.text
+		headers.Write(pre, headers.XRateLimit, withText)
+		if got := pre.Get("X-RateLimit-Limit"); got != tc.want || pre.Get("X-RateLimit-Remaining") != "0" || pre.Get("X-RateLimit-Reset") != "3" {
+			t.Errorf("LimitText %q: %v, want X-RateLimit-Limit %q", tc.text, pre, tc.want)
+		}
+	}
 	none := http.Header{}
 	headers.Write(none, headers.None, in)
 	if len(none) != 0 {

@@ -76,6 +76,10 @@ func TestStoreErrorPolicies(t *testing.T) {
 				if tc.name == "local" && !events[i].Fallback {
 					t.Errorf("event %d not marked as a fallback decision", i)
 				}
+				if tc.name == "local" && rec.Header().Get("X-RateLimit-Limit") != "5" {
+					// The local rule's limit, not the configured one's.
+					t.Errorf("request %d: X-RateLimit-Limit %q, want 5", i, rec.Header().Get("X-RateLimit-Limit"))
+				}
 			}
 		})
 	}

@@ -32,6 +32,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -105,10 +106,12 @@ type Event struct {
 }
 
 type compiledRule struct {
-	rule     ratebudget.Rule
-	local    ratebudget.Rule
-	identity func(*http.Request) (string, error)
-	scope    func(*http.Request) (string, error)
+	rule      ratebudget.Rule
+	local     ratebudget.Rule
+	limit     int64  // rule.Capacity(), the Limit its decisions report
+	limitText string // limit in decimal, for the metadata headers
+	identity  func(*http.Request) (string, error)
+	scope     func(*http.Request) (string, error)
 }
 
 type mw struct {
@@ -164,7 +167,8 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		if r.Identity == nil {
 			return nil, &ratebudget.ConfigError{Rule: r.Name, Field: "Identity", Problem: "must not be nil (use keyfuncs.Global() for a service-wide budget)"}
 		}
-		cr := compiledRule{rule: r.Rule, identity: r.Identity, scope: r.Scope}
+		cr := compiledRule{rule: r.Rule, identity: r.Identity, scope: r.Scope, limit: r.Rule.Capacity()}
+		cr.limitText = strconv.FormatInt(cr.limit, 10)
 		if m.cfg.policy == LocalFallback {
 			cr.local = localRule(r.Rule, m.cfg.replicas)
 		}
@@ -246,6 +250,9 @@ func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 	}
 
 	info := headers.Info{Policy: d.Rule, Limit: d.Limit, Remaining: d.Remaining, Reset: d.ResetAfter, Window: d.Window, RetryAfter: d.RetryAfter}
+	if d.Index >= 0 && d.Index < len(m.rules) && m.rules[d.Index].limit == d.Limit {
+		info.LimitText = m.rules[d.Index].limitText
+	}
 	switch {
 	case d.Allowed:
 		ev.Outcome = OutcomeAllowed

@@ -341,11 +341,45 @@ func peer(remoteAddr string) (netip.Addr, string, bool) {
 	} else if i := strings.LastIndexByte(host, ':'); i >= 0 && strings.IndexByte(host, ':') == i {
 		host = host[:i] // IPv4 with a port; a bare IPv6 address has several colons
 	}
+	if a, ok := parseIPv4(host); ok {
+		return a, host, true
+	}
 	a, err := netip.ParseAddr(host)
 	if err != nil {
 		return netip.Addr{}, "", false
 	}
 	return normalize(a), host, true
+}
+
+// parseIPv4 parses dotted-decimal IPv4 in the form netip.ParseAddr accepts (four fields
+// of 0 to 255, no leading zeros), faster than it does; anything else reports false and
+// is left to netip.
+func parseIPv4(s string) (netip.Addr, bool) {
+	var ip [4]byte
+	field, val, digits := 0, 0, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			if digits > 0 && val == 0 {
+				return netip.Addr{}, false // a leading zero
+			}
+			val = val*10 + int(c-'0')
+			if val > 255 {
+				return netip.Addr{}, false
+			}
+			digits++
+		case c == '.' && digits > 0 && field < 3:
+			ip[field] = byte(val)
+			field, val, digits = field+1, 0, 0
+		default:
+			return netip.Addr{}, false
+		}
+	}
+	if field != 3 || digits == 0 {
+		return netip.Addr{}, false
+	}
+	ip[3] = byte(val)
+	return netip.AddrFrom4(ip), true
 }
 
 func (c *ipConfig) fromRemoteAddr(r *http.Request) (string, error) {

@@ -341,7 +341,7 @@ func (l *Limiter) getScratch(n int) *scratch {
 	s.aux = s.aux[:0]
 	s.done = s.done[:0]
 	s.mult = 1
-	if s.wake == nil {
+	if l.coal != nil && s.wake == nil {
 		s.wake = make(chan struct{}, 1)
 	}
 	for range n {

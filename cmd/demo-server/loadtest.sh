@@ -15,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}; secs=${2:-5}; conns=${3:-64}; budgets=${4:-one}
+rco_=(); ron_=(); rpool_=()
 tmp=$(mktemp -d)
 spread=()
 case $budgets in
@@ -70,4 +71,7 @@ for r in $(seq "$rounds"); do
 	printf '%-6s %11.0f %11.0f %6.2f %11.0f %6.2f %11.0f %6.2f   %.1f; %.1f, %.1f; %.1f, %.1f; %.1f, %.1f\n' "$r" "$off" \
 		"$co" "$(echo "$co / $off" | bc -l)" "$on" "$(echo "$on / $off" | bc -l)" "$pool" "$(echo "$pool / $off" | bc -l)" \
 		"$doff" "$dco" "$rco" "$don" "$ron" "$dpool" "$rpool"
+	rco_+=("$(echo "$co / $off" | bc -l)"); ron_+=("$(echo "$on / $off" | bc -l)"); rpool_+=("$(echo "$pool / $off" | bc -l)")
 done
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+printf '%-6s %11s %11s %6.2f %11s %6.2f %11s %6.2f\n' median "" "" "$(median "${rco_[@]}")" "" "$(median "${ron_[@]}")" "" "$(median "${rpool_[@]}")"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,6 +125,59 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("service counter %d, want 3", n)
 		}
 	})
+}
+
+// TestClusterCoalesced: with coalescing, 200 clients at once against a service-wide
+// budget of 50 in another slot than their own budgets: exactly 50 are admitted, and
+// the refused requests' per-client spend is given back.
+func TestClusterCoalesced(t *testing.T) {
+	c, _ := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache(), lua.WithCoalescing(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	perClient := ratebudget.Rule{Name: "client", Limit: 10, Window: time.Minute}
+	service := ratebudget.Rule{Name: "service", Limit: 50, Window: time.Minute}
+	checks := func(client string) []ratebudget.Check {
+		return []ratebudget.Check{{Rule: perClient, Identity: client, Cost: 1}, {Rule: service, Cost: 1}}
+	}
+	const clients = 200
+	var admitted atomic.Int32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range clients {
+		wg.Go(func() {
+			<-start
+			d, err := l.Allow(ctx, checks("c"+strconv.Itoa(i)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n := admitted.Load(); n != 50 {
+		t.Fatalf("admitted %d of %d, want exactly 50", n, clients)
+	}
+	if n, err := c.Get(ctx, l.Key(checks("")[1])).Int(); err != nil || n != 50 {
+		t.Fatalf("service counter %d, %v; want 50", n, err)
+	}
+	spent := 0
+	for i := range clients {
+		n, err := c.Get(ctx, l.Key(checks("c" + strconv.Itoa(i))[0])).Int()
+		if err != nil && err != redis.Nil {
+			t.Fatal(err)
+		}
+		spent += n
+	}
+	if spent != 50 {
+		t.Fatalf("per-client counters sum to %d, want 50", spent)
+	}
 }
 
 func slot(t *testing.T, c *redis.ClusterClient, key string) int64 {

@@ -30,8 +30,10 @@ const MaxCoalescedGroup = 4096
 //
 // The price is latency for concurrent requests on one budget: a request that finds a
 // decision in flight waits for it before its own group is sent (at most one extra round
-// trip). Requests for different budgets never wait for each other. It applies to
-// decisions whose checks share a hash slot; a member whose context ends while its group
+// trip). Requests for different budgets never wait for each other. In a decision whose
+// checks live in several hash slots, each slot's checks are coalesced on their own, so
+// a service-wide budget decided next to per-client ones is grouped across clients. A
+// member whose context ends while its group
 // waits leaves it with nothing spent, and one whose context ends after the group was
 // sent gets an uncertain error, as a caller of a single call would. If the member that
 // sends a group has its context end during the call, the other members decide on their
@@ -94,22 +96,19 @@ func newCoalescer(max int) *coalescer {
 	return c
 }
 
-// alone decides the checks in s.idx with one call of its own.
-func (l *Limiter) alone(ctx context.Context, timeout time.Duration, s *scratch, checks []ratebudget.Check) (ratebudget.Decision, error) {
-	if _, err := l.runAllow(ctx, timeout, s, checks, true); err != nil {
-		return ratebudget.Decision{}, err
-	}
-	return ratebudget.Combine(checks, s.outs), nil
-}
-
-// coalesced decides a single slot's checks (all of them, in s.idx) with WithCoalescing.
-func (l *Limiter) coalesced(ctx context.Context, timeout time.Duration, s *scratch, checks []ratebudget.Check) (ratebudget.Decision, error) {
+// spendCoalesced is runAllow, deciding and spending the checks in s.idx (one slot's),
+// with WithCoalescing: it stores their outcomes in s.outs and s.aux and reports whether
+// all were admitted. The signature of a group is its checks' keys, rule parameters and
+// costs, in s.idx order; members may hold them at other positions of their own checks.
+func (l *Limiter) spendCoalesced(ctx context.Context, timeout time.Duration, s *scratch, checks []ratebudget.Check) (bool, error) {
 	c := l.coal
 	most := c.max
-	s.sig = append(s.sig[:0], s.buf...)
-	for i := range checks {
-		ch := &checks[i]
-		s.sig = binary.AppendUvarint(s.sig, uint64(s.ends[i]))
+	s.sig = s.sig[:0]
+	for _, j := range s.idx {
+		ch := &checks[j]
+		key := s.key(j)
+		s.sig = binary.AppendUvarint(s.sig, uint64(len(key)))
+		s.sig = append(s.sig, key...)
 		s.sig = binary.AppendUvarint(s.sig, uint64(ch.Rule.Algorithm))
 		s.sig = binary.AppendUvarint(s.sig, uint64(ch.Rule.Limit))
 		s.sig = binary.AppendUvarint(s.sig, uint64(ch.Rule.Window))
@@ -120,7 +119,7 @@ func (l *Limiter) coalesced(ctx context.Context, timeout time.Duration, s *scrat
 		}
 	}
 	if most < 2 {
-		return l.alone(ctx, timeout, s, checks)
+		return l.runAllow(ctx, timeout, s, checks, true)
 	}
 	h := maphash.Bytes(c.seed, s.sig)
 	sh := &c.shards[h%coalesceShards]
@@ -134,15 +133,15 @@ func (l *Limiter) coalesced(ctx context.Context, timeout time.Duration, s *scrat
 		f.sig = append(f.sig[:0], s.sig...)
 		sh.m[h] = f
 		sh.mu.Unlock()
-		d, err := l.alone(ctx, timeout, s, checks)
+		ok, err := l.runAllow(ctx, timeout, s, checks, true)
 		c.handoff(sh, h, f)
-		return d, err
+		return ok, err
 	}
 	g := f.next
 	if !bytes.Equal(f.sig, s.sig) || g != nil && len(g.members) >= most {
 		// Another signature with the same hash, or a full group: decide alone.
 		sh.mu.Unlock()
-		return l.alone(ctx, timeout, s, checks)
+		return l.runAllow(ctx, timeout, s, checks, true)
 	}
 	if g == nil {
 		g, _ = c.groups.Get().(*group)
@@ -170,7 +169,7 @@ func (l *Limiter) coalesced(ctx context.Context, timeout time.Duration, s *scrat
 				c.groups.Put(g)
 			}
 			sh.mu.Unlock()
-			return ratebudget.Decision{}, certain(err)
+			return false, certain(err)
 		}
 		runner := s.runner
 		sh.mu.Unlock()
@@ -179,11 +178,11 @@ func (l *Limiter) coalesced(ctx context.Context, timeout time.Duration, s *scrat
 			<-s.wake // sent under the lock, before the role was read
 			c.release(g, roleAlone, nil)
 			c.handoff(sh, h, f)
-			return ratebudget.Decision{}, certain(err)
+			return false, certain(err)
 		}
 		// The group is on its way and its sender will write into s: never reuse it.
 		s.lost = true
-		return ratebudget.Decision{}, classify(err)
+		return false, classify(err)
 	}
 	if timeout > 0 {
 		if timeout -= time.Since(start); timeout <= 0 {
@@ -193,13 +192,13 @@ func (l *Limiter) coalesced(ctx context.Context, timeout time.Duration, s *scrat
 	switch {
 	case s.runner:
 	case s.role == roleDone:
-		return ratebudget.Combine(checks, s.outs), nil
+		return true, nil
 	case s.role == roleErr:
 		err := s.gerr
 		s.gerr = nil
-		return ratebudget.Decision{}, err
+		return false, err
 	default: // roleAlone
-		return l.alone(ctx, timeout, s, checks)
+		return l.runAllow(ctx, timeout, s, checks, true)
 	}
 	// s is the runner: send the group's call, asking for every member's cost at once.
 	n := len(g.members)
@@ -210,28 +209,30 @@ func (l *Limiter) coalesced(ctx context.Context, timeout time.Duration, s *scrat
 	case err == nil && ok:
 		for i := n - 1; i >= 0; i-- { // the sender, members[0], last: the others copy its outs
 			m := g.members[i]
-			for j := range checks {
-				m.outs[j] = s.outs[j]
-				m.outs[j].Remaining += int64(n-1-i) * checks[j].Cost
+			for k, j := range s.idx {
+				mj := m.idx[k]
+				m.outs[mj] = s.outs[j]
+				m.outs[mj].Remaining += int64(n-1-i) * checks[j].Cost
+				m.aux[mj] = s.aux[j] // a rolling window's event: a refund finds it (and may give back less)
 			}
 		}
 		c.release(g, roleDone, nil)
 		c.handoff(sh, h, f)
-		return ratebudget.Combine(checks, s.outs), nil
+		return true, nil
 	case err != nil && ctx.Err() == nil && !isTimeout(err):
 		// A store failure concerns every member alike.
 		c.release(g, roleErr, err)
 		c.handoff(sh, h, f)
-		return ratebudget.Decision{}, err
+		return false, err
 	default:
 		// Not all fit (nothing was spent), or this caller's own time ran out (the others
 		// still have theirs): decide one by one.
 		c.release(g, roleAlone, nil)
 		c.handoff(sh, h, f)
 		if err != nil {
-			return ratebudget.Decision{}, err
+			return false, err
 		}
-		return l.alone(ctx, timeout, s, checks)
+		return l.runAllow(ctx, timeout, s, checks, true)
 	}
 }
 

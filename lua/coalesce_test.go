@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -399,6 +401,113 @@ func TestCoalescedSenderTimesOut(t *testing.T) {
 			}
 			if v, err := control.Get(context.Background(), l.Key(chk[0])).Int(); err != nil || v != 1+3+2 {
 				t.Fatalf("counter in Redis: %d, %v; want 6 (1, the group of 3, then 2 alone)", v, err)
+			}
+		})
+	}
+}
+
+// TestCoalescedSlotGroups: in a decision whose checks live in several slots, each
+// slot's group is coalesced on its own. A service-wide budget decided first groups the
+// requests of 100 different clients into 2 calls; decided after the per-client budgets,
+// it admits exactly its limit, and the per-client spend of the refused requests is
+// given back.
+func TestCoalescedSlotGroups(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			control := srv.Client(t)
+			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
+			ctx := context.Background()
+			perClient := ratebudget.Rule{Name: "client", Limit: 1_000_000, Window: time.Minute}
+			checks := func(global ratebudget.Rule, client string, globalFirst bool) []ratebudget.Check {
+				g := ratebudget.Check{Rule: global, Identity: "*", Cost: 1}
+				c := ratebudget.Check{Rule: perClient, Identity: client, Cost: 1}
+				if globalFirst {
+					return []ratebudget.Check{g, c}
+				}
+				return []ratebudget.Check{c, g}
+			}
+			tag := func(k string) string { return k[strings.IndexByte(k, '{'):strings.IndexByte(k, '}')] }
+			if tag(l.Key(checks(perClient, "x", true)[0])) == tag(l.Key(checks(perClient, "x", true)[1])) {
+				t.Fatal("test setup: the two budgets must have different hash tags")
+			}
+
+			// The service-wide budget first: its group forms behind the first decision.
+			global := ratebudget.Rule{Name: "service", Limit: 1000, Window: time.Minute}
+			if _, err := l.Allow(ctx, checks(global, "warm", true)); err != nil { // loads the script
+				t.Fatal(err)
+			}
+			before := commandStats(t, control)
+			srv.Freeze(t)
+			out := make(chan result, 100)
+			for i := range 100 {
+				go func() {
+					d, err := l.Allow(ctx, checks(global, "client-"+strconv.Itoa(i), true))
+					out <- result{d, err}
+				}()
+				if i == 0 {
+					waitFor(t, "the first decision in flight", func() bool { _, f := lua.Waiting(l); return f == 1 })
+				}
+			}
+			waitFor(t, "99 decisions to join a group", func() bool { m, _ := lua.Waiting(l); return m == 99 })
+			srv.Thaw(t)
+			var remaining []int64
+			for range 100 {
+				r := <-out
+				if r.err != nil || !r.d.Allowed || r.d.Rule != "service" {
+					t.Fatalf("decision: %+v, %v; want admitted, reporting the service budget", r.d, r.err)
+				}
+				remaining = append(remaining, r.d.Remaining)
+			}
+			slices.Sort(remaining)
+			for i, v := range remaining {
+				if v != int64(899+i) { // the warm-up spent one
+					t.Fatalf("remaining, sorted: %v; want 899 to 998, each once", remaining)
+				}
+			}
+			delta := commandStats(t, control).sub(before)
+			if calls := delta.calls["evalsha"]; calls != 2+100 {
+				t.Errorf("server ran %v evalsha; want 2 for the service budget and 100 per-client", calls)
+			}
+
+			// The service-wide budget last, at its limit, from 200 clients at once.
+			tight := ratebudget.Rule{Name: "tight", Limit: 50, Window: time.Minute}
+			start := make(chan struct{})
+			res := make(chan result, 200)
+			for i := range 200 {
+				go func() {
+					<-start
+					d, err := l.Allow(ctx, checks(tight, "c-"+strconv.Itoa(i), false))
+					res <- result{d, err}
+				}()
+			}
+			close(start)
+			admitted := 0
+			for range 200 {
+				r := <-res
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+				if r.d.Allowed {
+					admitted++
+				}
+			}
+			if admitted != 50 {
+				t.Fatalf("admitted %d of 200, want exactly 50", admitted)
+			}
+			if v, err := control.Get(ctx, l.Key(checks(tight, "", false)[1])).Int(); err != nil || v != 50 {
+				t.Fatalf("service counter: %d, %v; want 50", v, err)
+			}
+			spent := 0
+			for i := range 200 {
+				v, err := control.Get(ctx, l.Key(checks(tight, "c-"+strconv.Itoa(i), false)[0])).Int()
+				if err != nil && !errors.Is(err, redis.Nil) {
+					t.Fatal(err)
+				}
+				spent += v
+			}
+			if spent != 50 {
+				t.Fatalf("per-client counters sum to %d, want 50 (refused requests refunded)", spent)
 			}
 		})
 	}

@@ -125,7 +125,10 @@
 // gives up during it, the others decide alone and the group's call may still be applied:
 // an over-count, never an under-count. Decisions for different budgets never wait for
 // each other; the cost is up to one extra round trip for a request that arrives while
-// its budget has a decision in flight. It applies to decisions whose checks share a slot.
+// its budget has a decision in flight. Checks of several slots are coalesced slot group
+// by slot group, so a service-wide budget next to per-client budgets is grouped across
+// clients; a refund (see below) of a grouped rolling-window spend gives back at most the
+// first member's cost, the others' stay spent (an over-count).
 // With the 64 callers of the package's BenchmarkProcess all on one budget, coalescing
 // made decisions at about twice the rate without it, for less than a tenth of the Redis
 // time per decision.

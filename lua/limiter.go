@@ -471,15 +471,10 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 		for i := range checks {
 			s.idx = append(s.idx, i)
 		}
-		var err error
-		if l.coal != nil {
-			d, err = l.coalesced(ctx, timeout, s, checks)
-		} else {
-			d, err = l.alone(ctx, timeout, s, checks)
-		}
-		if err != nil {
+		if _, err := l.spend(ctx, timeout, s, checks); err != nil {
 			return ratebudget.Decision{}, err
 		}
+		d = ratebudget.Combine(checks, s.outs)
 	} else {
 		var err error
 		if d, err = l.allowGroups(ctx, s, checks); err != nil {
@@ -492,6 +487,15 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 		l.refusals.Store(s.cacheKey(d.Index, &checks[d.Index]), checks[d.Index].Cost, sent, d)
 	}
 	return d, nil
+}
+
+// spend decides the checks in s.idx and spends them if all are admitted (runAllow in
+// write mode), coalesced with concurrent identical decisions under WithCoalescing.
+func (l *Limiter) spend(ctx context.Context, timeout time.Duration, s *scratch, checks []ratebudget.Check) (bool, error) {
+	if l.coal != nil {
+		return l.spendCoalesced(ctx, timeout, s, checks)
+	}
+	return l.runAllow(ctx, timeout, s, checks, true)
 }
 
 // group sets s.idx to the checks in the slot of checks[first].
@@ -532,7 +536,7 @@ func (l *Limiter) allowGroups(ctx context.Context, s *scratch, checks []ratebudg
 			}
 			continue
 		}
-		ok, err := l.runAllow(ctx, 0, s, checks, true)
+		ok, err := l.spend(ctx, 0, s, checks)
 		if err != nil {
 			l.refundDone(ctx, s, checks)
 			return ratebudget.Decision{}, err

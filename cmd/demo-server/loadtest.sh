@@ -8,9 +8,12 @@
 # ratio is the price of a Redis decision per request. By default every request comes from
 # one client, so all spend one budget (a hot budget: coalescing groups them); with
 # budgets=many, wrk sends a random X-Forwarded-For from 65,536 addresses through a trusted
-# proxy, so requests spend many budgets and coalescing has little to group.
+# proxy, so requests spend many budgets and coalescing has little to group. With
+# budgets=service, requests go to the report route with one of 65,536 API keys: each
+# spends its account's budget and the route's service-wide budget, in another slot (two
+# script calls per request; coalescing groups the service-wide one).
 #
-# Usage: cmd/demo-server/loadtest.sh [rounds] [seconds] [connections] [one|many]
+# Usage: cmd/demo-server/loadtest.sh [rounds] [seconds] [connections] [one|many|service]
 # Needs: redis-server, wrk (Debian packages), Go.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +31,16 @@ end
 LUA
 	spread=(-s "$tmp/spread.lua")
 	;;
-*) echo "budgets must be one or many, got $budgets" >&2; exit 2 ;;
+service)
+	cat >"$tmp/spread.lua" <<'LUA'
+request = function()
+	local id = math.random(0, 65535)
+	return wrk.format(nil, "/api/accounts/" .. id .. "/report", {["X-API-Key"] = "key-" .. id})
+end
+LUA
+	spread=(-s "$tmp/spread.lua")
+	;;
+*) echo "budgets must be one, many or service, got $budgets" >&2; exit 2 ;;
 esac
 rport=$((20000 + RANDOM % 10000)); hport=$((rport + 1))
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$tmp" --logfile "$tmp/redis.log" --daemonize yes --pidfile "$tmp/redis.pid"

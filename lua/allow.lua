@@ -3,7 +3,8 @@
 -- (engine.go), in whole milliseconds of the server's clock (redis.call('TIME') for a
 -- rolling window, key TTLs for a token bucket).
 --
--- KEYS[i]  the budget key of check i; all keys hash to one slot.
+-- KEYS[i]  the budget key of check i; all keys hash to one slot, or live on one server
+--          that is not a Redis Cluster node (the Go limiter's WithOneServer).
 -- ARGV[1]  "1": decide and write (spend when all are admitted; trim aged rolling-window
 --          events and give a counter or bucket found without a TTL its TTL back, either
 --          way); "0": decide only, write nothing.

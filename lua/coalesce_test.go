@@ -27,7 +27,7 @@ var transports = []struct {
 	{"dedicated", []lua.Option{lua.WithDedicatedConnection()}},
 }
 
-func TestCoalescingConfig(t *testing.T) {
+func TestCoalescingAndOneServerConfig(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer c.Close()
 	for _, n := range []int{-1, 0, 1, lua.MaxCoalescedGroup + 1} {
@@ -39,6 +39,12 @@ func TestCoalescingConfig(t *testing.T) {
 	}
 	if _, err := lua.New(c, lua.WithCoalescing(2)); err != nil {
 		t.Errorf("WithCoalescing(2): %v", err)
+	}
+	cluster := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}})
+	defer cluster.Close()
+	var ce *ratebudget.ConfigError
+	if _, err := lua.New(cluster, lua.WithOneServer()); !errors.As(err, &ce) || ce.Field != "WithOneServer" {
+		t.Errorf("WithOneServer on a cluster client: %v, want a ConfigError naming WithOneServer", err)
 	}
 }
 
@@ -511,4 +517,105 @@ func TestCoalescedSlotGroups(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOneServer: with WithOneServer, a per-client budget and a service-wide budget in
+// another slot are decided in one script call, all-or-nothing: a refusal by the service
+// budget spends nothing anywhere, with no refund call; under contention exactly the
+// limit is admitted.
+func TestOneServer(t *testing.T) {
+	for _, tr := range transports {
+		for _, coalesce := range []bool{false, true} {
+			name := tr.name
+			opts := append(tr.opts, lua.WithOneServer(), lua.WithoutRefusalCache())
+			if coalesce {
+				name += "/coalesced"
+				opts = append(opts, lua.WithCoalescing(256))
+			}
+			t.Run(name, func(t *testing.T) {
+				srv := redistest.Start(t)
+				control := srv.Client(t)
+				l := newLimiter(t, control, opts...)
+				ctx := context.Background()
+				perClient := ratebudget.Rule{Name: "client", Limit: 10, Window: time.Minute}
+				checks := func(service ratebudget.Rule, client string) []ratebudget.Check {
+					return []ratebudget.Check{{Rule: perClient, Identity: client, Cost: 1}, {Rule: service, Cost: 1}}
+				}
+				tag := func(k string) string { return k[strings.IndexByte(k, '{'):strings.IndexByte(k, '}')] }
+				small := ratebudget.Rule{Name: "service", Limit: 3, Window: time.Minute}
+				if tag(l.Key(checks(small, "c0")[0])) == tag(l.Key(checks(small, "c0")[1])) {
+					t.Fatal("test setup: the two budgets must have different hash tags")
+				}
+				if _, err := l.Allow(ctx, checks(ratebudget.Rule{Name: "warm", Limit: 1, Window: time.Minute}, "w")); err != nil {
+					t.Fatal(err) // loads the script
+				}
+				before := commandStats(t, control)
+				for i := range 5 {
+					client := "c" + strconv.Itoa(i)
+					d, err := l.Allow(ctx, checks(small, client))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if want := i < 3; d.Allowed != want || !want && d.Rule != "service" {
+						t.Fatalf("client %d: %+v, want allowed=%v (refused by the service rule)", i, d, want)
+					}
+					n, err := control.Get(ctx, l.Key(checks(small, client)[0])).Int()
+					if err != nil && !errors.Is(err, redis.Nil) {
+						t.Fatal(err)
+					}
+					if want := map[bool]int{true: 1, false: 0}[i < 3]; n != want {
+						t.Fatalf("client %d: per-client counter %d, want %d", i, n, want)
+					}
+				}
+				if delta := commandStats(t, control).sub(before); delta.calls["evalsha"] != 5 || delta.calls["eval"] != 0 {
+					t.Fatalf("server ran %v evalsha, %v eval for 5 decisions; want 5 evalsha and no refund", delta.calls["evalsha"], delta.calls["eval"])
+				}
+
+				tight := ratebudget.Rule{Name: "tight", Limit: 50, Window: time.Minute}
+				start := make(chan struct{})
+				res := make(chan result, 200)
+				for i := range 200 {
+					go func() {
+						<-start
+						d, err := l.Allow(ctx, checks(tight, "x"+strconv.Itoa(i)))
+						res <- result{d, err}
+					}()
+				}
+				close(start)
+				admitted := 0
+				for range 200 {
+					r := <-res
+					if r.err != nil {
+						t.Fatal(r.err)
+					}
+					if r.d.Allowed {
+						admitted++
+					}
+				}
+				if admitted != 50 {
+					t.Fatalf("admitted %d of 200, want exactly 50", admitted)
+				}
+				spent := 0
+				for i := range 200 {
+					n, err := control.Get(ctx, l.Key(checks(tight, "x"+strconv.Itoa(i))[0])).Int()
+					if err != nil && !errors.Is(err, redis.Nil) {
+						t.Fatal(err)
+					}
+					spent += n
+				}
+				if spent != 50 {
+					t.Fatalf("per-client counters sum to %d, want 50", spent)
+				}
+			})
+		}
+	}
+}
+
+// TestConformanceOneServer runs the shared suite with WithOneServer.
+func TestConformanceOneServer(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
+		return limitertest.Harness{Limiter: newLimiter(t, client, lua.WithOneServer())}
+	})
 }

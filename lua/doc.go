@@ -190,6 +190,11 @@
 // by the same decision, except that a fixed-window counter that closed and reopened with
 // exactly the refunded amount in between is deleted.
 //
+// Slots only matter to Redis Cluster and to proxies that shard keys. When every key lives
+// on one server (a *redis.Client on a standalone server or a failover primary), say so
+// with [WithOneServer]: checks of every slot are then decided in one script call, as
+// checks of one slot are, with no refunds.
+//
 // # Errors
 //
 // Failures of the store are *[ratebudget.StoreError] with a Class: "server" for an error

@@ -84,3 +84,23 @@ func ExampleWithCoalescing() {
 		fmt.Println(http.StatusTooManyRequests, d.RetryAfter)
 	}
 }
+
+// On one Redis server, decide a per-client rule and a service-wide rule, whose keys are
+// in different hash slots, in one script call: all-or-nothing, with no refunds.
+func ExampleWithOneServer() {
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+	defer client.Close()
+	limiter, err := lua.New(client, lua.WithOneServer())
+	if err != nil {
+		log.Fatal(err)
+	}
+	perClient := ratebudget.Rule{Name: "client", Limit: 100, Window: time.Minute}
+	service := ratebudget.Rule{Name: "service", Limit: 10_000, Window: time.Minute}
+	d, err := limiter.Allow(context.Background(), []ratebudget.Check{
+		{Rule: perClient, Identity: "203.0.113.7", Cost: 1},
+		{Rule: service, Cost: 1},
+	})
+	if err == nil && !d.Allowed {
+		fmt.Println(http.StatusTooManyRequests, d.Rule, d.RetryAfter)
+	}
+}

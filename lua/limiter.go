@@ -51,6 +51,7 @@ type Limiter struct {
 	conn               *wire.Conn // the dedicated connection, if any
 	coalesceMax        int        // WithCoalescing's group; 0: no coalescing
 	coal               *coalescer
+	oneServer          bool // WithOneServer: checks of every slot in one call
 }
 
 var _ ratebudget.Limiter = (*Limiter)(nil)
@@ -179,6 +180,23 @@ func WithDedicatedConnection() Option {
 	}
 }
 
+// WithOneServer declares that every key lives on one Redis server: a *redis.Client
+// (standalone, or a failover client following a primary), with no Redis Cluster and no
+// sharding proxy in between. Checks of any hash slots, for example a service-wide rule
+// next to a per-client rule, are then decided in one script call, atomically and
+// all-or-nothing, instead of slot group by slot group with refunds: one round trip, and
+// no window in which another caller sees budget that is about to be refunded.
+//
+// It needs a *redis.Client. Do not use it behind a proxy that shards keys (Envoy,
+// twemproxy, a sharded database behind one endpoint): the script would run where its
+// first key lives, and budgets of the other slots would be split between shards.
+func WithOneServer() Option {
+	return func(l *Limiter) error {
+		l.oneServer = true
+		return nil
+	}
+}
+
 // credentials returns the client's credentials provider, if it has one, as the
 // dedicated connection asks for it at each dial.
 func credentials(opt *redis.Options) func(context.Context) (string, string, error) {
@@ -243,6 +261,9 @@ func New(client Client, opts ...Option) (*Limiter, error) {
 		pc = c
 	case *redis.Ring:
 		pc = c
+	}
+	if _, ok := client.(*redis.Client); l.oneServer && !ok {
+		return nil, &ratebudget.ConfigError{Field: "WithOneServer", Problem: fmt.Sprintf("needs a *redis.Client, got %T", client)}
 	}
 	if l.dedicated {
 		c, ok := client.(*redis.Client)
@@ -388,8 +409,9 @@ func (s *scratch) cacheKey(i int, c *ratebudget.Check) []byte {
 // Allow decides all checks at once (see [ratebudget.Limiter]). Checks are validated with
 // [ratebudget.ValidateChecks] before anything is sent. Checks that share a hash slot
 // cost one script call; checks of several slots are decided slot by slot, with a
-// best-effort refund when a later slot refuses (see the package documentation). A
-// refusal remembered by the refusal cache is repeated without a call.
+// best-effort refund when a later slot refuses (see the package documentation), unless
+// [WithOneServer] puts them all in one call. A refusal remembered by the refusal cache
+// is repeated without a call.
 func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	return l.decide(ctx, 0, checks)
 }
@@ -424,7 +446,7 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 		s.buf, slot, s.hash = appendKey(s.buf, s.hash, l.prefix, &checks[i])
 		s.ends = append(s.ends, len(s.buf))
 		s.slots = append(s.slots, slot)
-		single = single && slot == s.slots[0]
+		single = single && (slot == s.slots[0] || l.oneServer)
 	}
 
 	var sent int64

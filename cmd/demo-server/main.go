@@ -61,6 +61,7 @@ type options struct {
 	noLimit        bool
 	redisPool      bool
 	coalesce       int
+	oneServer      bool
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -81,6 +82,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
 	fs.BoolVar(&o.redisPool, "redis-pool", false, "send Redis decisions through the client's pool, pipelined, instead of a dedicated connection")
 	fs.IntVar(&o.coalesce, "coalesce", 256, "with -redis: decide up to this many concurrent requests for one budget as one call (lua.WithCoalescing); 0: off")
+	fs.BoolVar(&o.oneServer, "one-server", true, "with -redis: every key is on that one server (no Cluster, no sharding proxy), so rules of different identities are decided in one call (lua.WithOneServer)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

@@ -42,6 +42,9 @@ func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudg
 		// the demo uses no go-redis hooks, and it is the cheapest path per decision.
 		opts = append(opts, lua.WithDedicatedConnection())
 	}
+	if o.oneServer {
+		opts = append(opts, lua.WithOneServer())
+	}
 	if o.coalesce > 0 {
 		opts = append(opts, lua.WithCoalescing(o.coalesce))
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -147,4 +148,55 @@ func TestFrozenRedisAnswersFast(t *testing.T) {
 	}
 	wg.Wait()
 	srv.Thaw(t)
+}
+
+// TestReportRouteOneCallPerRequest: on one Redis server (the default -one-server), the
+// report route's per-account and route-wide budgets, in different slots, are decided
+// in one script call per request; a request the route-wide budget refuses spends
+// nothing, so no refund call follows.
+func TestReportRouteOneCallPerRequest(t *testing.T) {
+	srv := redistest.Start(t)
+	base := startDemo(t, "-redis", "redis://"+srv.Addr+"/0", "-limit", "1", "-window", "1m", "-store-timeout", "2s")
+	c := srv.Client(t)
+	calls := func() int {
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, line := range strings.Split(info, "\n") {
+			if name, rest, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && (name == "cmdstat_evalsha" || name == "cmdstat_eval") {
+				v, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+				k, _ := strconv.Atoi(v)
+				n += k
+			}
+		}
+		return n
+	}
+	if resp := get(t, "GET", base+"/api/hello", nil); resp.StatusCode != 200 { // loads the script
+		t.Fatalf("hello: %d", resp.StatusCode)
+	}
+	before := calls()
+	// The route admits 5 requests per minute (5 × -limit), each account 1.
+	for i := range 8 {
+		resp := get(t, "GET", base+"/api/accounts/"+strconv.Itoa(i)+"/report", map[string]string{"X-API-Key": "key-" + strconv.Itoa(i)})
+		want := 200
+		if i >= 5 {
+			want = 429
+		}
+		if resp.StatusCode != want {
+			t.Fatalf("account %d: %d, want %d", i, resp.StatusCode, want)
+		}
+	}
+	// One call each for the first six; the route's refusal is then remembered, and the
+	// last two are refused without a call. Slot by slot, the sixth would have cost three
+	// (the account, the route, the account's refund).
+	if n := calls() - before; n != 6 {
+		t.Fatalf("%d script calls for 8 requests, want 6", n)
+	}
+	// The refused accounts' own budgets were never spent.
+	keys, err := c.Keys(context.Background(), "rb-demo:*:report-account:*").Result()
+	if err != nil || len(keys) != 5 {
+		t.Fatalf("account keys %v, %v; want 5", keys, err)
+	}
 }

@@ -306,3 +306,43 @@ func TestDedicatedDecisionAllocs(t *testing.T) {
 		})
 	}
 }
+
+// TestCoalescedAndOneServerAllocs: over the dedicated connection, a decision through the
+// coalescer (with nothing to group) and one of two identities' rules in one call under
+// WithOneServer allocate nothing either.
+func TestCoalescedAndOneServerAllocs(t *testing.T) {
+	if israce.Enabled {
+		t.Skip("the race detector allocates; make test runs this without it")
+	}
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	rule := func(name string) ratebudget.Rule {
+		return ratebudget.Rule{Name: name, Limit: 1 << 30, Window: time.Minute}
+	}
+	for _, tc := range []struct {
+		name   string
+		opts   []lua.Option
+		checks []ratebudget.Check
+	}{
+		{"coalesced", []lua.Option{lua.WithCoalescing(64)}, []ratebudget.Check{{Rule: rule("f"), Identity: "ann", Cost: 1}}},
+		{"one server, two identities", []lua.Option{lua.WithOneServer()}, []ratebudget.Check{{Rule: rule("client"), Identity: "ann", Cost: 1}, {Rule: rule("service"), Cost: 1}}},
+		{"both", []lua.Option{lua.WithOneServer(), lua.WithCoalescing(64)}, []ratebudget.Check{{Rule: rule("client"), Identity: "bob", Cost: 1}, {Rule: rule("service"), Cost: 1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := dedicated(t, client, tc.opts...)
+			ctx := context.Background()
+			failed := 0
+			allocs := testing.AllocsPerRun(200, func() {
+				if d, err := l.Allow(ctx, tc.checks); err != nil || !d.Allowed {
+					failed++
+				}
+			})
+			if failed > 0 {
+				t.Fatalf("%d of 201 decisions failed or were refused", failed)
+			}
+			if allocs != 0 {
+				t.Errorf("%v allocations per decision, want 0", allocs)
+			}
+		})
+	}
+}

@@ -15,12 +15,28 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
 )
 
 func TestConformance(t *testing.T) {
 	c := newClient(t, 64)
 	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
 		return limitertest.Harness{Limiter: newLimiter(t, c)}
+	})
+}
+
+// TestConformanceAsTheDemoRuns runs the suite against the container with the options the
+// demo and the README's Redis example use: one server, a dedicated connection and
+// coalescing.
+func TestConformanceAsTheDemoRuns(t *testing.T) {
+	c := newClient(t, 64)
+	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
+		l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithOneServer(), lua.WithDedicatedConnection(), lua.WithCoalescing(256))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return limitertest.Harness{Limiter: l}
 	})
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,41 +141,9 @@ func TestClusterCoalesced(t *testing.T) {
 	checks := func(client string) []ratebudget.Check {
 		return []ratebudget.Check{{Rule: perClient, Identity: client, Cost: 1}, {Rule: service, Cost: 1}}
 	}
-	const clients = 200
-	var admitted atomic.Int32
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range clients {
-		wg.Go(func() {
-			<-start
-			d, err := l.Allow(ctx, checks("c"+strconv.Itoa(i)))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if d.Allowed {
-				admitted.Add(1)
-			}
-		})
-	}
-	close(start)
-	wg.Wait()
-	if n := admitted.Load(); n != 50 {
-		t.Fatalf("admitted %d of %d, want exactly 50", n, clients)
-	}
+	exactLimitAcrossClients(t, l, c, checks, 0)
 	if n, err := c.Get(ctx, l.Key(checks("")[1])).Int(); err != nil || n != 50 {
 		t.Fatalf("service counter %d, %v; want 50", n, err)
-	}
-	spent := 0
-	for i := range clients {
-		n, err := c.Get(ctx, l.Key(checks("c" + strconv.Itoa(i))[0])).Int()
-		if err != nil && err != redis.Nil {
-			t.Fatal(err)
-		}
-		spent += n
-	}
-	if spent != 50 {
-		t.Fatalf("per-client counters sum to %d, want 50", spent)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,63 @@ var transports = []struct {
 }{
 	{"pool", nil},
 	{"dedicated", []lua.Option{lua.WithDedicatedConnection()}},
+}
+
+// coalescing starts a private redis-server and a limiter on it with the transport's
+// options, coalescing in groups of up to 256, no refusal cache, and opts.
+func coalescing(t *testing.T, transport []lua.Option, opts ...lua.Option) (*redistest.Server, *redis.Client, *lua.Limiter) {
+	t.Helper()
+	srv := redistest.Start(t)
+	control := srv.Client(t)
+	all := append(append(slices.Clip(transport), lua.WithCoalescing(256), lua.WithoutRefusalCache()), opts...)
+	return srv, control, newLimiter(t, control, all...)
+}
+
+// apiCheck is one check of identity "ann" against a fixed window of limit per minute.
+func apiCheck(limit int64) []ratebudget.Check {
+	return []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: limit, Window: time.Minute}, Identity: "ann", Cost: 1}}
+}
+
+// exactLimitAcrossClients sends one decision for each of 200 clients at once, each of
+// the checks of checks(client), which hold a per-client check at index clientAt and a
+// service-wide check whose limit is 50: exactly 50 must be admitted, and the per-client
+// counters must sum to 50 (a refused request spends nothing, or is refunded).
+func exactLimitAcrossClients(t *testing.T, l *lua.Limiter, rdb redis.Cmdable, checks func(client string) []ratebudget.Check, clientAt int) {
+	t.Helper()
+	ctx := context.Background()
+	const clients, limit = 200, 50
+	var admitted atomic.Int32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range clients {
+		wg.Go(func() {
+			<-start
+			d, err := l.Allow(ctx, checks("client-"+strconv.Itoa(i)))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if n := admitted.Load(); n != limit {
+		t.Fatalf("admitted %d of %d, want exactly %d", n, clients, limit)
+	}
+	spent := 0
+	for i := range clients {
+		n, err := rdb.Get(ctx, l.Key(checks("client-" + strconv.Itoa(i))[clientAt])).Int()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatal(err)
+		}
+		spent += n
+	}
+	if spent != limit {
+		t.Fatalf("per-client counters sum to %d, want %d", spent, limit)
+	}
 }
 
 func TestCoalescingAndOneServerConfig(t *testing.T) {
@@ -111,10 +169,8 @@ func background(int) context.Context { return context.Background() }
 func TestCoalescedGroup(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			control := srv.Client(t)
-			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
-			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			srv, control, l := coalescing(t, tr.opts)
+			chk := apiCheck(1000)
 			warm := []ratebudget.Check{{Rule: chk[0].Rule, Identity: "warm", Cost: 1}}
 			if _, err := l.Allow(context.Background(), warm); err != nil { // loads the script
 				t.Fatal(err)
@@ -158,11 +214,9 @@ func TestCoalescedGroup(t *testing.T) {
 func TestCoalescedAtTheLimit(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			control := srv.Client(t)
-			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(4096), lua.WithoutRefusalCache())...)
+			srv, control, l := coalescing(t, tr.opts, lua.WithCoalescing(4096))
 			const limit, callers = 50, 200
-			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: limit, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			chk := apiCheck(limit)
 			out := make(chan result, callers)
 			hold(t, srv, l, chk, out)
 			// The group holds at most limit / cost = 50 decisions; the other 149 go alone.
@@ -196,10 +250,8 @@ func TestCoalescedAtTheLimit(t *testing.T) {
 func TestCoalescedMembersLeave(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			control := srv.Client(t)
-			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
-			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			srv, control, l := coalescing(t, tr.opts)
+			chk := apiCheck(1000)
 			out := make(chan result, 32)
 			hold(t, srv, l, chk, out)
 			const members, leaving = 10, 4
@@ -267,7 +319,7 @@ func TestCoalescedStoreError(t *testing.T) {
 			srv := redistest.Start(t)
 			control := srv.Client(t)
 			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256))...)
-			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			chk := apiCheck(1000)
 			out := make(chan result, 32)
 			hold(t, srv, l, chk, out)
 			join(t, l, chk, 8, 8, background, out)
@@ -299,26 +351,7 @@ func TestCoalescedExactUnderContention(t *testing.T) {
 				l := newLimiter(t, client, append(tr.opts, lua.WithCoalescing(16), lua.WithoutRefusalCache())...)
 				const callers, each, limit = 64, 20, 500
 				chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Algorithm: alg, Limit: limit, Window: time.Hour}, Identity: "ann", Cost: 1}}
-				var mu sync.Mutex
-				admitted := 0
-				var wg sync.WaitGroup
-				for range callers {
-					wg.Go(func() {
-						for range each {
-							d, err := l.Allow(context.Background(), chk)
-							if err != nil {
-								t.Error(err)
-								return
-							}
-							if d.Allowed {
-								mu.Lock()
-								admitted++
-								mu.Unlock()
-							}
-						}
-					})
-				}
-				wg.Wait()
+				admitted := admitConcurrently(t, l, chk, callers, each)
 				if admitted != limit {
 					t.Fatalf("admitted %d of %d, want exactly %d", admitted, callers*each, limit)
 				}
@@ -334,10 +367,8 @@ func TestCoalescedExactUnderContention(t *testing.T) {
 func TestCoalescedSenderLeaves(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			control := srv.Client(t)
-			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
-			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			srv, control, l := coalescing(t, tr.opts)
+			chk := apiCheck(1000)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			lua.OnSeal(l, cancel)
@@ -376,10 +407,8 @@ func TestCoalescedSenderLeaves(t *testing.T) {
 func TestCoalescedSenderTimesOut(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			control := srv.Client(t)
-			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
-			chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1}}
+			srv, control, l := coalescing(t, tr.opts)
+			chk := apiCheck(1000)
 			lua.OnSeal(l, func() { srv.Freeze(t) })
 			out := make(chan result, 8)
 			hold(t, srv, l, chk, out)
@@ -420,9 +449,7 @@ func TestCoalescedSenderTimesOut(t *testing.T) {
 func TestCoalescedSlotGroups(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr.name, func(t *testing.T) {
-			srv := redistest.Start(t)
-			control := srv.Client(t)
-			l := newLimiter(t, control, append(tr.opts, lua.WithCoalescing(256), lua.WithoutRefusalCache())...)
+			srv, control, l := coalescing(t, tr.opts)
 			ctx := context.Background()
 			perClient := ratebudget.Rule{Name: "client", Limit: 1_000_000, Window: time.Minute}
 			checks := func(global ratebudget.Rule, client string, globalFirst bool) []ratebudget.Check {
@@ -478,42 +505,9 @@ func TestCoalescedSlotGroups(t *testing.T) {
 
 			// The service-wide budget last, at its limit, from 200 clients at once.
 			tight := ratebudget.Rule{Name: "tight", Limit: 50, Window: time.Minute}
-			start := make(chan struct{})
-			res := make(chan result, 200)
-			for i := range 200 {
-				go func() {
-					<-start
-					d, err := l.Allow(ctx, checks(tight, "c-"+strconv.Itoa(i), false))
-					res <- result{d, err}
-				}()
-			}
-			close(start)
-			admitted := 0
-			for range 200 {
-				r := <-res
-				if r.err != nil {
-					t.Fatal(r.err)
-				}
-				if r.d.Allowed {
-					admitted++
-				}
-			}
-			if admitted != 50 {
-				t.Fatalf("admitted %d of 200, want exactly 50", admitted)
-			}
+			exactLimitAcrossClients(t, l, control, func(client string) []ratebudget.Check { return checks(tight, "tight-"+client, false) }, 0)
 			if v, err := control.Get(ctx, l.Key(checks(tight, "", false)[1])).Int(); err != nil || v != 50 {
 				t.Fatalf("service counter: %d, %v; want 50", v, err)
-			}
-			spent := 0
-			for i := range 200 {
-				v, err := control.Get(ctx, l.Key(checks(tight, "c-"+strconv.Itoa(i), false)[0])).Int()
-				if err != nil && !errors.Is(err, redis.Nil) {
-					t.Fatal(err)
-				}
-				spent += v
-			}
-			if spent != 50 {
-				t.Fatalf("per-client counters sum to %d, want 50 (refused requests refunded)", spent)
 			}
 		})
 	}
@@ -572,40 +566,7 @@ func TestOneServer(t *testing.T) {
 				}
 
 				tight := ratebudget.Rule{Name: "tight", Limit: 50, Window: time.Minute}
-				start := make(chan struct{})
-				res := make(chan result, 200)
-				for i := range 200 {
-					go func() {
-						<-start
-						d, err := l.Allow(ctx, checks(tight, "x"+strconv.Itoa(i)))
-						res <- result{d, err}
-					}()
-				}
-				close(start)
-				admitted := 0
-				for range 200 {
-					r := <-res
-					if r.err != nil {
-						t.Fatal(r.err)
-					}
-					if r.d.Allowed {
-						admitted++
-					}
-				}
-				if admitted != 50 {
-					t.Fatalf("admitted %d of 200, want exactly 50", admitted)
-				}
-				spent := 0
-				for i := range 200 {
-					n, err := control.Get(ctx, l.Key(checks(tight, "x"+strconv.Itoa(i))[0])).Int()
-					if err != nil && !errors.Is(err, redis.Nil) {
-						t.Fatal(err)
-					}
-					spent += n
-				}
-				if spent != 50 {
-					t.Fatalf("per-client counters sum to %d, want 50", spent)
-				}
+				exactLimitAcrossClients(t, l, control, func(client string) []ratebudget.Check { return checks(tight, client) }, 0)
 			})
 		}
 	}

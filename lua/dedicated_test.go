@@ -18,6 +18,30 @@ import (
 	"github.com/ratebudget/ratebudget/lua"
 )
 
+// admitConcurrently runs each decisions of chk in each of callers goroutines at once and
+// returns how many were admitted.
+func admitConcurrently(t *testing.T, l *lua.Limiter, chk []ratebudget.Check, callers, each int) int {
+	t.Helper()
+	var admitted atomic.Int32
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for range each {
+				d, err := l.Allow(context.Background(), chk)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return int(admitted.Load())
+}
+
 func dedicated(t *testing.T, c lua.Client, opts ...lua.Option) *lua.Limiter {
 	t.Helper()
 	return newLimiter(t, c, append([]lua.Option{lua.WithDedicatedConnection()}, opts...)...)
@@ -43,28 +67,7 @@ func TestDedicatedExactUnderContention(t *testing.T) {
 	}
 	const callers, each, limit = 64, 20, 500
 	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: limit, Window: time.Minute}, Identity: "ann", Cost: 1}}
-	var mu sync.Mutex
-	admitted := 0
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range each {
-				d, err := l.Allow(context.Background(), chk)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				if d.Allowed {
-					mu.Lock()
-					admitted++
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	admitted := admitConcurrently(t, l, chk, callers, each)
 	if admitted != limit {
 		t.Fatalf("admitted %d of %d, want exactly %d", admitted, callers*each, limit)
 	}

@@ -32,12 +32,15 @@ const MaxCoalescedGroup = 4096
 // decision in flight waits for it before its own group is sent (at most one extra round
 // trip). Requests for different budgets never wait for each other. In a decision whose
 // checks live in several hash slots, each slot's checks are coalesced on their own, so
-// a service-wide budget decided next to per-client ones is grouped across clients. A
-// member whose context ends while its group
-// waits leaves it with nothing spent, and one whose context ends after the group was
-// sent gets an uncertain error, as a caller of a single call would. If the member that
-// sends a group has its context end during the call, the other members decide on their
-// own: the group may have spent, so the budget may be over-counted, never under-counted.
+// a service-wide budget decided next to per-client ones is grouped across clients.
+// With [WithOneServer] such a decision is one call for all its checks, and only
+// decisions with the same checks throughout are grouped.
+//
+// A member whose context ends while its group waits leaves it with nothing spent, and
+// one whose context ends after the group was sent gets an uncertain error, as a caller
+// of a single call would. If the member that sends a group has its context end (or its
+// AllowWithin bound pass) during the call, the other members decide on their own: the
+// group may have spent, so the budget may be over-counted, never under-counted.
 func WithCoalescing(maxGroup int) Option {
 	return func(l *Limiter) error {
 		if maxGroup < 2 || maxGroup > MaxCoalescedGroup {

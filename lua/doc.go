@@ -127,7 +127,8 @@
 // each other; the cost is up to one extra round trip for a request that arrives while
 // its budget has a decision in flight. Checks of several slots are coalesced slot group
 // by slot group, so a service-wide budget next to per-client budgets is grouped across
-// clients; a refund (see below) of a grouped rolling-window spend gives back at most the
+// clients (with [WithOneServer] they are one call, grouped only with identical
+// decisions); a refund (see below) of a grouped rolling-window spend gives back at most the
 // first member's cost, the others' stay spent (an over-count).
 // With the 64 callers of the package's BenchmarkProcess all on one budget, coalescing
 // made decisions at about twice the rate without it, for less than a tenth of the Redis

@@ -80,10 +80,9 @@ for r in $(seq "$rounds"); do
 		3) read -r pool dpool rpool < <(serve -redis-pool -coalesce 0) ;;
 		esac
 	done
-	printf '%-6s %11.0f %11.0f %6.2f %11.0f %6.2f %11.0f %6.2f   %.1f; %.1f, %.1f; %.1f, %.1f; %.1f, %.1f\n' "$r" "$off" \
-		"$co" "$(echo "$co / $off" | bc -l)" "$on" "$(echo "$on / $off" | bc -l)" "$pool" "$(echo "$pool / $off" | bc -l)" \
-		"$doff" "$dco" "$rco" "$don" "$ron" "$dpool" "$rpool"
 	rco_+=("$(echo "$co / $off" | bc -l)"); ron_+=("$(echo "$on / $off" | bc -l)"); rpool_+=("$(echo "$pool / $off" | bc -l)")
+	printf '%-6s %11.0f %11.0f %6.2f %11.0f %6.2f %11.0f %6.2f   %.1f; %.1f, %.1f; %.1f, %.1f; %.1f, %.1f\n' "$r" "$off" \
+		"$co" "${rco_[-1]}" "$on" "${ron_[-1]}" "$pool" "${rpool_[-1]}" "$doff" "$dco" "$rco" "$don" "$ron" "$dpool" "$rpool"
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 printf '%-6s %11s %11s %6.2f %11s %6.2f %11s %6.2f\n' median "" "" "$(median "${rco_[@]}")" "" "$(median "${ron_[@]}")" "" "$(median "${rpool_[@]}")"

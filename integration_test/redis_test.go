@@ -225,12 +225,22 @@ func rawState(t *testing.T, c *redis.Client, key string) keyState {
 
 // TestMultiRuleRawState: a refusal by any rule leaves every other rule's raw state (value
 // and TTL) as it was, in one script (one identity) and with refunds (several identities).
+// The rules are listed in both orders, so that each time rule is refunded by a rule
+// decided after it.
 func TestMultiRuleRawState(t *testing.T) {
 	c := newClient(t, 4)
-	algs := []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow}
+	for _, algs := range [][]ratebudget.Algorithm{
+		{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow},
+		{ratebudget.RollingWindow, ratebudget.TokenBucket, ratebudget.FixedWindow},
+	} {
+		multiRuleRawState(t, c, algs)
+	}
+}
+
+func multiRuleRawState(t *testing.T, c *redis.Client, algs []ratebudget.Algorithm) {
 	for _, several := range []bool{false, true} {
 		for _, refuser := range algs {
-			t.Run(fmt.Sprintf("several=%v/refused-by-%v", several, refuser), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%v-first/several=%v/refused-by-%v", algs[0], several, refuser), func(t *testing.T) {
 				ctx := ctxT(t)
 				l := newLimiter(t, c)
 				var checks []ratebudget.Check

@@ -11,11 +11,14 @@
 --          allowed an exact refund (the window closed, the bucket is gone, or the event
 --          is no longer the newest); nothing is given back then.
 --
--- State: as written by allow.lua (see its header); a refunded rolling-window event is
--- rewritten in allow.lua's current member form. A token bucket's deficit is read
--- with its PTTL as allow.lua reads it, lowered by cost x window and rewritten with SET
--- key deficit PX lag + ceil(deficit / rate), or deleted once the bucket is full; a
--- value that is not a decimal integer in [0, full] is left alone.
+-- State: as written by allow.lua (see its header). A refunded rolling-window event is
+-- removed, or rewritten in allow.lua's current member form when it merged other
+-- admissions; the event that becomes the newest loses its name of the window only if
+-- the refunded admission trimmed events; and the key expires again when its newest
+-- event leaves the window (PEXPIREAT, from that event's own time). A token bucket's
+-- deficit is read with its PTTL as allow.lua reads it, lowered by cost x window and
+-- rewritten with SET key deficit PX lag + ceil(deficit / rate), or deleted once the
+-- bucket is full; a value that is not a decimal integer in [0, full] is left alone.
 
 local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
@@ -103,8 +106,11 @@ for i = 1, n do
       -- tail: the window's base and oldest event that allow.lua wrote with the event.
       local acc, c, tail = string.match(newest[1], '^(%d+):(%d+)(.*)$')
       acc, c = tonumber(acc), tonumber(c)
+      local last -- the newest event's time after the refund, if any is left
       if acc == a.aux and c and c >= a.cost then
-        redis.call('ZREM', key, newest[1])
+        -- A rewritten event is added before its old member is removed (the members
+        -- differ: a lower cumulative sum, or fewer fields), so that the set is never
+        -- empty in between: Redis would delete the key, and ZADD create it anew.
         if c > a.cost then
           -- The event stays the newest, and its tail still holds. Its time is its score
           -- (WITHSCORES writes integers exactly).
@@ -114,16 +120,28 @@ for i = 1, n do
             tail = ''
           end
           redis.call('ZADD', key, newest[2], (acc - a.cost) .. ':' .. (c - a.cost) .. ':' .. newest[2] .. tail)
+          redis.call('ZREM', key, newest[1])
+          last = newest[2]
         else
-          -- The event before it becomes the newest. Its tail may predate events that
-          -- the refunded admission trimmed: drop it, so that allow.lua reads the oldest
+          redis.call('ZREM', key, newest[1]) -- if it was the only event, the key goes with it
+          -- The event before it becomes the newest. Its tail names the window as it was
+          -- before the refunded admission. If that admission named the same window, it
+          -- trimmed nothing (a trim names a later oldest event), and the event is left
+          -- as it is: the log is as before the admission. Otherwise the tail may name
+          -- events that were trimmed: it is dropped, so that allow.lua reads the oldest
           -- event again.
           local prev = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-          if #prev > 0 and string.find(prev[1], '^%d+:%d+:%d+:%d+:%d+$') then
+          local head, ptail
+          if #prev > 0 then head, ptail = string.match(prev[1], '^(%d+:%d+):%d+(:%d+:%d+)$') end
+          if head and ptail ~= string.match(tail, '^:%d+(:%d+:%d+)$') then
+            redis.call('ZADD', key, prev[2], head .. ':' .. prev[2])
             redis.call('ZREM', key, prev[1])
-            redis.call('ZADD', key, prev[2], string.match(prev[1], '^(%d+:%d+):') .. ':' .. prev[2])
           end
+          if #prev > 0 then last = prev[2] end
         end
+        -- The key expires when its newest event leaves the window, as allow.lua had it
+        -- before the refunded admission moved it on (an absolute time: no clock read).
+        if last then redis.call('PEXPIREAT', key, tonumber(last) + a.win) end
         done = 1
       end
     end

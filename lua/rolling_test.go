@@ -240,8 +240,8 @@ func TestRollingNewestNamesTheWindow(t *testing.T) {
 }
 
 // TestRollingRefund: an admission given back because a later group refused leaves the
-// log counting what it counted before, and the event that becomes the newest no longer
-// names the window (the refunded admission may have trimmed events it named).
+// log as it was before (an admission that trimmed nothing named the same window as the
+// event before it, which stays as it is), and the key keeps its TTL.
 func TestRollingRefund(t *testing.T) {
 	rc := newRollingCase(t, 10, time.Minute, 3)
 	hook := countCommands(rc.c)
@@ -275,12 +275,76 @@ func TestRollingRefund(t *testing.T) {
 		t.Fatalf("client sent %v, want two allow calls and a refund", got)
 	}
 	after := rollingLog(t, rc.c, rc.key)
-	want := fmt.Sprintf("3:3:%.0f", before[0].Score)
-	if len(after) != 1 || after[0].Member != want || after[0].Score != before[0].Score {
-		t.Fatalf("log after the refund %v, want the first event alone as %s", after, want)
+	if len(after) != 1 || after[0] != before[0] {
+		t.Fatalf("log after the refund %v, want it as before: %v", after, before)
+	}
+	ttl := rc.c.PTTL(ctx, rc.key).Val()
+	if ttl <= 0 || ttl > time.Minute {
+		t.Fatalf("PTTL after the refund %v, want the key to keep its TTL (at most the window)", ttl)
 	}
 	if d := rc.allow(t, 3); !d.Allowed || d.Remaining != 4 {
 		t.Fatalf("after the refund: %+v; want admitted with 4 remaining", d)
+	}
+}
+
+// TestRollingRefundAfterTrim: when the refunded admission trimmed events that had left
+// the window, the event that becomes the newest names a window whose oldest event is
+// gone; the refund drops that name (allow.lua then reads the oldest event again), keeps
+// the key's TTL, and the next decision counts what is in the window.
+func TestRollingRefundAfterTrim(t *testing.T) {
+	rc := newRollingCase(t, 10, 10*time.Second, 3)
+	ctx := context.Background()
+	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 1, Window: time.Minute}, Identity: "bob", Cost: 1}
+	if d, err := rc.l.Allow(ctx, []ratebudget.Check{fw}); err != nil || !d.Allowed {
+		t.Fatalf("spending the fixed window: %+v, %v", d, err)
+	}
+	// An aged event of cost 2, then one of cost 3 in the window that still names it.
+	now := serverMillis(t, rc.c)
+	aged, inside := now-15000, now-5000
+	rc.writeLog(t, 5*time.Second,
+		event(aged, fmt.Sprintf("2:2:%d:0:%d", aged, aged)),
+		event(inside, fmt.Sprintf("5:3:%d:0:%d", inside, aged)))
+	d, err := rc.l.Allow(ctx, []ratebudget.Check{rc.chk[0], fw})
+	if err != nil || d.Allowed || d.Rule != "fw" {
+		t.Fatalf("decision: %+v, %v; want refused by fw", d, err)
+	}
+	zs := rollingLog(t, rc.c, rc.key)
+	if want := fmt.Sprintf("5:3:%d", inside); len(zs) != 1 || zs[0].Member != want {
+		t.Fatalf("log after the refund %v, want the event in the window alone as %s", zs, want)
+	}
+	if ttl := rc.c.PTTL(ctx, rc.key).Val(); ttl <= 0 || ttl > 5*time.Second {
+		t.Fatalf("PTTL after the refund %v, want the key to keep its TTL (at most 5s)", ttl)
+	}
+	if d := rc.allow(t, 3); !d.Allowed || d.Remaining != 4 {
+		t.Fatalf("after the refund: %+v; want admitted with 4 remaining (3 in the window)", d)
+	}
+}
+
+// TestRollingRefundMergedKeepsTTL: a refund that gives back part of a merged event (the
+// refunded admission shared its millisecond with earlier ones) rewrites that event; when
+// it is the log's only event, the key must still expire when it leaves the window, as
+// allow.lua left it. (Rewriting by ZREM, then ZADD, would empty the set: Redis deletes the
+// key with its TTL, and ZADD creates a key that never expires.)
+func TestRollingRefundMergedKeepsTTL(t *testing.T) {
+	rc := newRollingCase(t, 10, 10*time.Second, 1)
+	ctx := context.Background()
+	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 1, Window: time.Minute}, Identity: "bob", Cost: 1}
+	if d, err := rc.l.Allow(ctx, []ratebudget.Check{fw}); err != nil || !d.Allowed {
+		t.Fatalf("spending the fixed window: %+v, %v", d, err)
+	}
+	// An event ahead of the server's clock takes the next admission into its millisecond.
+	ahead := serverMillis(t, rc.c) + 5000
+	rc.writeLog(t, 15*time.Second, event(ahead, fmt.Sprintf("2:2:%d:0:%d", ahead, ahead)))
+	d, err := rc.l.Allow(ctx, []ratebudget.Check{rc.chk[0], fw})
+	if err != nil || d.Allowed || d.Rule != "fw" {
+		t.Fatalf("decision: %+v, %v; want refused by fw", d, err)
+	}
+	zs := rollingLog(t, rc.c, rc.key)
+	if want := fmt.Sprintf("2:2:%d:0:%d", ahead, ahead); len(zs) != 1 || zs[0].Member != want {
+		t.Fatalf("log after the refund %v, want the event given back as %s", zs, want)
+	}
+	if ttl := rc.c.PTTL(ctx, rc.key).Val(); ttl <= 0 || ttl > 15*time.Second {
+		t.Fatalf("PTTL after the refund %v, want the key to keep its TTL (at most 15s)", ttl)
 	}
 }
 

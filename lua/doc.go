@@ -189,7 +189,8 @@
 // reopened, a rolling-window event that is no longer the newest); and a refund attempted
 // after a transport error is itself uncertain. It never gives back more than was spent
 // by the same decision, except that a fixed-window counter that closed and reopened with
-// exactly the refunded amount in between is deleted.
+// exactly the refunded amount in between is deleted. It never leaves a key without a TTL:
+// a rolling window's key expires again when its newest remaining event leaves the window.
 //
 // Slots only matter to Redis Cluster and to proxies that shard keys. When every key lives
 // on one server (a *redis.Client on a standalone server or a failover primary), say so

@@ -3,6 +3,7 @@ package lua_test
 import (
 	"context"
 	"math/rand/v2"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,13 +15,13 @@ import (
 	"github.com/ratebudget/ratebudget/lua"
 )
 
-// TestTTLInvariant: random decisions of one to four checks over every time rule, three
+// TestStateInvariants: random decisions of one to four checks over every time rule, three
 // identities (three slots, so later groups refuse after earlier ones were spent and
 // refund them) and windows short enough to close, slide and expire while the test runs.
 // After every decision each key under the limiter's prefix must expire within its
-// rule's window: no decision, refusal or refund may leave a key without a TTL, or with
-// a longer one.
-func TestTTLInvariant(t *testing.T) {
+// rule's window (no decision, refusal or refund may leave a key without a TTL, or with
+// a longer one), and hold no more than its rule's limit as spent.
+func TestStateInvariants(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	l := newLimiter(t, c, lua.WithoutRefusalCache())
 	refunds := &scriptCounter{sha: lua.RefundSHA(l)}
@@ -35,14 +36,15 @@ func TestTTLInvariant(t *testing.T) {
 		}
 	}
 	identities := []string{"ann", "bob", "cy"}
-	window := map[string]time.Duration{}
+	ruleOf := map[string]ratebudget.Rule{}
 	for _, r := range rules {
 		for _, id := range identities {
-			window[l.Key(ratebudget.Check{Rule: r, Identity: id})] = r.Window
+			ruleOf[l.Key(ratebudget.Check{Rule: r, Identity: id})] = r
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var refused int
+	full := map[ratebudget.Algorithm]int{} // keys seen with their whole budget spent
 	for i := range 1500 {
 		n := 1 + rng.IntN(4)
 		checks := make([]ratebudget.Check, 0, n)
@@ -68,9 +70,17 @@ func TestTTLInvariant(t *testing.T) {
 		iter := c.Scan(ctx, 0, l.Prefix()+":*", 100).Iterator()
 		for iter.Next(ctx) {
 			key := iter.Val()
-			w, ok := window[key]
+			r, ok := ruleOf[key]
 			if !ok {
 				t.Fatalf("decision %d: unexpected key %q", i, key)
+			}
+			w := r.Window
+			spent := spentNow(t, c, r, key)
+			if spent > r.Limit {
+				t.Fatalf("decision %d (%+v → %+v): key %q holds %d spent units, over the limit of %d", i, checks, d, key, spent, r.Limit)
+			}
+			if spent == r.Limit {
+				full[r.Algorithm]++
 			}
 			p, err := c.PTTL(ctx, key).Result()
 			if err != nil {
@@ -89,9 +99,43 @@ func TestTTLInvariant(t *testing.T) {
 	}
 	// The walk must have covered refusals, and refunds of every time rule's spend.
 	n := refunds.n.Load()
-	t.Logf("%d refusals, %d refund calls", refused, n)
-	if refused < 100 || n < 50 {
-		t.Fatalf("%d refusals, %d refund calls; want at least 100 and 50", refused, n)
+	t.Logf("%d refusals, %d refund calls, budgets seen spent in full: %v", refused, n, full)
+	if refused < 100 || n < 50 || len(full) < 3 {
+		t.Fatalf("%d refusals, %d refund calls, budgets seen spent in full: %v; want at least 100 and 50, and every time rule", refused, n, full)
+	}
+}
+
+// spentNow reads how much of r's budget key holds as spent now: a fixed window's count,
+// a token bucket's deficit in tokens (rounded up), the costs of a rolling window's events
+// still in the window.
+func spentNow(t *testing.T, c *redis.Client, r ratebudget.Rule, key string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	switch r.Algorithm {
+	case ratebudget.RollingWindow:
+		edge := serverMillis(t, c) - r.Window.Milliseconds()
+		evs, err := c.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(edge, 10), Max: "+inf"}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		for _, e := range parseLog(t, evs) {
+			sum += e.cost
+		}
+		return sum
+	default:
+		v, err := c.Get(ctx, key).Int64()
+		if err == redis.Nil {
+			return 0
+		}
+		if err != nil {
+			t.Fatalf("key %q: %v", key, err)
+		}
+		if r.Algorithm == ratebudget.TokenBucket {
+			w := r.Window.Milliseconds()
+			return (v + w - 1) / w
+		}
+		return v
 	}
 }
 

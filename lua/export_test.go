@@ -23,6 +23,3 @@ func Waiting(l *Limiter) (members, flights int) {
 // OnSeal sets a function that runs, with the shard locked, whenever a coalesced group
 // is sealed to be sent, just before its sender is woken. Set it before the limiter's first decision.
 func OnSeal(l *Limiter, f func()) { l.coal.sealed = f }
-
-// RefundSHA is the SHA1 of refund.lua, as EVALSHA names it.
-func RefundSHA(l *Limiter) string { return l.refund.Hash() }

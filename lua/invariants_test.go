@@ -2,9 +2,12 @@ package lua_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"sync/atomic"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,146 +26,237 @@ import (
 // a longer one), and hold no more than its rule's limit as spent.
 func TestStateInvariants(t *testing.T) {
 	c := redistest.Start(t).Client(t)
-	l := newLimiter(t, c, lua.WithoutRefusalCache())
-	refunds := &scriptCounter{sha: lua.RefundSHA(l)}
-	c.AddHook(refunds)
-	ctx := context.Background()
-	var rules []ratebudget.Rule
-	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		for _, w := range []time.Duration{15 * time.Millisecond, 60 * time.Millisecond, time.Second} {
-			rules = append(rules, ratebudget.Rule{
-				Name: alg.String() + "-" + w.String(), Algorithm: alg, Limit: 6, Window: w,
-			})
-		}
-	}
-	identities := []string{"ann", "bob", "cy"}
-	ruleOf := map[string]ratebudget.Rule{}
-	for _, r := range rules {
-		for _, id := range identities {
-			ruleOf[l.Key(ratebudget.Check{Rule: r, Identity: id})] = r
-		}
-	}
+	w := newWalk(t, c, lua.WithoutRefusalCache())
 	rng := rand.New(rand.NewPCG(1, 2))
-	var refused int
-	full := map[ratebudget.Algorithm]int{} // keys seen with their whole budget spent
 	for i := range 1500 {
-		n := 1 + rng.IntN(4)
-		checks := make([]ratebudget.Check, 0, n)
-		seen := map[string]bool{}
-		for len(checks) < n {
-			chk := ratebudget.Check{
-				Rule:     rules[rng.IntN(len(rules))],
-				Identity: identities[rng.IntN(len(identities))],
-				Cost:     1 + rng.Int64N(3),
-			}
-			if k := l.Key(chk); !seen[k] {
-				seen[k] = true
-				checks = append(checks, chk)
-			}
-		}
-		d, err := l.Allow(ctx, checks)
+		checks := w.checks(rng)
+		d, err := w.l.Allow(context.Background(), checks)
 		if err != nil {
 			t.Fatalf("decision %d: %v", i, err)
 		}
-		if !d.Allowed {
-			refused++
-		}
-		iter := c.Scan(ctx, 0, l.Prefix()+":*", 100).Iterator()
-		for iter.Next(ctx) {
-			key := iter.Val()
-			r, ok := ruleOf[key]
-			if !ok {
-				t.Fatalf("decision %d: unexpected key %q", i, key)
-			}
-			w := r.Window
-			spent := spentNow(t, c, r, key)
-			if spent > r.Limit {
-				t.Fatalf("decision %d (%+v → %+v): key %q holds %d spent units, over the limit of %d", i, checks, d, key, spent, r.Limit)
-			}
-			if spent == r.Limit {
-				full[r.Algorithm]++
-			}
-			p, err := c.PTTL(ctx, key).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if p == -2*time.Nanosecond {
-				continue // expired since the scan
-			}
-			if p < 0 || p > w { // 0: under a millisecond left
-				t.Fatalf("decision %d (%+v → %+v): key %q has PTTL %v, want (0, %v]", i, checks, d, key, p, w)
-			}
-		}
-		if err := iter.Err(); err != nil {
-			t.Fatal(err)
+		w.count(d)
+		if err := w.audit(); err != nil {
+			t.Fatalf("decision %d (%+v → %+v): %v", i, checks, d, err)
 		}
 	}
-	// The walk must have covered refusals, and refunds of every time rule's spend.
-	n := refunds.n.Load()
-	t.Logf("%d refusals, %d refund calls, budgets seen spent in full: %v", refused, n, full)
-	if refused < 100 || n < 50 || len(full) < 3 {
-		t.Fatalf("%d refusals, %d refund calls, budgets seen spent in full: %v; want at least 100 and 50, and every time rule", refused, n, full)
+	w.covered(100, 20)
+}
+
+// TestStateInvariantsConcurrent: the same invariants while 8 callers decide at once,
+// through the pool, and over a dedicated connection with coalescing (the demo's
+// options; with few identities and costs, concurrent decisions for one budget may be
+// grouped). A ninth goroutine audits the keys as they change.
+func TestStateInvariantsConcurrent(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		name string
+		opts []lua.Option
+	}{
+		{"pool", nil},
+		{"dedicated-coalesced", []lua.Option{lua.WithDedicatedConnection(), lua.WithCoalescing(64)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWalk(t, srv.Client(t), append([]lua.Option{lua.WithoutRefusalCache()}, tc.opts...)...)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			audits := make(chan error, 1)
+			go func() {
+				n := 0
+				for ctx.Err() == nil {
+					if err := w.audit(); err != nil {
+						audits <- err
+						return
+					}
+					n++
+				}
+				if n == 0 {
+					audits <- errors.New("no audit ran")
+				}
+				audits <- nil
+			}()
+			var wg sync.WaitGroup
+			errs := make(chan error, 8)
+			for g := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rng := rand.New(rand.NewPCG(uint64(g), 7))
+					for i := range 250 {
+						checks := w.checks(rng)
+						d, err := w.l.Allow(ctx, checks)
+						if err != nil {
+							errs <- fmt.Errorf("caller %d, decision %d: %v", g, i, err)
+							return
+						}
+						w.count(d)
+					}
+				}()
+			}
+			wg.Wait()
+			cancel()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if err := <-audits; err != nil {
+				t.Fatal(err)
+			}
+			if err := w.audit(); err != nil {
+				t.Fatal(err)
+			}
+			w.covered(100, 20)
+		})
+	}
+}
+
+// walk is a limiter with nine rules (three time rules, three windows down to 15 ms,
+// limit 6) for three identities, and what its random decisions covered.
+type walk struct {
+	t       *testing.T
+	c       *redis.Client
+	l       *lua.Limiter
+	rules   []ratebudget.Rule
+	ids     []string
+	ruleOf  map[string]ratebudget.Rule
+	stats   cmdStats // the server's command counts when the walk began
+	mu      sync.Mutex
+	refused int
+	full    map[ratebudget.Algorithm]int // keys seen with their whole budget spent
+}
+
+func newWalk(t *testing.T, c *redis.Client, opts ...lua.Option) *walk {
+	w := &walk{t: t, c: c, l: newLimiter(t, c, opts...), ids: []string{"ann", "bob", "cy"},
+		ruleOf: map[string]ratebudget.Rule{}, full: map[ratebudget.Algorithm]int{}}
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
+		for _, win := range []time.Duration{15 * time.Millisecond, 60 * time.Millisecond, time.Second} {
+			r := ratebudget.Rule{Name: alg.String() + "-" + win.String(), Algorithm: alg, Limit: 6, Window: win}
+			w.rules = append(w.rules, r)
+			for _, id := range w.ids {
+				w.ruleOf[w.l.Key(ratebudget.Check{Rule: r, Identity: id})] = r
+			}
+		}
+	}
+	w.stats = commandStats(t, c)
+	return w
+}
+
+// checks draws one to four distinct checks of cost 1 to 3.
+func (w *walk) checks(rng *rand.Rand) []ratebudget.Check {
+	n := 1 + rng.IntN(4)
+	checks := make([]ratebudget.Check, 0, n)
+	seen := map[string]bool{}
+	for len(checks) < n {
+		chk := ratebudget.Check{
+			Rule:     w.rules[rng.IntN(len(w.rules))],
+			Identity: w.ids[rng.IntN(len(w.ids))],
+			Cost:     1 + rng.Int64N(3),
+		}
+		if k := w.l.Key(chk); !seen[k] {
+			seen[k] = true
+			checks = append(checks, chk)
+		}
+	}
+	return checks
+}
+
+func (w *walk) count(d ratebudget.Decision) {
+	if !d.Allowed {
+		w.mu.Lock()
+		w.refused++
+		w.mu.Unlock()
+	}
+}
+
+// audit checks every key under the limiter's prefix: a TTL within its rule's window,
+// and no more than the rule's limit spent.
+func (w *walk) audit() error {
+	ctx := context.Background()
+	iter := w.c.Scan(ctx, 0, w.l.Prefix()+":*", 100).Iterator()
+	for iter.Next(ctx) {
+		key := iter.Val()
+		r, ok := w.ruleOf[key]
+		if !ok {
+			return fmt.Errorf("unexpected key %q", key)
+		}
+		spent, err := spentNow(w.c, r, key)
+		if err != nil {
+			return err
+		}
+		if spent > r.Limit {
+			return fmt.Errorf("key %q holds %d spent units, over the limit of %d", key, spent, r.Limit)
+		}
+		if spent == r.Limit {
+			w.mu.Lock()
+			w.full[r.Algorithm]++
+			w.mu.Unlock()
+		}
+		p, err := w.c.PTTL(ctx, key).Result()
+		if err != nil {
+			return err
+		}
+		if p == -2*time.Nanosecond {
+			continue // expired since the scan
+		}
+		if p < 0 || p > r.Window { // 0: under a millisecond left
+			return fmt.Errorf("key %q has PTTL %v, want (0, %v]", key, p, r.Window)
+		}
+	}
+	return iter.Err()
+}
+
+// covered fails the test unless the walk saw at least the given number of refusals,
+// refunds given back to fixed windows and to rolling windows (the server ran refund.lua's
+// DECRBY and PEXPIREAT, which allow.lua never sends) and every time rule's budget spent
+// in full: the audits were not vacuous.
+func (w *walk) covered(refusals, refunds int) {
+	w.t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d := commandStats(w.t, w.c).sub(w.stats)
+	fixed, rolling := int(d.calls["decrby"]), int(d.calls["pexpireat"])
+	w.t.Logf("%d refusals; refunds: %d to fixed windows, %d to rolling windows; budgets seen spent in full: %v",
+		w.refused, fixed, rolling, w.full)
+	if w.refused < refusals || fixed < refunds || rolling < refunds || len(w.full) < 3 {
+		w.t.Fatalf("want at least %d refusals, %d refunds of each kind, and every time rule spent in full", refusals, refunds)
 	}
 }
 
 // spentNow reads how much of r's budget key holds as spent now: a fixed window's count,
 // a token bucket's deficit in tokens (rounded up), the costs of a rolling window's events
-// still in the window.
-func spentNow(t *testing.T, c *redis.Client, r ratebudget.Rule, key string) int64 {
-	t.Helper()
+// still in the window (events are named "<sum>:<cost>:...").
+func spentNow(c *redis.Client, r ratebudget.Rule, key string) (int64, error) {
 	ctx := context.Background()
-	switch r.Algorithm {
-	case ratebudget.RollingWindow:
-		edge := serverMillis(t, c) - r.Window.Milliseconds()
-		evs, err := c.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(edge, 10), Max: "+inf"}).Result()
+	if r.Algorithm == ratebudget.RollingWindow {
+		now, err := c.Time(ctx).Result()
 		if err != nil {
-			t.Fatal(err)
+			return 0, err
+		}
+		edge := now.UnixMilli() - r.Window.Milliseconds()
+		evs, err := c.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(edge, 10), Max: "+inf"}).Result()
+		if err != nil {
+			return 0, err
 		}
 		var sum int64
-		for _, e := range parseLog(t, evs) {
-			sum += e.cost
+		for _, e := range evs {
+			f := strings.Split(e, ":")
+			cost, err := strconv.ParseInt(f[min(1, len(f)-1)], 10, 64)
+			if len(f) < 2 || err != nil {
+				return 0, fmt.Errorf("key %q: event %q", key, e)
+			}
+			sum += cost
 		}
-		return sum
-	default:
-		v, err := c.Get(ctx, key).Int64()
-		if err == redis.Nil {
-			return 0
-		}
-		if err != nil {
-			t.Fatalf("key %q: %v", key, err)
-		}
-		if r.Algorithm == ratebudget.TokenBucket {
-			w := r.Window.Milliseconds()
-			return (v + w - 1) / w
-		}
-		return v
+		return sum, nil
 	}
-}
-
-// scriptCounter is a go-redis hook counting the calls of one script (EVALSHA or EVAL).
-type scriptCounter struct {
-	sha string
-	n   atomic.Int64
-}
-
-func (h *scriptCounter) count(cmd redis.Cmder) {
-	if a := cmd.Args(); len(a) > 1 && a[1] == h.sha {
-		h.n.Add(1)
+	v, err := c.Get(ctx, key).Int64()
+	if err == redis.Nil {
+		return 0, nil
 	}
-}
-
-func (h *scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.count(cmd)
-		return next(ctx, cmd)
+	if err != nil {
+		return 0, fmt.Errorf("key %q: %v", key, err)
 	}
-}
-func (h *scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			h.count(cmd)
-		}
-		return next(ctx, cmds)
+	if r.Algorithm == ratebudget.TokenBucket {
+		w := r.Window.Milliseconds()
+		return (v + w - 1) / w, nil
 	}
+	return v, nil
 }

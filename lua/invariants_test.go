@@ -39,21 +39,24 @@ func TestStateInvariants(t *testing.T) {
 			t.Fatalf("decision %d (%+v → %+v): %v", i, checks, d, err)
 		}
 	}
-	w.covered(100, 20)
+	w.covered(100, 10)
 }
 
 // TestStateInvariantsConcurrent: the same invariants while 8 callers decide at once,
-// through the pool, and over a dedicated connection with coalescing (the demo's
-// options; with few identities and costs, concurrent decisions for one budget may be
-// grouped). A ninth goroutine audits the keys as they change.
+// through the pool, over a dedicated connection with coalescing (with few identities
+// and costs, concurrent decisions for one budget may be grouped), and with that and
+// WithOneServer (the demo's options). A ninth goroutine audits the keys as they change.
 func TestStateInvariantsConcurrent(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
-		name string
-		opts []lua.Option
+		name    string
+		opts    []lua.Option
+		refunds int // refunds of each kind the walk must see
 	}{
-		{"pool", nil},
-		{"dedicated-coalesced", []lua.Option{lua.WithDedicatedConnection(), lua.WithCoalescing(64)}},
+		{"pool", nil, 20},
+		{"dedicated-coalesced", []lua.Option{lua.WithDedicatedConnection(), lua.WithCoalescing(64)}, 20},
+		// Every slot in one call: nothing to refund.
+		{"one-server-dedicated-coalesced", []lua.Option{lua.WithOneServer(), lua.WithDedicatedConnection(), lua.WithCoalescing(64)}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWalk(t, srv.Client(t), append([]lua.Option{lua.WithoutRefusalCache()}, tc.opts...)...)
@@ -104,7 +107,7 @@ func TestStateInvariantsConcurrent(t *testing.T) {
 			if err := w.audit(); err != nil {
 				t.Fatal(err)
 			}
-			w.covered(100, 20)
+			w.covered(100, tc.refunds)
 		})
 	}
 }
@@ -205,7 +208,8 @@ func (w *walk) audit() error {
 }
 
 // covered fails the test unless the walk saw at least the given number of refusals,
-// refunds given back to fixed windows and to rolling windows (the server ran refund.lua's
+// refunds given back to fixed windows and to rolling windows (none at all when refunds
+// is 0) (the server ran refund.lua's
 // DECRBY and PEXPIREAT, which allow.lua never sends) and every time rule's budget spent
 // in full: the audits were not vacuous.
 func (w *walk) covered(refusals, refunds int) {
@@ -218,6 +222,9 @@ func (w *walk) covered(refusals, refunds int) {
 		w.refused, fixed, rolling, w.full)
 	if w.refused < refusals || fixed < refunds || rolling < refunds || len(w.full) < 3 {
 		w.t.Fatalf("want at least %d refusals, %d refunds of each kind, and every time rule spent in full", refusals, refunds)
+	}
+	if refunds == 0 && fixed+rolling > 0 {
+		w.t.Fatalf("want no refunds")
 	}
 }
 

@@ -29,6 +29,18 @@ func TestCluster(t *testing.T) {
 		})
 	})
 
+	// Refunds across masters: the state invariants of TestStateInvariants, with 8
+	// callers, audited on every master.
+	t.Run("StateInvariants", func(t *testing.T) {
+		var masters []*redis.Client
+		for _, n := range nodes {
+			masters = append(masters, n.Client(t))
+		}
+		w := newWalk(t, c, masters, lua.WithoutRefusalCache())
+		w.concurrently(8, 250)
+		w.covered(100, 20)
+	})
+
 	t.Run("ContentionAcrossMasters", func(t *testing.T) {
 		prefix := uniquePrefix(t)
 		l, err := lua.New(c, lua.WithPrefix(prefix))

@@ -26,7 +26,7 @@ import (
 // a longer one), and hold no more than its rule's limit as spent.
 func TestStateInvariants(t *testing.T) {
 	c := redistest.Start(t).Client(t)
-	w := newWalk(t, c, lua.WithoutRefusalCache())
+	w := newWalk(t, c, []*redis.Client{c}, lua.WithoutRefusalCache())
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 1500 {
 		checks := w.checks(rng)
@@ -59,56 +59,66 @@ func TestStateInvariantsConcurrent(t *testing.T) {
 		{"one-server-dedicated-coalesced", []lua.Option{lua.WithOneServer(), lua.WithDedicatedConnection(), lua.WithCoalescing(64)}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWalk(t, srv.Client(t), append([]lua.Option{lua.WithoutRefusalCache()}, tc.opts...)...)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			audits := make(chan error, 1)
-			go func() {
-				n := 0
-				for ctx.Err() == nil {
-					if err := w.audit(); err != nil {
-						audits <- err
-						return
-					}
-					n++
-				}
-				if n == 0 {
-					audits <- errors.New("no audit ran")
-				}
-				audits <- nil
-			}()
-			var wg sync.WaitGroup
-			errs := make(chan error, 8)
-			for g := range 8 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					rng := rand.New(rand.NewPCG(uint64(g), 7))
-					for i := range 250 {
-						checks := w.checks(rng)
-						d, err := w.l.Allow(ctx, checks)
-						if err != nil {
-							errs <- fmt.Errorf("caller %d, decision %d: %v", g, i, err)
-							return
-						}
-						w.count(d)
-					}
-				}()
-			}
-			wg.Wait()
-			cancel()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-			if err := <-audits; err != nil {
-				t.Fatal(err)
-			}
-			if err := w.audit(); err != nil {
-				t.Fatal(err)
-			}
+			c := srv.Client(t)
+			w := newWalk(t, c, []*redis.Client{c}, append([]lua.Option{lua.WithoutRefusalCache()}, tc.opts...)...)
+			w.concurrently(8, 250)
 			w.covered(100, tc.refunds)
 		})
+	}
+}
+
+// concurrently runs callers goroutines of n random decisions each, while another audits
+// the keys until they are done, then audits once more.
+func (w *walk) concurrently(callers, n int) {
+	t := w.t
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	audits := make(chan error, 1)
+	go func() {
+		audited := 0
+		for ctx.Err() == nil {
+			if err := w.audit(); err != nil {
+				audits <- err
+				return
+			}
+			audited++
+		}
+		if audited == 0 {
+			audits <- errors.New("no audit ran while the callers decided")
+			return
+		}
+		audits <- nil
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for g := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for i := range n {
+				checks := w.checks(rng)
+				d, err := w.l.Allow(ctx, checks)
+				if err != nil {
+					errs <- fmt.Errorf("caller %d, decision %d: %v", g, i, err)
+					return
+				}
+				w.count(d)
+			}
+		}()
+	}
+	wg.Wait()
+	cancel()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := <-audits; err != nil {
+		t.Fatal(err)
+	}
+	if err := w.audit(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -116,19 +126,20 @@ func TestStateInvariantsConcurrent(t *testing.T) {
 // limit 6) for three identities, and what its random decisions covered.
 type walk struct {
 	t       *testing.T
-	c       *redis.Client
+	servers []*redis.Client // every server that holds keys, audited one by one
 	l       *lua.Limiter
 	rules   []ratebudget.Rule
 	ids     []string
 	ruleOf  map[string]ratebudget.Rule
-	stats   cmdStats // the server's command counts when the walk began
+	stats   []cmdStats // the servers' command counts when the walk began
 	mu      sync.Mutex
 	refused int
 	full    map[ratebudget.Algorithm]int // keys seen with their whole budget spent
 }
 
-func newWalk(t *testing.T, c *redis.Client, opts ...lua.Option) *walk {
-	w := &walk{t: t, c: c, l: newLimiter(t, c, opts...), ids: []string{"ann", "bob", "cy"},
+// newWalk returns a walk of a limiter on c, whose keys live on servers.
+func newWalk(t *testing.T, c lua.Client, servers []*redis.Client, opts ...lua.Option) *walk {
+	w := &walk{t: t, servers: servers, l: newLimiter(t, c, opts...), ids: []string{"ann", "bob", "cy"},
 		ruleOf: map[string]ratebudget.Rule{}, full: map[ratebudget.Algorithm]int{}}
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for _, win := range []time.Duration{15 * time.Millisecond, 60 * time.Millisecond, time.Second} {
@@ -139,7 +150,9 @@ func newWalk(t *testing.T, c *redis.Client, opts ...lua.Option) *walk {
 			}
 		}
 	}
-	w.stats = commandStats(t, c)
+	for _, srv := range servers {
+		w.stats = append(w.stats, commandStats(t, srv))
+	}
 	return w
 }
 
@@ -173,15 +186,24 @@ func (w *walk) count(d ratebudget.Decision) {
 // audit checks every key under the limiter's prefix: a TTL within its rule's window,
 // and no more than the rule's limit spent.
 func (w *walk) audit() error {
+	for _, srv := range w.servers {
+		if err := w.auditServer(srv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *walk) auditServer(c *redis.Client) error {
 	ctx := context.Background()
-	iter := w.c.Scan(ctx, 0, w.l.Prefix()+":*", 100).Iterator()
+	iter := c.Scan(ctx, 0, w.l.Prefix()+":*", 100).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
 		r, ok := w.ruleOf[key]
 		if !ok {
 			return fmt.Errorf("unexpected key %q", key)
 		}
-		spent, err := spentNow(w.c, r, key)
+		spent, err := spentNow(c, r, key)
 		if err != nil {
 			return err
 		}
@@ -193,7 +215,7 @@ func (w *walk) audit() error {
 			w.full[r.Algorithm]++
 			w.mu.Unlock()
 		}
-		p, err := w.c.PTTL(ctx, key).Result()
+		p, err := c.PTTL(ctx, key).Result()
 		if err != nil {
 			return err
 		}
@@ -216,8 +238,12 @@ func (w *walk) covered(refusals, refunds int) {
 	w.t.Helper()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	d := commandStats(w.t, w.c).sub(w.stats)
-	fixed, rolling := int(d.calls["decrby"]), int(d.calls["pexpireat"])
+	var fixed, rolling int
+	for i, srv := range w.servers {
+		d := commandStats(w.t, srv).sub(w.stats[i])
+		fixed += int(d.calls["decrby"])
+		rolling += int(d.calls["pexpireat"])
+	}
 	w.t.Logf("%d refusals; refunds: %d to fixed windows, %d to rolling windows; budgets seen spent in full: %v",
 		w.refused, fixed, rolling, w.full)
 	if w.refused < refusals || fixed < refunds || rolling < refunds || len(w.full) < 3 {

@@ -265,7 +265,7 @@ func spentNow(c *redis.Client, r ratebudget.Rule, key string) (int64, error) {
 			return 0, err
 		}
 		edge := now.UnixMilli() - r.Window.Milliseconds()
-		evs, err := c.ZRangeByScore(ctx, key, &redis.ZRangeBy{Min: "(" + strconv.FormatInt(edge, 10), Max: "+inf"}).Result()
+		evs, err := c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: key, ByScore: true, Start: "(" + strconv.FormatInt(edge, 10), Stop: "+inf"}).Result()
 		if err != nil {
 			return 0, err
 		}

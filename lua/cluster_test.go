@@ -16,8 +16,10 @@ import (
 )
 
 // TestCluster runs the limiter on a three-master Redis Cluster through
-// *redis.ClusterClient (pipelining included): the conformance suite, contention for
-// budgets spread over the masters, and a request whose rules live in different slots.
+// *redis.ClusterClient (pipelining included): the conformance suite, the state
+// invariants and the same answers as the in-process limiter under random decisions,
+// contention for budgets spread over the masters, and a request whose rules live in
+// different slots.
 func TestCluster(t *testing.T) {
 	c, nodes := redistest.StartCluster(t, 3)
 	ctx := context.Background()
@@ -32,13 +34,14 @@ func TestCluster(t *testing.T) {
 	// Refunds across masters: the state invariants of TestStateInvariants, with 8
 	// callers, audited on every master.
 	t.Run("StateInvariants", func(t *testing.T) {
-		var masters []*redis.Client
-		for _, n := range nodes {
-			masters = append(masters, n.Client(t))
-		}
-		w := newWalk(t, c, masters, lua.WithoutRefusalCache())
+		w := newWalk(t, c, masters(t, nodes), lua.WithoutRefusalCache())
 		w.concurrently(8, 250)
 		w.covered(100, 20)
+	})
+
+	// Slot by slot across masters, with refunds: the answers of TestSameDecisionsAsMemory.
+	t.Run("SameDecisionsAsMemory", func(t *testing.T) {
+		sameDecisions(t, masters(t, nodes), []namedLimiter{{"cluster", newLimiter(t, c, lua.WithoutRefusalCache())}})
 	})
 
 	t.Run("ContentionAcrossMasters", func(t *testing.T) {
@@ -166,4 +169,13 @@ func slot(t *testing.T, c *redis.ClusterClient, key string) int64 {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// masters returns a client of each node.
+func masters(t *testing.T, nodes []*redistest.Server) []*redis.Client {
+	var cs []*redis.Client
+	for _, n := range nodes {
+		cs = append(cs, n.Client(t))
+	}
+	return cs
 }

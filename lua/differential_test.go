@@ -1,0 +1,120 @@
+package lua_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
+)
+
+// namedLimiter is a limiter under test and its name in failure messages.
+type namedLimiter struct {
+	name string
+	l    ratebudget.Limiter
+}
+
+// TestSameDecisionsAsMemory: a sequence of random decisions (one to four checks, every
+// time rule, several slots) gets the same answers from the in-process limiter, whose
+// clock is stopped, and from the Redis limiter through the pool, over a dedicated
+// connection with coalescing, and with WithOneServer. Windows are hours long, so time
+// does not move any budget while the test runs. The in-process limiter decides every
+// check at once; the Redis limiter decides slot by slot and refunds the earlier slots
+// when a later one refuses (except with WithOneServer), so an inexact refund would make
+// a later decision differ.
+func TestSameDecisionsAsMemory(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	opts := []lua.Option{lua.WithoutRefusalCache()}
+	sameDecisions(t, []*redis.Client{c}, []namedLimiter{
+		{"pool", newLimiter(t, c, opts...)},
+		{"dedicated-coalesced", newLimiter(t, c, append(opts, lua.WithDedicatedConnection(), lua.WithCoalescing(64))...)},
+		{"one-server", newLimiter(t, c, append(opts, lua.WithOneServer())...)},
+	})
+}
+
+// sameDecisions runs 1,500 random decisions on a stopped-clock ratebudget.Memory and on
+// each of limiters, whose keys live on servers, and fails on the first answer that differs: admitted or not,
+// exceeded or not, and the remaining units whenever both report the same rule. (Which
+// rule is reported may differ: among equal candidates it depends on waits, which move
+// with Redis's clock and not with the stopped one.)
+func sameDecisions(t *testing.T, servers []*redis.Client, limiters []namedLimiter) {
+	t.Helper()
+	var before []cmdStats
+	for _, srv := range servers {
+		before = append(before, commandStats(t, srv))
+	}
+	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
+	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Windows are distinct whole hours (and token buckets refill one unit every 94 to 156
+	// minutes), so that waits of different rules are minutes apart.
+	rule := func(alg ratebudget.Algorithm, hours time.Duration, limit int64) ratebudget.Rule {
+		return ratebudget.Rule{Name: fmt.Sprintf("%v-%dh", alg, hours), Algorithm: alg, Limit: limit, Window: hours * time.Hour}
+	}
+	rules := []ratebudget.Rule{
+		rule(ratebudget.FixedWindow, 1, 5), rule(ratebudget.FixedWindow, 3, 8), rule(ratebudget.FixedWindow, 5, 3),
+		rule(ratebudget.RollingWindow, 2, 6), rule(ratebudget.RollingWindow, 4, 4), rule(ratebudget.RollingWindow, 6, 9),
+		rule(ratebudget.TokenBucket, 7, 4), rule(ratebudget.TokenBucket, 11, 7), rule(ratebudget.TokenBucket, 13, 5),
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	ctx := context.Background()
+	var admitted, refused, compared int
+	for i := range 1500 {
+		n := 1 + rng.IntN(4)
+		checks := make([]ratebudget.Check, 0, n)
+		seen := map[[2]int]bool{}
+		for len(checks) < n {
+			r, id := rng.IntN(len(rules)), rng.IntN(30)
+			if seen[[2]int{r, id}] {
+				continue
+			}
+			seen[[2]int{r, id}] = true
+			checks = append(checks, ratebudget.Check{Rule: rules[r], Identity: fmt.Sprintf("id-%d", id), Cost: 1 + rng.Int64N(3)})
+		}
+		want, err := mem.Allow(ctx, checks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want.Allowed {
+			admitted++
+		} else {
+			refused++
+		}
+		for _, nl := range limiters {
+			got, err := nl.l.Allow(ctx, checks)
+			if err != nil {
+				t.Fatalf("decision %d, %s: %v", i, nl.name, err)
+			}
+			if got.Allowed != want.Allowed || got.Exceeded != want.Exceeded ||
+				got.Index == want.Index && got.Remaining != want.Remaining {
+				t.Fatalf("decision %d of %+v:\n%s: %+v\nmemory: %+v", i, checks, nl.name, got, want)
+			}
+			if got.Index == want.Index {
+				compared++
+			}
+		}
+	}
+	// Refunds counted on the servers: refund.lua's DECRBY and PEXPIREAT, which allow.lua
+	// never sends.
+	var fixed, rolling int
+	for i, srv := range servers {
+		d := commandStats(t, srv).sub(before[i])
+		fixed += int(d.calls["decrby"])
+		rolling += int(d.calls["pexpireat"])
+	}
+	t.Logf("%d admitted, %d refused; remaining compared %d times; refunds: %d to fixed windows, %d to rolling windows",
+		admitted, refused, compared, fixed, rolling)
+	if admitted < 300 || refused < 300 || compared < 900*len(limiters) || fixed < 20 || rolling < 20 {
+		t.Fatalf("want at least 300 admitted, 300 refused, remaining compared %d times and 20 refunds of each kind",
+			900*len(limiters))
+	}
+}

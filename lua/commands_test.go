@@ -532,3 +532,68 @@ func TestTokenBucketRefundKeepsLag(t *testing.T) {
 		t.Fatalf("PTTL %v after the refund, want %v (lag + time until full) minus at most %v", p, lag+5*time.Second, slack)
 	}
 }
+
+// TestRefusalCacheAfterAdmission: a cached refusal is not repeated once Redis has admitted
+// a cheaper request for the same budget. That spend changed what the refusal reported
+// (fewer units remaining, for a token bucket or a rolling window a longer wait), so the
+// next request asks Redis again and reports the budget as it now is.
+func TestRefusalCacheAfterAdmission(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	hook := countCommands(c)
+	l := newLimiter(t, c)
+	ctx := context.Background()
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			r := ratebudget.Rule{Name: "stale", Algorithm: alg, Limit: 3, Window: time.Hour}
+			allow := func(cost int64) ratebudget.Decision {
+				t.Helper()
+				d, err := l.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: "olga", Cost: cost}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			if d := allow(2); !d.Allowed {
+				t.Fatalf("cost 2 of 3: %+v", d)
+			}
+			first := allow(3)
+			hook.take()
+			if d := allow(3); d.Allowed || d.Remaining != 1 || hook.total() != 0 {
+				t.Fatalf("cost 3 again: %+v after %v; want the cached refusal, 1 remaining", d, hook.take())
+			}
+			if d := allow(1); !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("cost 1: %+v; want admitted, 0 remaining", d)
+			}
+			hook.take()
+			d := allow(3)
+			if calls := hook.take(); calls["evalsha"] != 1 {
+				t.Fatalf("cost 3 after an admission: Redis saw %v, want one call", calls)
+			}
+			if d.Allowed || d.Remaining != 0 || d.RetryAfter < first.RetryAfter-time.Second {
+				t.Fatalf("cost 3 after an admission: %+v; want refused with 0 remaining and a wait of at least %v", d, first.RetryAfter)
+			}
+		})
+	}
+}
+
+// TestRefusalCacheExceeded: a request with a check whose cost exceeds its rule's capacity
+// is reported Exceeded (waiting will not help), as the store reports it, even when
+// another of its checks has a cached refusal.
+func TestRefusalCacheExceeded(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	l := newLimiter(t, c)
+	ctx := context.Background()
+	a := ratebudget.Check{Rule: ratebudget.Rule{Name: "a", Limit: 3, Window: time.Hour}, Identity: "pat", Cost: 3}
+	b := ratebudget.Check{Rule: ratebudget.Rule{Name: "b", Limit: 4, Window: time.Hour}, Identity: "pat", Cost: 5}
+	if d, err := l.Allow(ctx, []ratebudget.Check{{Rule: a.Rule, Identity: "pat", Cost: 1}}); err != nil || !d.Allowed {
+		t.Fatalf("cost 1 of a: %+v, %v", d, err)
+	}
+	if d, err := l.Allow(ctx, []ratebudget.Check{a}); err != nil || d.Allowed || d.RetryAfter <= 0 {
+		t.Fatalf("cost 3 of a: %+v, %v; want refused with a wait (cached)", d, err)
+	}
+	d, err := l.Allow(ctx, []ratebudget.Check{a, b})
+	if err != nil || d.Allowed || !d.Exceeded || d.Rule != "b" || d.RetryAfter != 0 {
+		t.Fatalf("a and b: %+v, %v; want b Exceeded", d, err)
+	}
+}

@@ -36,6 +36,8 @@ func TestSameDecisionsAsMemory(t *testing.T) {
 		{"pool", newLimiter(t, c, opts...)},
 		{"dedicated-coalesced", newLimiter(t, c, append(opts, lua.WithDedicatedConnection(), lua.WithCoalescing(64))...)},
 		{"one-server", newLimiter(t, c, append(opts, lua.WithOneServer())...)},
+		// Without refunds the refusal cache is exact: it refuses only what Redis would.
+		{"one-server-refusal-cache", newLimiter(t, c, lua.WithOneServer())},
 	})
 }
 

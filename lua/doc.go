@@ -157,10 +157,17 @@
 // so the copy never outlives Redis's refusal. What can make Redis admit earlier, and the
 // cache then refuse for at most the cached wait: a refund (a multi-slot decision whose
 // later group refused gives the earlier groups' spend back, see below), a budget lost on
-// the server (restart, eviction, deletion), and a server clock that steps forward. A request with a smaller cost, or for another budget
-// of the same client, still goes to Redis. A cached refusal reports the waits remaining
-// from the stored one and the Remaining Redis reported then; when several checks of a
-// request have cached refusals, the one with the longest wait is reported.
+// the server (restart, eviction, deletion), and a server clock that steps forward. A
+// request with a smaller cost, or for another budget of the same client, still goes to
+// Redis, and so does a request with a check whose cost exceeds its rule's capacity (it is
+// reported Exceeded). A cached refusal reports the waits remaining from the stored one
+// and the Remaining Redis reported then; when several checks of a request have cached
+// refusals, the one with the longest wait is reported. When Redis admits a request, the
+// refusals cached for its budgets are dropped: the spend left them exact, but they would
+// report more units remaining (and for a token bucket or a rolling window a shorter wait)
+// than there are, so the next request asks Redis. A random walk checks that with
+// [WithOneServer] (no refunds) the limiter with its cache gives the same admissions,
+// refusals and remaining units as the in-process limiter.
 //
 // # Keys
 //

@@ -452,16 +452,19 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 	var sent int64
 	if l.refusals != nil {
 		sent = l.refusals.Now()
-		found := false
+		found, exceeded := false, false
 		var best ratebudget.Decision
 		for i := range checks {
+			// A check that exceeds its capacity makes the decision Exceeded, which no
+			// cached refusal reports: the store decides it.
+			exceeded = exceeded || checks[i].Cost > checks[i].Rule.Capacity()
 			d, ok := l.refusals.Lookup(s.cacheKey(i, &checks[i]), checks[i].Cost, sent)
 			if ok && (!found || d.RetryAfter > best.RetryAfter) {
 				d.Index = i
 				best, found = d, true
 			}
 		}
-		if found {
+		if found && !exceeded {
 			return best, nil
 		}
 	}
@@ -503,7 +506,14 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 			return ratebudget.Decision{}, err
 		}
 	}
-	if l.refusals != nil && !d.Allowed && !d.Exceeded && d.RetryAfter > 0 {
+	switch {
+	case l.refusals == nil:
+	case d.Allowed:
+		// The spend makes any refusal cached for these budgets a stale report.
+		for i := range checks {
+			l.refusals.Forget(s.cacheKey(i, &checks[i]))
+		}
+	case !d.Exceeded && d.RetryAfter > 0:
 		// d reports the outcome Redis decided for checks[d.Index] (allowGroups only
 		// reports refusals that a script returned).
 		l.refusals.Store(s.cacheKey(d.Index, &checks[d.Index]), checks[d.Index].Cost, sent, d)

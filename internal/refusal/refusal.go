@@ -19,11 +19,15 @@
 // outlives the store's refusal. A refund (the Redis limiter refunds a group that a later
 // group refused) can make budget available earlier: then a cached refusal may refuse
 // work the store would admit, for at most the cached wait.
+//
+// A spend keeps a refusal exact but makes its report stale (fewer units remain than it
+// says), so a limiter calls Forget when the store admits a request for the budget.
 package refusal
 
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
@@ -47,7 +51,19 @@ type shard struct {
 	mu        sync.Mutex
 	m         map[string]entry
 	nextSweep int64
-	_         [40]byte
+	n         atomic.Int32 // len(m), readable without mu: an empty shard is not locked
+	_         [36]byte
+}
+
+// set and drop change s.m and s.n; s.mu is held.
+func (s *shard) set(k string, e entry) {
+	s.m[k] = e
+	s.n.Store(int32(len(s.m)))
+}
+
+func (s *shard) drop(k string) {
+	delete(s.m, k)
+	s.n.Store(int32(len(s.m)))
 }
 
 type entry struct {
@@ -77,10 +93,13 @@ func (c *Cache) shard(key []byte) *shard {
 // if so it returns the refusal to repeat, with its waits shortened by the time elapsed.
 func (c *Cache) Lookup(key []byte, cost int64, now int64) (ratebudget.Decision, bool) {
 	s := c.shard(key)
+	if s.n.Load() == 0 {
+		return ratebudget.Decision{}, false // a miss is always correct: the store decides
+	}
 	s.mu.Lock()
 	e, ok := s.m[string(key)]
 	if ok && now >= e.until {
-		delete(s.m, string(key))
+		s.drop(string(key))
 		ok = false
 	}
 	s.mu.Unlock()
@@ -112,7 +131,7 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 		if old.until > sent && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until) {
 			return
 		}
-		s.m[string(key)] = e
+		s.set(string(key), e)
 		return
 	}
 	if len(s.m) >= c.max {
@@ -124,14 +143,30 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 		s.nextSweep = sent + sweepEvery
 		for k, v := range s.m {
 			if v.until <= sent {
-				delete(s.m, k)
+				s.drop(k)
 			}
 		}
 		if len(s.m) >= c.max {
 			return // full of live refusals: not caching is always correct
 		}
 	}
-	s.m[string(key)] = e
+	s.set(string(key), e)
+}
+
+// Forget drops key's refusal, if any. A limiter calls it when the store admitted a
+// request for key's budget: the spend leaves a stored refusal still exact (it only
+// lowered what is available), but no longer a true report of the budget (fewer units
+// remaining, and a wait that may have grown), so the next request asks the store.
+func (c *Cache) Forget(key []byte) {
+	s := c.shard(key)
+	if s.n.Load() == 0 {
+		return
+	}
+	s.mu.Lock()
+	if _, ok := s.m[string(key)]; ok {
+		s.drop(string(key))
+	}
+	s.mu.Unlock()
 }
 
 // Len returns the number of refusals held, expired ones not yet dropped included.

@@ -94,3 +94,27 @@ func BenchmarkLookupMiss(b *testing.B) {
 		c.Lookup(key, 1, 0)
 	}
 }
+
+func TestForget(t *testing.T) {
+	c := New(1024)
+	a, b := []byte("rb:{a}:r"), []byte("rb:{b}:r")
+	c.Forget(a) // nothing stored: a no-op
+	c.Store(a, 2, 0, refused(time.Second, time.Second))
+	c.Store(b, 2, 0, refused(time.Second, time.Second))
+	c.Forget(a)
+	if _, hit := c.Lookup(a, 2, 0); hit {
+		t.Fatal("a forgotten refusal was repeated")
+	}
+	if _, hit := c.Lookup(b, 2, 0); !hit {
+		t.Fatal("forgetting one key dropped another's refusal")
+	}
+	if c.Len() != 1 {
+		t.Fatalf("Len %d, want 1", c.Len())
+	}
+	c.Forget(b)
+	for i := range c.shards {
+		if n := c.shards[i].n.Load(); n != 0 {
+			t.Fatalf("shard %d counts %d entries after every key was forgotten", i, n)
+		}
+	}
+}

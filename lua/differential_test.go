@@ -22,7 +22,8 @@ type namedLimiter struct {
 }
 
 // TestSameDecisionsAsMemory: a sequence of random decisions (one to four checks, every
-// time rule, several slots) gets the same answers from the in-process limiter, whose
+// time rule, a token bucket with a burst, a rule that some costs exceed, two scopes,
+// several slots) gets the same answers from the in-process limiter, whose
 // clock is stopped, and from the Redis limiter through the pool, over a dedicated
 // connection with coalescing, and with WithOneServer. Windows are hours long, so time
 // does not move any budget while the test runs. The in-process limiter decides every
@@ -62,33 +63,43 @@ func sameDecisions(t *testing.T, servers []*redis.Client, limiters []namedLimite
 	rule := func(alg ratebudget.Algorithm, hours time.Duration, limit int64) ratebudget.Rule {
 		return ratebudget.Rule{Name: fmt.Sprintf("%v-%dh", alg, hours), Algorithm: alg, Limit: limit, Window: hours * time.Hour}
 	}
+	burst := rule(ratebudget.TokenBucket, 17, 3) // refills 1 unit per 340 minutes, holds 6
+	burst.Burst = 6
 	rules := []ratebudget.Rule{
 		rule(ratebudget.FixedWindow, 1, 5), rule(ratebudget.FixedWindow, 3, 8), rule(ratebudget.FixedWindow, 5, 3),
 		rule(ratebudget.RollingWindow, 2, 6), rule(ratebudget.RollingWindow, 4, 4), rule(ratebudget.RollingWindow, 6, 9),
 		rule(ratebudget.TokenBucket, 7, 4), rule(ratebudget.TokenBucket, 11, 7), rule(ratebudget.TokenBucket, 13, 5),
+		burst,
+		rule(ratebudget.FixedWindow, 8, 2), // a cost of 3 exceeds it: Exceeded
 	}
+	scopes := []string{"", "/reports"}
 	rng := rand.New(rand.NewPCG(3, 4))
 	ctx := context.Background()
-	var admitted, refused, compared int
+	var admitted, refused, exceeded, compared int
 	for i := range 1500 {
 		n := 1 + rng.IntN(4)
 		checks := make([]ratebudget.Check, 0, n)
-		seen := map[[2]int]bool{}
+		seen := map[[3]int]bool{}
 		for len(checks) < n {
-			r, id := rng.IntN(len(rules)), rng.IntN(30)
-			if seen[[2]int{r, id}] {
+			r, id, sc := rng.IntN(len(rules)), rng.IntN(30), rng.IntN(len(scopes))
+			if seen[[3]int{r, id, sc}] {
 				continue
 			}
-			seen[[2]int{r, id}] = true
-			checks = append(checks, ratebudget.Check{Rule: rules[r], Identity: fmt.Sprintf("id-%d", id), Cost: 1 + rng.Int64N(3)})
+			seen[[3]int{r, id, sc}] = true
+			checks = append(checks, ratebudget.Check{
+				Rule: rules[r], Identity: fmt.Sprintf("id-%d", id), Scope: scopes[sc], Cost: 1 + rng.Int64N(3),
+			})
 		}
 		want, err := mem.Allow(ctx, checks)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want.Allowed {
+		switch {
+		case want.Allowed:
 			admitted++
-		} else {
+		case want.Exceeded:
+			exceeded++
+		default:
 			refused++
 		}
 		for _, nl := range limiters {
@@ -113,10 +124,10 @@ func sameDecisions(t *testing.T, servers []*redis.Client, limiters []namedLimite
 		fixed += int(d.calls["decrby"])
 		rolling += int(d.calls["pexpireat"])
 	}
-	t.Logf("%d admitted, %d refused; remaining compared %d times; refunds: %d to fixed windows, %d to rolling windows",
-		admitted, refused, compared, fixed, rolling)
-	if admitted < 300 || refused < 300 || compared < 900*len(limiters) || fixed < 20 || rolling < 20 {
-		t.Fatalf("want at least 300 admitted, 300 refused, remaining compared %d times and 20 refunds of each kind",
+	t.Logf("%d admitted, %d refused, %d exceeded; remaining compared %d times; refunds: %d to fixed windows, %d to rolling windows",
+		admitted, refused, exceeded, compared, fixed, rolling)
+	if admitted < 300 || refused < 300 || exceeded < 50 || compared < 900*len(limiters) || fixed < 20 || rolling < 20 {
+		t.Fatalf("want at least 300 admitted, 300 refused, 50 exceeded, remaining compared %d times and 20 refunds of each kind",
 			900*len(limiters))
 	}
 }

@@ -2,6 +2,7 @@ package ratebudget_test
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -59,5 +60,63 @@ func TestMemoryBound(t *testing.T) {
 	probeAll(func(r ratebudget.Rule) int64 { return r.Capacity() })
 	if n := m.Len(); n != 0 {
 		t.Fatalf("after the windows and a sweep interval: Len %d, want 0", n)
+	}
+}
+
+// TestMemorySweepChangesNothing: dropping expired state never changes an answer. Two
+// limiters on one clock, one sweeping every millisecond and one never within the test,
+// get the same 20,000 random decisions (one to three checks, every time rule, windows of
+// 5 to 80 ms, the clock moving 0 to 20 ms between decisions) and must answer each
+// identically, waits included; the sweeping one must also hold fewer budgets.
+func TestMemorySweepChangesNothing(t *testing.T) {
+	clk := newFakeClock()
+	mk := func(sweep time.Duration) *ratebudget.Memory {
+		m, err := ratebudget.NewMemory(ratebudget.WithClock(clk.Now), ratebudget.WithSweepInterval(sweep))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	sweeping, keeping := mk(time.Millisecond), mk(time.Hour)
+	var rules []ratebudget.Rule
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
+		for i, w := range []time.Duration{5 * ms, 20 * ms, 80 * ms} {
+			r := ratebudget.Rule{Name: fmt.Sprintf("%v-%d", alg, i), Algorithm: alg, Limit: int64(2 + 2*i), Window: w}
+			if alg == ratebudget.TokenBucket && i == 1 {
+				r.Burst = 9
+			}
+			rules = append(rules, r)
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	var admitted, refused int
+	for i := range 20000 {
+		clk.Advance(time.Duration(rng.IntN(21)) * ms)
+		n := 1 + rng.IntN(3)
+		checks := make([]ratebudget.Check, 0, n)
+		for len(checks) < n {
+			c := ratebudget.Check{Rule: rules[rng.IntN(len(rules))], Identity: fmt.Sprintf("id-%d", rng.IntN(40)), Cost: 1 + rng.Int64N(3)}
+			dup := false
+			for _, o := range checks {
+				dup = dup || o.Rule.Name == c.Rule.Name && o.Identity == c.Identity
+			}
+			if !dup {
+				checks = append(checks, c)
+			}
+		}
+		want := allow(t, keeping, checks...)
+		if got := allow(t, sweeping, checks...); got != want {
+			t.Fatalf("decision %d of %+v: sweeping %+v, keeping %+v", i, checks, got, want)
+		}
+		if want.Allowed {
+			admitted++
+		} else {
+			refused++
+		}
+	}
+	t.Logf("%d admitted, %d refused; budgets held: %d sweeping, %d keeping", admitted, refused, sweeping.Len(), keeping.Len())
+	if admitted < 2000 || refused < 2000 || sweeping.Len() >= keeping.Len()/4 {
+		t.Fatalf("%d admitted, %d refused, %d and %d budgets held: the walk did not exercise sweeping",
+			admitted, refused, sweeping.Len(), keeping.Len())
 	}
 }

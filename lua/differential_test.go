@@ -49,10 +49,7 @@ func TestSameDecisionsAsMemory(t *testing.T) {
 // with Redis's clock and not with the stopped one.)
 func sameDecisions(t *testing.T, servers []*redis.Client, limiters []namedLimiter) {
 	t.Helper()
-	var before []cmdStats
-	for _, srv := range servers {
-		before = append(before, commandStats(t, srv))
-	}
+	refunds := countRefunds(t, servers)
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
 	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now))
 	if err != nil {
@@ -116,14 +113,7 @@ func sameDecisions(t *testing.T, servers []*redis.Client, limiters []namedLimite
 			}
 		}
 	}
-	// Refunds counted on the servers: refund.lua's DECRBY and PEXPIREAT, which allow.lua
-	// never sends.
-	var fixed, rolling int
-	for i, srv := range servers {
-		d := commandStats(t, srv).sub(before[i])
-		fixed += int(d.calls["decrby"])
-		rolling += int(d.calls["pexpireat"])
-	}
+	fixed, rolling := refunds.since(t)
 	t.Logf("%d admitted, %d refused, %d exceeded; remaining compared %d times; refunds: %d to fixed windows, %d to rolling windows",
 		admitted, refused, exceeded, compared, fixed, rolling)
 	if admitted < 300 || refused < 300 || exceeded < 50 || compared < 900*len(limiters) || fixed < 20 || rolling < 20 {

@@ -131,7 +131,7 @@ type walk struct {
 	rules   []ratebudget.Rule
 	ids     []string
 	ruleOf  map[string]ratebudget.Rule
-	stats   []cmdStats // the servers' command counts when the walk began
+	refunds refundCounter
 	mu      sync.Mutex
 	refused int
 	full    map[ratebudget.Algorithm]int // keys seen with their whole budget spent
@@ -150,9 +150,7 @@ func newWalk(t *testing.T, c lua.Client, servers []*redis.Client, opts ...lua.Op
 			}
 		}
 	}
-	for _, srv := range servers {
-		w.stats = append(w.stats, commandStats(t, srv))
-	}
+	w.refunds = countRefunds(t, servers)
 	return w
 }
 
@@ -238,12 +236,7 @@ func (w *walk) covered(refusals, refunds int) {
 	w.t.Helper()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var fixed, rolling int
-	for i, srv := range w.servers {
-		d := commandStats(w.t, srv).sub(w.stats[i])
-		fixed += int(d.calls["decrby"])
-		rolling += int(d.calls["pexpireat"])
-	}
+	fixed, rolling := w.refunds.since(w.t)
 	w.t.Logf("%d refusals; refunds: %d to fixed windows, %d to rolling windows; budgets seen spent in full: %v",
 		w.refused, fixed, rolling, w.full)
 	if w.refused < refusals || fixed < refunds || rolling < refunds || len(w.full) < 3 {
@@ -252,6 +245,32 @@ func (w *walk) covered(refusals, refunds int) {
 	if refunds == 0 && fixed+rolling > 0 {
 		w.t.Fatalf("want no refunds")
 	}
+}
+
+// refundCounter counts the refunds that servers ran since it was made: refund.lua's
+// DECRBY (fixed windows) and PEXPIREAT (rolling windows), which allow.lua never sends.
+// It reads INFO commandstats, so it sees the dedicated connection too.
+type refundCounter struct {
+	servers []*redis.Client
+	before  []cmdStats
+}
+
+func countRefunds(t *testing.T, servers []*redis.Client) refundCounter {
+	rc := refundCounter{servers: servers}
+	for _, srv := range servers {
+		rc.before = append(rc.before, commandStats(t, srv))
+	}
+	return rc
+}
+
+// since returns the refunds of fixed and of rolling windows run since rc was made.
+func (rc refundCounter) since(t *testing.T) (fixed, rolling int) {
+	for i, srv := range rc.servers {
+		d := commandStats(t, srv).sub(rc.before[i])
+		fixed += int(d.calls["decrby"])
+		rolling += int(d.calls["pexpireat"])
+	}
+	return fixed, rolling
 }
 
 // spentNow reads how much of r's budget key holds as spent now: a fixed window's count,

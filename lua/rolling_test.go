@@ -78,6 +78,28 @@ func (rc rollingCase) writeLog(t *testing.T, ttl time.Duration, events ...redis.
 	}
 }
 
+// spendRefuser spends a fixed window of limit 1 for another identity (another slot) and
+// returns its check, which then refuses after the case's group was admitted: a
+// decision of both gives the case's spend back.
+func (rc rollingCase) spendRefuser(t *testing.T) ratebudget.Check {
+	t.Helper()
+	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 1, Window: time.Minute}, Identity: "bob", Cost: 1}
+	if d, err := rc.l.Allow(context.Background(), []ratebudget.Check{fw}); err != nil || !d.Allowed {
+		t.Fatalf("spending the fixed window: %+v, %v", d, err)
+	}
+	return fw
+}
+
+// allowRefunded decides the case's check with fw after it and fails unless fw refused:
+// the case's group was admitted, then refunded.
+func (rc rollingCase) allowRefunded(t *testing.T, fw ratebudget.Check) {
+	t.Helper()
+	d, err := rc.l.Allow(context.Background(), []ratebudget.Check{rc.chk[0], fw})
+	if err != nil || d.Allowed || d.Rule != "fw" {
+		t.Fatalf("decision: %+v, %v; want refused by fw", d, err)
+	}
+}
+
 // event is a hand-written log event at ms named member.
 func event(ms int64, member string) redis.Z { return redis.Z{Score: float64(ms), Member: member} }
 
@@ -246,15 +268,10 @@ func TestRollingRefund(t *testing.T) {
 	rc := newRollingCase(t, 10, time.Minute, 3)
 	hook := countCommands(rc.c)
 	ctx := context.Background()
-	// A fixed window of another identity (another slot), spent, so that it refuses after
-	// the rolling window's group was admitted.
-	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 1, Window: time.Minute}, Identity: "bob", Cost: 1}
 	if d := rc.allow(t, 3); !d.Allowed || d.Remaining != 7 {
 		t.Fatalf("first admission: %+v", d)
 	}
-	if d, err := rc.l.Allow(ctx, []ratebudget.Check{fw}); err != nil || !d.Allowed {
-		t.Fatalf("spending the fixed window: %+v, %v", d, err)
-	}
+	fw := rc.spendRefuser(t)
 	before := rollingLog(t, rc.c, rc.key)
 	if len(before) != 1 || strings.Count(before[0].Member.(string), ":") != 4 {
 		t.Fatalf("log %v, want one event naming the window", before)
@@ -266,10 +283,7 @@ func TestRollingRefund(t *testing.T) {
 		}
 	}
 	hook.take()
-	d, err := rc.l.Allow(ctx, []ratebudget.Check{rc.chk[0], fw})
-	if err != nil || d.Allowed || d.Rule != "fw" {
-		t.Fatalf("decision: %+v, %v; want refused by fw", d, err)
-	}
+	rc.allowRefunded(t, fw)
 	// Two allow calls and a refund (EVAL too, if the refund script was not loaded yet).
 	if got := hook.take(); got["evalsha"] != 3 {
 		t.Fatalf("client sent %v, want two allow calls and a refund", got)
@@ -293,26 +307,19 @@ func TestRollingRefund(t *testing.T) {
 // the key's TTL, and the next decision counts what is in the window.
 func TestRollingRefundAfterTrim(t *testing.T) {
 	rc := newRollingCase(t, 10, 10*time.Second, 3)
-	ctx := context.Background()
-	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 1, Window: time.Minute}, Identity: "bob", Cost: 1}
-	if d, err := rc.l.Allow(ctx, []ratebudget.Check{fw}); err != nil || !d.Allowed {
-		t.Fatalf("spending the fixed window: %+v, %v", d, err)
-	}
+	fw := rc.spendRefuser(t)
 	// An aged event of cost 2, then one of cost 3 in the window that still names it.
 	now := serverMillis(t, rc.c)
 	aged, inside := now-15000, now-5000
 	rc.writeLog(t, 5*time.Second,
 		event(aged, fmt.Sprintf("2:2:%d:0:%d", aged, aged)),
 		event(inside, fmt.Sprintf("5:3:%d:0:%d", inside, aged)))
-	d, err := rc.l.Allow(ctx, []ratebudget.Check{rc.chk[0], fw})
-	if err != nil || d.Allowed || d.Rule != "fw" {
-		t.Fatalf("decision: %+v, %v; want refused by fw", d, err)
-	}
+	rc.allowRefunded(t, fw)
 	zs := rollingLog(t, rc.c, rc.key)
 	if want := fmt.Sprintf("5:3:%d", inside); len(zs) != 1 || zs[0].Member != want {
 		t.Fatalf("log after the refund %v, want the event in the window alone as %s", zs, want)
 	}
-	if ttl := rc.c.PTTL(ctx, rc.key).Val(); ttl <= 0 || ttl > 5*time.Second {
+	if ttl := rc.c.PTTL(context.Background(), rc.key).Val(); ttl <= 0 || ttl > 5*time.Second {
 		t.Fatalf("PTTL after the refund %v, want the key to keep its TTL (at most 5s)", ttl)
 	}
 	if d := rc.allow(t, 3); !d.Allowed || d.Remaining != 4 {
@@ -327,23 +334,16 @@ func TestRollingRefundAfterTrim(t *testing.T) {
 // key with its TTL, and ZADD creates a key that never expires.)
 func TestRollingRefundMergedKeepsTTL(t *testing.T) {
 	rc := newRollingCase(t, 10, 10*time.Second, 1)
-	ctx := context.Background()
-	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 1, Window: time.Minute}, Identity: "bob", Cost: 1}
-	if d, err := rc.l.Allow(ctx, []ratebudget.Check{fw}); err != nil || !d.Allowed {
-		t.Fatalf("spending the fixed window: %+v, %v", d, err)
-	}
+	fw := rc.spendRefuser(t)
 	// An event ahead of the server's clock takes the next admission into its millisecond.
 	ahead := serverMillis(t, rc.c) + 5000
 	rc.writeLog(t, 15*time.Second, event(ahead, fmt.Sprintf("2:2:%d:0:%d", ahead, ahead)))
-	d, err := rc.l.Allow(ctx, []ratebudget.Check{rc.chk[0], fw})
-	if err != nil || d.Allowed || d.Rule != "fw" {
-		t.Fatalf("decision: %+v, %v; want refused by fw", d, err)
-	}
+	rc.allowRefunded(t, fw)
 	zs := rollingLog(t, rc.c, rc.key)
 	if want := fmt.Sprintf("2:2:%d:0:%d", ahead, ahead); len(zs) != 1 || zs[0].Member != want {
 		t.Fatalf("log after the refund %v, want the event given back as %s", zs, want)
 	}
-	if ttl := rc.c.PTTL(ctx, rc.key).Val(); ttl <= 0 || ttl > 15*time.Second {
+	if ttl := rc.c.PTTL(context.Background(), rc.key).Val(); ttl <= 0 || ttl > 15*time.Second {
 		t.Fatalf("PTTL after the refund %v, want the key to keep its TTL (at most 15s)", ttl)
 	}
 }

@@ -51,11 +51,12 @@
 -- Cost per check, in server commands: fixed window GET, PTTL (when the counter exists),
 -- then SET or INCRBY on admission; token bucket GET, PTTL (when the bucket exists), then
 -- SET with PX on admission (PEXPIRE when a bucket without a TTL is refused); rolling
--- window the newest event, then ZADD (and ZREM when the newest event's millisecond is
--- merged) and PEXPIRE on admission, plus ZREMRANGEBYSCORE and a read of the oldest
--- event once events have left the window, and a binary search over ranks for a
--- refusal's retry time. TIME once
--- per call, only when a rolling window is decided. Lua work is kept small next to the
+-- window the newest event, then on admission ZADD and PEXPIRE, or ZADD and ZREM when
+-- the admission merges into the newest event (whose TTL already ends when it leaves
+-- the window: the new member is added first, so the set never empties), plus
+-- ZREMRANGEBYSCORE and a read of the oldest event once events have left the window,
+-- and a binary search over ranks for a refusal's retry time. TIME once per call, only
+-- when a rolling window is decided. Lua work is kept small next to the
 -- commands: no closure is created, a single check keeps its state in locals and
 -- builds one table (the reply), and a group builds two (the reply and S, created at
 -- their final size for 2 or 3 checks, since growing a Lua table costs more than a
@@ -363,9 +364,11 @@ for i = 1, n do
     call('SET', key, x1, 'PX', x2)
   else
     local at, base, nacc, ncost, mergeat, newest, oms = x1, x2, x3, x4, x5, x6, x7
+    local ttl = not mergeat -- a new key or a new newest event needs its TTL set
     if not newest then
       nacc = 0
     elseif nacc + k > REBASE then
+      ttl = true -- the DEL below drops the TTL
       base = tonumber(base)
       -- Rewrite the window's events with sums relative to the oldest one (aged events
       -- were trimmed in phase 1), keeping each event's time as its score reads.
@@ -386,12 +389,16 @@ for i = 1, n do
     -- decision needs no other read until that event leaves the window.
     local tail = ':' .. base .. ':' .. oms
     if mergeat then
-      call('ZREM', key, newest)
+      -- Merged into the newest event: added before the old member is removed (they
+      -- differ: a higher sum), so the set never empties and the key keeps the TTL set
+      -- when that event was written, which ends as it leaves the window. No PEXPIRE.
       call('ZADD', key, mergeat, acc .. ':' .. (ncost + k) .. ':' .. mergeat .. tail)
+      call('ZREM', key, newest)
     else
       call('ZADD', key, nowstr, acc .. ':' .. ks .. ':' .. nowstr .. tail) -- at == now
     end
-    if at == now then
+    if not ttl then
+    elseif at == now then
       call('PEXPIRE', key, ws)
     else
       call('PEXPIRE', key, at + w - now) -- the clock went back: the newest event is ahead

@@ -201,6 +201,37 @@ func TestRollingClockAhead(t *testing.T) {
 	}
 }
 
+// TestRollingMergeKeepsTTL: admissions merged into the newest event (here one ahead of
+// the server's clock, so that every admission merges) replace it without emptying the
+// set and without a PEXPIRE: the key keeps the TTL that ends when that event leaves the
+// window.
+func TestRollingMergeKeepsTTL(t *testing.T) {
+	rc := newRollingCase(t, 100, 10*time.Second, 2)
+	start := time.Now() // the TTL may drop by the time the test takes from here
+	ahead := serverMillis(t, rc.c) + 5000
+	rc.writeLog(t, 15*time.Second, event(ahead, fmt.Sprintf("3:3:%d:0:%d", ahead, ahead)))
+	if err := rc.c.ConfigResetStat(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if d := rc.allow(t, 2); !d.Allowed || d.Remaining != int64(100-3-2*(i+1)) {
+			t.Fatalf("admission %d: %+v", i, d)
+		}
+	}
+	stats := commandStats(t, rc.c)
+	if stats.calls["zrem"] != 5 || stats.calls["pexpire"] != 0 {
+		t.Fatalf("zrem %v, pexpire %v for 5 merged admissions; want 5 and 0", stats.calls["zrem"], stats.calls["pexpire"])
+	}
+	zs := rollingLog(t, rc.c, rc.key)
+	if len(zs) != 1 || zs[0].Member != fmt.Sprintf("13:13:%d:0:%d", ahead, ahead) {
+		t.Fatalf("log %v, want one event 13:13:%d:0:%d", zs, ahead, ahead)
+	}
+	p := rc.c.PTTL(context.Background(), rc.key).Val()
+	if slack := time.Since(start) + 2*time.Millisecond; p > 15*time.Second || p < 15*time.Second-slack {
+		t.Fatalf("PTTL %v, want 15s (5s ahead + the window) minus at most %v", p, slack)
+	}
+}
+
 // TestRollingWindowSlides: once the oldest event that the newest one names has left the
 // window, the next admission trims the aged events, reads the oldest event left and
 // names it, with the sum before it, in its own event.
@@ -227,7 +258,8 @@ func TestRollingWindowSlides(t *testing.T) {
 
 // TestRollingNewestNamesTheWindow: while the oldest event that the newest one names is
 // in the window, an admission reads only the newest event: one ZRANGE, no trimming
-// and no score (counted by the server, which counts commands run by scripts).
+// and no score (counted by the server, which counts commands run by scripts); and it
+// sets the key's TTL only when it adds an event, not when it merges into the newest.
 func TestRollingNewestNamesTheWindow(t *testing.T) {
 	rc := newRollingCase(t, 1000, time.Minute, 1)
 	for range 3 {
@@ -245,10 +277,13 @@ func TestRollingNewestNamesTheWindow(t *testing.T) {
 		}
 	}
 	stats := commandStats(t, rc.c)
-	want := map[string]float64{"time": n, "zrange": n, "zadd": n, "pexpire": n}
+	// An admission merged into the newest event (of the same millisecond) replaces it
+	// (ZREM) and keeps the key's TTL; any other sets the TTL (PEXPIRE).
+	merged := stats.calls["zrem"]
+	want := map[string]float64{"time": n, "zrange": n, "zadd": n, "pexpire": n - merged}
 	for cmd, calls := range stats.calls {
 		if cmd == "evalsha" || cmd == "eval" || cmd == "zrem" || strings.HasPrefix(cmd, "config") {
-			continue // zrem: events of one millisecond are merged
+			continue
 		}
 		if calls != want[cmd] {
 			t.Errorf("%s called %v times by %d admissions, want %v", cmd, calls, n, want[cmd])

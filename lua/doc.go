@@ -165,9 +165,11 @@
 // refusals, the one with the longest wait is reported. When Redis admits a request, the
 // refusals cached for its budgets are dropped: the spend left them exact, but they would
 // report more units remaining (and for a token bucket or a rolling window a shorter wait)
-// than there are, so the next request asks Redis. A random walk checks that with
-// [WithOneServer] (no refunds) the limiter with its cache gives the same admissions,
-// refusals and remaining units as the in-process limiter.
+// than there are, so the next request asks Redis. (A refusal that Redis decided before a
+// concurrent admission may still be stored after it: it stays exact, and ends with its
+// wait.) A random walk checks that with [WithOneServer] (no refunds) the limiter with
+// its cache gives the same admissions, refusals and remaining units as the in-process
+// limiter.
 //
 // # Keys
 //

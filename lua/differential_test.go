@@ -23,13 +23,13 @@ type namedLimiter struct {
 
 // TestSameDecisionsAsMemory: a sequence of random decisions (one to four checks, every
 // time rule, a token bucket with a burst, a rule that some costs exceed, two scopes,
-// several slots) gets the same answers from the in-process limiter, whose
-// clock is stopped, and from the Redis limiter through the pool, over a dedicated
-// connection with coalescing, and with WithOneServer. Windows are hours long, so time
-// does not move any budget while the test runs. The in-process limiter decides every
-// check at once; the Redis limiter decides slot by slot and refunds the earlier slots
-// when a later one refuses (except with WithOneServer), so an inexact refund would make
-// a later decision differ.
+// several slots) gets the same answers from the in-process limiter, whose clock is
+// stopped, and from the Redis limiter through the pool, over a dedicated connection
+// with coalescing, with WithOneServer (with and without the refusal cache), and with
+// the demo server's options. Windows are hours long, so time does not move any budget
+// while the test runs. The in-process limiter decides every check at once; the Redis
+// limiter decides slot by slot and refunds the earlier slots when a later one refuses
+// (except with WithOneServer), so an inexact refund would make a later decision differ.
 func TestSameDecisionsAsMemory(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	opts := []lua.Option{lua.WithoutRefusalCache()}
@@ -39,6 +39,8 @@ func TestSameDecisionsAsMemory(t *testing.T) {
 		{"one-server", newLimiter(t, c, append(opts, lua.WithOneServer())...)},
 		// Without refunds the refusal cache is exact: it refuses only what Redis would.
 		{"one-server-refusal-cache", newLimiter(t, c, lua.WithOneServer())},
+		// The demo's options.
+		{"demo", newLimiter(t, c, lua.WithOneServer(), lua.WithDedicatedConnection(), lua.WithCoalescing(256))},
 	})
 }
 

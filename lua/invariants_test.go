@@ -279,21 +279,27 @@ func (rc refundCounter) since(t *testing.T) (fixed, rolling int) {
 func spentNow(c *redis.Client, r ratebudget.Rule, key string) (int64, error) {
 	ctx := context.Background()
 	if r.Algorithm == ratebudget.RollingWindow {
+		// The events first, then the clock: every event counted was in the window when
+		// the events were read (it is later than the window's edge at a later time), so
+		// the sum is at most what the window held then, even while others admit.
+		evs, err := c.ZRangeWithScores(ctx, key, 0, -1).Result()
+		if err != nil {
+			return 0, err
+		}
 		now, err := c.Time(ctx).Result()
 		if err != nil {
 			return 0, err
 		}
-		edge := now.UnixMilli() - r.Window.Milliseconds()
-		evs, err := c.ZRangeArgs(ctx, redis.ZRangeArgs{Key: key, ByScore: true, Start: "(" + strconv.FormatInt(edge, 10), Stop: "+inf"}).Result()
-		if err != nil {
-			return 0, err
-		}
+		edge := float64(now.UnixMilli() - r.Window.Milliseconds())
 		var sum int64
 		for _, e := range evs {
-			f := strings.Split(e, ":")
+			if e.Score <= edge {
+				continue
+			}
+			f := strings.Split(e.Member.(string), ":")
 			cost, err := strconv.ParseInt(f[min(1, len(f)-1)], 10, 64)
 			if len(f) < 2 || err != nil {
-				return 0, fmt.Errorf("key %q: event %q", key, e)
+				return 0, fmt.Errorf("key %q: event %q", key, e.Member)
 			}
 			sum += cost
 		}

@@ -452,6 +452,8 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 	var sent int64
 	if l.refusals != nil {
 		sent = l.refusals.Now()
+	}
+	if l.refusals != nil && !l.refusals.Empty() {
 		found, exceeded := false, false
 		var best ratebudget.Decision
 		for i := range checks {
@@ -510,7 +512,7 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 	case l.refusals == nil:
 	case d.Allowed:
 		// The spend makes any refusal cached for these budgets a stale report.
-		for i := range checks {
+		for i := 0; i < len(checks) && !l.refusals.Empty(); i++ {
 			l.refusals.Forget(s.cacheKey(i, &checks[i]))
 		}
 	case !d.Exceeded && d.RetryAfter > 0:

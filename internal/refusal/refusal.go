@@ -40,7 +40,8 @@ const shards = 32
 type Cache struct {
 	seed   maphash.Seed
 	base   time.Time
-	max    int // entries per shard
+	max    int          // entries per shard
+	n      atomic.Int64 // entries in all shards, readable without a lock: an empty cache costs nothing
 	shards [shards]shard
 }
 
@@ -51,20 +52,24 @@ type shard struct {
 	mu        sync.Mutex
 	m         map[string]entry
 	nextSweep int64
-	n         atomic.Int32 // len(m), readable without mu: an empty shard is not locked
-	_         [36]byte
+	_         [40]byte
 }
 
-// set and drop change s.m and s.n; s.mu is held.
-func (s *shard) set(k string, e entry) {
+// set and drop change s.m and keep c.n; s.mu is held.
+func (c *Cache) set(s *shard, k string, e entry) {
+	before := len(s.m)
 	s.m[k] = e
-	s.n.Store(int32(len(s.m)))
+	c.n.Add(int64(len(s.m) - before))
 }
 
-func (s *shard) drop(k string) {
+func (c *Cache) drop(s *shard, k string) {
 	delete(s.m, k)
-	s.n.Store(int32(len(s.m)))
+	c.n.Add(-1)
 }
+
+// Empty reports whether the cache holds no refusal. A caller may skip building keys for
+// Lookup and Forget then: both would find nothing.
+func (c *Cache) Empty() bool { return c.n.Load() == 0 }
 
 type entry struct {
 	until   int64 // monotonic ns since base: refuse until then
@@ -92,14 +97,14 @@ func (c *Cache) shard(key []byte) *shard {
 // Lookup reports whether key refused a cost no greater than cost less than the wait ago;
 // if so it returns the refusal to repeat, with its waits shortened by the time elapsed.
 func (c *Cache) Lookup(key []byte, cost int64, now int64) (ratebudget.Decision, bool) {
-	s := c.shard(key)
-	if s.n.Load() == 0 {
+	if c.Empty() {
 		return ratebudget.Decision{}, false // a miss is always correct: the store decides
 	}
+	s := c.shard(key)
 	s.mu.Lock()
 	e, ok := s.m[string(key)]
 	if ok && now >= e.until {
-		s.drop(string(key))
+		c.drop(s, string(key))
 		ok = false
 	}
 	s.mu.Unlock()
@@ -131,7 +136,7 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 		if old.until > sent && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until) {
 			return
 		}
-		s.set(string(key), e)
+		c.set(s, string(key), e)
 		return
 	}
 	if len(s.m) >= c.max {
@@ -143,14 +148,14 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 		s.nextSweep = sent + sweepEvery
 		for k, v := range s.m {
 			if v.until <= sent {
-				s.drop(k)
+				c.drop(s, k)
 			}
 		}
 		if len(s.m) >= c.max {
 			return // full of live refusals: not caching is always correct
 		}
 	}
-	s.set(string(key), e)
+	c.set(s, string(key), e)
 }
 
 // Forget drops key's refusal, if any. A limiter calls it when the store admitted a
@@ -158,13 +163,13 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 // lowered what is available), but no longer a true report of the budget (fewer units
 // remaining, and a wait that may have grown), so the next request asks the store.
 func (c *Cache) Forget(key []byte) {
-	s := c.shard(key)
-	if s.n.Load() == 0 {
+	if c.Empty() {
 		return
 	}
+	s := c.shard(key)
 	s.mu.Lock()
 	if _, ok := s.m[string(key)]; ok {
-		s.drop(string(key))
+		c.drop(s, string(key))
 	}
 	s.mu.Unlock()
 }

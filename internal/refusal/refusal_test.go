@@ -112,9 +112,7 @@ func TestForget(t *testing.T) {
 		t.Fatalf("Len %d, want 1", c.Len())
 	}
 	c.Forget(b)
-	for i := range c.shards {
-		if n := c.shards[i].n.Load(); n != 0 {
-			t.Fatalf("shard %d counts %d entries after every key was forgotten", i, n)
-		}
+	if !c.Empty() || c.n.Load() != 0 {
+		t.Fatalf("%d entries counted after every key was forgotten", c.n.Load())
 	}
 }

@@ -397,11 +397,12 @@ for i = 1, n do
     else
       call('ZADD', key, nowstr, acc .. ':' .. ks .. ':' .. nowstr .. tail) -- at == now
     end
-    if not ttl then
-    elseif at == now then
-      call('PEXPIRE', key, ws)
-    else
-      call('PEXPIRE', key, at + w - now) -- the clock went back: the newest event is ahead
+    if ttl then
+      if at == now then
+        call('PEXPIRE', key, ws)
+      else
+        call('PEXPIRE', key, at + w - now) -- the clock went back: the newest event is ahead
+      end
     end
   end
   if not S then return {ok, exc, rem, reset, retry, acc} end

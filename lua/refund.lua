@@ -114,11 +114,7 @@ for i = 1, n do
         if c > a.cost then
           -- The event stays the newest, and its tail still holds. Its time is its score
           -- (WITHSCORES writes integers exactly).
-          if string.find(tail, '^:%d+:%d+:%d+$') then
-            tail = string.match(tail, '^:%d+(:%d+:%d+)$')
-          else
-            tail = ''
-          end
+          tail = string.match(tail, '^:%d+(:%d+:%d+)$') or ''
           redis.call('ZADD', key, newest[2], (acc - a.cost) .. ':' .. (c - a.cost) .. ':' .. newest[2] .. tail)
           redis.call('ZREM', key, newest[1])
           last = newest[2]

@@ -85,7 +85,7 @@ func TestStoppedRedisPolicies(t *testing.T) {
 			{"local", middleware.WithLocalFallback(2)},
 		} {
 			// No breaker: every request goes to the stopped server and must still be fast.
-			h, ev, _ := faultHandlerOver(t, c, v.dedicated, 10, faultDeadline, p.opt, middleware.WithBreaker(0, 0))
+			h, ev, _ := faultHandlerOver(t, c, v.dedicated, 10, faultDeadline, p.opt, middleware.WithBreaker(middleware.Breaker{Disabled: true}))
 			warm(t, h, ev)
 			arms = append(arms, arm{v.name, p.name, ev, func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }})
 		}
@@ -154,8 +154,9 @@ func TestStoppedRedisPolicies(t *testing.T) {
 }
 
 // TestPausedRedisBreaker: a paused container (connections accepted, nothing answers)
-// costs no request more than the deadline, with either client configuration; after 3
-// failures the breaker opens and the client sends nothing more (counted with a hook);
+// costs no request more than the deadline, with either client configuration; after at
+// most 3 failures (MinCalls 3 and a ratio of 0.7 after the warm-up's one success) the
+// breaker opens and the client sends nothing more (counted with a hook);
 // after unpausing, decisions go back to Redis within the cool-down plus one probe. The
 // scripts of the timed-out requests may still run when the server wakes up (with
 // go-redis's defaults every one that was sent does): a timeout is an uncertain result.
@@ -176,7 +177,7 @@ func TestPausedRedisBreaker(t *testing.T) {
 		c := fr.client(t, v.opts)
 		a := &arm{name: v.name, tr: &transitions{}, calls: countScripts(c)}
 		h, ev, prefix := faultHandler(t, c, 1000, faultDeadline,
-			middleware.WithBreaker(failures, cooldown), middleware.WithBreakerObserver(a.tr.observe))
+			middleware.WithBreaker(middleware.Breaker{MinCalls: failures, FailureRatio: 0.7, Cooldown: cooldown}), middleware.WithBreakerObserver(a.tr.observe))
 		warm(t, h, ev)
 		a.h, a.prefix, a.serve = ev, prefix, func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }
 		arms = append(arms, a)
@@ -202,16 +203,22 @@ func TestPausedRedisBreaker(t *testing.T) {
 		if got := a.calls.total() - before; got < 1 || got > failures {
 			t.Errorf("%s: %d script calls while paused, want 1..%d: the breaker must stop calling", a.name, got, failures)
 		}
+		// Timeouts until the breaker opens, then only breaker_open.
 		evs := a.h.since(n)
+		timeouts := 0
 		for i, e := range evs {
 			se := storeErr(t, e)
 			want := "breaker_open"
-			if i < failures {
+			if i == timeouts && se.Class == "timeout" {
 				want = "timeout"
+				timeouts++
 			}
 			if se.Class != want || se.Uncertain != (want == "timeout") {
 				t.Errorf("%s: event %d: class %q uncertain %t, want %q uncertain %t", a.name, i, se.Class, se.Uncertain, want, want == "timeout")
 			}
+		}
+		if timeouts < 1 || timeouts > failures {
+			t.Errorf("%s: %d timeouts before the breaker opened, want 1..%d", a.name, timeouts, failures)
 		}
 		if got := a.tr.get(); !slices.Equal(got, []string{"closed>open"}) {
 			t.Errorf("%s: transitions %v, want [closed>open]", a.name, got)
@@ -300,7 +307,7 @@ func testRestartedRedisResumes(t *testing.T, dedicated bool) {
 	opts.Dialer = fr.dialer(opts.DialTimeout) // the mapped port changes on restart
 	c := fr.client(t, opts)
 	calls := countScripts(c)
-	h, ev, prefix := faultHandlerOver(t, c, dedicated, limit, faultDeadline, middleware.WithBreaker(3, 300*time.Millisecond))
+	h, ev, prefix := faultHandlerOver(t, c, dedicated, limit, faultDeadline, middleware.WithBreaker(middleware.Breaker{MinCalls: 3, Cooldown: 300 * time.Millisecond}))
 	warm(t, h, ev)
 	for range 2 {
 		if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
@@ -370,7 +377,7 @@ func TestOOMIsDefinite(t *testing.T) {
 	for _, v := range clientVariants() {
 		c := fr.client(t, v.opts)
 		a := &arm{name: v.name, calls: countScripts(c)}
-		h, ev, prefix := faultHandler(t, c, 100, faultDeadline, middleware.WithBreaker(0, 0))
+		h, ev, prefix := faultHandler(t, c, 100, faultDeadline, middleware.WithBreaker(middleware.Breaker{Disabled: true}))
 		warm(t, h, ev) // also loads the script: later calls are one EVALSHA each
 		a.h, a.prefix = ev, prefix
 		a.serve = func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }
@@ -439,7 +446,7 @@ func TestLostReplyIsUncertain(t *testing.T) {
 			c := redis.NewClient(&opts)
 			t.Cleanup(func() { c.Close() })
 			// A deadline long enough for go-redis's retries: this test is about counts.
-			h, ev, prefix := faultHandlerOver(t, c, v.dedicated, limit, 3*time.Second, middleware.WithBreaker(0, 0))
+			h, ev, prefix := faultHandlerOver(t, c, v.dedicated, limit, 3*time.Second, middleware.WithBreaker(middleware.Breaker{Disabled: true}))
 			warm(t, h, ev)
 			key := faultKey(t, prefix, limit)
 			spent := func() int {
@@ -495,7 +502,7 @@ func TestCanceledMidDecision(t *testing.T) {
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	const limit, deadline = 100, 5 * time.Second
-	h, ev, prefix := faultHandler(t, c, limit, deadline, middleware.WithBreaker(1, time.Minute))
+	h, ev, prefix := faultHandler(t, c, limit, deadline, middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Minute}))
 	warm(t, h, ev)
 	for len(p.sent) > 0 { // forget the warm-up's scripts
 		<-p.sent
@@ -560,7 +567,7 @@ func TestMetricsUnderFaults(t *testing.T) {
 	reg.MustRegister(col)
 	obs := []middleware.Option{
 		middleware.WithObserver(col.Observe), middleware.WithBreakerObserver(col.BreakerChanged),
-		middleware.WithBreaker(2, time.Minute),
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 2, Cooldown: time.Minute}),
 	}
 	// Three budgets: one spent while Redis is up, two asked only once it is stopped (a
 	// refusal the limiter remembers would otherwise be repeated without a store call).
@@ -672,7 +679,7 @@ func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 func TestBlackholedDialIsDefinite(t *testing.T) {
 	t.Parallel()
 	opts := recommendedOptions()
-	opts.Addr = "192.0.2.1:6379" // never dialled for real
+	opts.Addr = "127.0.0.1:1" // never dialled for real (the dialer returns past its deadline)
 	opts.DialTimeout = 100 * time.Millisecond
 	opts.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		<-ctx.Done() // the SYN is never answered

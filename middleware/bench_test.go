@@ -71,67 +71,57 @@ func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discard) WriteHeader(int)             {}
 
 // ioLimiter hides *ratebudget.Memory behind another type, so the middleware treats it as
-// a limiter that does I/O: decision deadline, breaker, and a goroutine per decision.
+// a limiter that does I/O: decision deadline and breaker.
 type ioLimiter struct{ m *ratebudget.Memory }
 
 func (l ioLimiter) Allow(ctx context.Context, c []ratebudget.Check) (ratebudget.Decision, error) {
 	return l.m.Allow(ctx, c)
 }
 
-// boundLimiter is ioLimiter for a limiter that returns once its context is done
-// (ratebudget.ContextBound): called directly, under a deadline context.
-type boundLimiter struct{ ioLimiter }
-
-func (boundLimiter) BoundByContext() bool { return true }
-
-// withinLimiter also bounds its own time (ratebudget.TimeoutBound), as the lua limiter
-// does: no deadline context either.
-type withinLimiter struct{ boundLimiter }
-
-func (l withinLimiter) AllowWithin(ctx context.Context, _ time.Duration, c []ratebudget.Check) (ratebudget.Decision, error) {
-	return l.m.Allow(ctx, c)
-}
-
 // BenchmarkMiddlewareIOPath measures what the middleware adds around a limiter that does
-// I/O (deadline, breaker), on an in-process limiter so that no network time hides it:
-// "goroutine" for a limiter that may ignore its context (a deadline context and a
-// goroutine per decision), "context" for a ContextBound one (a deadline context),
-// "within" for a TimeoutBound one (neither). Compare with BenchmarkMiddleware/ratebudget;
-// a Redis round trip costs tens of microseconds.
+// I/O (a deadline context and the circuit breaker), on an in-process limiter so that no
+// network time hides it: "serial" from one goroutine, "parallel" from GOMAXPROCS
+// goroutines sharing one breaker. Compare with BenchmarkMiddleware/ratebudget; a Redis
+// round trip costs tens of microseconds.
 func BenchmarkMiddlewareIOPath(b *testing.B) {
-	req := httptest.NewRequest("GET", "/", nil)
-	req.RemoteAddr = "192.0.2.1:1234"
-	// The request's context is cancelable, as a server's is: a deadline context
-	// registers with it.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req = req.WithContext(ctx)
 	mem, _ := ratebudget.NewMemory()
-	for _, bc := range []struct {
-		name string
-		lim  ratebudget.Limiter
-	}{
-		{"goroutine", ioLimiter{mem}},
-		{"context", boundLimiter{ioLimiter{mem}}},
-		{"within", withinLimiter{boundLimiter{ioLimiter{mem}}}},
-	} {
-		b.Run(bc.name, func(b *testing.B) {
-			mw, err := middleware.New(bc.lim, []middleware.Rule{{
-				Rule:     ratebudget.Rule{Name: "bench", Limit: 1 << 40, Window: time.Hour},
-				Identity: keyfuncs.Global(),
-			}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	newReq := func() *http.Request {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.RemoteAddr = "192.0.2.1:1234"
+		// The request's context is cancelable, as a server's is: a deadline context
+		// registers with it.
+		ctx, cancel := context.WithCancel(context.Background())
+		b.Cleanup(cancel)
+		return req.WithContext(ctx)
+	}
+	mw, err := middleware.New(ioLimiter{mem}, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "bench", Limit: 1 << 40, Window: time.Hour},
+		Identity: keyfuncs.Global(),
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	b.Run("serial", func(b *testing.B) {
+		req := newReq()
+		w := &discard{h: http.Header{}}
+		b.ReportAllocs()
+		for b.Loop() {
+			clear(w.h)
+			h.ServeHTTP(w, req)
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			req := newReq()
 			w := &discard{h: http.Header{}}
-			b.ReportAllocs()
-			for b.Loop() {
+			for pb.Next() {
 				clear(w.h)
 				h.ServeHTTP(w, req)
 			}
 		})
-	}
+	})
 }
 
 // TestAllocsPerRequest: an admitted request through the middleware on the in-process

@@ -1,10 +1,14 @@
 package middleware
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/ratebudget/ratebudget"
 )
 
 // BreakerState is the state of the circuit breaker that guards the budget store.
@@ -13,8 +17,8 @@ type BreakerState uint8
 const (
 	// BreakerClosed: decisions go to the store.
 	BreakerClosed BreakerState = iota
-	// BreakerOpen: the store failed repeatedly; decisions skip it and the failure policy
-	// applies at once, until the cool-down ends.
+	// BreakerOpen: too many recent decisions failed; decisions skip the store and the
+	// failure policy applies at once, until the cool-down ends.
 	BreakerOpen
 	// BreakerHalfOpen: the cool-down ended; one probe decision goes to the store, the
 	// others apply the failure policy. Success closes the breaker, failure reopens it.
@@ -34,133 +38,146 @@ func (s BreakerState) String() string {
 	return "BreakerState(" + strconv.Itoa(int(s)) + ")"
 }
 
-type breakerConfig struct {
-	failures int
-	cooldown time.Duration
-	onChange []func(from, to BreakerState)
+// Breaker configures the circuit breaker in front of a limiter that does I/O (see
+// [WithBreaker]). The breaker opens when, over the last Window, at least MinCalls
+// decisions were made and at least FailureRatio of them failed; while open, decisions
+// skip the store for Cooldown and the failure policy applies at once; then one probe
+// decision goes to the store, and its success closes the breaker.
+//
+// A ratio over a minimum number of calls, not a run of consecutive failures, keeps a
+// healthy store's breaker closed when a starved host misses a few deadlines; a store that
+// is down or hung fails every call and opens it after MinCalls decisions, each bounded
+// by the decision deadline ([WithTimeout]). Every zero field takes its default.
+type Breaker struct {
+	// Window is the rolling interval over which calls are counted, in steps of a tenth
+	// of it. Default 10s; at least 10ms.
+	Window time.Duration
+	// MinCalls is the number of decisions within Window below which the breaker never
+	// opens. Default 20; at least 1.
+	MinCalls int
+	// FailureRatio is the share of failed decisions within Window, in (0, 1], at which
+	// the breaker opens. Default 0.5.
+	FailureRatio float64
+	// Cooldown is how long the breaker stays open before a probe. Default 100ms: a store
+	// that answers again is used again within about Cooldown, and a store still down sees
+	// one probe per Cooldown.
+	Cooldown time.Duration
+	// Disabled turns the breaker off: every decision goes to the store.
+	Disabled bool
 }
 
-// WithBreaker configures the circuit breaker in front of a limiter that does I/O: after
-// failures consecutive store errors it opens for cooldown (no store calls; the failure
-// policy applies at once), then lets one probe through and closes on its success. The
-// default is 5 failures and a 1s cool-down; failures = 0 turns the breaker off.
-func WithBreaker(failures int, cooldown time.Duration) Option {
+// Defaults of [Breaker].
+const (
+	DefaultBreakerWindow       = 10 * time.Second
+	DefaultBreakerMinCalls     = 20
+	DefaultBreakerFailureRatio = 0.5
+	DefaultBreakerCooldown     = 100 * time.Millisecond
+)
+
+// withDefaults fills b's zero fields and validates the rest.
+func (b Breaker) withDefaults() (Breaker, error) {
+	if b.Window == 0 {
+		b.Window = DefaultBreakerWindow
+	}
+	if b.MinCalls == 0 {
+		b.MinCalls = DefaultBreakerMinCalls
+	}
+	if b.FailureRatio == 0 {
+		b.FailureRatio = DefaultBreakerFailureRatio
+	}
+	if b.Cooldown == 0 {
+		b.Cooldown = DefaultBreakerCooldown
+	}
+	switch {
+	case b.Window < 10*time.Millisecond:
+		return b, configErr("WithBreaker", "Window must be at least 10ms, got "+b.Window.String())
+	case b.MinCalls < 1:
+		return b, configErr("WithBreaker", "MinCalls must be at least 1, got "+strconv.Itoa(b.MinCalls))
+	case !(b.FailureRatio > 0 && b.FailureRatio <= 1):
+		return b, configErr("WithBreaker", fmt.Sprintf("FailureRatio must be in (0, 1], got %v", b.FailureRatio))
+	case b.Cooldown < 0:
+		return b, configErr("WithBreaker", "Cooldown must be positive, got "+b.Cooldown.String())
+	}
+	return b, nil
+}
+
+// WithBreaker configures the circuit breaker in front of a limiter that does I/O (see
+// [Breaker]; the zero value gives every default). The in-process ratebudget.Memory has
+// no breaker.
+func WithBreaker(b Breaker) Option {
 	return func(c *config) error {
-		if failures < 0 {
-			return configErr("WithBreaker", "failures must not be negative, got "+strconv.Itoa(failures))
+		b, err := b.withDefaults()
+		if err != nil {
+			return err
 		}
-		if failures > 0 && cooldown <= 0 {
-			return configErr("WithBreaker", "cooldown must be positive, got "+cooldown.String())
-		}
-		c.breaker.failures, c.breaker.cooldown = failures, cooldown
+		c.breaker = b
 		return nil
 	}
 }
 
-// WithBreakerObserver adds a function called on every breaker transition, after the
-// transition, outside any lock.
+// WithBreakerObserver adds a function called on every breaker transition. It runs while
+// the breaker holds its lock: keep it fast, and do not call back into the middleware.
 func WithBreakerObserver(f func(from, to BreakerState)) Option {
 	return func(c *config) error {
 		if f == nil {
 			return configErr("WithBreakerObserver", "function must not be nil")
 		}
-		c.breaker.onChange = append(c.breaker.onChange, f)
+		c.onBreaker = append(c.onBreaker, f)
 		return nil
 	}
 }
 
-// breaker is a consecutive-failure circuit breaker. The closed state's fast path takes no
-// lock.
+// breaker adapts a gobreaker circuit breaker to the middleware: store failures count,
+// canceled requests and errors that are not the store's do not.
 type breaker struct {
-	cfg   breakerConfig
-	now   func() time.Time
-	state atomic.Uint32 // BreakerState
-	fails atomic.Int64
-
-	mu        sync.Mutex
-	openUntil time.Time
-	probing   bool
+	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
 }
 
-func newBreaker(cfg breakerConfig, now func() time.Time) *breaker {
-	return &breaker{cfg: cfg, now: now}
-}
+// errNotCounted marks a call whose result says nothing about the store's health.
+var errNotCounted = errors.New("not counted")
 
-// State returns the current state.
-func (b *breaker) State() BreakerState { return BreakerState(b.state.Load()) }
-
-// allow reports whether a decision may go to the store; probe is true when it is the
-// half-open probe, which must be reported with done.
-func (b *breaker) allow() (ok, probe bool) {
-	if b.State() == BreakerClosed {
-		return true, false
+func newBreaker(b Breaker, observers []func(from, to BreakerState)) *breaker {
+	st := gobreaker.Settings{
+		Name:         "ratebudget",
+		MaxRequests:  1,
+		Interval:     b.Window,
+		BucketPeriod: b.Window / 10,
+		Timeout:      b.Cooldown,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			done := c.TotalSuccesses + c.TotalFailures
+			return done >= uint32(b.MinCalls) && float64(c.TotalFailures) >= b.FailureRatio*float64(done)
+		},
+		IsExcluded: func(err error) bool { return err == errNotCounted },
 	}
-	b.mu.Lock()
-	var from BreakerState
-	changed := false
-	switch b.State() {
-	case BreakerClosed:
-		ok = true
-	case BreakerOpen:
-		if !b.now().Before(b.openUntil) {
-			from, changed = BreakerOpen, true
-			b.state.Store(uint32(BreakerHalfOpen))
-			b.probing = true
-			ok, probe = true, true
-		}
-	case BreakerHalfOpen:
-		if !b.probing {
-			b.probing = true
-			ok, probe = true, true
+	if len(observers) > 0 {
+		st.OnStateChange = func(_ string, from, to gobreaker.State) {
+			for _, f := range observers {
+				f(stateOf(from), stateOf(to))
+			}
 		}
 	}
-	b.mu.Unlock()
-	if changed {
-		b.notify(from, BreakerHalfOpen)
-	}
-	return ok, probe
+	return &breaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](st)}
 }
 
-// done records a store call's result: failed is true for a store error.
-func (b *breaker) done(failed, probe bool) {
-	if !failed {
-		if b.fails.Load() != 0 {
-			b.fails.Store(0)
-		}
-		if probe {
-			b.transition(BreakerHalfOpen, BreakerClosed)
-		}
-		return
+func stateOf(s gobreaker.State) BreakerState {
+	switch s {
+	case gobreaker.StateOpen:
+		return BreakerOpen
+	case gobreaker.StateHalfOpen:
+		return BreakerHalfOpen
 	}
-	n := b.fails.Add(1)
-	switch {
-	case probe:
-		b.transition(BreakerHalfOpen, BreakerOpen)
-	case n >= int64(b.cfg.failures) && b.State() == BreakerClosed:
-		b.transition(BreakerClosed, BreakerOpen)
-	}
+	return BreakerClosed
 }
 
-func (b *breaker) transition(from, to BreakerState) {
-	b.mu.Lock()
-	if b.State() != from {
-		b.mu.Unlock()
-		return
+// allow reports whether a decision may go to the store; when it may, done must be
+// called with the call's health: nil for an answer, a non-nil error for a store failure,
+// errNotCounted for a call that says nothing about the store.
+func (b *breaker) allow() (done func(error), err error) {
+	done, err = b.cb.Allow()
+	if err != nil {
+		return nil, &ratebudget.StoreError{Class: "breaker_open", Err: errBreakerOpen}
 	}
-	b.state.Store(uint32(to))
-	b.probing = false
-	if to == BreakerOpen {
-		b.openUntil = b.now().Add(b.cfg.cooldown)
-	}
-	if to == BreakerClosed {
-		b.fails.Store(0)
-	}
-	b.mu.Unlock()
-	b.notify(from, to)
+	return done, nil
 }
 
-func (b *breaker) notify(from, to BreakerState) {
-	for _, f := range b.cfg.onChange {
-		f(from, to)
-	}
-}
+var errBreakerOpen = errors.New("circuit breaker open: store not called")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,7 +57,7 @@ func TestStoreErrorPolicies(t *testing.T) {
 			var events []middleware.Event
 			var mu sync.Mutex
 			h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}}, tc.opt,
-				middleware.WithBreaker(0, 0),
+				middleware.WithBreaker(middleware.Breaker{Disabled: true}),
 				middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
 			for i, want := range tc.codes {
 				rec := do(h, "GET", "/", nil)
@@ -91,7 +93,7 @@ func TestDecisionDeadline(t *testing.T) {
 	f.hang.Store(true)
 	var got middleware.Event
 	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
-		middleware.WithTimeout(20*time.Millisecond), middleware.WithBreaker(0, 0),
+		middleware.WithTimeout(20*time.Millisecond), middleware.WithBreaker(middleware.Breaker{Disabled: true}),
 		middleware.WithObserver(func(e middleware.Event) { got = e }))(ok)
 	rec := do(h, "GET", "/", nil) // returns only because the decision has its own deadline
 	if rec.Code != 503 {
@@ -105,49 +107,110 @@ func TestDecisionDeadline(t *testing.T) {
 
 func TestBreaker(t *testing.T) {
 	t.Parallel()
-	clk := newClock()
-	f := &flaky{next: memory(t, clk)}
+	f := &flaky{next: memory(t, newClock())}
 	f.down.Store(true)
+	var mu sync.Mutex
 	var transitions []string
+	observed := func(from, to middleware.BreakerState) {
+		mu.Lock()
+		transitions = append(transitions, from.String()+">"+to.String())
+		mu.Unlock()
+	}
 	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
-		middleware.WithBreaker(3, 2*time.Second),
-		middleware.WithClock(clk.Now),
-		middleware.WithBreakerObserver(func(from, to middleware.BreakerState) {
-			transitions = append(transitions, from.String()+">"+to.String())
-		}))(ok)
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 3, Window: time.Hour, Cooldown: 20 * time.Millisecond}),
+		middleware.WithBreakerObserver(observed))(ok)
 	for range 10 {
 		if rec := do(h, "GET", "/", nil); rec.Code != 503 {
 			t.Fatalf("%d", rec.Code)
 		}
 	}
-	if n := f.calls.Load(); n != 3 {
-		t.Fatalf("store called %d times, want 3 (then the breaker opens)", n)
+	// The cool-down is real time: 10 requests may outlast it on a slow machine, and
+	// each probe that fails opens the breaker again, so the store sees 3 calls plus at
+	// most one probe per cool-down.
+	n := f.calls.Load()
+	if n < 3 {
+		t.Fatalf("store called %d times, want at least 3 (MinCalls) before the breaker opens", n)
 	}
-	clk.Advance(2 * time.Second)
-	do(h, "GET", "/", nil) // the probe fails: open again
-	if n := f.calls.Load(); n != 4 {
-		t.Fatalf("store called %d times, want 4 (one probe)", n)
+	mu.Lock()
+	if len(transitions) == 0 || transitions[0] != "closed>open" {
+		t.Fatalf("transitions %v, want closed>open first", transitions)
 	}
-	do(h, "GET", "/", nil)
-	if n := f.calls.Load(); n != 4 {
-		t.Fatalf("store called %d times during the cool-down, want 4", n)
-	}
+	mu.Unlock()
 	f.down.Store(false)
-	clk.Advance(2 * time.Second)
-	if rec := do(h, "GET", "/", nil); rec.Code != 200 || rec.Header().Get(headers.Remaining) != "99" {
-		t.Fatalf("probe after recovery: %d", rec.Code)
+	// Wait for the cool-down to end: the first request after it is the probe, which
+	// succeeds and closes the breaker.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rec := do(h, "GET", "/", nil)
+		if rec.Code == 200 {
+			break
+		}
+		if rec.Code != 503 || time.Now().After(deadline) {
+			t.Fatalf("after recovery: %d", rec.Code)
+		}
+		runtime.Gosched()
 	}
 	if rec := do(h, "GET", "/", nil); rec.Code != 200 {
 		t.Fatalf("after closing: %d", rec.Code)
 	}
-	want := []string{"closed>open", "open>half-open", "half-open>open", "open>half-open", "half-open>closed"}
-	if len(transitions) != len(want) {
-		t.Fatalf("transitions %v, want %v", transitions, want)
+	mu.Lock()
+	defer mu.Unlock()
+	if got := transitions[len(transitions)-2:]; got[0] != "open>half-open" || got[1] != "half-open>closed" {
+		t.Fatalf("transitions %v, want them to end open>half-open, half-open>closed", transitions)
 	}
-	for i := range want {
-		if transitions[i] != want[i] {
-			t.Fatalf("transitions %v, want %v", transitions, want)
+}
+
+// A breaker that stays open shows the store no calls; a few slow answers among many
+// good ones (a starved host) do not open it.
+func TestBreakerTripRule(t *testing.T) {
+	t.Parallel()
+	f := &flaky{next: memory(t, newClock())}
+	var opened atomic.Int64
+	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 1<<40, time.Minute), Identity: global}},
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 10, FailureRatio: 0.5, Window: time.Hour, Cooldown: time.Hour}),
+		middleware.WithBreakerObserver(func(_, to middleware.BreakerState) {
+			if to == middleware.BreakerOpen {
+				opened.Add(1)
+			}
+		}))(ok)
+	// 40% failures over 50 calls (ok, ok, ok, fail, fail, ...): never at the ratio.
+	for i := range 50 {
+		f.down.Store(i%5 >= 3)
+		do(h, "GET", "/", nil)
+	}
+	if opened.Load() != 0 || f.calls.Load() != 50 {
+		t.Fatalf("breaker opened %d times after 40%% failures, store called %d times; want 0 and 50", opened.Load(), f.calls.Load())
+	}
+	// Now every call fails: 20 of 50 failed, and the window reaches one half at the
+	// tenth failure in a row (30 of 60).
+	f.down.Store(true)
+	for range 20 {
+		do(h, "GET", "/", nil)
+	}
+	if opened.Load() != 1 || f.calls.Load() != 60 {
+		t.Fatalf("breaker opened %d times, store called %d times; want 1 and 60 (opens at 30 of 60 failed)", opened.Load(), f.calls.Load())
+	}
+}
+
+// Errors that are not the store's (a canceled request, a limiter that rejects its
+// checks) never count toward the breaker.
+func TestBreakerIgnoresNonStoreErrors(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	lim := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		calls.Add(1)
+		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "checks", Problem: "rejected"}
+	})
+	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour}),
+		middleware.WithStoreErrorPolicy(middleware.FailOpen))(ok)
+	for i := range 20 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 500 {
+			t.Fatalf("request %d: %d, want 500 (a configuration error, under FailOpen too)", i, rec.Code)
 		}
+	}
+	if calls.Load() != 20 {
+		t.Fatalf("limiter called %d times, want 20: configuration errors must not open the breaker", calls.Load())
 	}
 }
 
@@ -171,132 +234,6 @@ func (f limiterFunc) Allow(ctx context.Context, c []ratebudget.Check) (ratebudge
 
 var _ http.Handler = ok
 
-// A limiter that ignores its context (a go-redis client without ContextTimeoutEnabled on
-// a hung server) still costs a request only the decision deadline. The abandoned call
-// reads its own copy of the checks, so requests that follow cannot race with it.
-func TestDeadlineHoldsWhenLimiterIgnoresContext(t *testing.T) {
-	t.Parallel()
-	release := make(chan struct{})
-	var running sync.WaitGroup
-	var calls atomic.Int64
-	stuck := limiterFunc(func(_ context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
-		defer running.Done()
-		calls.Add(1)
-		select { // ignores the context
-		case <-release:
-		case <-time.After(5 * time.Second): // without a bound in the middleware, the request waits this long
-		}
-		for _, c := range checks {
-			if c.Rule.Name != "r" || c.Cost != 1 {
-				return ratebudget.Decision{}, errors.New("checks changed under an abandoned call")
-			}
-		}
-		return ratebudget.Decision{Allowed: true}, nil
-	})
-	var mu sync.Mutex
-	var events []middleware.Event
-	h := mustNew(t, stuck, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
-		middleware.WithTimeout(20*time.Millisecond), middleware.WithBreaker(0, 0),
-		middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
-	for i := range 5 {
-		running.Add(1) // done by the limiter call, which outlives the request
-		start := time.Now()
-		rec := do(h, "GET", "/", nil)
-		if el := time.Since(start); el > time.Second {
-			t.Fatalf("request %d took %v with a 20ms decision deadline", i, el)
-		}
-		if rec.Code != 503 {
-			t.Fatalf("request %d: %d, want 503", i, rec.Code)
-		}
-	}
-	close(release)
-	running.Wait()
-	if n := calls.Load(); n != 5 {
-		t.Fatalf("limiter called %d times, want 5", n)
-	}
-	for i, e := range events {
-		var se *ratebudget.StoreError
-		if !errors.As(e.Err, &se) || se.Class != "timeout" || !se.Uncertain || e.Outcome != middleware.OutcomeUnavailable {
-			t.Fatalf("event %d: %v %v, want unavailable with an uncertain timeout", i, e.Outcome, e.Err)
-		}
-	}
-}
-
-// within is a ContextBound limiter that also bounds its own time (ratebudget.TimeoutBound).
-type within struct {
-	flaky
-	bounded  bool
-	timeouts []time.Duration
-	mu       sync.Mutex
-}
-
-func (w *within) BoundByContext() bool { return w.bounded }
-
-func (w *within) AllowWithin(ctx context.Context, timeout time.Duration, checks []ratebudget.Check) (ratebudget.Decision, error) {
-	w.mu.Lock()
-	w.timeouts = append(w.timeouts, timeout)
-	w.mu.Unlock()
-	if _, ok := ctx.Deadline(); ok {
-		return ratebudget.Decision{}, errors.New("AllowWithin got a context with a deadline")
-	}
-	if w.hang.Load() {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: context.DeadlineExceeded}
-		case <-ctx.Done():
-			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "canceled", Uncertain: true, Err: ctx.Err()}
-		}
-	}
-	return w.flaky.Allow(ctx, checks)
-}
-
-// TestTimeoutBoundLimiter: a limiter that bounds its own decisions gets the deadline as
-// a timeout, with no context deadline of the middleware's; its timeouts apply the policy
-// and count in the breaker like any store failure. One that does not report
-// BoundByContext is called through Allow, as before.
-func TestTimeoutBoundLimiter(t *testing.T) {
-	w := &within{flaky: flaky{next: memory(t, newClock())}, bounded: true}
-	var events []middleware.Event
-	var mu sync.Mutex
-	h := mustNew(t, w, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
-		middleware.WithTimeout(30*time.Millisecond), middleware.WithBreaker(2, time.Hour),
-		middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
-	if rec := do(h, "GET", "/", nil); rec.Code != 200 {
-		t.Fatalf("admitted request: %d", rec.Code)
-	}
-	w.hang.Store(true)
-	for i, want := range []int{503, 503, 503} {
-		if rec := do(h, "GET", "/", nil); rec.Code != want {
-			t.Fatalf("hung request %d: %d, want %d", i, rec.Code, want)
-		}
-	}
-	if got := w.calls.Load(); got != 1 {
-		t.Errorf("Allow called %d times through AllowWithin, want 1 (the admitted request)", got)
-	}
-	w.mu.Lock()
-	if len(w.timeouts) != 3 || w.timeouts[0] != 30*time.Millisecond {
-		t.Errorf("AllowWithin timeouts %v, want 30ms for the admitted and the two hung requests before the breaker opened", w.timeouts)
-	}
-	w.mu.Unlock()
-	mu.Lock()
-	defer mu.Unlock()
-	for i, wantClass := range []string{"timeout", "timeout", "breaker_open"} {
-		var se *ratebudget.StoreError
-		if !errors.As(events[i+1].Err, &se) || se.Class != wantClass {
-			t.Errorf("event %d: %v, want a %s StoreError", i+1, events[i+1].Err, wantClass)
-		}
-	}
-
-	// Not bounded by its context: the middleware keeps its own deadline and Allow.
-	u := &within{flaky: flaky{next: memory(t, newClock())}}
-	h = mustNew(t, u, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}})(ok)
-	if rec := do(h, "GET", "/", nil); rec.Code != 200 || u.calls.Load() != 1 || len(u.timeouts) != 0 {
-		t.Fatalf("unbounded limiter: %d, %d Allow calls, AllowWithin %v", rec.Code, u.calls.Load(), u.timeouts)
-	}
-}
-
 // Checks are pooled with their rules in place; a local-fallback decision swaps in the
 // local rules (limit / replicas), and the store must never see them afterwards.
 func TestLocalFallbackLeavesPooledRulesIntact(t *testing.T) {
@@ -312,7 +249,7 @@ func TestLocalFallbackLeavesPooledRulesIntact(t *testing.T) {
 		return ratebudget.Decision{Allowed: true, Rule: c[0].Rule.Name, Limit: c[0].Rule.Limit, Remaining: 1}, nil
 	})
 	h := mustNew(t, lim, []middleware.Rule{{Rule: configured, Identity: global}},
-		middleware.WithLocalFallback(2), middleware.WithBreaker(0, 0))(ok)
+		middleware.WithLocalFallback(2), middleware.WithBreaker(middleware.Breaker{Disabled: true}))(ok)
 	for i := range 40 {
 		fail = i%2 == 0
 		if rec := do(h, "GET", "/", nil); rec.Code != 200 {
@@ -322,6 +259,101 @@ func TestLocalFallbackLeavesPooledRulesIntact(t *testing.T) {
 	for i, r := range seen {
 		if r != configured {
 			t.Fatalf("call %d got rule %+v, want the configured %+v", i, r, configured)
+		}
+	}
+}
+
+// A cost above every store's reach (2^40+1, 2^63-1, or above a rule's capacity) is the
+// request's fault: 413 under every policy, decided without asking the limiter, so it
+// neither opens the breaker nor takes the failure policy, and another client's next
+// request is admitted.
+func TestHugeCostIsNeverAStoreFailure(t *testing.T) {
+	t.Parallel()
+	costs := []string{"1099511627777", "9223372036854775807", "11"}
+	for _, pc := range []struct {
+		name string
+		opt  middleware.Option
+	}{
+		{"closed", middleware.WithStoreErrorPolicy(middleware.FailClosed)},
+		{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen)},
+		{"local", middleware.WithLocalFallback(2)},
+	} {
+		for _, store := range []string{"memory", "io"} {
+			t.Run(pc.name+"/"+store, func(t *testing.T) {
+				t.Parallel()
+				mem := memory(t, newClock())
+				var lim ratebudget.Limiter = mem
+				f := &flaky{next: mem}
+				if store == "io" {
+					lim = f
+				}
+				var mu sync.Mutex
+				var events []middleware.Event
+				var opened atomic.Int64
+				h := mustNew(t, lim, []middleware.Rule{{Rule: rule("jobs", 10, time.Minute), Identity: byHeader("X-Client")}}, pc.opt,
+					middleware.WithCost(func(r *http.Request) (int64, error) {
+						return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
+					}),
+					middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour}),
+					middleware.WithBreakerObserver(func(_, to middleware.BreakerState) {
+						if to == middleware.BreakerOpen {
+							opened.Add(1)
+						}
+					}),
+					middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
+				for i := range 60 {
+					cost := costs[i%len(costs)]
+					rec := do(h, "POST", "/?cost="+cost, map[string]string{"X-Client": "hostile"})
+					if rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get("Retry-After") != "" {
+						t.Fatalf("cost %s: %d (Retry-After %q), want 413 without Retry-After", cost, rec.Code, rec.Header().Get("Retry-After"))
+					}
+					if !strings.Contains(rec.Body.String(), "capacity 10") {
+						t.Fatalf("cost %s: body %q does not name the capacity", cost, rec.Body.String())
+					}
+				}
+				if n := f.calls.Load(); n != 0 {
+					t.Fatalf("limiter asked %d times for costs that can never fit", n)
+				}
+				if rec := do(h, "POST", "/?cost=1", map[string]string{"X-Client": "other"}); rec.Code != 200 || rec.Header().Get(headers.Remaining) != "9" {
+					t.Fatalf("another client after the hostile one: %d remaining %q, want 200 and 9", rec.Code, rec.Header().Get(headers.Remaining))
+				}
+				if opened.Load() != 0 {
+					t.Fatal("the breaker opened")
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for i, e := range events[:60] {
+					if e.Outcome != middleware.OutcomeExceeded || !e.Decision.Exceeded || e.Decision.Limit != 10 || e.Err != nil {
+						t.Fatalf("event %d: %+v, want OutcomeExceeded with the rule's capacity and no error", i, e)
+					}
+				}
+			})
+		}
+	}
+}
+
+// A limiter that rejects the checks as invalid (a configuration error) gets 500 under
+// every policy: no policy can make a configuration mistake right, and it is not the
+// client's fault.
+func TestLimiterConfigErrorIs500(t *testing.T) {
+	t.Parallel()
+	lim := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		return ratebudget.Decision{Allowed: true}, &ratebudget.ConfigError{Field: "checks", Problem: "rejected"}
+	})
+	for _, opt := range []middleware.Option{
+		middleware.WithStoreErrorPolicy(middleware.FailOpen),
+		middleware.WithStoreErrorPolicy(middleware.FailClosed),
+		middleware.WithLocalFallback(1),
+	} {
+		var got middleware.Event
+		h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}}, opt,
+			middleware.WithObserver(func(e middleware.Event) { got = e }))(ok)
+		rec := do(h, "GET", "/", nil)
+		if rec.Code != 500 || strings.Contains(rec.Body.String(), "rejected") {
+			t.Fatalf("%d %q, want 500 without the error's text", rec.Code, rec.Body.String())
+		}
+		if got.Outcome != middleware.OutcomeInvalid || !errors.Is(got.Err, ratebudget.ErrInvalidConfig) || got.Fallback {
+			t.Fatalf("event %+v, want OutcomeInvalid with the configuration error", got)
 		}
 	}
 }

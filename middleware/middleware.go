@@ -9,9 +9,11 @@
 //	condition                                 status  headers
 //	admitted                                  handler's  metadata
 //	a rule's budget is exhausted              429     metadata, Retry-After, Cache-Control: no-store
-//	the cost exceeds a rule's capacity        413     metadata, Cache-Control: no-store (no Retry-After: waiting cannot help)
+//	the cost exceeds a rule's capacity        413     Cache-Control: no-store (no Retry-After: waiting cannot help;
+//	                                                  decided before the limiter is asked, so no metadata)
 //	identity, scope or cost undeterminable    400     Cache-Control: no-store
 //	route scope asked where no route is known 500     Cache-Control: no-store (keyfuncs.ErrNoRoutePattern: a mounting mistake)
+//	the limiter rejects the checks as invalid 500     Cache-Control: no-store (a *ratebudget.ConfigError: never a store failure)
 //	store unavailable, policy FailClosed      503     Retry-After, Cache-Control: no-store
 //	store unavailable, policy FailOpen        handler's  none (the event is OutcomeDegraded)
 //	store unavailable, policy LocalFallback   handler's or 429 from the per-replica budget
@@ -23,9 +25,11 @@
 // # Failure handling
 //
 // A limiter that does I/O (anything but *ratebudget.Memory) gets a deadline per decision
-// ([WithTimeout], default 50ms) and a circuit breaker ([WithBreaker], default 5
-// consecutive failures, 1s cool-down). A store error is never read as an empty budget:
-// the [Policy] decides (default FailClosed).
+// ([WithTimeout], default 50ms) and a circuit breaker ([WithBreaker]: opens when half of
+// at least 20 decisions in the last 10s failed, probes again after 100ms). A store error
+// is never read as an empty budget: the [Policy] decides (default FailClosed). Only
+// store errors take the policy and count toward the breaker: a request's fault (a bad
+// identity or cost, a cost above a rule's capacity) and a configuration error never do.
 package middleware
 
 import (
@@ -117,10 +121,9 @@ type compiledRule struct {
 type mw struct {
 	cfg      config
 	limiter  ratebudget.Limiter
-	io       bool                    // the limiter does I/O: deadline and breaker apply
-	bounded  bool                    // the limiter returns once its context is done (ratebudget.ContextBound)
-	within   ratebudget.TimeoutBound // the limiter bounds its own decisions' time
+	io       bool // the limiter does I/O: deadline and breaker apply
 	rules    []compiledRule
+	minCap   int // index of the rule with the smallest capacity
 	fallback *ratebudget.Memory
 	breaker  *breaker
 	pool     sync.Pool // *[]ratebudget.Check
@@ -145,9 +148,9 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	m.cfg = config{
 		timeout:    50 * time.Millisecond,
 		retryAfter: time.Second,
-		breaker:    &breakerConfig{failures: 5, cooldown: time.Second},
 		clock:      time.Now,
 	}
+	m.cfg.breaker, _ = Breaker{}.withDefaults()
 	for _, o := range opts {
 		if o == nil {
 			return nil, configErr("options", "must not contain nil")
@@ -174,16 +177,15 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		}
 		m.rules = append(m.rules, cr)
 	}
-	_, inProcess := lim.(*ratebudget.Memory)
-	m.io = !inProcess
-	if cb, ok := lim.(ratebudget.ContextBound); ok && cb.BoundByContext() {
-		m.bounded = true // no goroutine needed to enforce the deadline
-		if tb, ok := lim.(ratebudget.TimeoutBound); ok {
-			m.within = tb // nor a timer context
+	for i := range m.rules {
+		if m.rules[i].limit < m.rules[m.minCap].limit {
+			m.minCap = i
 		}
 	}
-	if m.io && m.cfg.breaker.failures > 0 {
-		m.breaker = newBreaker(*m.cfg.breaker, m.cfg.clock)
+	_, inProcess := lim.(*ratebudget.Memory)
+	m.io = !inProcess
+	if m.io && !m.cfg.breaker.Disabled {
+		m.breaker = newBreaker(m.cfg.breaker, m.cfg.onBreaker)
 	}
 	if m.cfg.policy == LocalFallback {
 		fb, err := ratebudget.NewMemory(ratebudget.WithClock(m.cfg.clock))
@@ -225,6 +227,12 @@ func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 			return
 		}
 		cost = c
+	}
+	if cost > m.rules[m.minCap].limit {
+		// No store can admit it, and no store need be asked: decided here, so that a
+		// hostile cost never reaches the store, its breaker or the failure policy.
+		m.exceeded(w, r, cost)
+		return
 	}
 	var ev Event // filled in place: an Event is too large to return by value on this path
 	if !m.evaluate(w, r, cost, &ev) {
@@ -279,8 +287,9 @@ func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
 }
 
 // evaluate builds the request's checks, asks the limiter and, when the store fails under
-// LocalFallback, the local budget, and fills ev. It reports false when an identity or
-// scope could not be determined; the error handler has then answered. The checks go back
+// LocalFallback, the local budget, and fills ev. It reports false when the request has
+// been answered already: an identity or scope could not be determined (the error
+// handler answered), or the limiter rejected the checks as invalid (500). The checks go back
 // to the pool before evaluate returns, so a slow handler holds none.
 func (m *mw) evaluate(w http.ResponseWriter, r *http.Request, cost int64, ev *Event) bool {
 	ctx := r.Context()
@@ -310,10 +319,16 @@ func (m *mw) evaluate(w http.ResponseWriter, r *http.Request, cost int64, ev *Ev
 	if err == nil {
 		return true
 	}
+	if errors.Is(err, ratebudget.ErrInvalidConfig) {
+		// The limiter rejected the checks: the configuration's fault (or a limiter's
+		// bug), never the store's. No failure policy can make it right.
+		m.misconfigured(w, r, err)
+		return false
+	}
 	var se *ratebudget.StoreError
 	if !errors.As(err, &se) {
-		// Not a store failure: a limiter that rejects its input. Treat it like one anyway
-		// (the policy applies) rather than admit or refuse silently.
+		// Not a known kind of error: treat it as a store failure (the policy applies)
+		// rather than admit or refuse silently.
 		err = &ratebudget.StoreError{Class: "other", Err: err}
 	}
 	ev.Err = err
@@ -352,99 +367,38 @@ func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.
 		d, err := m.limiter.Allow(ctx, checks)
 		return d, time.Since(start), err
 	}
-	probe := false
+	var done func(error)
 	if m.breaker != nil {
-		var ok bool
-		if ok, probe = m.breaker.allow(); !ok {
-			return ratebudget.Decision{}, 0, &ratebudget.StoreError{Class: "breaker_open", Err: errBreakerOpen}
+		var err error
+		if done, err = m.breaker.allow(); err != nil {
+			return ratebudget.Decision{}, 0, err
 		}
 	}
 	start := time.Now()
-	var d ratebudget.Decision
-	var err error
-	if m.within != nil {
-		d, err = m.within.AllowWithin(ctx, m.cfg.timeout, checks)
-	} else {
-		dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
-		if m.bounded {
-			d, err = m.limiter.Allow(dctx, checks)
-		} else {
-			d, err = m.allowBounded(dctx, checks)
-		}
-		cancel()
-		if err != nil && dctx.Err() != nil && ctx.Err() == nil {
-			// The decision's own deadline passed: whatever the limiter returned, it is a
-			// store timeout, and the command may have reached the store.
-			var se *ratebudget.StoreError
-			if !errors.As(err, &se) {
-				err = &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: err}
-			}
+	dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
+	d, err := m.limiter.Allow(dctx, checks)
+	cancel()
+	latency := time.Since(start)
+	if err != nil && dctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, ratebudget.ErrInvalidConfig) {
+		// The decision's own deadline passed: whatever the limiter returned, it is a
+		// store timeout, and the command may have reached the store.
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) {
+			err = &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: err}
 		}
 	}
-	latency := time.Since(start)
-	if m.breaker != nil {
-		// A canceled request says nothing about the store's health.
-		failed := err != nil && ctx.Err() == nil
-		if failed || err == nil {
-			m.breaker.done(failed, probe)
-		} else if probe {
-			m.breaker.transition(BreakerHalfOpen, BreakerOpen)
+	if done != nil {
+		switch {
+		case err == nil:
+			done(nil)
+		case ctx.Err() != nil || errors.Is(err, ratebudget.ErrInvalidConfig):
+			// A canceled request or a rejected input says nothing about the store.
+			done(errNotCounted)
+		default:
+			done(err)
 		}
 	}
 	return d, latency, err
-}
-
-var errBreakerOpen = errors.New("circuit breaker open: store not called")
-
-// call is one limiter call run on its own goroutine by allowBounded. It owns a copy of
-// the checks: an abandoned call may still read them after the request has moved on.
-type call struct {
-	checks []ratebudget.Check
-	done   chan callResult // buffered: the goroutine never blocks on an abandoned call
-}
-
-type callResult struct {
-	d   ratebudget.Decision
-	err error
-}
-
-var callPool = sync.Pool{New: func() any { return &call{done: make(chan callResult, 1)} }}
-
-func (c *call) run(lim ratebudget.Limiter, ctx context.Context) {
-	d, err := lim.Allow(ctx, c.checks)
-	c.done <- callResult{d, err} // the last use of c by this goroutine
-}
-
-// allowBounded asks the limiter and returns when it answers or when ctx ends, whichever
-// comes first. A limiter should honour its context, but a store client may not: a
-// go-redis client without ContextTimeoutEnabled blocks on a hung server for its own
-// ReadTimeout times its retries. Such a call is abandoned (it ends in the background,
-// bounded by the client's timeouts) and reported as an uncertain timeout: it may still
-// reach the store and spend.
-func (m *mw) allowBounded(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
-	c := callPool.Get().(*call)
-	c.checks = append(c.checks[:0], checks...)
-	go c.run(m.limiter, ctx)
-	select {
-	case r := <-c.done:
-		clear(c.checks)
-		callPool.Put(c)
-		return r.d, r.err
-	case <-ctx.Done():
-		select {
-		case r := <-c.done: // answered just in time: prefer the answer
-			clear(c.checks)
-			callPool.Put(c)
-			return r.d, r.err
-		default:
-		}
-		// c stays with the abandoned goroutine and is never reused.
-		class := "timeout"
-		if errors.Is(ctx.Err(), context.Canceled) {
-			class = "canceled"
-		}
-		return ratebudget.Decision{}, &ratebudget.StoreError{Class: class, Uncertain: true, Err: ctx.Err()}
-	}
 }
 
 func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err error) {
@@ -464,6 +418,32 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	headers.WriteUnidentified(w, r, "the rate-limit identity of this request could not be determined")
+}
+
+// exceeded answers a request whose cost exceeds the capacity of a rule: 413, decided
+// without the limiter. The rule reported is the one of smallest capacity. No budget
+// metadata is sent: the store was not asked, so nothing is known of what remains.
+func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, cost int64) {
+	cr := &m.rules[m.minCap]
+	d := ratebudget.Decision{Exceeded: true, Rule: cr.rule.Name, Index: m.minCap, Limit: cr.limit, Window: cr.rule.Window}
+	m.observe(&Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
+	if m.cfg.onRefusal != nil {
+		m.cfg.onRefusal(w, r, d)
+		return
+	}
+	headers.WriteCostExceeded(w, r, headers.None, headers.Info{Policy: d.Rule, Limit: d.Limit, Window: d.Window}, cost)
+}
+
+// misconfigured answers 500 for a limiter that rejected the request's checks: a
+// configuration mistake, not the client's and not the store's.
+func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, err error) {
+	m.observe(&Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+	headers.WriteProblem(w, r, headers.Problem{
+		Type:   headers.ProblemInvalidRequest,
+		Title:  "Internal Server Error",
+		Status: http.StatusInternalServerError,
+		Detail: "the rate limit of this route is misconfigured",
+	})
 }
 
 func (m *mw) observe(ev *Event) {

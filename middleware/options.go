@@ -22,7 +22,8 @@ type config struct {
 	replicas   int
 	timeout    time.Duration
 	retryAfter time.Duration
-	breaker    *breakerConfig
+	breaker    Breaker
+	onBreaker  []func(from, to BreakerState)
 	clock      func() time.Time
 }
 
@@ -99,14 +100,10 @@ func WithObserver(f func(Event)) Option {
 
 // WithTimeout bounds each decision of a limiter that does I/O (default 50ms), whatever
 // the request's own deadline: a hung store costs a request at most d, then the failure
-// policy applies. A limiter that promises to return when its context ends
-// (ratebudget.ContextBound, as the lua limiter does by default) is called directly,
-// with a context deadline, or with d as a timeout if it also implements
-// ratebudget.TimeoutBound (as the lua limiter does; no timer context per decision);
-// any other runs on its own goroutine and is abandoned at the deadline, so the bound
-// holds even when its client ignores the context. A decision cut short is reported as an
-// uncertain timeout (it may still reach the store and spend). d must be positive. The
-// in-process ratebudget.Memory takes no I/O and gets no deadline.
+// policy applies. The limiter is called with a context that ends after d; a
+// ratebudget.Limiter returns once its context is done. A decision cut short is reported
+// as an uncertain timeout (it may still reach the store and spend). d must be positive.
+// The in-process ratebudget.Memory takes no I/O and gets no deadline.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {
@@ -129,8 +126,7 @@ func WithUnavailableRetryAfter(d time.Duration) Option {
 	}
 }
 
-// WithClock sets the clock of the circuit breaker and the local fallback (default
-// time.Now), for tests.
+// WithClock sets the clock of the local fallback's budgets (default time.Now), for tests.
 func WithClock(now func() time.Time) Option {
 	return func(c *config) error {
 		if now == nil {

@@ -40,7 +40,7 @@ func TestCountersMatchTraffic(t *testing.T) {
 	mw, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "api", Limit: 3, Window: time.Minute},
 		Identity: func(r *http.Request) (string, error) { return r.Header.Get("X-Id"), nil },
-	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(2, time.Hour), middleware.WithBreakerObserver(m.BreakerChanged),
+	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{MinCalls: 2, FailureRatio: 0.25, Cooldown: time.Hour}), middleware.WithBreakerObserver(m.BreakerChanged),
 		middleware.WithStoreErrorPolicy(middleware.FailOpen))
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +53,7 @@ func TestCountersMatchTraffic(t *testing.T) {
 	}
 	send(5) // 3 allowed, 2 denied
 	lim.down.Store(true)
-	send(4) // 4 degraded: 2 store errors, then the breaker opens and 2 are not sent to the store
+	send(4) // 4 degraded: 2 store errors (2 of 7 failed: the ratio), then the breaker opens and 2 are not sent to the store
 
 	want := `
 # HELP ratebudget_decisions_total Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).

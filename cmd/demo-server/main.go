@@ -5,7 +5,10 @@
 //	go run ./cmd/demo-server -limit 3 -window 10s
 //	curl -i http://127.0.0.1:8080/api/hello
 //
-// GET / lists the routes and their limits.
+// GET / lists the routes and their limits; HEAD is answered on every GET route and
+// spends the same budget. The server's connection limits (-read-header-timeout,
+// -read-timeout, -write-timeout, -idle-timeout, -max-header-bytes) default to values
+// for a service exposed to untrusted clients; -h lists every flag.
 package main
 
 import (
@@ -25,6 +28,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	chimw "github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -40,11 +44,33 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, nil); err != nil {
-		fmt.Fprintln(os.Stderr, "demo-server:", err)
-		os.Exit(2)
-	}
+	os.Exit(exitCode(run(ctx, os.Args[1:], os.Stdout, nil), os.Stderr))
 }
+
+// exitCode is the process status for run's error, which it reports on stderr: 0 for
+// none and for -h (the usage is on stdout), 2 otherwise.
+func exitCode(err error, stderr io.Writer) int {
+	var ue usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		_, _ = io.WriteString(stderr, ue.text) // the flag package's message and the usage
+	default:
+		fmt.Fprintln(stderr, "demo-server:", err)
+	}
+	return 2
+}
+
+// usageError is a command line the flag set could not parse, with the flag set's
+// report of it (the error and the usage).
+type usageError struct {
+	err  error
+	text string
+}
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
 
 type options struct {
 	addr           string
@@ -62,12 +88,60 @@ type options struct {
 	redisPool      bool
 	coalesce       int
 	oneServer      bool
+	server         serverLimits
+}
+
+// serverLimits are the http.Server settings that bound what one connection can hold.
+type serverLimits struct {
+	readHeaderTimeout time.Duration
+	readTimeout       time.Duration
+	writeTimeout      time.Duration
+	idleTimeout       time.Duration
+	maxHeaderBytes    int
+}
+
+// The defaults of serverLimits, for a service that faces untrusted clients directly or
+// through a load balancer:
+//   - the request line and headers within 5 s (a slow-header client holds a connection
+//     for no longer);
+//   - the whole request, body included, within 10 s: the demo's bodies are a few bytes,
+//     and a client that declares 1000 bytes and sends 10 is answered (and disconnected)
+//     at the deadline instead of holding a goroutine and a descriptor;
+//   - the response within 20 s of the end of the headers, longer than the read deadline
+//     so that a slow body still gets its answer;
+//   - an idle keep-alive connection is closed after 120 s, longer than the 60 s idle
+//     timeout common in load balancers, so that it is the balancer, not the server, that
+//     closes a connection it might reuse;
+//   - 32 KiB of headers (nginx's default budget; Go's own default is 1 MiB).
+const (
+	defaultReadHeaderTimeout = 5 * time.Second
+	defaultReadTimeout       = 10 * time.Second
+	defaultWriteTimeout      = 20 * time.Second
+	defaultIdleTimeout       = 120 * time.Second
+	defaultMaxHeaderBytes    = 32 << 10
+)
+
+// newServer is the demo's http.Server for h.
+func newServer(h http.Handler, l serverLimits) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: l.readHeaderTimeout,
+		ReadTimeout:       l.readTimeout,
+		WriteTimeout:      l.writeTimeout,
+		IdleTimeout:       l.idleTimeout,
+		MaxHeaderBytes:    l.maxHeaderBytes,
+	}
 }
 
 func parseFlags(args []string, out io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("demo-server", flag.ContinueOnError)
-	fs.SetOutput(out)
+	var report strings.Builder // -h goes to out, a parse error's report to stderr
+	fs.SetOutput(&report)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "Usage: demo-server [flags]\n\nServes ratebudget's demo routes (GET / lists them). Flags:\n\n")
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.Int64Var(&o.limit, "limit", 10, "budget per window, in cost units, for each limited route")
 	fs.DurationVar(&o.window, "window", time.Minute, "window, or token-bucket refill period")
@@ -83,8 +157,34 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.BoolVar(&o.redisPool, "redis-pool", false, "send Redis decisions through the client's pool, pipelined, instead of a dedicated connection")
 	fs.IntVar(&o.coalesce, "coalesce", 256, "with -redis: decide up to this many concurrent requests for one budget as one call (lua.WithCoalescing); 0: off")
 	fs.BoolVar(&o.oneServer, "one-server", true, "with -redis: every key is on that one server (no Cluster, no sharding proxy), so rules of different identities are decided in one call (lua.WithOneServer)")
+	fs.DurationVar(&o.server.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "time to read a request's line and headers (0: no limit)")
+	fs.DurationVar(&o.server.readTimeout, "read-timeout", defaultReadTimeout, "time to read a whole request, body included (0: no limit)")
+	fs.DurationVar(&o.server.writeTimeout, "write-timeout", defaultWriteTimeout, "time from the end of a request's headers to the end of its response (0: no limit)")
+	fs.DurationVar(&o.server.idleTimeout, "idle-timeout", defaultIdleTimeout, "time a keep-alive connection may wait for its next request (0: no limit)")
+	fs.IntVar(&o.server.maxHeaderBytes, "max-header-bytes", defaultMaxHeaderBytes, "largest request line and headers, in bytes; larger ones get 431")
 	if err := fs.Parse(args); err != nil {
-		return o, err
+		if errors.Is(err, flag.ErrHelp) {
+			_, _ = io.WriteString(out, report.String())
+			return o, err
+		}
+		return o, usageError{err, report.String()}
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q (flags only; -h lists them)", fs.Arg(0))
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"read-header-timeout", o.server.readHeaderTimeout}, {"read-timeout", o.server.readTimeout},
+		{"write-timeout", o.server.writeTimeout}, {"idle-timeout", o.server.idleTimeout},
+	} {
+		if f.d < 0 {
+			return o, fmt.Errorf("-%s: must be 0 (no limit) or positive, got %v", f.name, f.d)
+		}
+	}
+	if o.server.maxHeaderBytes < 1 {
+		return o, fmt.Errorf("-max-header-bytes: must be positive, got %d", o.server.maxHeaderBytes)
 	}
 	var err error
 	if o.algorithm, err = ratebudget.ParseAlgorithm(*algo); err != nil {
@@ -128,7 +228,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	srv := newServer(h, o.server)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	store := "memory"
@@ -223,6 +323,9 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 	}
 
 	r := chi.NewRouter()
+	// HEAD on a GET route runs the GET handler (and its limits) without the body, as
+	// RFC 9110 asks; it spends the same budget as GET, so it is no way around a limit.
+	r.Use(chimw.GetHead)
 	r.Get("/", guide(o))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -278,6 +381,7 @@ func guide(o options) http.HandlerFunc {
 		_, _ = fmt.Fprintf(w, `ratebudget demo: every limited route spends from a budget (time rule %s, window %v)
 
 GET  /                          this guide (not limited)
+HEAD on any GET route           the GET answer without its body; spends the same budget
 GET  /healthz                   health check (never limited)
 GET  /metrics                   Prometheus metrics: decisions by rule and outcome, latency, store errors
 GET  /api/hello                 %d requests per window per client IP (IPv6 /%d)       rule "hello"

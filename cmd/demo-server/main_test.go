@@ -1,15 +1,47 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 )
+
+// mainEnv makes the test binary run main() with its arguments (see runMain).
+const mainEnv = "DEMO_SERVER_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) == "1" {
+		main()
+		os.Exit(0) // main returned without exiting: not expected
+	}
+	os.Exit(m.Run())
+}
+
+// runMain runs the command's main with args in a child process and returns its exit
+// code, stdout and stderr.
+func runMain(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), stdout.String(), stderr.String()
+}
 
 // startDemo runs the demo server on a free loopback port until the test ends.
 func startDemo(t *testing.T, args ...string) string {
@@ -131,6 +163,8 @@ func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-algorithm", "sliding"}, {"-headers", "X"}, {"-store-error", "maybe"}, {"-limit", "0"}, {"-window", "1500us"},
 		{"-trusted-proxies", "10.0.0.0/33"}, {"-coalesce", "1"}, {"-coalesce", "-1"}, {"-coalesce", "4097"},
+		{"-read-header-timeout", "-1s"}, {"-read-timeout", "-1s"}, {"-write-timeout", "-1ms"}, {"-idle-timeout", "-1s"},
+		{"-max-header-bytes", "0"}, {"-max-header-bytes", "-1"}, {"extra-argument"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err := run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), io.Discard, nil)
@@ -197,4 +231,180 @@ func TestForwardingHeadersIgnoredWithoutTrustedProxies(t *testing.T) {
 			t.Fatalf("rotating forwarding headers: %v, want %v", codes, want)
 		}
 	}
+}
+
+// -h prints the usage on stdout and exits 0; a bad flag prints the error and the usage on
+// stderr and exits 2; a bad value exits 2 with the reason.
+func TestUsageAndExitCodes(t *testing.T) {
+	code, stdout, stderr := runMain(t, "-h")
+	if code != 0 || !strings.HasPrefix(stdout, "Usage: demo-server") || !strings.Contains(stdout, "-idle-timeout") || stderr != "" {
+		t.Errorf("-h: exit %d, stdout %q, stderr %q; want 0 and the usage on stdout", code, stdout, stderr)
+	}
+	code, stdout, stderr = runMain(t, "-no-such-flag")
+	if code != 2 || stdout != "" || !strings.Contains(stderr, "-no-such-flag") || !strings.Contains(stderr, "Usage: demo-server") {
+		t.Errorf("unknown flag: exit %d, stdout %q, stderr %q; want 2 and the error and usage on stderr", code, stdout, stderr)
+	}
+	code, stdout, stderr = runMain(t, "-addr", "127.0.0.1:0", "-idle-timeout", "-1s")
+	if code != 2 || stdout != "" || !strings.HasPrefix(stderr, "demo-server: -idle-timeout") {
+		t.Errorf("bad value: exit %d, stdout %q, stderr %q; want 2 and the reason", code, stdout, stderr)
+	}
+}
+
+// The defaults bound every phase of a connection, and the response deadline outlasts the
+// request's so that a slow request still gets its answer.
+func TestDefaultServerLimits(t *testing.T) {
+	o, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newServer(http.NotFoundHandler(), o.server)
+	if s.ReadHeaderTimeout <= 0 || s.ReadTimeout <= 0 || s.WriteTimeout <= 0 || s.IdleTimeout <= 0 ||
+		s.MaxHeaderBytes <= 0 || s.MaxHeaderBytes >= http.DefaultMaxHeaderBytes {
+		t.Errorf("defaults: %+v", s)
+	}
+	if s.ReadHeaderTimeout > s.ReadTimeout || s.WriteTimeout <= s.ReadTimeout {
+		t.Errorf("read header %v, read %v, write %v: want header <= read < write", s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout)
+	}
+}
+
+// rawConn dials the demo at base ("http://host:port").
+func rawConn(t *testing.T, base string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, bufio.NewReader(c)
+}
+
+// waitClosed reads from the connection until the server closes it and fails the test if
+// it has not within a deadline far beyond any timeout under test.
+func waitClosed(t *testing.T, c net.Conn, br *bufio.Reader) {
+	t.Helper()
+	if err := c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, br)
+	if err != nil {
+		t.Fatalf("the server did not close the connection: %v (read %d more bytes)", err, n)
+	}
+	if n != 0 {
+		t.Errorf("%d unexpected bytes before the close", n)
+	}
+}
+
+// An idle keep-alive connection is closed by the server once -idle-timeout has passed.
+func TestIdleConnectionClosed(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	base := startDemo(t, "-idle-timeout", idle.String(), "-read-timeout", "1m", "-write-timeout", "1m")
+	c, br := rawConn(t, base)
+	start := time.Now()
+	if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: demo\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(body) != "ok\n" || resp.Close {
+		t.Fatalf("got %d %q close=%v, want 200 \"ok\" on a kept-alive connection", resp.StatusCode, body, resp.Close)
+	}
+	waitClosed(t, c, br)
+	// The idle clock starts after the response was written, which is after start.
+	if d := time.Since(start); d < idle {
+		t.Errorf("closed after %v, before the idle timeout %v", d, idle)
+	}
+}
+
+// A request whose body stalls (10 of 1000 declared bytes) is answered, and its connection
+// closed, once -read-timeout has passed, instead of holding the connection.
+func TestStalledBodyAnsweredAtReadTimeout(t *testing.T) {
+	base := startDemo(t, "-read-timeout", "500ms", "-write-timeout", "1m", "-idle-timeout", "1m")
+	c, br := rawConn(t, base)
+	if _, err := io.WriteString(c, "POST /api/jobs HTTP/1.1\r\nHost: demo\r\nContent-Length: 1000\r\n\r\n0123456789"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("no answer to the stalled request: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusAccepted || !resp.Close {
+		t.Errorf("got %d close=%v, want 202 (the handler does not read the body) and Connection: close", resp.StatusCode, resp.Close)
+	}
+	waitClosed(t, c, br)
+}
+
+// Headers beyond -max-header-bytes (plus the 4 KiB net/http allows on top) get 431;
+// headers within it are served.
+func TestOversizedHeadersGet431(t *testing.T) {
+	base := startDemo(t, "-max-header-bytes", "1024")
+	for _, tc := range []struct {
+		size int
+		want int
+	}{{512, 200}, {16 << 10, http.StatusRequestHeaderFieldsTooLarge}} {
+		c, br := rawConn(t, base)
+		req := "GET /healthz HTTP/1.1\r\nHost: demo\r\nX-Padding: " + strings.Repeat("a", tc.size) + "\r\n\r\n"
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("header of %d bytes: %v", tc.size, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("header of %d bytes: %d, want %d", tc.size, resp.StatusCode, tc.want)
+		}
+	}
+}
+
+// HEAD on a GET route answers as GET does, without a body, and spends the same budget;
+// HEAD on a POST-only route is still 405.
+func TestHeadOnGetRoutes(t *testing.T) {
+	base := startDemo(t, "-limit", "2", "-window", "1m")
+	for _, path := range []string{"/", "/healthz", "/metrics", "/api/accounts/7/report"} {
+		resp, err := http.DefaultClient.Do(mustRequest(t, "HEAD", base+path, map[string]string{"X-API-Key": "k"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || len(body) != 0 {
+			t.Errorf("HEAD %s: %d with %d body bytes, want 200 and none", path, resp.StatusCode, len(body))
+		}
+	}
+	for i, tc := range []struct {
+		method, remaining string
+		want              int
+	}{{"HEAD", "1", 200}, {"GET", "0", 200}, {"HEAD", "0", 429}} {
+		resp := get(t, tc.method, base+"/api/hello", nil)
+		if resp.StatusCode != tc.want || resp.Header.Get("X-RateLimit-Remaining") != tc.remaining {
+			t.Errorf("request %d (%s /api/hello): %d remaining %q, want %d remaining %s",
+				i, tc.method, resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"), tc.want, tc.remaining)
+		}
+	}
+	if resp := get(t, "HEAD", base+"/api/jobs", nil); resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("HEAD /api/jobs: %d, want 405", resp.StatusCode)
+	}
+}
+
+func mustRequest(t *testing.T, method, url string, hdr map[string]string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	return req
 }

@@ -6,15 +6,31 @@ PKGS     ?= ./...
 # packages whose tests pin allocation counts, which the race detector would inflate
 ALLOCPKGS ?= ./lua ./middleware
 FUZZTIME ?= 20s
+# extra flags for the race run of make test, e.g. TESTFLAGS=-json or TESTFLAGS=-v
+TESTFLAGS ?=
+# The Redis integration tests run in a container of this image. The default is built from
+# the host's redis-server by .ci/redis-image.sh (no image registry needed); set
+# REDIS_IMAGE=redis:7 to use a pulled one instead.
+LOCAL_REDIS_IMAGE := ratebudget-test/redis:local
+REDIS_IMAGE ?= $(LOCAL_REDIS_IMAGE)
+NOIMAGE := so $(LOCAL_REDIS_IMAGE) is not built (the Redis integration tests will skip and say why)
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 .PHONY: test bench demo lint cover fuzz redis-image
 
-## test: vet, then every test with the race detector (Redis tests need Docker; see README),
-## then the allocation-count tests without it
+## test: vet, then every test with the race detector, then the allocation-count tests
+## without it. Where a Docker engine answers, the local Redis image is built first and the
+## Redis integration tests run in it; elsewhere they skip and say why.
 test:
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -shuffle=on $(PKGS)
+	@if [ "$(REDIS_IMAGE)" != "$(LOCAL_REDIS_IMAGE)" ]; then :; \
+	elif ! command -v docker >/dev/null 2>&1; then echo "make test: no docker command, $(NOIMAGE)"; \
+	elif ! docker info >/dev/null 2>&1; then echo "make test: docker info fails, $(NOIMAGE)"; \
+	elif ! command -v redis-server >/dev/null 2>&1; then echo "make test: no redis-server (apt-get install redis-server), $(NOIMAGE)"; \
+	else .ci/redis-image.sh "$(LOCAL_REDIS_IMAGE)"; fi
+	REDIS_IMAGE="$(REDIS_IMAGE)" TESTCONTAINERS_RYUK_DISABLED="$${TESTCONTAINERS_RYUK_DISABLED:-true}" \
+	TESTCONTAINERS_HOST_OVERRIDE="$${TESTCONTAINERS_HOST_OVERRIDE:-localhost}" \
+		$(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) $(PKGS)
 	$(GO) test -count=1 -run 'Allocs' $(ALLOCPKGS)
 
 ## bench: the project's benchmarks, as a table (one package at a time: go test runs
@@ -49,4 +65,4 @@ fuzz:
 
 ## redis-image: build the local Redis image the integration tests use
 redis-image:
-	.ci/redis-image.sh
+	.ci/redis-image.sh "$(LOCAL_REDIS_IMAGE)"

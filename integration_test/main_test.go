@@ -2,8 +2,10 @@
 // in a container by testcontainers-go: one container for the whole package, a unique key
 // prefix per test, and no test ever flushes the server.
 //
-// Without a reachable Docker engine the tests skip, unless RATEBUDGET_REQUIRE_REDIS=1.
-// The image is REDIS_IMAGE (default redis:7); .ci/redis-image.sh builds one locally.
+// Without a reachable Docker engine, or when the image cannot be started, the tests skip
+// with the reason, unless RATEBUDGET_REQUIRE_REDIS=1. The image is REDIS_IMAGE (default
+// redis:7, which needs a registry); .ci/redis-image.sh builds one locally, and `make
+// test` builds and uses it wherever a Docker engine answers.
 package integration_test
 
 import (
@@ -54,21 +56,21 @@ func run(m *testing.M) int {
 func startRedis() (stop func(), err error) {
 	defer func() {
 		if r := recover(); r != nil { // testcontainers panics on some provider failures
-			err = fmt.Errorf("docker provider: %v", r)
+			err = fmt.Errorf("no Docker engine found (testcontainers: %v)", r)
 		}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	provider, err := testcontainers.ProviderDefault.GetProvider()
 	if err != nil {
-		return nil, fmt.Errorf("no Docker provider: %w", err)
+		return nil, fmt.Errorf("no Docker engine found (install one, or set DOCKER_HOST): %w", err)
 	}
 	hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
 	err = provider.Health(hctx)
 	hcancel()
 	provider.Close()
 	if err != nil {
-		return nil, fmt.Errorf("Docker engine not reachable: %w", err)
+		return nil, fmt.Errorf("the Docker engine does not answer: %w", err)
 	}
 	ctr, image, err := runRedisContainer(ctx)
 	stop = func() {
@@ -78,7 +80,9 @@ func startRedis() (stop func(), err error) {
 	}
 	if err != nil {
 		stop()
-		return nil, fmt.Errorf("starting %s: %w", image, err)
+		return nil, fmt.Errorf("the Docker engine answers, but a container of image %s did not start "+
+			"(an image that needs no registry: `make redis-image` builds ratebudget-test/redis:local from the host's redis-server, "+
+			"and `make test` builds and uses it): %w", image, err)
 	}
 	url, err := ctr.ConnectionString(ctx)
 	if err != nil {
@@ -101,9 +105,9 @@ func requireRedis(tb testing.TB) {
 	if redisAddr != "" {
 		return
 	}
-	msg := "Redis integration tests need a Docker engine (set REDIS_IMAGE, see .ci/redis-image.sh): " + unavailable
+	msg := "no Redis container for the integration tests: " + unavailable
 	if os.Getenv("RATEBUDGET_REQUIRE_REDIS") == "1" {
-		tb.Fatal(msg)
+		tb.Fatal("RATEBUDGET_REQUIRE_REDIS=1 and " + msg)
 	}
 	tb.Skip(msg)
 }

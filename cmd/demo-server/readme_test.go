@@ -200,8 +200,8 @@ func (r *rewriter) command(s string) string {
 		}
 		return a
 	})
-	s = tmpRE.ReplaceAllString(s, "${1}"+r.tmp+"/")
-	s = goBuildRE.ReplaceAllString(s, "cp "+shellQuote(r.demoCmd)+" $1")
+	s = tmpRE.ReplaceAllString(s, "${1}"+strings.ReplaceAll(r.tmp, "$", "$$")+"/")
+	s = goBuildRE.ReplaceAllString(s, "cp "+strings.ReplaceAll(shellQuote(r.demoCmd), "$", "$$")+" $1")
 	return goRunRE.ReplaceAllString(s, shellQuote(r.demoCmd))
 }
 
@@ -253,7 +253,7 @@ func runTranscript(t *testing.T, b transcript, root, demoCmd string) {
 				t.Fatalf("README.md:%d: two redis directives", b.line)
 			}
 			rw.addrs["127.0.0.1:6379"] = redistest.Start(t).Addr
-		case f[0] == "demo":
+		case len(f) > 0 && f[0] == "demo":
 			demos = append(demos, f[1:])
 		default:
 			t.Fatalf("README.md:%d: unknown transcript directive %q (want demo FLAGS, redis or skip (REASON))", b.line, d)

@@ -1,0 +1,195 @@
+package ratebudget_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+// footprintRule is a per-client rule whose window outlasts any measurement, so that every
+// budget created is still held when it is counted.
+var footprintRule = ratebudget.Rule{Name: "per-client", Algorithm: ratebudget.FixedWindow, Limit: 100, Window: time.Hour}
+
+// rotatingIPv4 returns the i-th identity of a rotating client population: an IPv4 address
+// as a key function would produce it, a fresh string each time.
+func rotatingIPv4(i int) string {
+	u := uint32(i)*2654435761 + 0x0a000000
+	return strconv.Itoa(int(u>>24)) + "." + strconv.Itoa(int(u>>16&0xff)) + "." +
+		strconv.Itoa(int(u>>8&0xff)) + "." + strconv.Itoa(int(u&0xff))
+}
+
+// vmRSS reads this process's resident set size in bytes from /proc/self/status, or 0
+// where that file does not exist.
+func vmRSS(t *testing.T) int64 {
+	t.Helper()
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// TestMemoryFootprint measures what rotating identities cost the in-process limiter. It
+// runs only when RATEBUDGET_FOOTPRINT is set to a number of identities N (and, optionally,
+// RATEBUDGET_FOOTPRINT_MAX to a WithMaxBudgets value): it admits one request of each of N
+// rotating identities under one per-client rule, and logs the budgets held, the growth of
+// the live heap (after a collection) and of the resident set, per 100,000 identities.
+//
+//	RATEBUDGET_FOOTPRINT=1000000 go test -count=1 -run Footprint -v .
+func TestMemoryFootprint(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("RATEBUDGET_FOOTPRINT"))
+	if n <= 0 {
+		t.Skip("set RATEBUDGET_FOOTPRINT to a number of identities to measure")
+	}
+	var opts []ratebudget.MemoryOption
+	if v := os.Getenv("RATEBUDGET_FOOTPRINT_MAX"); v != "" {
+		opts = append(opts, footprintMaxOption(t, v))
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rss0 := vmRSS(t)
+	m, err := ratebudget.NewMemory(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	checks := []ratebudget.Check{{Rule: footprintRule, Scope: "/api/jobs", Cost: 1}}
+	start := time.Now()
+	for i := range n {
+		checks[0].Identity = rotatingIPv4(i)
+		if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+			t.Fatalf("identity %d: %+v %v", i, d, err)
+		}
+	}
+	elapsed := time.Since(start)
+	rss1 := vmRSS(t)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := m.Len()
+	per := func(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/float64(n)*100_000/1e6) }
+	t.Logf("%d identities, %d budgets held, %v per decision", n, held, elapsed/time.Duration(n))
+	t.Logf("per 100,000 identities: live heap +%s (%d B per budget held), RSS +%s",
+		per(int64(after.HeapAlloc)-int64(before.HeapAlloc)),
+		(int64(after.HeapAlloc)-int64(before.HeapAlloc))/int64(max(held, 1)),
+		per(rss1-rss0))
+	runtime.KeepAlive(m)
+}
+
+// cpuTime returns the CPU time this process has used, every thread included (the garbage
+// collector's too), so that a benchmark on a shared machine can report CPU time per
+// operation besides wall time.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the CPU time per operation since start as "cpu-ns/op".
+func reportCPU(b *testing.B, start time.Duration) {
+	b.ReportMetric(float64(cpuTime(b)-start)/float64(b.N), "cpu-ns/op")
+}
+
+// BenchmarkMemoryAllowAtSize: one check of an identity the limiter already tracks, picked
+// at random among entries budgets, each lookup with a fresh copy of the identity string
+// (as a key function would make), the real clock.
+func BenchmarkMemoryAllowAtSize(b *testing.B) {
+	for _, entries := range []int{1_000, 1_000_000} {
+		b.Run(fmt.Sprintf("entries=%d", entries), func(b *testing.B) {
+			if entries > 10_000 && testing.Short() {
+				b.Skip("large fill skipped in -short mode")
+			}
+			m, err := ratebudget.NewMemory(footprintFitOption(b, entries)...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			checks := []ratebudget.Check{{Rule: benchRule, Scope: "/api/jobs", Cost: 1}}
+			for i := range entries {
+				checks[0].Identity = rotatingIPv4(i)
+				if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+					b.Fatalf("%+v %v", d, err)
+				}
+			}
+			if m.Len() != entries {
+				b.Fatalf("Len %d, want %d", m.Len(), entries)
+			}
+			const lookups = 1 << 16
+			ids := make([]string, lookups)
+			rng := rand.New(rand.NewPCG(1, 2))
+			for i := range ids {
+				ids[i] = rotatingIPv4(rng.IntN(entries))
+			}
+			runtime.GC()
+			i := 0
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu := cpuTime(b)
+			for b.Loop() {
+				checks[0].Identity = ids[i%lookups]
+				i++
+				if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+					b.Fatalf("%+v %v", d, err)
+				}
+			}
+			reportCPU(b, cpu)
+		})
+	}
+}
+
+// BenchmarkMemoryAllowNewIdentity: every decision is the first of a new identity (a
+// rotating population), into a limiter already holding 1,000,000 budgets.
+func BenchmarkMemoryAllowNewIdentity(b *testing.B) {
+	if testing.Short() {
+		b.Skip("large fill skipped in -short mode")
+	}
+	const entries = 1_000_000
+	m, err := ratebudget.NewMemory(footprintFitOption(b, entries)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	checks := []ratebudget.Check{{Rule: benchRule, Scope: "/api/jobs", Cost: 1}}
+	next := 0
+	for ; next < entries; next++ {
+		checks[0].Identity = rotatingIPv4(next)
+		if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+			b.Fatalf("%+v %v", d, err)
+		}
+	}
+	runtime.GC()
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu := cpuTime(b)
+	for b.Loop() {
+		checks[0].Identity = "new-" + strconv.Itoa(next)
+		next++
+		if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+			b.Fatalf("%+v %v", d, err)
+		}
+	}
+	reportCPU(b, cpu)
+}

@@ -3,20 +3,38 @@ package ratebudget
 import "time"
 
 // budget is one budget's in-process state. Which fields are used depends on the rule's
-// algorithm; all times are Unix milliseconds.
+// algorithm; all times are Unix milliseconds. It is kept small (112 bytes on 64-bit
+// platforms): every tracked identity costs one.
 type budget struct {
 	// FixedWindow: count admitted in the window that ends at end.
 	// TokenBucket: count is the level in scaled units (tokens × window ms) at time end.
+	// RollingWindow: count is the sum of the events' costs.
 	count, end int64
-	// RollingWindow: admitted events, oldest first, one per millisecond, and their sum.
-	events []event
-	sum    int64
 	// expires is when the state becomes equal to no state at all and can be dropped.
 	expires int64
-	// key is the budget's key and next the budget whose key hashes alike (see memShard).
-	key  memKey
-	next *budget
+	// name, identity, scope and algo are the budget's key (see memKey), h its hash.
+	name, identity, scope string
+	h                     uint64
+	// rolling holds a RollingWindow budget's events (nil for the other algorithms, and
+	// until the first admission).
+	rolling *rollingEvents
+	// next is the budget whose key hashes alike (see memShard), newer the next budget in
+	// its shard's queue, oldest first.
+	next, newer *budget
+	algo        Algorithm
+	// used is set by every lookup that finds the budget and cleared when the shard's
+	// eviction hand passes it over (see Memory.makeRoom).
+	used bool
 }
+
+// is reports whether b is the budget of k.
+func (b *budget) is(k *memKey) bool {
+	return b.algo == k.algo && b.name == k.name && b.scope == k.scope && b.identity == k.identity
+}
+
+// rollingEvents are a RollingWindow budget's admitted events, oldest first, one per
+// millisecond.
+type rollingEvents struct{ events []event }
 
 type event struct{ at, cost int64 }
 
@@ -121,17 +139,19 @@ func decideRolling(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	var sum, last int64
 	var events []event
-	if b != nil {
+	if b != nil && b.rolling != nil {
 		// Drop events that left the window (now-w, now].
+		ev := b.rolling.events
 		n := 0
-		for n < len(b.events) && b.events[n].at <= now-w {
-			b.sum -= b.events[n].cost
+		for n < len(ev) && ev[n].at <= now-w {
+			b.count -= ev[n].cost
 			n++
 		}
 		if n > 0 {
-			b.events = append(b.events[:0], b.events[n:]...)
+			ev = append(ev[:0], ev[n:]...)
+			b.rolling.events = ev
 		}
-		events, sum = b.events, b.sum
+		events, sum = ev, b.count
 		if len(events) > 0 {
 			last = events[len(events)-1].at
 		}
@@ -157,12 +177,16 @@ func decideRolling(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 		return Outcome{Remaining: limit - sum, ResetAfter: ms(reset), RetryAfter: ms(retry)}
 	}
 	if commit {
-		if n := len(b.events); n > 0 && b.events[n-1].at == at {
-			b.events[n-1].cost += cost
-		} else {
-			b.events = append(b.events, event{at: at, cost: cost})
+		if b.rolling == nil {
+			b.rolling = &rollingEvents{}
 		}
-		b.sum += cost
+		r := b.rolling
+		if n := len(r.events); n > 0 && r.events[n-1].at == at {
+			r.events[n-1].cost += cost
+		} else {
+			r.events = append(r.events, event{at: at, cost: cost})
+		}
+		b.count += cost
 		b.expires = at + w
 	}
 	return Outcome{Allowed: true, Remaining: limit - sum - cost, ResetAfter: ms(at + w - now)}

@@ -4,11 +4,17 @@ import (
 	"context"
 	"hash/maphash"
 	"math/bits"
+	"strconv"
 	"sync"
 	"time"
 )
 
 const memShards = 64
+
+// DefaultMaxBudgets is the number of budgets a [Memory] holds at most unless
+// [WithMaxBudgets] says otherwise: about 20 MB of heap with identities as short as IP
+// addresses (see docs/MEMORY.md).
+const DefaultMaxBudgets = 100_000
 
 // Memory is the in-process [Limiter]: the same time rules as the Redis limiter (package
 // lua), kept in this process's memory. It is exact for one process; several processes
@@ -17,28 +23,50 @@ const memShards = 64
 //
 // Memory is safe for concurrent use. State is reclaimed once it no longer differs from no
 // state at all (the fixed window closed, the bucket refilled, the rolling window's events
-// aged out), so memory is bounded by the number of identities active within a window. No
-// goroutine is started: reclaiming happens during calls.
+// aged out). No goroutine is started: reclaiming happens during calls.
+//
+// The number of budgets held is capped ([WithMaxBudgets], default [DefaultMaxBudgets]), so
+// that identities rotating faster than their windows end (a botnet, random IPv6
+// addresses, made-up API keys) cannot grow the process without bound. Budgets are spread
+// over 64 shards by a keyed hash, and each shard holds at most its share of the cap. A
+// new budget that would exceed its shard's share first evicts one: an expired one, or
+// else the least recently used one (approximately: the oldest budget that has not been
+// looked up since the shard's eviction hand last passed it). A budget that is looked up
+// again (admitted or refused) is kept over one that is not, so a service-wide budget or a
+// client that keeps knocking stays tracked. The consequence of an eviction: the evicted
+// identity's next request starts from a fresh budget, so it may be admitted up to a full
+// budget more than the rule allows within that window. The budgets still held are exact:
+// nothing is ever admitted beyond the rules for an identity that is tracked. Refusals of
+// identities that hold no budget create none, and so evict nothing. [Memory.Evictions]
+// counts evictions; a count that keeps growing means the cap is too small for the
+// traffic, or that identities are being rotated.
 type Memory struct {
 	now    func() int64 // Unix milliseconds
 	seed   maphash.Seed
 	sweep  int64 // ms between sweeps of one shard
+	max    int   // budgets held at most, over all shards
 	shards [memShards]memShard
 }
 
+// memShard is one shard's budgets: a map by hash of the key, where budgets whose hashes
+// collide are chained, and a queue of every budget, oldest first, that the sweep walks
+// and from whose head evictions are taken.
 type memShard struct {
-	mu        sync.Mutex
-	m         map[uint64]*budget // by hash of the key; budgets whose hashes collide are chained
-	n         int                // budgets held
-	nextSweep int64
-	_         [32]byte // keep hot mutexes on separate cache lines
+	mu          sync.Mutex
+	m           map[uint64]*budget
+	oldest      *budget // head of the queue
+	newest      *budget // tail of the queue
+	n, max, big int     // budgets held; at most; most held since the map was made
+	nextSweep   int64
+	evictions   uint64
+	_           [8]byte // keep hot mutexes on separate cache lines
 }
 
 type memKey struct {
 	name     string
-	algo     Algorithm
 	identity string
 	scope    string
+	algo     Algorithm
 }
 
 // MemoryOption configures a [Memory].
@@ -69,10 +97,27 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 	}
 }
 
+// WithMaxBudgets caps the number of budgets the limiter holds at n (default
+// [DefaultMaxBudgets]). Each budget costs about 170 bytes of heap plus its identity's
+// bytes, so the cap bounds the limiter's memory. The cap is split evenly over 64 shards,
+// so n must be at least 64. A shard holds more than its share only when one request names
+// more of that shard's budgets than the share (which takes a cap below 64 times the
+// checks of a request): it then holds that request's budgets, until its next new budget.
+// See [Memory] for what happens at the cap.
+func WithMaxBudgets(n int) MemoryOption {
+	return func(m *Memory) error {
+		if n < memShards {
+			return &ConfigError{Field: "WithMaxBudgets", Problem: "must be at least " + strconv.Itoa(memShards) + ", got " + strconv.Itoa(n)}
+		}
+		m.max = n
+		return nil
+	}
+}
+
 // NewMemory returns an empty in-process limiter, or a *[ConfigError] naming the first
 // invalid option (a nil option included).
 func NewMemory(opts ...MemoryOption) (*Memory, error) {
-	m := &Memory{now: monotonicClock(), seed: maphash.MakeSeed(), sweep: 10_000}
+	m := &Memory{now: monotonicClock(), seed: maphash.MakeSeed(), sweep: 10_000, max: DefaultMaxBudgets}
 	for _, o := range opts {
 		if o == nil {
 			return nil, &ConfigError{Field: "MemoryOption", Problem: "must not be nil"}
@@ -82,7 +127,12 @@ func NewMemory(opts ...MemoryOption) (*Memory, error) {
 		}
 	}
 	for i := range m.shards {
-		m.shards[i].m = make(map[uint64]*budget)
+		s := &m.shards[i]
+		s.m = make(map[uint64]*budget)
+		s.max = m.max / memShards
+		if i < m.max%memShards {
+			s.max++
+		}
 	}
 	return m, nil
 }
@@ -109,6 +159,19 @@ func (m *Memory) Len() int {
 	return n
 }
 
+// Evictions reports the number of budgets dropped at the cap ([WithMaxBudgets]) before
+// their state expired, since the limiter was made.
+func (m *Memory) Evictions() uint64 {
+	var n uint64
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		n += s.evictions
+		s.mu.Unlock()
+	}
+	return n
+}
+
 // hashOf hashes a budget's key: the map key within a shard, and the shard.
 func (m *Memory) hashOf(k *memKey) uint64 {
 	h := maphash.String(m.seed, k.identity)
@@ -121,22 +184,92 @@ func (m *Memory) hashOf(k *memKey) uint64 {
 
 func (m *Memory) shardOf(k *memKey) int { return int(m.hashOf(k) % memShards) }
 
-// get returns the budget of k (hash h), or nil.
+// get returns the budget of k (hash h), or nil. Finding a budget marks it used.
 func (s *memShard) get(h uint64, k *memKey) *budget {
 	for b := s.m[h]; b != nil; b = b.next {
-		if b.key == *k {
+		if b.is(k) {
+			b.used = true
 			return b
 		}
 	}
 	return nil
 }
 
-// add creates the budget of k (hash h), which must not exist.
+// add creates the budget of k (hash h), which must not exist, at the end of the queue.
+// It does not enforce the shard's cap: see makeRoom.
 func (s *memShard) add(h uint64, k *memKey) *budget {
-	b := &budget{key: *k, next: s.m[h]}
+	b := &budget{name: k.name, identity: k.identity, scope: k.scope, algo: k.algo, h: h, next: s.m[h]}
 	s.m[h] = b
+	if s.newest == nil {
+		s.oldest = b
+	} else {
+		s.newest.newer = b
+	}
+	s.newest = b
 	s.n++
+	s.big = max(s.big, s.n)
 	return b
+}
+
+// unchain removes b from the map; the queue is the caller's to fix.
+func (s *memShard) unchain(b *budget) {
+	h := b.h
+	p := s.m[h]
+	if p == b {
+		if b.next == nil {
+			delete(s.m, h)
+		} else {
+			s.m[h] = b.next
+		}
+	} else {
+		for p.next != b {
+			p = p.next
+		}
+		p.next = b.next
+	}
+	b.next = nil
+	s.n--
+}
+
+// makeRoom evicts budgets from the head of the shard's queue until one more fits within
+// the shard's cap; s.mu must be held. The eviction hand is the queue's head: a budget
+// that has expired, or that has not been used since it was created or last passed over,
+// is dropped; one that has been used is given a second chance (its mark cleared, moved to
+// the end of the queue). The budgets in keep (the current request's) are never dropped:
+// when the shard holds nothing else, the cap gives way.
+func (s *memShard) makeRoom(now int64, keep []*budget) {
+	// Two passes at most: the first clears every mark, the second finds a victim.
+	for steps := 2*s.n + 1; s.n >= s.max && steps > 0; steps-- {
+		b := s.oldest
+		s.oldest = b.newer
+		b.newer = nil
+		if (b.expires <= now || !b.used) && !kept(keep, b) {
+			if s.oldest == nil {
+				s.newest = nil
+			}
+			if b.expires > now {
+				s.evictions++
+			}
+			s.unchain(b)
+			continue
+		}
+		b.used = false
+		if s.oldest == nil {
+			s.oldest = b
+		} else {
+			s.newest.newer = b
+			s.newest = b
+		}
+	}
+}
+
+func kept(keep []*budget, b *budget) bool {
+	for _, k := range keep {
+		if k == b {
+			return true
+		}
+	}
+	return false
 }
 
 // Allow decides all checks at once, all-or-nothing. It returns an error only for invalid
@@ -150,7 +283,7 @@ func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 	now := m.now()
 	if len(checks) == 1 {
 		c := &checks[0]
-		k := memKey{c.Rule.Name, c.Rule.Algorithm, c.Identity, c.Scope}
+		k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
 		h := m.hashOf(&k)
 		s := &m.shards[h%memShards]
 		s.mu.Lock()
@@ -160,6 +293,7 @@ func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 			o[0] = decide(b, &c.Rule, c.Cost, now, true) // writes only if it admits
 		} else if o[0] = decide(nil, &c.Rule, c.Cost, now, false); o[0].Allowed {
 			// State is created only for an admission: refusals leave nothing behind.
+			s.makeRoom(now, nil)
 			o[0] = decide(s.add(h, &k), &c.Rule, c.Cost, now, true)
 		}
 		s.mu.Unlock()
@@ -173,15 +307,17 @@ func (m *Memory) allowMany(checks []Check, now int64) Decision {
 	var hbuf [8]uint64
 	var sbuf [8]int
 	var obuf [8]Outcome
-	keys, hashes, shards, outs := kbuf[:0], hbuf[:0], sbuf[:0], obuf[:0]
+	var bbuf [8]*budget
+	keys, hashes, shards, outs, found := kbuf[:0], hbuf[:0], sbuf[:0], obuf[:0], bbuf[:0]
 	for i := range checks {
 		c := &checks[i]
-		k := memKey{c.Rule.Name, c.Rule.Algorithm, c.Identity, c.Scope}
+		k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
 		h := m.hashOf(&k)
 		keys = append(keys, k)
 		hashes = append(hashes, h)
 		shards = append(shards, int(h%memShards))
 		outs = append(outs, Outcome{})
+		found = append(found, nil)
 	}
 	// Lock each distinct shard once, in ascending order, so that concurrent calls cannot
 	// deadlock.
@@ -197,15 +333,20 @@ func (m *Memory) allowMany(checks []Check, now int64) Decision {
 	}
 	allowed := true
 	for i := range checks {
-		outs[i] = decide(m.shards[shards[i]].get(hashes[i], &keys[i]), &checks[i].Rule, checks[i].Cost, now, false)
+		found[i] = m.shards[shards[i]].get(hashes[i], &keys[i])
+		outs[i] = decide(found[i], &checks[i].Rule, checks[i].Cost, now, false)
 		allowed = allowed && outs[i].Allowed
 	}
 	if allowed {
 		for i := range checks {
-			s := &m.shards[shards[i]]
-			b := s.get(hashes[i], &keys[i])
+			b := found[i]
 			if b == nil {
+				// Room is made before the budget exists, and never at the expense of
+				// this request's other budgets, whose outcomes are already decided.
+				s := &m.shards[shards[i]]
+				s.makeRoom(now, found)
 				b = s.add(hashes[i], &keys[i])
+				found[i] = b
 			}
 			outs[i] = decide(b, &checks[i].Rule, checks[i].Cost, now, true)
 		}
@@ -218,27 +359,37 @@ func (m *Memory) allowMany(checks []Check, now int64) Decision {
 	return Combine(checks, outs)
 }
 
-// maybeSweep drops the shard's expired state; s.mu must be held.
+// maybeSweep drops the shard's expired state; s.mu must be held. It walks the queue, so
+// it costs time in proportion to the budgets held. When the shard holds less than a
+// quarter of the most it held since its map was made, the map is made again, small, so
+// that the memory of a past flood of identities is given back.
 func (m *Memory) maybeSweep(s *memShard, now int64) {
 	if now < s.nextSweep {
 		return
 	}
 	s.nextSweep = now + m.sweep
-	for h, head := range s.m {
-		var kept *budget
-		for b := head; b != nil; {
-			next := b.next
-			if b.expires > now {
-				b.next, kept = kept, b
-			} else {
-				s.n--
-			}
-			b = next
-		}
-		if kept == nil {
-			delete(s.m, h)
+	var prev *budget
+	for b := s.oldest; b != nil; {
+		newer := b.newer
+		if b.expires > now {
+			prev = b
 		} else {
-			s.m[h] = kept
+			if prev == nil {
+				s.oldest = newer
+			} else {
+				prev.newer = newer
+			}
+			b.newer = nil
+			s.unchain(b)
 		}
+		b = newer
+	}
+	s.newest = prev
+	if s.big >= 1024 && s.n < s.big/4 {
+		fresh := make(map[uint64]*budget, s.n)
+		for h, b := range s.m {
+			fresh[h] = b
+		}
+		s.m, s.big = fresh, s.n
 	}
 }

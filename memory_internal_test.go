@@ -3,9 +3,11 @@ package ratebudget
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 type manualClock struct {
@@ -46,7 +48,7 @@ func identityPerShard(t *testing.T, m *Memory, r Rule) [memShards]string {
 			t.Fatalf("only %d of %d shards reached", found, memShards)
 		}
 		id := fmt.Sprint("id-", i)
-		s := m.shardOf(&memKey{r.Name, r.Algorithm, id, ""})
+		s := m.shardOf(&memKey{r.Name, id, "", r.Algorithm})
 		if out[s] == "" {
 			out[s] = id
 			found++
@@ -109,7 +111,7 @@ func TestMultiShardLockOrder(t *testing.T) {
 	a := Rule{Name: "a", Algorithm: FixedWindow, Limit: 5, Window: time.Minute}
 	b := Rule{Name: "b", Algorithm: TokenBucket, Limit: 1000, Window: time.Minute}
 	c := Rule{Name: "c", Algorithm: RollingWindow, Limit: 1000, Window: time.Minute}
-	ka, kb := memKey{a.Name, a.Algorithm, "", ""}, memKey{b.Name, b.Algorithm, "x", ""}
+	ka, kb := memKey{a.Name, "", "", a.Algorithm}, memKey{b.Name, "x", "", b.Algorithm}
 	for i := 0; m.shardOf(&ka) == m.shardOf(&kb); i++ {
 		kb.identity = fmt.Sprint("x", i) // b's budget must live in another shard than a's
 	}
@@ -166,7 +168,7 @@ func TestMultiShardLockOrder(t *testing.T) {
 func TestHashCollisionsChain(t *testing.T) {
 	s := memShard{m: make(map[uint64]*budget)}
 	const h = 42
-	keys := []memKey{{"a", FixedWindow, "x", ""}, {"a", FixedWindow, "y", ""}, {"a", TokenBucket, "x", ""}, {"b", FixedWindow, "x", "s"}}
+	keys := []memKey{{"a", "x", "", FixedWindow}, {"a", "y", "", FixedWindow}, {"a", "x", "", TokenBucket}, {"b", "x", "s", FixedWindow}}
 	for i := range keys {
 		if s.get(h, &keys[i]) != nil {
 			t.Fatalf("key %d found before it was added", i)
@@ -175,7 +177,7 @@ func TestHashCollisionsChain(t *testing.T) {
 		b.expires = int64(i % 2) // keys 0 and 2 expire at 0, keys 1 and 3 at 1
 	}
 	for i := range keys {
-		if b := s.get(h, &keys[i]); b == nil || b.key != keys[i] {
+		if b := s.get(h, &keys[i]); b == nil || !b.is(&keys[i]) {
 			t.Fatalf("key %d: got %+v", i, b)
 		}
 	}
@@ -195,6 +197,183 @@ func TestHashCollisionsChain(t *testing.T) {
 	for i := range keys {
 		if got := s.get(h, &keys[i]) != nil; got != (i%2 == 1) {
 			t.Errorf("key %d present %v after the sweep", i, got)
+		}
+	}
+}
+
+// TestBudgetSize: a budget stays within the 112-byte allocation class on 64-bit
+// platforms, which docs/MEMORY.md's figures assume.
+func TestBudgetSize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) == 8 && unsafe.Sizeof(budget{}) > 112 {
+		t.Errorf("budget is %d bytes, want at most 112", unsafe.Sizeof(budget{}))
+	}
+}
+
+// holds reports whether m holds the budget of k, without marking it used.
+func (m *Memory) holds(k *memKey) bool {
+	h := m.hashOf(k)
+	s := &m.shards[h%memShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for b := s.m[h]; b != nil; b = b.next {
+		if b.is(k) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestCapTrackedBudgetsExact: at the cap, a tracked budget answers exactly as the rules
+// do, and an evicted one exactly as a fresh one. A limiter capped at 128 budgets and an
+// uncapped reference on one clock get the same 30,000 random requests (one to three
+// checks, every time rule, 600 identities of which 10 get three requests in four).
+// Before each request, every budget it names that the capped limiter no longer holds is
+// replaced in the reference by a fresh one (a new generation of the identity: an evicted
+// budget, or an expired one, which is the same as none). Every decision must then be
+// identical, waits included; the walk must evict budgets that had not expired and refuse
+// requests of tracked identities.
+func TestCapTrackedBudgetsExact(t *testing.T) {
+	const maxBudgets = 128
+	capped, clk := newTestMemory(t, WithMaxBudgets(maxBudgets))
+	ref, err := NewMemory(WithClock(clk.now), WithMaxBudgets(1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rules []Rule
+	for _, alg := range []Algorithm{FixedWindow, TokenBucket, RollingWindow} {
+		for i, w := range []time.Duration{200 * time.Millisecond, 2 * time.Second} {
+			rules = append(rules, Rule{Name: fmt.Sprintf("%v-%d", alg, i), Algorithm: alg, Limit: int64(3 + 3*i), Window: w})
+		}
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	generation := map[memKey]int{}
+	identity := func() string {
+		if rng.IntN(4) != 0 {
+			return fmt.Sprint("hot-", rng.IntN(10))
+		}
+		return fmt.Sprint("cold-", rng.IntN(590))
+	}
+	var admitted, refusedTracked int
+	for i := range 30_000 {
+		clk.advance(time.Duration(rng.IntN(3)) * time.Millisecond)
+		n := 1 + rng.IntN(3)
+		checks := make([]Check, 0, n)
+		for len(checks) < n {
+			c := Check{Rule: rules[rng.IntN(len(rules))], Identity: identity(), Cost: 1 + rng.Int64N(2)}
+			dup := false
+			for _, o := range checks {
+				dup = dup || o.Rule.Name == c.Rule.Name && o.Identity == c.Identity
+			}
+			if !dup {
+				checks = append(checks, c)
+			}
+		}
+		refChecks := make([]Check, len(checks))
+		tracked := true
+		for j, c := range checks {
+			k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
+			if !capped.holds(&k) {
+				generation[k]++
+				tracked = false
+			}
+			refChecks[j] = c
+			refChecks[j].Identity = fmt.Sprint(c.Identity, "#", generation[k])
+		}
+		got, err := capped.Allow(context.Background(), checks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := ref.Allow(context.Background(), refChecks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("request %d %+v (tracked %v): capped %+v, reference %+v", i, checks, tracked, got, want)
+		}
+		for j := range capped.shards {
+			// A shard exceeds its share only to hold the budgets of one request (3 at most).
+			if s := &capped.shards[j]; s.n > max(s.max, 3) {
+				t.Fatalf("request %d: shard %d holds %d budgets, its share %d", i, j, s.n, s.max)
+			}
+		}
+		if got.Allowed {
+			admitted++
+		} else if tracked {
+			refusedTracked++
+		}
+	}
+	t.Logf("%d admitted, %d refusals of tracked budgets, %d evictions, %d budgets held", admitted, refusedTracked, capped.Evictions(), capped.Len())
+	if admitted < 3000 || refusedTracked < 3000 || capped.Evictions() < 3000 {
+		t.Fatalf("%d admitted, %d refusals of tracked budgets, %d evictions: the walk did not exercise the cap",
+			admitted, refusedTracked, capped.Evictions())
+	}
+}
+
+// TestCapKeepsRequestBudgets: with one budget per shard, a request naming three budgets
+// of one shard holds all three (the cap gives way to the request's own budgets rather than
+// evict one whose outcome is decided), spends each once, and the next request on the
+// shard brings it back to its share.
+func TestCapKeepsRequestBudgets(t *testing.T) {
+	m, _ := newTestMemory(t, WithMaxBudgets(memShards))
+	r := Rule{Name: "r", Algorithm: FixedWindow, Limit: 1, Window: time.Hour}
+	var ids []string
+	var shard int
+	for i := 0; len(ids) < 4; i++ {
+		id := fmt.Sprint("id-", i)
+		s := m.shardOf(&memKey{r.Name, id, "", r.Algorithm})
+		if len(ids) == 0 {
+			shard = s
+		}
+		if s == shard {
+			ids = append(ids, id)
+		}
+	}
+	checks := []Check{{Rule: r, Identity: ids[0], Cost: 1}, {Rule: r, Identity: ids[1], Cost: 1}, {Rule: r, Identity: ids[2], Cost: 1}}
+	ctx := context.Background()
+	if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
+		t.Fatalf("first request: %+v %v", d, err)
+	}
+	if n := m.Len(); n != 3 {
+		t.Fatalf("Len %d, want the request's 3 budgets", n)
+	}
+	if d, err := m.Allow(ctx, checks); err != nil || d.Allowed {
+		t.Fatalf("second request of spent budgets: %+v %v", d, err)
+	}
+	if d, err := m.Allow(ctx, []Check{{Rule: r, Identity: ids[3], Cost: 1}}); err != nil || !d.Allowed {
+		t.Fatalf("a new identity: %+v %v", d, err)
+	}
+	if n := m.Len(); n != 1 {
+		t.Fatalf("Len %d after a new identity on the shard, want its share, 1", n)
+	}
+}
+
+// TestSweepShrinksMap: a shard whose budgets mostly expired after a flood gets a map
+// sized for what it still holds.
+func TestSweepShrinksMap(t *testing.T) {
+	const sweep = 100 * time.Millisecond
+	m, clk := newTestMemory(t, WithSweepInterval(sweep))
+	short := Rule{Name: "short", Limit: 1, Window: time.Second}
+	long := Rule{Name: "long", Limit: 1, Window: time.Hour}
+	ctx := context.Background()
+	for i := range 2000 * memShards {
+		r := short
+		if i%100 == 0 {
+			r = long
+		}
+		if d, err := m.Allow(ctx, []Check{{Rule: r, Identity: fmt.Sprint("id-", i), Cost: 1}}); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	clk.advance(time.Second + sweep)
+	for _, id := range identityPerShard(t, m, short) { // a call on every shard sweeps it
+		if _, err := m.Allow(ctx, []Check{{Rule: short, Identity: id, Cost: 2}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range m.shards {
+		s := &m.shards[i]
+		if s.n == 0 || s.n > 60 || s.big != s.n || len(s.m) != s.n {
+			t.Fatalf("shard %d: %d held, %d most since the map was made, map %d", i, s.n, s.big, len(s.m))
 		}
 	}
 }

@@ -1,12 +1,17 @@
 package ratebudget_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/israce"
 )
 
 // TestMemoryBound: state lives as long as it differs from no state. Budgets of every time
@@ -118,5 +123,154 @@ func TestMemorySweepChangesNothing(t *testing.T) {
 	if admitted < 2000 || refused < 2000 || sweeping.Len() >= keeping.Len()/4 {
 		t.Fatalf("%d admitted, %d refused, %d and %d budgets held: the walk did not exercise sweeping",
 			admitted, refused, sweeping.Len(), keeping.Len())
+	}
+}
+
+// TestWithMaxBudgetsValidation: a cap below one budget per shard is refused at
+// construction with a *ConfigError naming the option; 64 is accepted.
+func TestWithMaxBudgetsValidation(t *testing.T) {
+	for _, n := range []int{-1, 0, 1, 63} {
+		_, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(n))
+		var ce *ratebudget.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "WithMaxBudgets" {
+			t.Errorf("WithMaxBudgets(%d): got %v, want a *ConfigError for WithMaxBudgets", n, err)
+		}
+	}
+	if _, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(64)); err != nil {
+		t.Errorf("WithMaxBudgets(64): %v", err)
+	}
+}
+
+// TestMemoryCapFlood: 20,000 identities, each seen once, flood a limiter capped at 512
+// budgets while a client that keeps knocking asks after every flood request, and every
+// request also spends from a service-wide budget. The limiter never holds more than 512
+// budgets; every budget it dropped is counted; the knocking client is admitted exactly
+// its limit and refused after, and the service-wide budget admits exactly its limit:
+// budgets that are used again are not the ones evicted.
+func TestMemoryCapFlood(t *testing.T) {
+	const maxBudgets, flood = 512, 20_000
+	m, _ := newMemory(t, ratebudget.WithMaxBudgets(maxBudgets))
+	perClient := ratebudget.Rule{Name: "per-client", Algorithm: ratebudget.FixedWindow, Limit: 10, Window: time.Hour}
+	service := ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 15_000, Window: time.Hour}
+	knocker, admittedKnocker, admittedFlood := 0, 0, 0
+	for i := range flood {
+		d := allow(t, m, ratebudget.Check{Rule: perClient, Identity: fmt.Sprint("flood-", i), Cost: 1},
+			ratebudget.Check{Rule: service, Cost: 1})
+		if d.Allowed {
+			admittedFlood++
+		}
+		if d := allow(t, m, ratebudget.Check{Rule: perClient, Identity: "knocker", Cost: 1}); d.Allowed {
+			admittedKnocker++
+		}
+		knocker++
+		if n := m.Len(); n > maxBudgets {
+			t.Fatalf("after %d flood requests: %d budgets held, cap %d", i+1, n, maxBudgets)
+		}
+	}
+	if admittedKnocker != 10 {
+		t.Errorf("knocking client: %d of %d requests admitted, want exactly 10", admittedKnocker, knocker)
+	}
+	if admittedFlood != 15_000 {
+		t.Errorf("service-wide budget: %d of %d requests admitted, want exactly 15000", admittedFlood, flood)
+	}
+	// Budgets created: one per flood identity admitted, the knocker's, the service's.
+	if created, held := uint64(admittedFlood+2), uint64(m.Len()); m.Evictions() != created-held {
+		t.Errorf("Evictions %d, want %d created - %d held", m.Evictions(), created, held)
+	}
+	// Refused flood requests (the service budget empty) created nothing.
+	if d := probe(t, m, service, "", ""); d.Remaining != 0 {
+		t.Errorf("service budget: %+v", d)
+	}
+}
+
+// TestMemoryCapConcurrent: under the race detector, goroutines flood a limiter capped at
+// 256 budgets with new identities, each request also spending from a service-wide budget,
+// while another goroutine reads Len and Evictions. Nothing panics or races, the cap holds
+// at every read, and the service-wide budget (found by every request that could evict in
+// its shard, so never evicted) admits exactly its limit.
+func TestMemoryCapConcurrent(t *testing.T) {
+	const maxBudgets, workers, perWorker, serviceLimit = 256, 8, 1500, 5000
+	m, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(maxBudgets))
+	if err != nil {
+		t.Fatal(err)
+	}
+	perClient := ratebudget.Rule{Name: "per-client", Algorithm: ratebudget.RollingWindow, Limit: 3, Window: time.Hour}
+	service := ratebudget.Rule{Name: "service", Algorithm: ratebudget.FixedWindow, Limit: serviceLimit, Window: time.Hour}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	var overCap atomic.Int64
+	var reader sync.WaitGroup
+	reader.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if n := m.Len(); n > maxBudgets {
+				overCap.Store(int64(n))
+			}
+			_ = m.Evictions()
+		}
+	})
+	for w := range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				checks := []ratebudget.Check{
+					{Rule: perClient, Identity: fmt.Sprintf("w%d-%d", w, i), Cost: 1},
+					{Rule: service, Cost: 1},
+				}
+				d, err := m.Allow(context.Background(), checks)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	reader.Wait()
+	if n := overCap.Load(); n != 0 {
+		t.Errorf("Len read %d, cap %d", n, maxBudgets)
+	}
+	if n := admitted.Load(); n != serviceLimit {
+		t.Errorf("admitted %d, want exactly the service-wide limit %d", n, serviceLimit)
+	}
+	if m.Evictions() == 0 {
+		t.Error("no evictions: the test did not reach the cap")
+	}
+}
+
+// TestMemoryAllowAllocs: a decision on budgets that exist allocates nothing, for one
+// check and for three, while the limiter is at its cap.
+func TestMemoryAllowAllocs(t *testing.T) {
+	if israce.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	m, _ := newMemory(t, ratebudget.WithMaxBudgets(64))
+	for i := range 1000 { // at the cap, evicting
+		allow(t, m, ratebudget.Check{Rule: benchRule, Identity: fmt.Sprint("fill-", i), Cost: 1})
+	}
+	one := []ratebudget.Check{{Rule: benchRule, Identity: "203.0.113.7", Cost: 1}}
+	three := []ratebudget.Check{
+		{Rule: benchRule, Identity: "203.0.113.7", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 1},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 1},
+	}
+	for name, checks := range map[string][]ratebudget.Check{"one": one, "three": three} {
+		allow(t, m, checks...) // the budgets exist
+		allocs := testing.AllocsPerRun(200, func() {
+			if d := allow(t, m, checks...); !d.Allowed {
+				t.Fatalf("%s: %+v", name, d)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s check(s): %v allocations per decision, want 0", name, allocs)
+		}
 	}
 }

@@ -161,13 +161,14 @@ func BenchmarkMemoryAllowAtSize(b *testing.B) {
 }
 
 // BenchmarkMemoryAllowNewIdentity: every decision is the first of a new identity (a
-// rotating population), into a limiter already holding 1,000,000 budgets.
+// rotating population), into a limiter with the default options that has already seen
+// 1,000,000 identities (and so is at its cap, DefaultMaxBudgets).
 func BenchmarkMemoryAllowNewIdentity(b *testing.B) {
 	if testing.Short() {
 		b.Skip("large fill skipped in -short mode")
 	}
 	const entries = 1_000_000
-	m, err := ratebudget.NewMemory(footprintFitOption(b, entries)...)
+	m, err := ratebudget.NewMemory()
 	if err != nil {
 		b.Fatal(err)
 	}

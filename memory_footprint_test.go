@@ -117,7 +117,7 @@ func reportCPU(b *testing.B, start time.Duration) {
 // at random among entries budgets, each lookup with a fresh copy of the identity string
 // (as a key function would make), the real clock.
 func BenchmarkMemoryAllowAtSize(b *testing.B) {
-	for _, entries := range []int{1_000, 1_000_000} {
+	for _, entries := range []int{1_000, 100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("entries=%d", entries), func(b *testing.B) {
 			if entries > 10_000 && testing.Short() {
 				b.Skip("large fill skipped in -short mode")

@@ -23,8 +23,10 @@ type budget struct {
 	next, newer *budget
 	algo        Algorithm
 	// used is set by every lookup that finds the budget and cleared when the shard's
-	// eviction hand passes it over (see Memory.makeRoom).
+	// eviction hand passes it over (see memShard.makeRoom).
 	used bool
+	// shared is set once another budget has had the same hash (see memShard.unchain).
+	shared bool
 }
 
 // is reports whether b is the budget of k.

@@ -184,21 +184,46 @@ func (m *Memory) hashOf(k *memKey) uint64 {
 
 func (m *Memory) shardOf(k *memKey) int { return int(m.hashOf(k) % memShards) }
 
-// get returns the budget of k (hash h), or nil. Finding a budget marks it used.
-func (s *memShard) get(h uint64, k *memKey) *budget {
-	for b := s.m[h]; b != nil; b = b.next {
+// find returns the budget of k (hash h), or nil, and whether any budget has hash h.
+// Finding a budget marks it used.
+func (s *memShard) find(h uint64, k *memKey) (found *budget, collides bool) {
+	head := s.m[h]
+	for b := head; b != nil; b = b.next {
 		if b.is(k) {
 			b.used = true
-			return b
+			return b, true
 		}
 	}
-	return nil
+	return nil, head != nil
+}
+
+// get returns the budget of k (hash h), or nil, as find does.
+func (s *memShard) get(h uint64, k *memKey) *budget {
+	b, _ := s.find(h, k)
+	return b
 }
 
 // add creates the budget of k (hash h), which must not exist, at the end of the queue.
 // It does not enforce the shard's cap: see makeRoom.
-func (s *memShard) add(h uint64, k *memKey) *budget {
-	b := &budget{name: k.name, identity: k.identity, scope: k.scope, algo: k.algo, h: h, next: s.m[h]}
+func (s *memShard) add(h uint64, k *memKey) *budget { return s.insert(h, k, true, nil) }
+
+// insert is add for a caller that knows from find whether any budget has hash h: when
+// none does (collides false), the map is not read again. A non-nil spare (a budget just
+// evicted, which nothing refers to) is reused rather than a new one allocated.
+func (s *memShard) insert(h uint64, k *memKey, collides bool, spare *budget) *budget {
+	b := spare
+	if b == nil {
+		b = new(budget)
+	}
+	*b = budget{name: k.name, identity: k.identity, scope: k.scope, algo: k.algo, h: h}
+	if collides {
+		if b.next = s.m[h]; b.next != nil {
+			b.shared = true
+			for o := b.next; o != nil; o = o.next {
+				o.shared = true
+			}
+		}
+	}
 	s.m[h] = b
 	if s.newest == nil {
 		s.oldest = b
@@ -214,6 +239,11 @@ func (s *memShard) add(h uint64, k *memKey) *budget {
 // unchain removes b from the map; the queue is the caller's to fix.
 func (s *memShard) unchain(b *budget) {
 	h := b.h
+	if !b.shared { // alone under its hash: one map operation
+		delete(s.m, h)
+		s.n--
+		return
+	}
 	p := s.m[h]
 	if p == b {
 		if b.next == nil {
@@ -236,8 +266,9 @@ func (s *memShard) unchain(b *budget) {
 // that has expired, or that has not been used since it was created or last passed over,
 // is dropped; one that has been used is given a second chance (its mark cleared, moved to
 // the end of the queue). The budgets in keep (the current request's) are never dropped:
-// when the shard holds nothing else, the cap gives way.
-func (s *memShard) makeRoom(now int64, keep []*budget) {
+// when the shard holds nothing else, the cap gives way. It returns the last budget
+// dropped, for reuse, or nil.
+func (s *memShard) makeRoom(now int64, keep []*budget) (spare *budget) {
 	// Two passes at most: the first clears every mark, the second finds a victim.
 	for steps := 2*s.n + 1; s.n >= s.max && steps > 0; steps-- {
 		b := s.oldest
@@ -251,6 +282,7 @@ func (s *memShard) makeRoom(now int64, keep []*budget) {
 				s.evictions++
 			}
 			s.unchain(b)
+			spare = b
 			continue
 		}
 		b.used = false
@@ -261,6 +293,7 @@ func (s *memShard) makeRoom(now int64, keep []*budget) {
 			s.newest = b
 		}
 	}
+	return spare
 }
 
 func kept(keep []*budget, b *budget) bool {
@@ -289,12 +322,12 @@ func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 		s.mu.Lock()
 		m.maybeSweep(s, now)
 		var o [1]Outcome
-		if b := s.get(h, &k); b != nil {
+		if b, collides := s.find(h, &k); b != nil {
 			o[0] = decide(b, &c.Rule, c.Cost, now, true) // writes only if it admits
 		} else if o[0] = decide(nil, &c.Rule, c.Cost, now, false); o[0].Allowed {
 			// State is created only for an admission: refusals leave nothing behind.
-			s.makeRoom(now, nil)
-			o[0] = decide(s.add(h, &k), &c.Rule, c.Cost, now, true)
+			spare := s.makeRoom(now, nil)
+			o[0] = decide(s.insert(h, &k, collides, spare), &c.Rule, c.Cost, now, true)
 		}
 		s.mu.Unlock()
 		return Combine(checks, o[:]), nil
@@ -342,10 +375,10 @@ func (m *Memory) allowMany(checks []Check, now int64) Decision {
 			b := found[i]
 			if b == nil {
 				// Room is made before the budget exists, and never at the expense of
-				// this request's other budgets, whose outcomes are already decided.
+				// this request's other budgets, whose outcomes are already decided. The
+				// map is read again: an earlier check of this request may share h.
 				s := &m.shards[shards[i]]
-				s.makeRoom(now, found)
-				b = s.add(hashes[i], &keys[i])
+				b = s.insert(hashes[i], &keys[i], true, s.makeRoom(now, found))
 				found[i] = b
 			}
 			outs[i] = decide(b, &checks[i].Rule, checks[i].Cost, now, true)

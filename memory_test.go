@@ -247,7 +247,8 @@ func TestMemoryCapConcurrent(t *testing.T) {
 }
 
 // TestMemoryAllowAllocs: a decision on budgets that exist allocates nothing, for one
-// check and for three, while the limiter is at its cap.
+// check and for three, while the limiter is at its cap; nor does the first decision of a
+// new identity once the limiter is at its cap.
 func TestMemoryAllowAllocs(t *testing.T) {
 	if israce.Enabled {
 		t.Skip("the race detector allocates")
@@ -272,5 +273,22 @@ func TestMemoryAllowAllocs(t *testing.T) {
 		if allocs != 0 {
 			t.Errorf("%s check(s): %v allocations per decision, want 0", name, allocs)
 		}
+	}
+	// A new identity at the cap takes the memory of the budget it evicts.
+	ids := make([]string, 201)
+	for i := range ids {
+		ids[i] = fmt.Sprint("new-", i)
+	}
+	i := 0
+	fresh := []ratebudget.Check{{Rule: benchRule, Cost: 1}}
+	allocs := testing.AllocsPerRun(200, func() {
+		fresh[0].Identity = ids[i]
+		if d := allow(t, m, fresh...); !d.Allowed {
+			t.Fatalf("new identity: %+v", d)
+		}
+		i++
+	})
+	if allocs != 0 || m.Len() > 64 {
+		t.Errorf("new identities at the cap: %v allocations per decision, %d budgets held; want 0 and at most 64", allocs, m.Len())
 	}
 }

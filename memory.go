@@ -12,8 +12,8 @@ import (
 const memShards = 64
 
 // DefaultMaxBudgets is the number of budgets a [Memory] holds at most unless
-// [WithMaxBudgets] says otherwise: about 20 MB of heap with identities as short as IP
-// addresses (see docs/MEMORY.md).
+// [WithMaxBudgets] says otherwise: about 17 MB of heap when identities are as short as IP
+// addresses.
 const DefaultMaxBudgets = 100_000
 
 // Memory is the in-process [Limiter]: the same time rules as the Redis limiter (package
@@ -29,17 +29,21 @@ const DefaultMaxBudgets = 100_000
 // that identities rotating faster than their windows end (a botnet, random IPv6
 // addresses, made-up API keys) cannot grow the process without bound. Budgets are spread
 // over 64 shards by a keyed hash, and each shard holds at most its share of the cap. A
-// new budget that would exceed its shard's share first evicts one: an expired one, or
-// else the least recently used one (approximately: the oldest budget that has not been
-// looked up since the shard's eviction hand last passed it). A budget that is looked up
-// again (admitted or refused) is kept over one that is not, so a service-wide budget or a
-// client that keeps knocking stays tracked. The consequence of an eviction: the evicted
-// identity's next request starts from a fresh budget, so it may be admitted up to a full
-// budget more than the rule allows within that window. The budgets still held are exact:
-// nothing is ever admitted beyond the rules for an identity that is tracked. Refusals of
-// identities that hold no budget create none, and so evict nothing. [Memory.Evictions]
-// counts evictions; a count that keeps growing means the cap is too small for the
-// traffic, or that identities are being rotated.
+// new budget that would exceed its shard's share first evicts one, chosen as a
+// second-chance approximation of least recently used: a hand walks the shard's budgets
+// oldest first and drops the first one that has expired or has not been looked up since
+// it was created or the hand last passed it; a budget looked up since (admitted or
+// refused) has its mark cleared and is passed over. So a service-wide budget, or a client
+// that keeps sending, stays tracked while identities seen once go first. The budgets of
+// the request being decided are never evicted.
+//
+// The consequence of an eviction: the evicted identity's next request starts from a fresh
+// budget (an empty window, a full bucket), so within that window it may be admitted up to
+// one rule capacity more than the rule allows. Budgets still held are exact: nothing is
+// ever admitted beyond the rules for an identity that is tracked. Refusals of identities
+// that hold no budget create none, and so evict nothing. [Memory.Evictions] counts
+// evictions of budgets that had not expired: a count that keeps growing means the cap is
+// too small for the traffic, or that identities are being rotated.
 type Memory struct {
 	now    func() int64 // Unix milliseconds
 	seed   maphash.Seed
@@ -59,7 +63,7 @@ type memShard struct {
 	n, max, big int     // budgets held; at most; most held since the map was made
 	nextSweep   int64
 	evictions   uint64
-	_           [8]byte // keep hot mutexes on separate cache lines
+	_           [56]byte // keep hot mutexes on separate cache lines
 }
 
 type memKey struct {
@@ -98,8 +102,8 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 }
 
 // WithMaxBudgets caps the number of budgets the limiter holds at n (default
-// [DefaultMaxBudgets]). Each budget costs about 170 bytes of heap plus its identity's
-// bytes, so the cap bounds the limiter's memory. The cap is split evenly over 64 shards,
+// [DefaultMaxBudgets]). A budget costs about 150 to 175 bytes of heap, map share and an
+// identity as long as an IP address included, so the cap bounds the limiter's memory. The cap is split evenly over 64 shards,
 // so n must be at least 64. A shard holds more than its share only when one request names
 // more of that shard's budgets than the share (which takes a cap below 64 times the
 // checks of a request): it then holds that request's budgets, until its next new budget.

@@ -202,10 +202,13 @@ func TestHashCollisionsChain(t *testing.T) {
 }
 
 // TestBudgetSize: a budget stays within the 112-byte allocation class on 64-bit
-// platforms, which docs/MEMORY.md's figures assume.
+// platforms, which docs/MEMORY.md's figures assume, and shards fill whole cache lines.
 func TestBudgetSize(t *testing.T) {
 	if unsafe.Sizeof(uintptr(0)) == 8 && unsafe.Sizeof(budget{}) > 112 {
 		t.Errorf("budget is %d bytes, want at most 112", unsafe.Sizeof(budget{}))
+	}
+	if n := unsafe.Sizeof(memShard{}); n%64 != 0 {
+		t.Errorf("memShard is %d bytes, want a multiple of 64", n)
 	}
 }
 

@@ -204,7 +204,10 @@ func TestHashCollisionsChain(t *testing.T) {
 // TestBudgetSize: a budget stays within the 112-byte allocation class on 64-bit
 // platforms, which docs/MEMORY.md's figures assume, and shards fill whole cache lines.
 func TestBudgetSize(t *testing.T) {
-	if unsafe.Sizeof(uintptr(0)) == 8 && unsafe.Sizeof(budget{}) > 112 {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("sizes are pinned for 64-bit platforms")
+	}
+	if unsafe.Sizeof(budget{}) > 112 {
 		t.Errorf("budget is %d bytes, want at most 112", unsafe.Sizeof(budget{}))
 	}
 	if n := unsafe.Sizeof(memShard{}); n%64 != 0 {

@@ -107,7 +107,8 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 // so n must be at least 64. A shard holds more than its share only when one request names
 // more of that shard's budgets than the share (which takes a cap below 64 times the
 // checks of a request): it then holds that request's budgets, until its next new budget.
-// See [Memory] for what happens at the cap.
+// Small caps protect less: with a share of one budget per shard, every new budget
+// replaces the one its shard held. See [Memory] for what happens at the cap.
 func WithMaxBudgets(n int) MemoryOption {
 	return func(m *Memory) error {
 		if n < memShards {

@@ -102,13 +102,14 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 }
 
 // WithMaxBudgets caps the number of budgets the limiter holds at n (default
-// [DefaultMaxBudgets]). A budget costs about 150 to 175 bytes of heap, map share and an
-// identity as long as an IP address included, so the cap bounds the limiter's memory. The cap is split evenly over 64 shards,
-// so n must be at least 64. A shard holds more than its share only when one request names
-// more of that shard's budgets than the share (which takes a cap below 64 times the
-// checks of a request): it then holds that request's budgets, until its next new budget.
-// Small caps protect less: with a share of one budget per shard, every new budget
-// replaces the one its shard held. See [Memory] for what happens at the cap.
+// [DefaultMaxBudgets]). A budget costs about 150 to 175 bytes of heap, its map entry and
+// an identity as long as an IP address included, so the cap bounds the limiter's memory.
+// The cap is split evenly over 64 shards, so n must be at least 64. A shard holds more
+// than its share only when one request names more of that shard's budgets than the share
+// (which takes a cap below 64 times the checks of a request): it then holds that
+// request's budgets, until its next new budget. Small caps protect less: with a share of
+// one budget per shard, every new budget replaces the one its shard held. See [Memory]
+// for what happens at the cap.
 func WithMaxBudgets(n int) MemoryOption {
 	return func(m *Memory) error {
 		if n < memShards {

@@ -16,6 +16,7 @@ func ExampleWriteTooManyRequests() {
 	headers.WriteTooManyRequests(rec, req, headers.Both, headers.Info{
 		Policy: "hello", Limit: 10, Remaining: 0,
 		Reset: 41500 * time.Millisecond, Window: time.Minute, RetryAfter: 41500 * time.Millisecond,
+		Available: 41500 * time.Millisecond, // a fixed window: more quota comes when it ends
 	})
 	fmt.Println(rec.Code)
 	for _, h := range []string{"Retry-After", "Cache-Control", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit"} {
@@ -30,6 +31,6 @@ func ExampleWriteTooManyRequests() {
 	// X-RateLimit-Remaining: 0
 	// X-RateLimit-Reset: 42
 	// RateLimit-Policy: "hello";q=10;w=60
-	// RateLimit: "hello";r=0;t=42
+	// RateLimit: "hello";r=0;t=41
 	// Too Many Requests: rate limit "hello" exhausted; retry in 42s
 }

@@ -1,28 +1,42 @@
 // Package headers writes a limiter's answer into HTTP responses: budget metadata on
 // limited responses, and the refusals (429 Too Many Requests, 413 for a cost that can
-// never be admitted, 503 Service Unavailable when the budget store is down).
+// never be admitted, 400 for a request whose budget cannot be determined, 503 Service
+// Unavailable when the budget store is down).
 //
 // It depends on the standard library only, so custom refusal handlers can reuse it.
 //
 // # Metadata headers
 //
-// Every value describes one budget: the rule reported by the decision (the refusing rule,
-// or when admitted the most restrictive one), for the identity and scope of this request.
+// The X-RateLimit-* values describe one budget: the reported rule (the refusing rule, or
+// when admitted the most restrictive one), for the identity and scope of this request.
+// The IETF fields list every rule of the request as its own list member, in the order of
+// the rules ([WriteRules]).
 //
 //	header                  unit                         meaning
 //	X-RateLimit-Limit       cost units                   the rule's capacity (Limit, or Burst for a token bucket)
 //	X-RateLimit-Remaining   cost units                   units left after this request (a snapshot, not a reservation)
 //	X-RateLimit-Reset       seconds, rounded up          time until the budget is whole again if nothing more is spent
-//	RateLimit-Policy        structured field (draft-10)  "<rule>";q=<capacity>;w=<window seconds>
-//	RateLimit               structured field (draft-10)  "<rule>";r=<remaining>;t=<reset seconds>
+//	RateLimit-Policy        structured field (list)      "<rule>";q=<capacity>[;qu="<unit>"];w=<window seconds>
+//	RateLimit               structured field (list)      "<rule>";r=<remaining>[;t=<seconds>]
 //	Retry-After             seconds, rounded up, >= 1    refusals only: earliest useful retry (RFC 9110 §10.2.3)
 //
-// The X-RateLimit-* names are a convention, not a standard; RateLimit-Policy and RateLimit
-// follow draft-ietf-httpapi-ratelimit-headers-10, still an Internet-Draft. [Style] picks
-// which set is sent.
+// The X-RateLimit-* names are a convention, not a standard. RateLimit-Policy and
+// RateLimit follow draft-ietf-httpapi-ratelimit-headers-11 ([IETF], [Both]), still an
+// Internet-Draft; draft-10 is kept selectable ([IETFDraft10], [BothDraft10]) because the
+// drafts give t a different meaning:
+//
+//	draft  t means                                                      sent as
+//	11     effective window: within t seconds the client can use no     whole seconds, rounded down ([Info].Available),
+//	       more than r; the time until more quota is made available     omitted when unknown
+//	10     seconds until the quota resets (is whole again)              whole seconds, rounded up ([Info].Reset)
+//
+// Draft-11's qu (quota unit) is sent when [Info].Unit is set to a unit other than the
+// default "requests"; its pk (partition key) when [Info].PartitionKey is set. Draft-10
+// has neither.
 package headers
 
 import (
+	"encoding/base64"
 	"net/http"
 	"strconv"
 	"time"
@@ -56,16 +70,22 @@ const (
 	// XRateLimit writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset.
 	// It is the zero value.
 	XRateLimit Style = iota
-	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-10).
+	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-11).
 	IETF
-	// Both writes both sets.
+	// Both writes both sets (the IETF fields per draft-11).
 	Both
 	// None writes no metadata (e.g. for authentication endpoints, where remaining attempts
 	// help an attacker). Refusals still carry Retry-After.
 	None
+	// IETFDraft10 writes RateLimit-Policy and RateLimit per
+	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until the quota resets, and
+	// there is no qu nor pk.
+	IETFDraft10
+	// BothDraft10 writes X-RateLimit-* and the draft-10 IETF fields.
+	BothDraft10
 )
 
-// String returns "x", "ietf", "both" or "none".
+// String returns "x", "ietf", "both", "none", "ietf10" or "both10".
 func (s Style) String() string {
 	switch s {
 	case XRateLimit:
@@ -76,24 +96,37 @@ func (s Style) String() string {
 		return "both"
 	case None:
 		return "none"
+	case IETFDraft10:
+		return "ietf10"
+	case BothDraft10:
+		return "both10"
 	}
 	return "Style(" + strconv.Itoa(int(s)) + ")"
 }
 
-// ParseStyle maps "x", "ietf", "both" and "none" to a Style.
+// ParseStyle maps the results of [Style.String] to a Style.
 func ParseStyle(s string) (Style, bool) {
-	switch s {
-	case "x":
-		return XRateLimit, true
-	case "ietf":
-		return IETF, true
-	case "both":
-		return Both, true
-	case "none":
-		return None, true
+	for st := XRateLimit; st <= BothDraft10; st++ {
+		if st.String() == s {
+			return st, true
+		}
 	}
 	return 0, false
 }
+
+// Valid reports whether s is one of the defined styles.
+func (s Style) Valid() bool { return s <= BothDraft10 }
+
+func (s Style) x() bool       { return s == XRateLimit || s == Both || s == BothDraft10 }
+func (s Style) ietf() bool    { return s == IETF || s == Both || s == IETFDraft10 || s == BothDraft10 }
+func (s Style) draft10() bool { return s == IETFDraft10 || s == BothDraft10 }
+
+// Quota units of draft-11's qu parameter (its registry's initial entries).
+const (
+	UnitRequests           = "requests"
+	UnitContentBytes       = "content-bytes"
+	UnitConcurrentRequests = "concurrent-requests"
+)
 
 // Info is the budget metadata of one response, for one rule.
 type Info struct {
@@ -109,6 +142,23 @@ type Info struct {
 	Window time.Duration
 	// RetryAfter is, for a refusal, the earliest time a retry could be admitted.
 	RetryAfter time.Duration
+	// Available is draft-11's effective window: the time within which the client can use
+	// no more than Remaining, that is the time until more quota is made available (the
+	// end of a fixed window, the next token of a token bucket), sent rounded down. Zero
+	// or negative means unknown, and t is omitted (it is optional in draft-11).
+	Available time.Duration
+	// Unit is draft-11's quota unit (qu): "" or [UnitRequests] (the default, not sent),
+	// [UnitContentBytes] or [UnitConcurrentRequests].
+	Unit string
+	// PartitionKey, when not empty, is sent as draft-11's pk (a byte sequence). Do not
+	// put secrets or personal data in it: clients and intermediaries see it.
+	PartitionKey string
+	// Cost is the cost of the request in this rule's units (zero: unknown). Refusal
+	// bodies use it to say that a cost does not fit what remains.
+	Cost int64
+	// Violated is true when this rule refused the request; refusals list such rules in
+	// the problem's violated-policies.
+	Violated bool
 	// LimitText, when not empty, is Limit in decimal, formatted once by a caller that
 	// keeps one per rule; Write copies it instead of formatting Limit.
 	LimitText string
@@ -129,40 +179,84 @@ func RetryAfterSeconds(d time.Duration) int64 {
 }
 
 // Write sets the metadata headers of style s on h from in, replacing earlier values.
-// It makes one allocation per style: the values and the slices h holds share it.
+// It is [WriteRules] for a request with one rule.
 func Write(h http.Header, s Style, in Info) {
-	if s == None {
+	if s == None || !s.Valid() {
 		return
 	}
-	rem := max(in.Remaining, 0)
-	if s == XRateLimit || s == Both {
-		v := new(values3)
-		var b []byte
-		if in.LimitText != "" && len(in.LimitText) <= 20 {
-			b = append(v.buf[:0], in.LimitText...)
-		} else {
-			b = strconv.AppendInt(v.buf[:0], in.Limit, 10)
-		}
-		i := len(b)
-		b = strconv.AppendInt(b, rem, 10)
-		j := len(b)
-		b = strconv.AppendInt(b, Seconds(in.Reset), 10)
-		v.vals[0], v.vals[1], v.vals[2] = v.str(b, 0, i), v.str(b, i, j), v.str(b, j, len(b))
-		h[keyLimit] = v.vals[0:1:1]
-		h[keyRemaining] = v.vals[1:2:2]
-		h[keyReset] = v.vals[2:3:3]
+	if s.x() {
+		writeX(h, &in)
 	}
-	if s == IETF || s == Both {
-		var buf [2*MaxPolicyNameLen + 96]byte
-		b := appendPolicy(buf[:0], in.Policy, in.Limit, in.Window)
+	if s.ietf() {
+		var buf [2*MaxPolicyNameLen + 128]byte
+		b := appendPolicy(buf[:0], &in, s.draft10())
 		i := len(b)
-		b = appendRateLimit(b, in.Policy, rem, in.Reset)
+		b = appendRateLimit(b, &in, s.draft10())
 		all := string(b)
 		vals := make([]string, 2)
 		vals[0], vals[1] = all[:i], all[i:]
 		h[keyPolicy] = vals[0:1:1]
 		h[keyRateLimit] = vals[1:2:2]
 	}
+}
+
+// WriteRules sets the metadata headers of style s on h for a request decided under
+// several rules, replacing earlier values: X-RateLimit-* describe rules[reported] (the
+// refusing rule, or when admitted the most restrictive one); RateLimit-Policy and
+// RateLimit list every rule as its own list member, in order. An out-of-range reported
+// index writes no X-RateLimit-* fields.
+func WriteRules(h http.Header, s Style, rules []Info, reported int) {
+	if s == None || !s.Valid() || len(rules) == 0 {
+		return
+	}
+	if len(rules) == 1 && reported == 0 {
+		Write(h, s, rules[0])
+		return
+	}
+	if s.x() && reported >= 0 && reported < len(rules) {
+		writeX(h, &rules[reported])
+	}
+	if s.ietf() {
+		b := make([]byte, 0, len(rules)*(MaxPolicyNameLen+64))
+		for i := range rules {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendPolicy(b, &rules[i], s.draft10())
+		}
+		j := len(b)
+		for i := range rules {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendRateLimit(b, &rules[i], s.draft10())
+		}
+		all := string(b)
+		vals := make([]string, 2)
+		vals[0], vals[1] = all[:j], all[j:]
+		h[keyPolicy] = vals[0:1:1]
+		h[keyRateLimit] = vals[1:2:2]
+	}
+}
+
+// writeX sets the X-RateLimit-* fields in one allocation: the values and the slices h
+// holds share it.
+func writeX(h http.Header, in *Info) {
+	v := new(values3)
+	var b []byte
+	if in.LimitText != "" && len(in.LimitText) <= 20 {
+		b = append(v.buf[:0], in.LimitText...)
+	} else {
+		b = strconv.AppendInt(v.buf[:0], in.Limit, 10)
+	}
+	i := len(b)
+	b = strconv.AppendInt(b, max(in.Remaining, 0), 10)
+	j := len(b)
+	b = strconv.AppendInt(b, Seconds(in.Reset), 10)
+	v.vals[0], v.vals[1], v.vals[2] = v.str(b, 0, i), v.str(b, i, j), v.str(b, j, len(b))
+	h[keyLimit] = v.vals[0:1:1]
+	h[keyRemaining] = v.vals[1:2:2]
+	h[keyReset] = v.vals[2:3:3]
 }
 
 // MaxPolicyNameLen is the policy-name length up to which Write formats the IETF fields
@@ -184,30 +278,81 @@ func (v *values3) str(b []byte, i, j int) string {
 	return unsafe.String(&b[i], j-i)
 }
 
-// PolicyValue formats a RateLimit-Policy item: "<name>";q=<quota>;w=<window seconds>.
+// PolicyValue formats a draft-11 RateLimit-Policy item: "<name>";q=<quota>;w=<window
+// seconds>.
 func PolicyValue(name string, quota int64, window time.Duration) string {
-	return string(appendPolicy(nil, name, quota, window))
+	return string(appendPolicy(nil, &Info{Policy: name, Limit: quota, Window: window}, false))
 }
 
-// RateLimitValue formats a RateLimit item: "<name>";r=<remaining>;t=<reset seconds>.
+// RateLimitValue formats a draft-10 RateLimit item: "<name>";r=<remaining>;t=<reset
+// seconds, rounded up>.
 func RateLimitValue(name string, remaining int64, reset time.Duration) string {
-	return string(appendRateLimit(nil, name, remaining, reset))
+	return string(appendRateLimit(nil, &Info{Policy: name, Remaining: remaining, Reset: reset}, true))
 }
 
-func appendPolicy(b []byte, name string, quota int64, window time.Duration) []byte {
-	b = appendSFString(b, name)
+// FormatItems returns the RateLimit-Policy and RateLimit values that [WriteRules] would
+// send for rules under style s ("" for styles without IETF fields).
+func FormatItems(s Style, rules []Info) (policy, ratelimit string) {
+	if !s.ietf() {
+		return "", ""
+	}
+	h := http.Header{}
+	WriteRules(h, s, rules, -1)
+	return h.Get(Policy), h.Get(RateLimit)
+}
+
+func appendPolicy(b []byte, in *Info, draft10 bool) []byte {
+	b = appendSFString(b, in.Policy)
 	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, quota, 10)
-	b = append(b, ";w="...)
-	return strconv.AppendInt(b, Seconds(window), 10)
+	b = strconv.AppendInt(b, max(in.Limit, 0), 10)
+	if !draft10 && in.Unit != "" && in.Unit != UnitRequests && validUnit(in.Unit) {
+		b = append(b, ";qu="...)
+		b = appendSFString(b, in.Unit)
+	}
+	if in.Window > 0 {
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, max(Seconds(in.Window), 1), 10)
+	}
+	if !draft10 && in.PartitionKey != "" {
+		b = appendPK(b, in.PartitionKey)
+	}
+	return b
 }
 
-func appendRateLimit(b []byte, name string, remaining int64, reset time.Duration) []byte {
-	b = appendSFString(b, name)
+func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
+	b = appendSFString(b, in.Policy)
 	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, max(remaining, 0), 10)
-	b = append(b, ";t="...)
-	return strconv.AppendInt(b, Seconds(reset), 10)
+	b = strconv.AppendInt(b, max(in.Remaining, 0), 10)
+	switch {
+	case draft10:
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, Seconds(in.Reset), 10)
+	case in.Available > 0:
+		// Rounded down: within the rounded-up value the client could use more.
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, int64(in.Available/time.Second), 10)
+	}
+	if !draft10 && in.PartitionKey != "" {
+		b = appendPK(b, in.PartitionKey)
+	}
+	return b
+}
+
+func appendPK(b []byte, pk string) []byte {
+	b = append(b, ";pk=:"...)
+	b = base64.StdEncoding.AppendEncode(b, []byte(pk))
+	return append(b, ':')
+}
+
+// validUnit reports whether u can be sent as an sf-string token of the unit registry:
+// lowercase letters and '-'.
+func validUnit(u string) bool {
+	for i := 0; i < len(u); i++ {
+		if c := u[i]; !(c >= 'a' && c <= 'z' || c == '-') {
+			return false
+		}
+	}
+	return u != ""
 }
 
 // appendSFString appends s quoted as an RFC 9651 sf-string, dropping bytes it cannot

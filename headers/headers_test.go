@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestRetryAfterSeconds(t *testing.T) {
 
 func TestWriteStyles(t *testing.T) {
 	t.Parallel()
-	in := headers.Info{Policy: "api", Limit: 100, Remaining: -3, Reset: 2500 * time.Millisecond, Window: time.Minute}
+	in := headers.Info{Policy: "api", Limit: 100, Remaining: -3, Reset: 2500 * time.Millisecond, Window: time.Minute, Available: 2500 * time.Millisecond}
 	h := http.Header{}
 	headers.Write(h, headers.Both, in)
 	want := map[string]string{
@@ -41,7 +42,7 @@ func TestWriteStyles(t *testing.T) {
 		"X-RateLimit-Remaining": "0", // negative values are clamped
 		"X-RateLimit-Reset":     "3",
 		"RateLimit-Policy":      `"api";q=100;w=60`,
-		"RateLimit":             `"api";r=0;t=3`,
+		"RateLimit":             `"api";r=0;t=2`, // draft-11: rounded down
 	}
 	for k, v := range want {
 		if got := h.Get(k); got != v {
@@ -64,7 +65,7 @@ func TestWriteStyles(t *testing.T) {
 	if len(none) != 0 {
 		t.Errorf("None wrote %v", none)
 	}
-	for _, s := range []string{"x", "ietf", "both", "none"} {
+	for _, s := range []string{"x", "ietf", "both", "none", "ietf10", "both10"} {
 		st, ok := headers.ParseStyle(s)
 		if !ok || st.String() != s {
 			t.Errorf("ParseStyle(%q) = %v %v", s, st, ok)
@@ -141,5 +142,115 @@ func TestStructuredFieldValues(t *testing.T) {
 	}
 	if got, want := headers.RateLimitValue("api", -1, 0), `"api";r=0;t=0`; got != want {
 		t.Errorf("RateLimitValue = %s, want %s", got, want)
+	}
+}
+
+func TestWriteRulesListsEveryRule(t *testing.T) {
+	t.Parallel()
+	rules := []headers.Info{
+		{Policy: "per-client", Limit: 5, Remaining: 3, Reset: 50 * time.Second, Window: time.Minute, Available: 50 * time.Second},
+		{Policy: "expensive", Limit: 100, Remaining: 99, Reset: 9500 * time.Millisecond, Window: 10 * time.Second, Unit: headers.UnitContentBytes, PartitionKey: "tenant-1"},
+	}
+	for _, tc := range []struct {
+		style             headers.Style
+		x                 bool
+		policy, ratelimit string
+	}{
+		{headers.Both, true,
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
+			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`}, // t unknown: omitted
+		{headers.IETF, false,
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
+			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
+		{headers.BothDraft10, true,
+			`"per-client";q=5;w=60, "expensive";q=100;w=10`,
+			`"per-client";r=3;t=50, "expensive";r=99;t=10`}, // draft-10: reset, rounded up
+		{headers.IETFDraft10, false, `"per-client";q=5;w=60, "expensive";q=100;w=10`, `"per-client";r=3;t=50, "expensive";r=99;t=10`},
+		{headers.XRateLimit, true, "", ""},
+	} {
+		h := http.Header{}
+		headers.WriteRules(h, tc.style, rules, 0)
+		if got := h.Get("RateLimit-Policy"); got != tc.policy {
+			t.Errorf("%v: RateLimit-Policy %s, want %s", tc.style, got, tc.policy)
+		}
+		if got := h.Get("RateLimit"); got != tc.ratelimit {
+			t.Errorf("%v: RateLimit %s, want %s", tc.style, got, tc.ratelimit)
+		}
+		if got := h.Get("X-RateLimit-Remaining"); (got == "3") != tc.x || tc.x && (h.Get("X-RateLimit-Limit") != "5" || h.Get("X-RateLimit-Reset") != "50") {
+			t.Errorf("%v: X-RateLimit-* %v, want the reported rule's: %v", tc.style, h, tc.x)
+		}
+		if p, rl := headers.FormatItems(tc.style, rules); p != tc.policy || rl != tc.ratelimit {
+			t.Errorf("%v: FormatItems %q %q", tc.style, p, rl)
+		}
+	}
+}
+
+func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
+	t.Parallel()
+	decode := func(rec *httptest.ResponseRecorder) headers.Problem {
+		t.Helper()
+		var p headers.Problem
+		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set("Accept", "application/json")
+	// Cost 3 with 2 units left: not "exhausted".
+	rec := httptest.NewRecorder()
+	headers.WriteTooManyRequests(rec, req, headers.XRateLimit, headers.Info{Policy: "api", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second})
+	p := decode(rec)
+	if want := `the cost 3 of this request does not fit the 2 units left in rate limit "api"; retry in 1s`; p.Detail != want || p.Cost != 3 || p.Remaining != 2 {
+		t.Errorf("cost that does not fit: %+v, want detail %q", p, want)
+	}
+	if len(p.ViolatedPolicies) != 1 || p.ViolatedPolicies[0] != "api" {
+		t.Errorf("violated-policies %v", p.ViolatedPolicies)
+	}
+	if !strings.Contains(rec.Body.String(), `"violated-policies":["api"]`) {
+		t.Errorf("body %s lacks the violated-policies member", rec.Body)
+	}
+	// Nothing left: exhausted.
+	rec = httptest.NewRecorder()
+	headers.WriteTooManyRequests(rec, req, headers.XRateLimit, headers.Info{Policy: "api", Limit: 5, Remaining: 0, Cost: 3, RetryAfter: time.Second})
+	if p := decode(rec); p.Detail != `rate limit "api" exhausted; retry in 1s` {
+		t.Errorf("exhausted: %q", p.Detail)
+	}
+	// No metadata (an authentication route): the remaining count is not told.
+	rec = httptest.NewRecorder()
+	headers.WriteTooManyRequests(rec, req, headers.None, headers.Info{Policy: "login", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second})
+	if p := decode(rec); strings.Contains(p.Detail, "2") || p.Remaining != 0 || !strings.Contains(p.Detail, "does not fit") {
+		t.Errorf("style None: %+v", p)
+	}
+	// Several rules: every refusing rule is named; the reported one decides the wait.
+	rec = httptest.NewRecorder()
+	headers.WriteTooManyRequestsRules(rec, req, headers.Both, []headers.Info{
+		{Policy: "outer", Limit: 5, Remaining: 0, RetryAfter: 3 * time.Second, Violated: true},
+		{Policy: "ok", Limit: 9, Remaining: 8},
+		{Policy: "inner", Limit: 2, Remaining: 0, RetryAfter: 9 * time.Second, Violated: true},
+	}, 2)
+	p = decode(rec)
+	if rec.Header().Get("Retry-After") != "9" || p.Policy != "inner" || strings.Join(p.ViolatedPolicies, ",") != "outer,inner" {
+		t.Errorf("several rules: %v %+v", rec.Header(), p)
+	}
+	if got := rec.Header().Get("RateLimit"); got != `"outer";r=0, "ok";r=8, "inner";r=0` {
+		t.Errorf("RateLimit %s", got)
+	}
+}
+
+func TestWriteInvalidNamesThePart(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	headers.WriteInvalid(rec, httptest.NewRequest("GET", "/", nil), headers.PartCost, "cost must be a positive integer")
+	if rec.Code != 400 || rec.Body.String() != "Bad Request: rate-limit cost: cost must be a positive integer\n" || rec.Header().Get("Cache-Control") != "no-store" {
+		t.Fatalf("%d %q %v", rec.Code, rec.Body, rec.Header())
+	}
+	rec = httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set("Accept", "application/problem+json")
+	headers.WriteInvalid(rec, req, headers.PartIdentity, "identity could not be determined")
+	var p headers.Problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Invalid != "identity" || p.Status != 400 || p.Detail != "rate-limit identity: identity could not be determined" {
+		t.Fatalf("%+v %v", p, err)
 	}
 }

@@ -2,7 +2,6 @@ package keyfuncs
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"strings"
 )
@@ -23,8 +22,8 @@ func Header(name string) KeyFunc {
 	if name == "" {
 		return failing(ErrEmptyKey)
 	}
-	invalid := fmt.Errorf("%w: %s", ErrInvalidHeader, name)
-	missing := fmt.Errorf("%w: %s", ErrEmptyKey, name)
+	invalid := &headerError{ErrInvalidHeader, name}
+	missing := &headerError{ErrEmptyKey, name}
 	return func(r *http.Request) (string, error) {
 		v := lastValue(r.Header[name])
 		if v == "" {
@@ -52,7 +51,7 @@ func HashedHeader(name string, hmacKey []byte) KeyFunc {
 		return failing(ErrEmptyKey)
 	}
 	h := newHasher(hmacKey)
-	missing := fmt.Errorf("%w: %s", ErrEmptyKey, name)
+	missing := &headerError{ErrEmptyKey, name}
 	return func(r *http.Request) (string, error) {
 		v := lastValue(r.Header[name])
 		if v == "" {

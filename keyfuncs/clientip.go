@@ -94,13 +94,13 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	}
 	switch c.src {
 	case srcXFF:
-		c.errHeader = fmt.Errorf("%w: X-Forwarded-For", ErrInvalidHeader)
+		c.errHeader = &headerError{ErrInvalidHeader, "X-Forwarded-For"}
 		return c.fromXFF, nil
 	case srcForwarded:
-		c.errHeader = fmt.Errorf("%w: Forwarded", ErrInvalidHeader)
+		c.errHeader = &headerError{ErrInvalidHeader, "Forwarded"}
 		return c.fromForwarded, nil
 	case srcHeader:
-		c.errHeader = fmt.Errorf("%w: %s", ErrInvalidHeader, c.header)
+		c.errHeader = &headerError{ErrInvalidHeader, c.header}
 		return c.fromHeader, nil
 	case srcChi:
 		return c.fromChi, nil

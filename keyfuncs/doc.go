@@ -13,9 +13,10 @@
 //	scope := keyfuncs.RoutePattern()
 //
 // Every KeyFunc returns a non-empty key or an error. An error is not a budget: the
-// middleware turns it into a documented response (400 by default), never into one
-// bucket shared by everyone whose key failed. Only [Global] (and [Constant]("")) returns
-// the empty, service-wide identity.
+// middleware turns it into a documented response (400 by default, naming the reason
+// when [Reason] knows one), never into one bucket shared by everyone whose key failed.
+// The middleware refuses an empty key from any KeyFunc the same way; a service-wide
+// budget is asked for with [Global].
 //
 // # Threat model
 //
@@ -84,6 +85,8 @@
 // # Scopes
 //
 // [RoutePattern] and [MethodAndRoutePattern] scope a budget to the route that matched
-// ("/users/{id}", not "/users/42"). Where the middleware is installed in a chi router
-// decides what is known; see [RoutePattern].
+// ("/users/{id}", not "/users/42"). The middleware evaluates scopes after routing, so
+// they work wherever it is mounted; see [RoutePattern]. [URLPath] scopes by the raw
+// path, as httprate's KeyByEndpoint does, for code ported from it: every distinct URL
+// gets its own budget, so prefer a route pattern.
 package keyfuncs

@@ -14,8 +14,10 @@ import (
 // KeyFunc maps a request to a key: an identity (whose budget) or a scope (where it
 // applies). It has the shape of httprate's KeyFunc, so its extractors plug in.
 //
-// A KeyFunc returns a non-empty key or an error; an empty key with a nil error is only
-// returned by [Global] (and [Constant] with ""). Callers must turn an error into a
+// A KeyFunc returns a non-empty key or an error. The middleware refuses an empty key
+// (400, "identity could not be determined"), from this package or any other, so that a
+// missing header can never put every such client in one shared budget; a service-wide
+// budget is asked for explicitly with [Global]. Callers must turn an error into a
 // refusal of the request, never into a shared budget. Every KeyFunc of this package is
 // safe for concurrent use.
 type KeyFunc func(r *http.Request) (string, error)
@@ -36,7 +38,7 @@ const (
 	// by an obfuscated identifier, or the chi client-IP middleware stored no address.
 	ErrNoClientIP Error = "keyfuncs: no client IP"
 	// ErrEmptyKey means that the identity is empty or missing (no header, no value in the
-	// context). Only [Global] and [Constant] yield an empty identity without error.
+	// context).
 	ErrEmptyKey Error = "keyfuncs: empty key"
 	// ErrInvalidHeader means that a header the KeyFunc reads is malformed: an address
 	// that does not parse in a forwarding header, a broken RFC 7239 Forwarded syntax, or
@@ -65,20 +67,27 @@ const (
 // collide with a readable key.
 const hashMark = '~'
 
-// Global returns a KeyFunc for service-wide rules: every request gets the empty identity,
-// so all callers share one budget. It is the only way (with [Constant]("")) to obtain an
-// empty identity without an error.
+// GlobalKey is the identity [Global] gives every request. It starts with the digest
+// mark '~' but is not a digest, so no key built by this package from request data can
+// equal it.
+const GlobalKey = "~global"
+
+// Global returns a KeyFunc for service-wide rules: every request gets the identity
+// [GlobalKey], so all callers share one budget. It is the explicit way to ask for a
+// shared budget; an empty key from any KeyFunc is refused by the middleware instead of
+// being shared.
 func Global() KeyFunc {
-	return func(*http.Request) (string, error) { return "", nil }
+	return func(*http.Request) (string, error) { return GlobalKey, nil }
 }
 
 // Constant returns a KeyFunc that gives every request the same key s, for example a
 // group name used as a scope ("search") or a tenant-wide identity. Constant("") is
 // [Global]. A value that [Func] would hash is hashed once here.
 func Constant(s string) KeyFunc {
-	if s != "" {
-		s = clean(s)
+	if s == "" {
+		return Global()
 	}
+	s = clean(s)
 	return func(*http.Request) (string, error) { return s, nil }
 }
 
@@ -163,9 +172,9 @@ func JoinStrings(parts ...string) string {
 
 // Join returns a KeyFunc that calls each fn in order and joins their keys with
 // [JoinStrings], for example a client IP with an account, or a tenant with a route. The
-// first error is returned as it is. An empty part (from [Global]) is encoded like any
-// other part, so Join's result is never empty unless no function is given, which is
-// [ErrEmptyKey] on every request.
+// first error is returned as it is. An empty part is encoded like any other part, so
+// Join's result is never empty unless no function is given, which is [ErrEmptyKey] on
+// every request.
 func Join(fns ...KeyFunc) KeyFunc {
 	if len(fns) == 0 {
 		return failing(ErrEmptyKey)

@@ -72,10 +72,10 @@ func TestJoin(t *testing.T) {
 func TestGlobalAndConstant(t *testing.T) {
 	t.Parallel()
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	if got, err := keyfuncs.Global()(r); got != "" || err != nil {
+	if got, err := keyfuncs.Global()(r); got != keyfuncs.GlobalKey || err != nil {
 		t.Fatalf("Global: (%q, %v)", got, err)
 	}
-	if got, err := keyfuncs.Constant("")(r); got != "" || err != nil {
+	if got, err := keyfuncs.Constant("")(r); got != keyfuncs.GlobalKey || err != nil {
 		t.Fatalf("Constant(\"\"): (%q, %v)", got, err)
 	}
 	if got, err := keyfuncs.Constant("search")(r); got != "search" || err != nil {
@@ -190,7 +190,7 @@ func TestFromContextFuncHash(t *testing.T) {
 	if _, err := keyfuncs.Func(func(*http.Request) (string, error) { return "", boom })(r); err != boom {
 		t.Fatalf("Func error: %v", err)
 	}
-	if _, err := keyfuncs.Hash(keyfuncs.Global(), nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := keyfuncs.Hash(func(*http.Request) (string, error) { return "", nil }, nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
 		t.Fatalf("Hash of empty: %v", err)
 	}
 	if _, err := keyfuncs.FromContext(nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {

@@ -1,0 +1,57 @@
+package keyfuncs_test
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/ratebudget/ratebudget/keyfuncs"
+)
+
+func TestReason(t *testing.T) {
+	t.Parallel()
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "10.0.0.1:1"
+	r.Header.Set("X-Forwarded-For", "not an address")
+	_, missing := keyfuncs.Header("x-api-key")(r)
+	_, hashed := keyfuncs.HashedHeader("X-API-Key", nil)(r)
+	ip, err := keyfuncs.ClientIP(keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.XForwardedFor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, badXFF := ip(r)
+	for _, tc := range []struct {
+		err  error
+		want string
+		ok   bool
+	}{
+		{missing, "header X-Api-Key is missing or empty", true},
+		{hashed, "header X-Api-Key is missing or empty", true},
+		{badXFF, "header X-Forwarded-For is malformed", true},
+		{keyfuncs.ErrNoClientIP, "the client address could not be determined", true},
+		{keyfuncs.ErrEmptyKey, "identity could not be determined", true},
+		{&keyfuncs.ClientError{Reason: "cost must be a positive integer", Err: errors.New("strconv: bad")}, "cost must be a positive integer", true},
+		{fmt.Errorf("wrapped: %w", &keyfuncs.ClientError{Reason: "tenant unknown"}), "tenant unknown", true},
+		{keyfuncs.ErrNoRoutePattern, "", false},
+		{errors.New("dial tcp 10.1.2.3:5432: refused"), "", false}, // internal text is never a reason
+		{nil, "", false},
+	} {
+		got, ok := keyfuncs.Reason(tc.err)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("Reason(%v) = (%q, %v), want (%q, %v)", tc.err, got, ok, tc.want, tc.ok)
+		}
+	}
+	// The error texts stay what they were, and errors.Is still finds the sentinel.
+	if missing.Error() != "keyfuncs: empty key: X-Api-Key" || !errors.Is(missing, keyfuncs.ErrEmptyKey) {
+		t.Errorf("missing header error: %v", missing)
+	}
+	if badXFF.Error() != "keyfuncs: invalid header: X-Forwarded-For" || !errors.Is(badXFF, keyfuncs.ErrInvalidHeader) {
+		t.Errorf("invalid header error: %v", badXFF)
+	}
+	var ke keyfuncs.Error
+	if !errors.As(missing, &ke) || ke != keyfuncs.ErrEmptyKey {
+		t.Errorf("errors.As into Error: %v", ke)
+	}
+}

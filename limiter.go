@@ -40,6 +40,15 @@ type TimeoutBound interface {
 	AllowWithin(ctx context.Context, timeout time.Duration, checks []Check) (Decision, error)
 }
 
+// Reporter is implemented by limiters that can report every check's outcome, not only
+// the reported rule's. AllowEach decides as Allow does; when it returns no error it has
+// set outcomes[i] to checks[i]'s outcome (len(outcomes) must equal len(checks)), so that
+// callers can describe every rule of a request (package middleware lists each in the
+// RateLimit header field). On an error the outcomes are undefined.
+type Reporter interface {
+	AllowEach(ctx context.Context, checks []Check, outcomes []Outcome) (Decision, error)
+}
+
 // Check asks for Cost units of Rule's budget for one identity and scope.
 type Check struct {
 	// Rule is the budget's rule. It must be valid ([Rule.Validate]).

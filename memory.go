@@ -314,6 +314,19 @@ func kept(keep []*budget, b *budget) bool {
 // Allow decides all checks at once, all-or-nothing. It returns an error only for invalid
 // checks; the context is not consulted (a decision takes no I/O).
 func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
+	return m.allow(checks, nil)
+}
+
+// AllowEach decides as Allow does and sets outcomes[i] to checks[i]'s outcome
+// ([Reporter]). outcomes must have len(checks) elements.
+func (m *Memory) AllowEach(_ context.Context, checks []Check, outcomes []Outcome) (Decision, error) {
+	if len(outcomes) != len(checks) {
+		return Decision{}, &ConfigError{Field: "outcomes", Problem: "must have one element per check"}
+	}
+	return m.allow(checks, outcomes)
+}
+
+func (m *Memory) allow(checks []Check, out []Outcome) (Decision, error) {
 	if !checksValid(checks) {
 		if err := ValidateChecks(checks); err != nil {
 			return Decision{}, err
@@ -336,12 +349,15 @@ func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 			o[0] = decide(s.insert(h, &k, collides, spare), &c.Rule, c.Cost, now, true)
 		}
 		s.mu.Unlock()
+		if out != nil {
+			out[0] = o[0]
+		}
 		return Combine(checks, o[:]), nil
 	}
-	return m.allowMany(checks, now), nil
+	return m.allowMany(checks, now, out), nil
 }
 
-func (m *Memory) allowMany(checks []Check, now int64) Decision {
+func (m *Memory) allowMany(checks []Check, now int64, out []Outcome) Decision {
 	var kbuf [8]memKey
 	var hbuf [8]uint64
 	var sbuf [8]int
@@ -395,6 +411,7 @@ func (m *Memory) allowMany(checks []Check, now int64) Decision {
 			m.shards[i].mu.Unlock()
 		}
 	}
+	copy(out, outs)
 	return Combine(checks, outs)
 }
 

@@ -159,6 +159,9 @@ type Info struct {
 	// Violated is true when this rule refused the request; refusals list such rules in
 	// the problem's violated-policies.
 	Violated bool
+	// Unreported is true when the rule's state is not known (the limiter reported
+	// another rule only): RateLimit-Policy lists the rule, RateLimit does not.
+	Unreported bool
 	// LimitText, when not empty, is Limit in decimal, formatted once by a caller that
 	// keeps one per rule; Write copies it instead of formatting Limit.
 	LimitText string
@@ -209,7 +212,7 @@ func WriteRules(h http.Header, s Style, rules []Info, reported int) {
 	if s == None || !s.Valid() || len(rules) == 0 {
 		return
 	}
-	if len(rules) == 1 && reported == 0 {
+	if len(rules) == 1 && reported == 0 && !rules[0].Unreported {
 		Write(h, s, rules[0])
 		return
 	}
@@ -225,17 +228,26 @@ func WriteRules(h http.Header, s Style, rules []Info, reported int) {
 			b = appendPolicy(b, &rules[i], s.draft10())
 		}
 		j := len(b)
+		first := true
 		for i := range rules {
-			if i > 0 {
+			if rules[i].Unreported {
+				continue
+			}
+			if !first {
 				b = append(b, ", "...)
 			}
+			first = false
 			b = appendRateLimit(b, &rules[i], s.draft10())
 		}
 		all := string(b)
 		vals := make([]string, 2)
 		vals[0], vals[1] = all[:j], all[j:]
 		h[keyPolicy] = vals[0:1:1]
-		h[keyRateLimit] = vals[1:2:2]
+		if first {
+			delete(h, keyRateLimit)
+		} else {
+			h[keyRateLimit] = vals[1:2:2]
+		}
 	}
 }
 

@@ -9,15 +9,30 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
 // Mounting on a chi router: r.Use for every route of a group, r.With for one route.
+// The layers of one request decide together: a refusal by either spends from neither.
+//
+// The identity comes from a header that an authenticating gateway sets. keyfuncs.Header
+// refuses a request without it (400, nothing counted): returning "" for a missing
+// header instead would put every such client in one shared budget, so the middleware
+// refuses an empty identity too.
 func Example_chi() {
 	lim, _ := ratebudget.NewMemory()
 	perClient, err := middleware.New(lim, []middleware.Rule{{
-		Rule:     ratebudget.Rule{Name: "per-client", Limit: 2, Window: time.Minute},
-		Identity: func(r *http.Request) (string, error) { return r.Header.Get("X-Client-Id"), nil },
+		Rule:     ratebudget.Rule{Name: "per-client", Limit: 3, Window: time.Minute},
+		Identity: keyfuncs.Header("X-Client-Id"),
+	}})
+	if err != nil {
+		panic(err)
+	}
+	expensive, err := middleware.New(lim, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "report", Limit: 1, Window: time.Minute},
+		Identity: keyfuncs.Header("X-Client-Id"),
+		Scope:    keyfuncs.RoutePattern(),
 	}})
 	if err != nil {
 		panic(err)
@@ -28,19 +43,31 @@ func Example_chi() {
 	r.Group(func(r chi.Router) {
 		r.Use(perClient)
 		r.Get("/api/hello", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "hello") })
+		r.With(expensive).Get("/api/report", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "report") })
 	})
 
-	for range 3 {
-		req := httptest.NewRequest("GET", "/api/hello", nil)
-		req.Header.Set("X-Client-Id", "alice")
+	get := func(path, client string) {
+		req := httptest.NewRequest("GET", path, nil)
+		if client != "" {
+			req.Header.Set("X-Client-Id", client)
+		}
 		rec := httptest.NewRecorder()
 		r.ServeHTTP(rec, req)
-		fmt.Printf("%d remaining=%s retry-after=%q\n", rec.Code, rec.Header().Get("X-RateLimit-Remaining"), rec.Header().Get("Retry-After"))
+		fmt.Printf("%s %d limit=%s remaining=%s\n", path, rec.Code, rec.Header().Get("X-RateLimit-Limit"), rec.Header().Get("X-RateLimit-Remaining"))
 	}
+	get("/api/report", "alice") // both budgets pay; "report" has least left
+	get("/api/report", "alice") // "report" refuses: "per-client" keeps its 2
+	get("/api/hello", "alice")
+	get("/api/hello", "alice")
+	get("/api/hello", "alice")
+	get("/api/hello", "") // no identity: 400, nothing counted
 	// Output:
-	// 200 remaining=1 retry-after=""
-	// 200 remaining=0 retry-after=""
-	// 429 remaining=0 retry-after="60"
+	// /api/report 200 limit=1 remaining=0
+	// /api/report 429 limit=1 remaining=0
+	// /api/hello 200 limit=3 remaining=1
+	// /api/hello 200 limit=3 remaining=0
+	// /api/hello 429 limit=3 remaining=0
+	// /api/hello 400 limit= remaining=
 }
 
 // Wrapping a plain net/http handler with a service-wide token bucket.
@@ -48,7 +75,7 @@ func Example_netHTTP() {
 	lim, _ := ratebudget.NewMemory()
 	limit, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1, Window: time.Second, Burst: 2},
-		Identity: func(*http.Request) (string, error) { return "", nil }, // everyone shares one budget
+		Identity: keyfuncs.Global(), // everyone shares one budget, asked for explicitly
 	}})
 	if err != nil {
 		panic(err)

@@ -36,13 +36,15 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"reflect"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
-	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/internal/chiroute"
 )
 
 // Rule is a budget and how requests map to it. Identity and Scope have the shape of
@@ -126,7 +128,14 @@ type mw struct {
 	minCap   int // index of the rule with the smallest capacity
 	fallback *ratebudget.Memory
 	breaker  *breaker
-	pool     sync.Pool // *[]ratebudget.Check
+	each     ratebudget.Reporter // the limiter, when it reports every check's outcome
+	limKey   any                 // the limiter, or a unique stand-in when it is not comparable
+	stacks   sync.Pool           // *stack, for requests through this layer alone
+	probe    chiroute.Probe      // recognises a chi router's routing step
+	routes   chiroute.Cache      // what chi routers run after routing
+	wrapPC   uintptr             // the code pointer of every layer's middleware function
+	// warnedMount is set once the mounting mistake of a route scope has been logged.
+	warnedMount atomic.Bool
 }
 
 // New returns middleware that spends each request's cost from every rule's budget in lim.
@@ -194,177 +203,37 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		}
 		m.fallback = fb
 	}
-	m.pool.New = func() any {
-		s := make([]ratebudget.Check, len(m.rules))
-		for i := range s {
-			s[i].Rule = m.rules[i].rule // kept between uses: only the rest is per request
-		}
-		return &s
+	m.each, _ = lim.(ratebudget.Reporter)
+	m.limKey = lim
+	if !reflect.TypeOf(lim).Comparable() {
+		m.limKey = new(byte) // a func or map limiter: equal only to itself through this layer
 	}
+	m.stacks.New = func() any {
+		st := new(stack)
+		st.reset()
+		return st
+	}
+	m.probe = chiroute.NewProbe()
+	m.wrapPC = chiroute.FuncPC(m.wrap)
 	return m, nil
-}
-
-func (m *mw) wrap(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		m.serve(w, r, next)
-	})
-}
-
-func (m *mw) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	ctx := r.Context()
-	if ctx.Err() != nil {
-		m.observe(&Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()})
-		return
-	}
-	cost := int64(1)
-	if m.cfg.cost != nil {
-		c, err := m.cfg.cost(r)
-		if err == nil && c < 1 {
-			err = errors.New("ratebudget: request cost must be at least 1")
-		}
-		if err != nil {
-			m.invalid(w, r, err)
-			return
-		}
-		cost = c
-	}
-	if cost > m.rules[m.minCap].limit {
-		// No store can admit it, and no store need be asked: decided here, so that a
-		// hostile cost never reaches the store, its breaker or the failure policy.
-		m.exceeded(w, r, cost)
-		return
-	}
-	var ev Event // filled in place: an Event is too large to return by value on this path
-	if !m.evaluate(w, r, cost, &ev) {
-		return // answered by the error handler
-	}
-	d := &ev.Decision
-	if ev.Err != nil && !ev.Fallback {
-		if ctx.Err() != nil {
-			ev.Outcome = OutcomeCanceled
-			m.observe(&ev)
-			return
-		}
-		if m.cfg.policy == FailOpen {
-			ev.Outcome = OutcomeDegraded
-			m.observe(&ev)
-			next.ServeHTTP(w, r)
-			return
-		}
-		ev.Outcome = OutcomeUnavailable
-		m.observe(&ev)
-		headers.WriteUnavailable(w, r, m.cfg.retryAfter)
-		return
-	}
-
-	info := headers.Info{Policy: d.Rule, Limit: d.Limit, Remaining: d.Remaining, Reset: d.ResetAfter, Window: d.Window, RetryAfter: d.RetryAfter}
-	if d.Index >= 0 && d.Index < len(m.rules) && m.rules[d.Index].limit == d.Limit {
-		info.LimitText = m.rules[d.Index].limitText
-	}
-	switch {
-	case d.Allowed:
-		ev.Outcome = OutcomeAllowed
-		m.observe(&ev)
-		headers.Write(w.Header(), m.cfg.style, info)
-		next.ServeHTTP(w, r)
-	case m.cfg.onRefusal != nil:
-		ev.Outcome = OutcomeDenied
-		if d.Exceeded {
-			ev.Outcome = OutcomeExceeded
-		}
-		m.observe(&ev)
-		headers.Write(w.Header(), m.cfg.style, info)
-		m.cfg.onRefusal(w, r, *d)
-	case d.Exceeded:
-		ev.Outcome = OutcomeExceeded
-		m.observe(&ev)
-		headers.WriteCostExceeded(w, r, m.cfg.style, info, cost)
-	default:
-		ev.Outcome = OutcomeDenied
-		m.observe(&ev)
-		headers.WriteTooManyRequests(w, r, m.cfg.style, info)
-	}
-}
-
-// evaluate builds the request's checks, asks the limiter and, when the store fails under
-// LocalFallback, the local budget, and fills ev. It reports false when the request has
-// been answered already: an identity or scope could not be determined (the error
-// handler answered), or the limiter rejected the checks as invalid (500). The checks go back
-// to the pool before evaluate returns, so a slow handler holds none.
-func (m *mw) evaluate(w http.ResponseWriter, r *http.Request, cost int64, ev *Event) bool {
-	ctx := r.Context()
-	cp := m.pool.Get().(*[]ratebudget.Check)
-	checks := *cp // each holds its rule already (see New)
-	defer m.putChecks(cp)
-	for i := range m.rules {
-		cr := &m.rules[i]
-		id, err := cr.identity(r)
-		if err != nil {
-			m.invalid(w, r, err)
-			return false
-		}
-		var scope string
-		if cr.scope != nil {
-			if scope, err = cr.scope(r); err != nil {
-				m.invalid(w, r, err)
-				return false
-			}
-		}
-		c := &checks[i]
-		c.Identity, c.Scope, c.Cost = id, scope, cost
-	}
-	ev.Request = r
-	var err error
-	ev.Decision, ev.Latency, err = m.decide(ctx, checks)
-	if err == nil {
-		return true
-	}
-	if errors.Is(err, ratebudget.ErrInvalidConfig) {
-		// The limiter rejected the checks: the configuration's fault (or a limiter's
-		// bug), never the store's. No failure policy can make it right.
-		m.misconfigured(w, r, err)
-		return false
-	}
-	var se *ratebudget.StoreError
-	if !errors.As(err, &se) {
-		// Not a known kind of error: treat it as a store failure (the policy applies)
-		// rather than admit or refuse silently.
-		err = &ratebudget.StoreError{Class: "other", Err: err}
-	}
-	ev.Err = err
-	if m.cfg.policy == LocalFallback && ctx.Err() == nil {
-		for i := range checks {
-			checks[i].Rule = m.rules[i].local
-		}
-		ev.Decision, _ = m.fallback.Allow(ctx, checks)
-		ev.Fallback = true
-		for i := range checks {
-			checks[i].Rule = m.rules[i].rule // as the pool keeps them
-		}
-	}
-	return true
-}
-
-// putChecks returns checks to the pool with their rules and without the request's
-// identity and scope, which must not outlive it.
-func (m *mw) putChecks(cp *[]ratebudget.Check) {
-	checks := *cp
-	for i := range checks {
-		checks[i].Identity, checks[i].Scope = "", ""
-	}
-	m.pool.Put(cp)
 }
 
 // decide asks the limiter, under the deadline and breaker when it does I/O.
 func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, time.Duration, error) {
+	return m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) { return m.limiter.Allow(ctx, checks) })
+}
+
+// decideWith makes one limiter call, allow, under the deadline and breaker when the
+// limiter does I/O.
+func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebudget.Decision, error)) (ratebudget.Decision, time.Duration, error) {
 	if !m.io {
 		if len(m.cfg.observers) == 0 {
 			// Nobody reads the latency: skip the two clock reads.
-			d, err := m.limiter.Allow(ctx, checks)
+			d, err := allow(ctx)
 			return d, 0, err
 		}
 		start := time.Now()
-		d, err := m.limiter.Allow(ctx, checks)
+		d, err := allow(ctx)
 		return d, time.Since(start), err
 	}
 	var done func(error)
@@ -376,7 +245,7 @@ func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.
 	}
 	start := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
-	d, err := m.limiter.Allow(dctx, checks)
+	d, err := allow(dctx)
 	cancel()
 	latency := time.Since(start)
 	if err != nil && dctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, ratebudget.ErrInvalidConfig) {
@@ -399,25 +268,6 @@ func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.
 		}
 	}
 	return d, latency, err
-}
-
-func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err error) {
-	m.observe(&Event{Request: r, Outcome: OutcomeInvalid, Err: err})
-	if m.cfg.onError != nil {
-		m.cfg.onError(w, r, err)
-		return
-	}
-	if errors.Is(err, keyfuncs.ErrNoRoutePattern) {
-		// Not the client's fault: the limiter is mounted where no route is known yet.
-		headers.WriteProblem(w, r, headers.Problem{
-			Type:   headers.ProblemInvalidRequest,
-			Title:  "Internal Server Error",
-			Status: http.StatusInternalServerError,
-			Detail: "the rate limit of this route is misconfigured",
-		})
-		return
-	}
-	headers.WriteUnidentified(w, r, "the rate-limit identity of this request could not be determined")
 }
 
 // exceeded answers a request whose cost exceeds the capacity of a rule: 413, decided

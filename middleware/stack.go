@@ -1,0 +1,544 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/chiroute"
+	"github.com/ratebudget/ratebudget/keyfuncs"
+)
+
+// # One decision for stacked layers
+//
+// Every handler that [New]'s middleware returns is a *layer. A request may pass through
+// several layers (an r.Use on a group and an r.With on a route, nested groups, plain
+// wrapping). They make one decision: each layer computes its own checks where it is
+// mounted (so its key functions see what they would see alone), and a layer that knows
+// the next thing to run is another layer hands its checks on in the request's context
+// instead of deciding. The innermost layer decides every layer's checks in one
+// Limiter.Allow call, all-or-nothing, before any non-layer handler runs.
+//
+// A layer knows that another layer comes next when:
+//   - its next handler is a layer (chi.Chain, r.With, r.Group with r.Use, and plain
+//     wrapping all compose middlewares directly around each other), or
+//   - its next handler is a chi router's routing step (the layer is the last r.Use of a
+//     router) and the route the request matches starts with a layer (its first r.With or
+//     the subrouter's first r.Use), found by looking ahead in the router.
+//
+// Any other handler between two layers (a logger, an authentication middleware) may do
+// work or answer on its own, so the outer layer decides before it runs, and the inner
+// layer decides again on its own: two decisions, as without stacking.
+
+// layer is one middleware instance around one next handler.
+type layer struct {
+	m     *mw
+	next  http.Handler
+	inner bool // next is a layer
+}
+
+func (m *mw) wrap(next http.Handler) http.Handler {
+	_, inner := next.(*layer)
+	return &layer{m: m, next: next, inner: inner}
+}
+
+// stack is the decision state that the layers of one request share.
+type stack struct {
+	parts  []part
+	checks []ratebudget.Check
+	pbuf   [4]part
+	cbuf   [8]ratebudget.Check
+	infos  [8]headers.Info
+	obuf   [8]ratebudget.Outcome
+}
+
+// part is one layer's share of a stack: its checks are checks[from:to].
+type part struct {
+	m        *mw
+	from, to int
+	cost     int64
+}
+
+type stackKey struct{}
+
+func (st *stack) reset() {
+	clear(st.checks) // no identity or scope outlives its request
+	clear(st.parts)
+	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
+}
+
+// ServeHTTP adds the layer's checks to the request's decision and, when it is the
+// innermost layer, decides.
+func (l *layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m := l.m
+	ctx := r.Context()
+	if ctx.Err() != nil {
+		m.observe(&Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()})
+		return
+	}
+	st, _ := ctx.Value(stackKey{}).(*stack)
+	handOn := l.inner || m.layerAhead(l.next, r)
+	pooled := false
+	if st == nil {
+		if handOn {
+			st = new(stack)
+			st.reset()
+			r = r.WithContext(context.WithValue(ctx, stackKey{}, st))
+		} else {
+			// Alone, the common case: the stack never leaves this call.
+			st = m.stacks.Get().(*stack)
+			pooled = true
+		}
+	}
+	if pooled {
+		defer func() { st.reset(); m.stacks.Put(st) }()
+	}
+	if !m.addChecks(w, r, st) {
+		return // answered: nothing has been spent by any layer
+	}
+	if handOn {
+		l.next.ServeHTTP(w, r)
+		return
+	}
+	decideStack(w, r, st, l.next)
+}
+
+// addChecks appends the layer's checks to st. It reports false when the request has been
+// answered: an undeterminable identity, scope or cost (400), or a cost above a rule's
+// capacity (413).
+func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) bool {
+	cost := int64(1)
+	if m.cfg.cost != nil {
+		c, err := m.cfg.cost(r)
+		switch {
+		case err != nil:
+			m.invalid(w, r, inputError(headers.PartCost, "", err, "cost could not be determined"))
+			return false
+		case c < 1:
+			m.invalid(w, r, &InputError{Part: headers.PartCost, Reason: "cost must be a positive integer"})
+			return false
+		}
+		cost = c
+	}
+	if cost > m.rules[m.minCap].limit {
+		// No store can admit it, and no store need be asked: decided here, so that a
+		// hostile cost never reaches the store, its breaker or the failure policy.
+		m.exceeded(w, r, cost)
+		return false
+	}
+	from := len(st.checks)
+	for i := range m.rules {
+		cr := &m.rules[i]
+		id, err := cr.identity(r)
+		if err == nil && id == "" {
+			err = errEmptyIdentity
+		}
+		if err != nil {
+			st.checks = st.checks[:from]
+			m.invalid(w, r, inputError(headers.PartIdentity, cr.rule.Name, err, "identity could not be determined"))
+			return false
+		}
+		var scope string
+		if cr.scope != nil {
+			scope, err = cr.scope(r)
+			if err == nil && scope == "" {
+				err = errEmptyScope
+			}
+			if err != nil {
+				st.checks = st.checks[:from]
+				m.invalid(w, r, inputError(headers.PartScope, cr.rule.Name, err, "scope could not be determined"))
+				return false
+			}
+		}
+		st.checks = append(st.checks, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: cost})
+	}
+	st.parts = append(st.parts, part{m: m, from: from, to: len(st.checks), cost: cost})
+	return true
+}
+
+var (
+	errEmptyIdentity = errors.New("ratebudget: the identity function returned an empty key")
+	errEmptyScope    = errors.New("ratebudget: the scope function returned an empty key")
+)
+
+// layerAhead reports whether the next thing to run after this layer is another layer,
+// looking through a chi router's routing step.
+func (m *mw) layerAhead(next http.Handler, r *http.Request) bool {
+	if !m.probe.IsRouting(next) {
+		return false
+	}
+	mux, path := m.routes.Level(r)
+	if mux == nil {
+		return false
+	}
+	pattern := chiroute.Find(mux, r.Method, path)
+	if pattern == "" {
+		return false // chi answers 404 or 405: this layer decides
+	}
+	mw, h, ok := m.routes.First(mux, r.Method, pattern)
+	if !ok {
+		return false
+	}
+	if mw != nil {
+		return chiroute.FuncPC(mw) == m.wrapPC
+	}
+	_, isLayer := h.(*layer)
+	return isLayer
+}
+
+// group is the checks of one limiter within a stack.
+type group struct {
+	key    any    // the limiter's identity (mw.limKey)
+	parts  []part // the parts of this limiter, in layer order
+	m      *mw    // the innermost of them: its deadline and breaker apply
+	checks []ratebudget.Check
+	index  []int // index[i] is checks[i]'s index in the stack
+}
+
+// decideStack decides every check of st and answers or calls next.
+func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Handler) {
+	ctx := r.Context()
+	innermost := st.parts[len(st.parts)-1].m
+	var ev Event
+	ev.Request = r
+	var outcomes []ratebudget.Outcome
+	single := true
+	for i := range st.parts {
+		if st.parts[i].m.limKey != innermost.limKey {
+			single = false
+			break
+		}
+	}
+	var err error
+	var failed *group
+	if single {
+		g := group{key: innermost.limKey, parts: st.parts, m: innermost, checks: st.checks}
+		out := st.obuf[:0]
+		if len(st.checks) > len(st.obuf) {
+			out = make([]ratebudget.Outcome, 0, len(st.checks))
+		}
+		ev.Decision, outcomes, ev.Latency, err = g.m.decideEach(ctx, st.checks, out[:len(st.checks)])
+		if err != nil {
+			failed = &g
+		}
+	} else {
+		ev.Decision, outcomes, ev.Latency, err, failed = decideGroups(ctx, st)
+	}
+	if err != nil {
+		if errors.Is(err, ratebudget.ErrInvalidConfig) {
+			innermost.misconfigured(w, r, err)
+			return
+		}
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) {
+			err = &ratebudget.StoreError{Class: "other", Err: err}
+		}
+		ev.Err = err
+		if ctx.Err() != nil {
+			ev.Outcome = OutcomeCanceled
+			observeAll(st, &ev)
+			return
+		}
+		switch strictest(failed.parts) {
+		case FailOpen:
+			ev.Outcome = OutcomeDegraded
+			observeAll(st, &ev)
+			next.ServeHTTP(w, r)
+			return
+		case LocalFallback:
+			ev.Decision, outcomes = fallback(ctx, st, failed)
+			ev.Fallback = true
+		default:
+			ev.Outcome = OutcomeUnavailable
+			observeAll(st, &ev)
+			headers.WriteUnavailable(w, r, innermost.cfg.retryAfter)
+			return
+		}
+	}
+	d := &ev.Decision
+	rep := st.partOf(d.Index)
+	infos := st.infos[:0]
+	if len(st.checks) > len(st.infos) {
+		infos = make([]headers.Info, 0, len(st.checks))
+	}
+	for i := range st.checks {
+		infos = append(infos, st.info(i, d, outcomes))
+	}
+	switch {
+	case d.Allowed:
+		ev.Outcome = OutcomeAllowed
+		observeAll(st, &ev)
+		headers.WriteRules(w.Header(), rep.m.cfg.style, infos, d.Index)
+		next.ServeHTTP(w, r)
+	case rep.m.cfg.onRefusal != nil:
+		ev.Outcome = OutcomeDenied
+		if d.Exceeded {
+			ev.Outcome = OutcomeExceeded
+		}
+		observeAll(st, &ev)
+		headers.WriteRules(w.Header(), rep.m.cfg.style, infos, d.Index)
+		rep.m.cfg.onRefusal(w, r, *d)
+	case d.Exceeded:
+		ev.Outcome = OutcomeExceeded
+		observeAll(st, &ev)
+		headers.WriteCostExceededRules(w, r, rep.m.cfg.style, infos, d.Index, rep.cost)
+	default:
+		ev.Outcome = OutcomeDenied
+		observeAll(st, &ev)
+		headers.WriteTooManyRequestsRules(w, r, rep.m.cfg.style, infos, d.Index)
+	}
+}
+
+// partOf returns the part that holds check i (the first part when i is out of range).
+func (st *stack) partOf(i int) *part {
+	for k := range st.parts {
+		if i >= st.parts[k].from && i < st.parts[k].to {
+			return &st.parts[k]
+		}
+	}
+	return &st.parts[0]
+}
+
+// info is the metadata of check i: from its outcome when the limiter reported each one,
+// from the decision for the reported check, and without state otherwise.
+func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outcome) headers.Info {
+	c := &st.checks[i]
+	p := st.partOf(i)
+	cr := &p.m.rules[i-p.from]
+	in := headers.Info{Policy: c.Rule.Name, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost}
+	switch {
+	case outcomes != nil:
+		o := &outcomes[i]
+		in.Remaining, in.Reset, in.RetryAfter = max(o.Remaining, 0), o.ResetAfter, o.RetryAfter
+		in.Violated = !o.Allowed && !d.Allowed
+	case i == d.Index:
+		in.Remaining, in.Reset, in.RetryAfter = d.Remaining, d.ResetAfter, d.RetryAfter
+		in.Violated = !d.Allowed
+	default:
+		in.Unreported = true
+	}
+	if i == d.Index && (d.Remaining != in.Remaining || d.Limit != in.Limit) {
+		in.Remaining, in.Limit, in.LimitText = d.Remaining, d.Limit, ""
+	}
+	if !in.Unreported {
+		in.Available = available(&c.Rule, in.Limit, in.Remaining, in.Reset)
+	}
+	return in
+}
+
+// available is draft-11's effective window for a rule's state: the time until more
+// quota is made available, or zero when it cannot be known from the decision (a
+// rolling window, whose oldest event is not reported) or nothing is used.
+func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duration) time.Duration {
+	if reset <= 0 || remaining >= capacity {
+		return 0
+	}
+	switch r.Algorithm {
+	case ratebudget.FixedWindow:
+		return reset
+	case ratebudget.TokenBucket:
+		// The bucket refills Limit per Window, linearly: the next whole unit arrives
+		// (capacity-remaining-1) units' time before it is full.
+		per := r.Window / time.Duration(r.Limit)
+		next := reset - time.Duration(capacity-remaining-1)*per
+		return max(next, time.Nanosecond) // sent as t=0 when under a second
+	}
+	return 0
+}
+
+// decideGroups decides a stack whose layers use different limiters: one all-or-nothing
+// call per limiter, in the order the layers were mounted (outermost first). A group's
+// refusal or failure stops the walk: later groups spend nothing; earlier groups' spend
+// stays spent, because a Limiter cannot give spend back. The decision reported is the
+// refusing group's, or when all admit the most restrictive rule of all.
+func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, err error, failed *group) {
+	var groups []*group
+	for i := range st.parts {
+		p := st.parts[i]
+		var g *group
+		for _, x := range groups {
+			if x.key == p.m.limKey {
+				g = x
+			}
+		}
+		if g == nil {
+			g = &group{key: p.m.limKey}
+			groups = append(groups, g)
+		}
+		g.parts = append(g.parts, p)
+		g.m = p.m
+		for k := p.from; k < p.to; k++ {
+			g.checks = append(g.checks, st.checks[k])
+			g.index = append(g.index, k)
+		}
+	}
+	all := make([]ratebudget.Outcome, len(st.checks))
+	known := true
+	best := -1
+	for _, g := range groups {
+		gd, gout, lat, gerr := g.m.decideEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)))
+		latency += lat
+		if gerr != nil {
+			return ratebudget.Decision{}, nil, latency, gerr, g
+		}
+		if gout == nil {
+			known = false
+		} else {
+			for i, k := range g.index {
+				all[k] = gout[i]
+			}
+		}
+		gd.Index = g.index[gd.Index]
+		if !gd.Allowed {
+			if known {
+				outcomes = all
+			}
+			return gd, outcomes, latency, nil, nil
+		}
+		if best < 0 || gd.Remaining < d.Remaining || gd.Remaining == d.Remaining && gd.ResetAfter > d.ResetAfter {
+			d, best = gd, gd.Index
+		}
+	}
+	if known {
+		outcomes = all
+	}
+	return d, outcomes, latency, nil, nil
+}
+
+// strictest returns the strictest store-error policy of parts: FailClosed, then
+// LocalFallback, then FailOpen.
+func strictest(parts []part) Policy {
+	p := FailOpen
+	for i := range parts {
+		switch parts[i].m.cfg.policy {
+		case FailClosed:
+			return FailClosed
+		case LocalFallback:
+			p = LocalFallback
+		}
+	}
+	return p
+}
+
+// fallback decides the failed group's checks on each layer's local budget, layer by
+// layer (a degraded mode: all-or-nothing within a layer only). Layers under FailOpen
+// admit.
+func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []ratebudget.Outcome) {
+	d := ratebudget.Decision{Allowed: true, Index: -1}
+	for _, p := range g.parts {
+		if p.m.fallback == nil {
+			continue
+		}
+		checks := st.checks[p.from:p.to]
+		for i := range checks {
+			checks[i].Rule = p.m.rules[i].local
+		}
+		pd, _ := p.m.fallback.Allow(ctx, checks)
+		for i := range checks {
+			checks[i].Rule = p.m.rules[i].rule
+		}
+		pd.Index += p.from
+		if !pd.Allowed {
+			return pd, nil
+		}
+		if d.Index < 0 || pd.Remaining < d.Remaining {
+			d = pd
+		}
+	}
+	if d.Index < 0 {
+		d.Index = 0
+	}
+	return d, nil
+}
+
+func observeAll(st *stack, ev *Event) {
+	for i := range st.parts {
+		st.parts[i].m.observe(ev)
+	}
+}
+
+// decideEach is decide, asking a limiter that can report every check's outcome to write
+// them into out (len(checks) elements). The outcomes returned are out, or nil when the
+// limiter reports the decision's rule only.
+func (m *mw) decideEach(ctx context.Context, checks []ratebudget.Check, out []ratebudget.Outcome) (ratebudget.Decision, []ratebudget.Outcome, time.Duration, error) {
+	if m.each == nil {
+		d, lat, err := m.decide(ctx, checks)
+		return d, nil, lat, err
+	}
+	d, lat, err := m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) {
+		return m.each.AllowEach(ctx, checks, out)
+	})
+	if err != nil {
+		return d, nil, lat, err
+	}
+	return d, out, lat, nil
+}
+
+// InputError is the error given to the error handler ([WithErrorHandler]) and to
+// observers (Event.Err, OutcomeInvalid) for a request whose identity, scope or cost
+// could not be determined. Nothing is counted for such a request, by any layer.
+type InputError struct {
+	// Part is what failed: headers.PartIdentity, headers.PartScope or headers.PartCost.
+	Part string
+	// Rule is the rule whose key function failed; empty for the cost.
+	Rule string
+	// Reason is a client-facing explanation ("header X-Api-Key is missing or empty",
+	// "cost must be a positive integer"): from keyfuncs.Reason when it knows the error,
+	// a generic text for the part otherwise.
+	Reason string
+	// Err is the key or cost function's error; nil for a cost below 1.
+	Err error
+}
+
+// Error names the rule, the part and the reason, then the underlying error, which may
+// hold internal details (log it, do not send it).
+func (e *InputError) Error() string {
+	s := "ratebudget: "
+	if e.Rule != "" {
+		s += "rule " + e.Rule + ": "
+	}
+	s += e.Part + ": " + e.Reason
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns Err.
+func (e *InputError) Unwrap() error { return e.Err }
+
+func inputError(part, rule string, err error, generic string) *InputError {
+	reason, ok := keyfuncs.Reason(err)
+	if !ok {
+		reason = generic
+	}
+	return &InputError{Part: part, Rule: rule, Reason: reason, Err: err}
+}
+
+func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err *InputError) {
+	m.observe(&Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+	if m.cfg.onError != nil {
+		m.cfg.onError(w, r, err)
+		return
+	}
+	if errors.Is(err, keyfuncs.ErrNoRoutePattern) {
+		// Not the client's fault: the limiter is mounted where no route is known.
+		if m.warnedMount.CompareAndSwap(false, true) {
+			slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a rule's route scope found no route pattern; "+
+				"mount the middleware where the route is known: on a chi router (r.Use, r.With, r.Group) or on the handler given to http.ServeMux.Handle, not around a ServeMux",
+				slog.String("rule", err.Rule), slog.String("path", r.URL.Path))
+		}
+		headers.WriteProblem(w, r, headers.Problem{
+			Type:   headers.ProblemInvalidRequest,
+			Title:  "Internal Server Error",
+			Status: http.StatusInternalServerError,
+			Detail: "the rate limit of this route is misconfigured",
+		})
+		return
+	}
+	headers.WriteInvalid(w, r, err.Part, err.Reason)
+}

@@ -7,30 +7,33 @@ import (
 	"github.com/go-chi/chi/v5"
 )
 
-// RoutePattern returns a KeyFunc whose key is the route pattern the request has matched
-// so far, for use as a scope: "/users/{id}", never the raw path "/users/42" (which would
+// RoutePattern returns a KeyFunc whose key is the pattern of the route the request
+// matches, for use as a scope: "/users/{id}", never the raw path "/users/42" (which would
 // give every URL its own budget). Route patterns come from the application's
 // configuration, not from the request, so the key may contain the pattern's braces.
 //
 // With chi the pattern is chi's RouteContext(ctx).RoutePattern(); otherwise it is the
 // net/http ServeMux pattern in r.Pattern, without its method ("GET /items/{id}" gives
-// "/items/{id}", "example.com/items/{id}" stays as it is). When neither is known the result is
-// [ErrNoRoutePattern]: there is no catch-all constant, which would put every unmatched
-// URL in one scope without anyone noticing.
+// "/items/{id}", "example.com/items/{id}" stays as it is).
 //
 // chi resolves the pattern while routing, so what a middleware sees depends on where it
 // is installed:
 //
-//   - r.Use on the top-level router runs before any routing: no pattern is known and
-//     every request is refused with [ErrNoRoutePattern]. Install the middleware as below.
+//   - r.Use on the top-level router runs before any routing: the pattern is looked up in
+//     the router ahead of routing (chi's Find), so the key is the full pattern of the
+//     route chi will run ("/api/users/{id}"). A request that no route matches (chi
+//     answers 404 or 405) gets the key [UnmatchedRoute], one scope for all of them.
 //   - r.With(mw).Get(...) and r.Group(func(r chi.Router) { r.Use(mw); ... }) run after the
 //     route is found: the key is the full pattern ("/api/users/{id}").
 //   - r.Use inside r.Route("/api", ...) or on a router given to r.Mount("/api", ...) runs
 //     after the parent router matched the mount point but before the subrouter routes:
 //     the key is the mount pattern "/api/*", one scope for the whole subtree.
 //
-// With a ServeMux, a middleware wrapping the handler given to mux.Handle sees the
-// pattern; one wrapping the ServeMux itself does not.
+// Without chi, when no pattern is known the result is [ErrNoRoutePattern] (the
+// middleware answers 500 and logs how to mount it): there is no catch-all constant,
+// which would put every URL in one scope without anyone noticing. With a ServeMux, a
+// middleware wrapping the handler given to mux.Handle sees the pattern; one wrapping the
+// ServeMux itself does not.
 func RoutePattern() KeyFunc {
 	return func(r *http.Request) (string, error) {
 		p := routePattern(r)
@@ -61,13 +64,18 @@ func MethodAndRoutePattern() KeyFunc {
 	}
 }
 
+// UnmatchedRoute is the key [RoutePattern] and [MethodAndRoutePattern] give a request
+// that no route of a chi router matches, when looked up before routing (a top-level
+// r.Use). Route patterns start with '/', so no pattern equals it.
+const UnmatchedRoute = "~unmatched"
+
 // routePattern returns the pattern matched so far, or "".
 func routePattern(r *http.Request) string {
 	if rctx := chi.RouteContext(r.Context()); rctx != nil {
 		// Under chi, r.Pattern is whatever chi last set (or an enclosing ServeMux's
 		// pattern, relative to another root), so only chi's own record is used.
 		if len(rctx.RoutePatterns) == 0 {
-			return ""
+			return patternAhead(r, rctx)
 		}
 		return rctx.RoutePattern()
 	}
@@ -89,4 +97,47 @@ func method(m string) string {
 		return m
 	}
 	return "OTHER"
+}
+
+// patternAhead looks up, before the top-level chi router routes r, the pattern of the
+// route it will run: chi's own Find, on the path chi will route.
+func patternAhead(r *http.Request, rctx *chi.Context) string {
+	if rctx.Routes == nil {
+		return ""
+	}
+	path := rctx.RoutePath
+	if path == "" {
+		path = r.URL.RawPath
+		if path == "" {
+			path = r.URL.Path
+		}
+		if path == "" {
+			path = "/"
+		}
+	}
+	if p := rctx.Routes.Find(chi.NewRouteContext(), r.Method, path); p != "" {
+		return p
+	}
+	return UnmatchedRoute
+}
+
+// URLPath returns a KeyFunc whose key is the request's URL path, r.URL.Path
+// ("/users/42"), as httprate's KeyByEndpoint gives, for code ported from it. Use it as a
+// scope: Scope: keyfuncs.URLPath().
+//
+// Cardinality: every distinct path is its own budget. A client that varies the path
+// (/users/1, /users/2, ..., or any path a 404 handler accepts) gets a fresh budget per
+// URL, so a per-client limit scoped by URLPath limits nothing against such a client; and
+// the store holds one key per identity and path used within a window. Prefer
+// [RoutePattern], which gives one scope per route. A path is kept as it is when [Func]
+// would keep it and replaced by its digest otherwise (longer than [MaxValueLen], bytes
+// outside printable ASCII, braces), so each key is bounded in size, but not their number.
+// An empty path is [ErrEmptyKey].
+func URLPath() KeyFunc {
+	return func(r *http.Request) (string, error) {
+		if r.URL == nil || r.URL.Path == "" {
+			return "", ErrEmptyKey
+		}
+		return clean(r.URL.Path), nil
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/go-chi/chi/v5"
@@ -66,7 +68,27 @@ func TestRoutePattern_Chi(t *testing.T) {
 				r.Get("/users/{id}", ok)
 				return r
 			},
-			target: "/users/42", wantErr: keyfuncs.ErrNoRoutePattern,
+			target: "/users/42", want: "/users/{id}", // looked up ahead of routing
+		},
+		{
+			name: "top_level_use_through_a_subrouter",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.Use(mw)
+				r.Route("/api", func(r chi.Router) { r.Get("/users/{id}", ok) })
+				return r
+			},
+			target: "/api/users/42", want: "/api/users/{id}",
+		},
+		{
+			name: "top_level_use_no_route",
+			build: func(mw func(http.Handler) http.Handler) http.Handler {
+				r := chi.NewRouter()
+				r.Use(mw)
+				r.Get("/users/{id}", ok)
+				return r
+			},
+			target: "/nowhere", want: keyfuncs.UnmatchedRoute, // chi answers 404
 		},
 		{
 			name: "with_on_route",
@@ -236,5 +258,42 @@ func TestMethodAndRoutePattern_Chi(t *testing.T) {
 	r.Use(rec.mw)
 	r.Get("/", ok)
 	serve(r, http.MethodGet, "/")
+	checkRec(t, rec, "GET /", nil) // looked up ahead of routing
+
+	// Outside any router nothing is known: an error, never a shared scope.
+	rec = &recorder{fn: keyfuncs.MethodAndRoutePattern()}
+	serve(rec.mw(http.HandlerFunc(ok)), http.MethodGet, "/")
 	checkRec(t, rec, "", keyfuncs.ErrNoRoutePattern)
+}
+
+func TestURLPath(t *testing.T) {
+	t.Parallel()
+	fn := keyfuncs.URLPath()
+	for target, want := range map[string]string{
+		"/users/42":     "/users/42",
+		"/users/42?x=1": "/users/42", // the query is not part of the key, as with httprate
+		"/a%2Fb":        "/a/b",      // the decoded path, as r.URL.Path
+		"/" + strings.Repeat("x", keyfuncs.MaxValueLen): "", // hashed: checked below
+	} {
+		got, err := fn(httptest.NewRequest(http.MethodGet, target, nil))
+		if err != nil {
+			t.Fatalf("%s: %v", target, err)
+		}
+		if want == "" {
+			if len(got) != keyfuncs.HashedLen || got[0] != '~' {
+				t.Errorf("%s: got %q, want a digest", target[:10], got)
+			}
+			continue
+		}
+		if got != want {
+			t.Errorf("%s: got %q, want %q", target, got, want)
+		}
+	}
+	braces, _ := fn(httptest.NewRequest(http.MethodGet, "/%7Btag%7D", nil))
+	if strings.ContainsAny(braces, "{}") {
+		t.Errorf("braces kept: %q", braces)
+	}
+	if _, err := fn(&http.Request{URL: &url.URL{}}); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+		t.Errorf("empty path: %v", err)
+	}
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -348,18 +350,38 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 }
 
-func TestRouteScopeMountedTooEarlyIs500(t *testing.T) {
-	t.Parallel()
-	mw := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})
+// A route scope in a top-level chi r.Use works: the route is looked up ahead of routing,
+// so each route has its own budget. Outside any router it fails loudly: 500 and one log
+// line saying how to mount it.
+func TestRouteScopeAtTopLevel(t *testing.T) { // not parallel: it replaces slog's default logger
+	lim := memory(t, newClock())
+	mw := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})
 	r := chi.NewRouter()
 	r.Use(mw) // top level: chi has not matched a route yet
-	r.Get("/x", ok)
-	if rec := do(r, "GET", "/x", nil); rec.Code != 500 {
-		t.Fatalf("%d, want 500", rec.Code)
+	r.Get("/x/{id}", ok)
+	r.Get("/y", ok)
+	for _, tc := range []struct {
+		path string
+		code int
+	}{{"/x/1", 200}, {"/x/2", 429}, {"/y", 200}, {"/y", 429}, {"/nowhere", 404}, {"/elsewhere", 429}} {
+		if rec := do(r, "GET", tc.path, nil); rec.Code != tc.code {
+			t.Errorf("GET %s: %d, want %d", tc.path, rec.Code, tc.code)
+		}
 	}
+	// Around the router, no route is known.
+	var logged strings.Builder
+	old := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(old) })
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	r2 := chi.NewRouter()
-	r2.With(mw).Get("/x", ok)
-	if rec := do(r2, "GET", "/x", nil); rec.Code != 200 {
-		t.Fatalf("r.With: %d, want 200", rec.Code)
+	r2.Get("/x", ok)
+	outside := mustNew(t, lim, []middleware.Rule{{Rule: rule("r2", 5, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})(r2)
+	for range 2 {
+		if rec := do(outside, "GET", "/x", nil); rec.Code != 500 {
+			t.Fatalf("around the router: %d, want 500", rec.Code)
+		}
+	}
+	if n := strings.Count(logged.String(), "mount the middleware where the route is known"); n != 1 {
+		t.Errorf("logged %d times, want once: %s", n, logged.String())
 	}
 }

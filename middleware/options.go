@@ -48,7 +48,7 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 // headers.None sends none, for routes such as authentication endpoints.
 func WithHeaders(s headers.Style) Option {
 	return func(c *config) error {
-		if s > headers.None {
+		if !s.Valid() {
 			return configErr("WithHeaders", "unknown style "+s.String())
 		}
 		c.style = s

@@ -1,0 +1,289 @@
+package middleware_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/lua"
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+// The stacking suite runs on the in-process limiter and on a real Redis: every case
+// checks each layer's budget afterwards, by spending what is left.
+
+func TestStackedLayersMemory(t *testing.T) {
+	t.Parallel()
+	stackSuite(t, func(t *testing.T) ratebudget.Limiter { return memory(t, newClock()) })
+}
+
+func TestStackedLayersRedis(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	n := 0
+	stackSuite(t, func(t *testing.T) ratebudget.Limiter {
+		n++
+		lim, err := lua.New(client, lua.WithPrefix("stack"+strconv.Itoa(n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	})
+}
+
+var (
+	outerRule = ratebudget.Rule{Name: "outer", Limit: 5, Window: time.Minute}
+	innerRule = ratebudget.Rule{Name: "inner", Limit: 1, Window: time.Minute}
+	thirdRule = ratebudget.Rule{Name: "third", Limit: 3, Window: time.Minute}
+)
+
+// left spends what remains of rule's budget for identity (no scope), one unit at a time,
+// and returns how much that was.
+func left(t *testing.T, lim ratebudget.Limiter, rule ratebudget.Rule, identity string) int {
+	t.Helper()
+	for n := 0; n <= int(rule.Limit); n++ {
+		d, err := lim.Allow(context.Background(), []ratebudget.Check{{Rule: rule, Identity: identity, Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			return n
+		}
+	}
+	t.Fatalf("%s: more than its limit left", rule.Name)
+	return 0
+}
+
+// layers builds the outer (per client, 5), inner (per client, 1; cost from ?cost=; its
+// identity from X-Inner when innerID is set) and third (3) middlewares on lim.
+func layers(t *testing.T, lim ratebudget.Limiter, innerID bool) (outer, inner, third func(http.Handler) http.Handler) {
+	id := keyfuncs.Header("X-Client")
+	innerIdentity := id
+	if innerID {
+		innerIdentity = keyfuncs.Header("X-Inner")
+	}
+	cost := middleware.WithCost(func(r *http.Request) (int64, error) {
+		if v := r.URL.Query().Get("cost"); v != "" {
+			return strconv.ParseInt(v, 10, 64)
+		}
+		return 1, nil
+	})
+	outer = mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: id}}, middleware.WithHeaders(headers.Both))
+	inner = mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: innerIdentity}}, cost, middleware.WithHeaders(headers.Both))
+	third = mustNew(t, lim, []middleware.Rule{{Rule: thirdRule, Identity: id}}, middleware.WithHeaders(headers.Both))
+	return outer, inner, third
+}
+
+// mountings are the ways to stack outer around inner on /x; /y has outer alone.
+var mountings = map[string]func(outer, inner func(http.Handler) http.Handler) http.Handler{
+	"chi group use + with": func(outer, inner func(http.Handler) http.Handler) http.Handler {
+		r := chi.NewRouter()
+		r.Group(func(r chi.Router) {
+			r.Use(outer)
+			r.With(inner).Get("/x", ok)
+			r.Get("/y", ok)
+		})
+		return r
+	},
+	"chi top-level use + with": func(outer, inner func(http.Handler) http.Handler) http.Handler {
+		r := chi.NewRouter()
+		r.Use(outer)
+		r.With(inner).Get("/x", ok)
+		r.Get("/y", ok)
+		return r
+	},
+	"chi top-level use + subrouter use": func(outer, inner func(http.Handler) http.Handler) http.Handler {
+		r := chi.NewRouter()
+		r.Use(outer)
+		r.Route("/x", func(r chi.Router) {
+			r.Use(inner)
+			r.Get("/", ok)
+		})
+		r.Get("/y", ok)
+		return r
+	},
+	"chi.Chain": func(outer, inner func(http.Handler) http.Handler) http.Handler {
+		mux := http.NewServeMux()
+		mux.Handle("/x", chi.Chain(outer, inner).Handler(ok))
+		mux.Handle("/y", outer(ok))
+		return mux
+	},
+	"plain wrapping": func(outer, inner func(http.Handler) http.Handler) http.Handler {
+		mux := http.NewServeMux()
+		mux.Handle("/x", outer(inner(ok)))
+		mux.Handle("/y", outer(ok))
+		return mux
+	},
+}
+
+func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
+	alice := map[string]string{"X-Client": "alice", "X-Inner": "alice"}
+	for name, mount := range mountings {
+		t.Run(name+"/inner refusal", func(t *testing.T) {
+			lim := newLimiter(t)
+			outer, inner, _ := layers(t, lim, false)
+			h := mount(outer, inner)
+			rec := do(h, "GET", "/x", alice)
+			if rec.Code != 200 {
+				t.Fatalf("first: %d", rec.Code)
+			}
+			// The most restrictive rule of both layers: inner, 0 of 1 left.
+			if rec.Header().Get("X-RateLimit-Limit") != "1" || rec.Header().Get("X-RateLimit-Remaining") != "0" {
+				t.Errorf("admitted: metadata %v, want inner's limit=1 remaining=0", rec.Header())
+			}
+			if got := rec.Header().Get("RateLimit-Policy"); got != `"outer";q=5;w=60, "inner";q=1;w=60` {
+				t.Errorf("RateLimit-Policy %s, want both rules", got)
+			}
+			if _, each := lim.(ratebudget.Reporter); each {
+				if got := rec.Header().Get("RateLimit"); got != `"outer";r=4;t=60, "inner";r=0;t=60` && got != `"outer";r=4;t=59, "inner";r=0;t=59` {
+					t.Errorf("RateLimit %s, want both rules", got)
+				}
+			} else if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"inner";r=0`) {
+				t.Errorf("RateLimit %s, want the reported rule", got)
+			}
+			for i := range 3 {
+				rec := do(h, "GET", "/x", alice)
+				if rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "1" || rec.Header().Get("Retry-After") == "" {
+					t.Fatalf("refusal %d: %d %v", i, rec.Code, rec.Header())
+				}
+			}
+			if n := left(t, lim, outerRule, "alice"); n != 4 {
+				t.Errorf("outer has %d left after 1 admitted and 3 refused, want 4", n)
+			}
+		})
+		t.Run(name+"/inner 400", func(t *testing.T) {
+			lim := newLimiter(t)
+			outer, inner, _ := layers(t, lim, true)
+			h := mount(outer, inner)
+			for range 3 {
+				if rec := do(h, "GET", "/x", map[string]string{"X-Client": "alice"}); rec.Code != 400 ||
+					!strings.Contains(rec.Body.String(), "rate-limit identity: header X-Inner is missing or empty") {
+					t.Fatalf("no X-Inner: %d %q", rec.Code, rec.Body)
+				}
+			}
+			if n := left(t, lim, outerRule, "alice"); n != 5 {
+				t.Errorf("outer has %d left after three 400s, want 5", n)
+			}
+		})
+		t.Run(name+"/inner 413", func(t *testing.T) {
+			lim := newLimiter(t)
+			outer, inner, _ := layers(t, lim, false)
+			h := mount(outer, inner)
+			for range 3 {
+				if rec := do(h, "GET", "/x?cost=2", alice); rec.Code != 413 {
+					t.Fatalf("cost 2 over inner's 1: %d", rec.Code)
+				}
+			}
+			if n := left(t, lim, outerRule, "alice"); n != 5 {
+				t.Errorf("outer has %d left after three 413s, want 5", n)
+			}
+		})
+		t.Run(name+"/outer refusal", func(t *testing.T) {
+			lim := newLimiter(t)
+			outer, inner, _ := layers(t, lim, false)
+			h := mount(outer, inner)
+			for i := range 5 {
+				if rec := do(h, "GET", "/y", alice); rec.Code != 200 {
+					t.Fatalf("/y %d: %d", i, rec.Code)
+				}
+			}
+			rec := do(h, "GET", "/x", alice)
+			if rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "5" {
+				t.Fatalf("outer exhausted: %d %v", rec.Code, rec.Header())
+			}
+			var p headers.Problem
+			req := map[string]string{"X-Client": "alice", "Accept": "application/json"}
+			if err := json.Unmarshal(do(h, "GET", "/x", req).Body.Bytes(), &p); err != nil || p.Policy != "outer" || strings.Join(p.ViolatedPolicies, ",") != "outer" {
+				t.Errorf("problem %+v %v, want outer violated", p, err)
+			}
+			if n := left(t, lim, innerRule, "alice"); n != 1 {
+				t.Errorf("inner has %d left after outer refusals, want 1", n)
+			}
+		})
+	}
+	t.Run("three layers", func(t *testing.T) {
+		lim := newLimiter(t)
+		outer, inner, third := layers(t, lim, false)
+		r := chi.NewRouter()
+		r.Use(outer) // top level: looks ahead through routing
+		r.Group(func(r chi.Router) {
+			r.Use(third)
+			r.With(inner).Get("/x", ok)
+			r.Get("/z", ok)
+		})
+		alice := map[string]string{"X-Client": "alice"}
+		rec := do(r, "GET", "/x", alice)
+		if rec.Code != 200 || rec.Header().Get("X-RateLimit-Limit") != "1" {
+			t.Fatalf("first: %d %v", rec.Code, rec.Header())
+		}
+		if got := rec.Header().Get("RateLimit-Policy"); got != `"outer";q=5;w=60, "third";q=3;w=60, "inner";q=1;w=60` {
+			t.Errorf("RateLimit-Policy %s", got)
+		}
+		for range 2 {
+			if rec := do(r, "GET", "/x", alice); rec.Code != 429 {
+				t.Fatalf("inner exhausted: %d", rec.Code)
+			}
+		}
+		// third is now the most restrictive on /z: 2 of 3 left, outer 4 of 5.
+		rec = do(r, "GET", "/z", alice)
+		if rec.Code != 200 || rec.Header().Get("X-RateLimit-Limit") != "3" || rec.Header().Get("X-RateLimit-Remaining") != "1" {
+			t.Fatalf("/z: %d %v, want third's limit=3 remaining=1", rec.Code, rec.Header())
+		}
+		do(r, "GET", "/z", alice) // third: 0 left
+		rec = do(r, "GET", "/z", alice)
+		if rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "3" {
+			t.Fatalf("third exhausted: %d %v", rec.Code, rec.Header())
+		}
+		if n := left(t, lim, outerRule, "alice"); n != 2 {
+			t.Errorf("outer has %d left, want 2 (3 admitted, 3 refused)", n)
+		}
+		if n := left(t, lim, innerRule, "alice"); n != 0 {
+			t.Errorf("inner has %d left, want 0", n)
+		}
+	})
+}
+
+// Layers on different limiters cannot decide in one call: they decide limiter by
+// limiter, outermost first, and a later refusal does not give back an earlier spend.
+func TestStackedLayersOnDifferentLimiters(t *testing.T) {
+	t.Parallel()
+	a, b := memory(t, newClock()), memory(t, newClock())
+	outer, _, _ := layers(t, a, false)
+	_, inner, _ := layers(t, b, false)
+	h := outer(inner(ok))
+	alice := map[string]string{"X-Client": "alice"}
+	if rec := do(h, "GET", "/", alice); rec.Code != 200 || rec.Header().Get("X-RateLimit-Limit") != "1" {
+		t.Fatalf("first: %d %v", rec.Code, rec.Header())
+	}
+	if rec := do(h, "GET", "/", alice); rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "1" {
+		t.Fatalf("second: %d %v", rec.Code, rec.Header())
+	}
+	if n := left(t, a, outerRule, "alice"); n != 3 {
+		t.Errorf("outer (first limiter) has %d left, want 3: spent before the second limiter refused", n)
+	}
+	// The other way round, a refusal by the outer limiter spends nothing in the inner.
+	a, b = memory(t, newClock()), memory(t, newClock())
+	outer, _, _ = layers(t, a, false)
+	_, inner, _ = layers(t, b, false)
+	h = outer(inner(ok))
+	for range 5 {
+		do(outer(ok), "GET", "/", map[string]string{"X-Client": "bob"})
+	}
+	if rec := do(h, "GET", "/", map[string]string{"X-Client": "bob"}); rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "5" {
+		t.Fatalf("outer exhausted: %d %v", rec.Code, rec.Header())
+	}
+	if n := left(t, b, innerRule, "bob"); n != 1 {
+		t.Errorf("inner (second limiter) has %d left, want 1", n)
+	}
+}

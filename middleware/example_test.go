@@ -93,3 +93,26 @@ func Example_netHTTP() {
 	// 200 limit=2 remaining=0 cache-control=""
 	// 429 limit=2 remaining=0 cache-control="no-store"
 }
+
+// One limit per client address in one call, as httprate.LimitByIP gives.
+func ExampleLimitByIP() {
+	lim, _ := ratebudget.NewMemory()
+	perIP, err := middleware.LimitByIP(lim, 2, time.Minute)
+	if err != nil {
+		panic(err)
+	}
+	r := chi.NewRouter()
+	r.Use(perIP)
+	r.Get("/", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "hi") })
+	for range 3 {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.RemoteAddr = "203.0.113.7:40000"
+		rec := httptest.NewRecorder()
+		r.ServeHTTP(rec, req)
+		fmt.Println(rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
+	}
+	// Output:
+	// 200 1
+	// 200 0
+	// 429 0
+}

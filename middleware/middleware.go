@@ -11,8 +11,10 @@
 //	a rule's budget is exhausted              429     metadata, Retry-After, Cache-Control: no-store
 //	the cost exceeds a rule's capacity        413     Cache-Control: no-store (no Retry-After: waiting cannot help;
 //	                                                  decided before the limiter is asked, so no metadata)
-//	identity, scope or cost undeterminable    400     Cache-Control: no-store
-//	route scope asked where no route is known 500     Cache-Control: no-store (keyfuncs.ErrNoRoutePattern: a mounting mistake)
+//	identity, scope or cost undeterminable    400     Cache-Control: no-store; the body names identity, scope or cost
+//	  (an empty key included)                         and a reason ("header X-Api-Key is missing or empty")
+//	route scope where no route is known       500     Cache-Control: no-store, one log line on how to mount it
+//	  (outside any router)                            (keyfuncs.ErrNoRoutePattern: a mounting mistake)
 //	the limiter rejects the checks as invalid 500     Cache-Control: no-store (a *ratebudget.ConfigError: never a store failure)
 //	store unavailable, policy FailClosed      503     Retry-After, Cache-Control: no-store
 //	store unavailable, policy FailOpen        handler's  none (the event is OutcomeDegraded)
@@ -21,6 +23,26 @@
 //	request canceled while the store decides  nothing is written; the store may have spent (uncertain)
 //
 // 5xx answers from the handler itself are passed through untouched.
+//
+// # Stacking
+//
+// Any number of layers on one request (an r.Use on a group and an r.With on a route,
+// nested groups, chi.Chain, plain wrapping, a top-level r.Use with r.With routes) make
+// one decision: each layer computes its checks where it is mounted, the innermost
+// decides them all in one Limiter.Allow call (one script call per hash-slot group on
+// Redis; one in all with lua.WithOneServer), and a refusal, 400 or 413 by any layer
+// leaves every layer's budget as it was. The metadata and the refusal describe the most
+// restrictive rule of all layers. A layer hands its checks on when the next thing to run
+// is another layer: its next handler, or the first handler of the route a chi router
+// will run. A handler of another kind between two layers (a logger, an authentication
+// middleware) may answer on its own, so the layer before it decides first, and the one
+// after it decides again: two decisions.
+//
+// Layers on different limiters (one Memory, one Redis) cannot decide in one call: they
+// decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops the
+// walk, so later limiters spend nothing; earlier limiters' spend stays spent (a
+// Limiter cannot give spend back). On a store failure the strictest policy of the
+// failed limiter's layers applies (FailClosed, then LocalFallback, then FailOpen).
 //
 // # Failure handling
 //
@@ -52,11 +74,13 @@ import (
 type Rule struct {
 	ratebudget.Rule
 	// Identity gives whose budget a request spends (required). Use keyfuncs.Global() for a
-	// service-wide budget. An error answers the request without counting it (see
-	// WithErrorHandler).
+	// service-wide budget. An error or an empty key answers the request with 400 without
+	// counting it (see WithErrorHandler): a missing header never merges clients into one
+	// budget.
 	Identity func(*http.Request) (string, error)
 	// Scope narrows the budget to a part of the service, e.g. keyfuncs.RoutePattern().
-	// Nil means the budget is shared by every route that uses a rule of this name.
+	// Nil means the budget is shared by every route that uses a rule of this name. An
+	// error or an empty key answers 400, as for Identity.
 	Scope func(*http.Request) (string, error)
 }
 
@@ -97,7 +121,9 @@ type Event struct {
 	// Request is the request decided on. Observers must not retain it.
 	Request *http.Request
 	Outcome Outcome
-	// Decision is the limiter's (or the local fallback's) decision; zero when none was made.
+	// Decision is the limiter's (or the local fallback's) decision; zero when none was
+	// made. For stacked layers it is the decision of every layer's checks, and every
+	// layer's observers see it; Decision.Index counts their checks, outermost first.
 	Decision ratebudget.Decision
 	// Fallback is true when the local fallback decided because the store could not.
 	Fallback bool

@@ -44,8 +44,12 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 	}
 }
 
-// WithHeaders selects the budget metadata headers (default headers.XRateLimit);
-// headers.None sends none, for routes such as authentication endpoints.
+// WithHeaders selects the budget metadata headers (default headers.XRateLimit):
+// headers.IETF and headers.Both send RateLimit-Policy and RateLimit per
+// draft-ietf-httpapi-ratelimit-headers-11, listing every rule of the request (of every
+// stacked layer); headers.IETFDraft10 and headers.BothDraft10 keep draft-10's meaning of
+// t; headers.None sends none, for routes such as authentication endpoints. With stacked
+// layers, the style of the layer whose rule is reported applies.
 func WithHeaders(s headers.Style) Option {
 	return func(c *config) error {
 		if !s.Valid() {
@@ -58,7 +62,9 @@ func WithHeaders(s headers.Style) Option {
 
 // WithRefusalHandler replaces the default refusal response (429 from
 // headers.WriteTooManyRequests, or 413 from headers.WriteCostExceeded when the cost can
-// never be admitted). Metadata headers are already set on w when it is called.
+// never be admitted). Metadata headers are already set on w when it is called. For
+// stacked layers the handler of the layer whose rule is reported answers, and
+// Decision.Index counts the checks of every layer, outermost first.
 func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.Decision)) Option {
 	return func(c *config) error {
 		if f == nil {
@@ -70,11 +76,14 @@ func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.De
 }
 
 // WithErrorHandler replaces the response to a request whose identity, scope or cost
-// cannot be determined (a key function or the cost function failed). The default answers
-// 400 Bad Request (headers.WriteUnidentified) without the error's text, or 500 when the
-// error is keyfuncs.ErrNoRoutePattern (the limiter is mounted where chi knows no route
-// yet: a configuration mistake, not the client's). Such a request is
-// never counted in a shared bucket and never reaches the handler unless f calls it.
+// cannot be determined: a key function or the cost function failed, a key function
+// returned an empty key, or the cost is below 1. The error is an [*InputError] naming the
+// part and a client-facing reason. The default answers 400 Bad Request
+// (headers.WriteInvalid: "rate-limit cost: cost must be a positive integer"), never with
+// the underlying error's text, or 500 and one log line when the error is
+// keyfuncs.ErrNoRoutePattern (a route scope where no route is known: a mounting mistake,
+// not the client's). Such a request is never counted, by this layer or any layer stacked
+// with it, and never reaches the handler unless f calls it.
 func WithErrorHandler(f func(http.ResponseWriter, *http.Request, error)) Option {
 	return func(c *config) error {
 		if f == nil {

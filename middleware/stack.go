@@ -226,7 +226,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			failed = &g
 		}
 	} else {
-		ev.Decision, outcomes, ev.Latency, err, failed = decideGroups(ctx, st)
+		ev.Decision, outcomes, ev.Latency, failed, err = decideGroups(ctx, st)
 	}
 	if err != nil {
 		if errors.Is(err, ratebudget.ErrInvalidConfig) {
@@ -355,7 +355,7 @@ func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duratio
 // refusal or failure stops the walk: later groups spend nothing; earlier groups' spend
 // stays spent, because a Limiter cannot give spend back. The decision reported is the
 // refusing group's, or when all admit the most restrictive rule of all.
-func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, err error, failed *group) {
+func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, failed *group, err error) {
 	var groups []*group
 	for i := range st.parts {
 		p := st.parts[i]
@@ -383,7 +383,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 		gd, gout, lat, gerr := g.m.decideEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)))
 		latency += lat
 		if gerr != nil {
-			return ratebudget.Decision{}, nil, latency, gerr, g
+			return ratebudget.Decision{}, nil, latency, g, gerr
 		}
 		if gout == nil {
 			known = false

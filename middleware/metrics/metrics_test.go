@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -39,7 +40,7 @@ func TestCountersMatchTraffic(t *testing.T) {
 	reg.MustRegister(m)
 	mw, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "api", Limit: 3, Window: time.Minute},
-		Identity: func(r *http.Request) (string, error) { return r.Header.Get("X-Id"), nil },
+		Identity: keyfuncs.Global(),
 	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{MinCalls: 2, FailureRatio: 0.25, Cooldown: time.Hour}), middleware.WithBreakerObserver(m.BreakerChanged),
 		middleware.WithStoreErrorPolicy(middleware.FailOpen))
 	if err != nil {

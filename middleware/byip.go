@@ -1,0 +1,26 @@
+package middleware
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/keyfuncs"
+)
+
+// LimitByIP returns middleware admitting limit requests per window per client address,
+// on lim: the common case in one call, like httprate.LimitByIP. The rule is a fixed
+// window named "per-ip"; the client is the TCP peer (r.RemoteAddr), IPv6 grouped by /64
+// (keyfuncs.ClientIP() without options). Behind a proxy or load balancer every client
+// would share the proxy's budget: build the rule with [New] and keyfuncs.ClientIP's
+// TrustedProxies instead. opts are [New]'s options.
+func LimitByIP(lim ratebudget.Limiter, limit int64, window time.Duration, opts ...Option) (func(http.Handler) http.Handler, error) {
+	ip, err := keyfuncs.ClientIP()
+	if err != nil {
+		return nil, err
+	}
+	return New(lim, []Rule{{
+		Rule:     ratebudget.Rule{Name: "per-ip", Limit: limit, Window: window},
+		Identity: ip,
+	}}, opts...)
+}

@@ -6,10 +6,12 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
@@ -285,5 +287,91 @@ func TestStackedLayersOnDifferentLimiters(t *testing.T) {
 	}
 	if n := left(t, b, innerRule, "bob"); n != 1 {
 		t.Errorf("inner (second limiter) has %d left, want 1", n)
+	}
+}
+
+// cmdCount is a go-redis hook counting the commands sent.
+type cmdCount struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (h *cmdCount) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *cmdCount) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.add(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h *cmdCount) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			h.add(c)
+		}
+		return next(ctx, cmds)
+	}
+}
+func (h *cmdCount) add(c redis.Cmder) {
+	h.mu.Lock()
+	h.n[strings.ToLower(c.Name())]++
+	h.mu.Unlock()
+}
+func (h *cmdCount) take() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := h.n
+	h.n = map[string]int{}
+	return n
+}
+
+// Two stacked layers on Redis are one script call, admitted or refused.
+func TestStackedLayersOneRedisCall(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	hook := &cmdCount{n: map[string]int{}}
+	client.AddHook(hook)
+	lim, err := lua.New(client, lua.WithPrefix("onecall"), lua.WithoutRefusalCache())
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer, inner, _ := layers(t, lim, false)
+	h := mountings["chi top-level use + with"](outer, inner)
+	alice := map[string]string{"X-Client": "alice"}
+	do(h, "GET", "/x", alice) // loads the script
+	hook.take()
+	for i, want := range []int{429, 429} {
+		if rec := do(h, "GET", "/x", alice); rec.Code != want {
+			t.Fatalf("request %d: %d, want %d", i, rec.Code, want)
+		}
+		n := hook.take()
+		if n["evalsha"] != 1 || len(n) != 1 {
+			t.Fatalf("request %d: commands %v, want one EVALSHA for both layers", i, n)
+		}
+	}
+}
+
+// A middleware of another kind between two layers may answer on its own (an
+// authentication middleware's 401), so the layer before it decides first: two decisions,
+// as documented.
+func TestLayersApartDecideApart(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	outer, inner, _ := layers(t, lim, false)
+	r := chi.NewRouter()
+	r.Use(outer)
+	r.Use(func(next http.Handler) http.Handler { return next }) // not a layer: seen as opaque
+	r.Use(func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { next.ServeHTTP(w, r) })
+	})
+	r.With(inner).Get("/x", ok)
+	alice := map[string]string{"X-Client": "alice"}
+	for i, want := range []int{200, 429, 429, 429} {
+		if rec := do(r, "GET", "/x", alice); rec.Code != want {
+			t.Fatalf("request %d: %d, want %d", i, rec.Code, want)
+		}
+	}
+	if n := left(t, lim, outerRule, "alice"); n != 1 {
+		t.Errorf("outer has %d left, want 1: it decided each request before the opaque middleware", n)
 	}
 }

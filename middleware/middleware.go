@@ -160,8 +160,9 @@ type mw struct {
 	probe    chiroute.Probe      // recognises a chi router's routing step
 	routes   chiroute.Cache      // what chi routers run after routing
 	wrapPC   uintptr             // the code pointer of every layer's middleware function
-	// warnedMount is set once the mounting mistake of a route scope has been logged.
-	warnedMount atomic.Bool
+	// warnedMount is set once the mounting mistake of a route scope has been logged,
+	// warnedAhead once a wrong look-ahead in a router has.
+	warnedMount, warnedAhead atomic.Bool
 }
 
 // New returns middleware that spends each request's cost from every rule's budget in lim.
@@ -299,10 +300,10 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 // exceeded answers a request whose cost exceeds the capacity of a rule: 413, decided
 // without the limiter. The rule reported is the one of smallest capacity. No budget
 // metadata is sent: the store was not asked, so nothing is known of what remains.
-func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, cost int64) {
+func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64) {
 	cr := &m.rules[m.minCap]
 	d := ratebudget.Decision{Exceeded: true, Rule: cr.rule.Name, Index: m.minCap, Limit: cr.limit, Window: cr.rule.Window}
-	m.observe(&Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
+	observeOuter(st, m, &Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
 		m.cfg.onRefusal(w, r, d)
 		return

@@ -48,12 +48,15 @@ func (m *mw) wrap(next http.Handler) http.Handler {
 
 // stack is the decision state that the layers of one request share.
 type stack struct {
-	parts  []part
-	checks []ratebudget.Check
-	pbuf   [4]part
-	cbuf   [8]ratebudget.Check
-	infos  [8]headers.Info
-	obuf   [8]ratebudget.Outcome
+	// decided is set once the checks have been decided, answered once a layer has
+	// answered the request without a decision (400, 413, a canceled request).
+	decided, answered bool
+	parts             []part
+	checks            []ratebudget.Check
+	pbuf              [4]part
+	cbuf              [8]ratebudget.Check
+	infos             [8]headers.Info
+	obuf              [8]ratebudget.Outcome
 }
 
 // part is one layer's share of a stack: its checks are checks[from:to].
@@ -68,6 +71,7 @@ type stackKey struct{}
 func (st *stack) reset() {
 	clear(st.checks) // no identity or scope outlives its request
 	clear(st.parts)
+	st.decided, st.answered = false, false
 	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
 }
 
@@ -76,12 +80,19 @@ func (st *stack) reset() {
 func (l *layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	m := l.m
 	ctx := r.Context()
+	st, _ := ctx.Value(stackKey{}).(*stack)
+	if st != nil && (st.decided || st.answered) {
+		st = nil // reached again after a decision (through another handler): decide alone
+	}
 	if ctx.Err() != nil {
+		if st != nil {
+			st.answered = true
+		}
 		m.observe(&Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()})
 		return
 	}
-	st, _ := ctx.Value(stackKey{}).(*stack)
-	handOn := l.inner || m.layerAhead(l.next, r)
+	ahead := !l.inner && m.layerAhead(l.next, r)
+	handOn := l.inner || ahead
 	pooled := false
 	if st == nil {
 		if handOn {
@@ -102,24 +113,46 @@ func (l *layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if handOn {
 		l.next.ServeHTTP(w, r)
+		if ahead && !st.decided && !st.answered {
+			m.undecided(r, st)
+		}
 		return
 	}
 	decideStack(w, r, st, l.next)
 }
 
+// undecided handles a look-ahead that was wrong: the router did not run the layer it was
+// expected to, so the request was served without a decision. Its checks are spent now,
+// so that the budgets still count it, and the mistake is logged once.
+func (m *mw) undecided(r *http.Request, st *stack) {
+	if m.warnedAhead.CompareAndSwap(false, true) {
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a layer handed its checks to the layer of the route the router was expected to run, "+
+			"but none ran; the request was served before its checks were decided (they are spent now). "+
+			"Mount the layers directly around each other (r.Group with r.Use, r.With, chi.Chain)",
+			slog.String("path", r.URL.Path))
+	}
+	st.decided = true
+	_, _, _ = st.parts[0].m.decide(context.WithoutCancel(r.Context()), st.checks)
+}
+
 // addChecks appends the layer's checks to st. It reports false when the request has been
 // answered: an undeterminable identity, scope or cost (400), or a cost above a rule's
 // capacity (413).
-func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) bool {
+func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bool) {
+	defer func() {
+		if !ok {
+			st.answered = true
+		}
+	}()
 	cost := int64(1)
 	if m.cfg.cost != nil {
 		c, err := m.cfg.cost(r)
 		switch {
 		case err != nil:
-			m.invalid(w, r, inputError(headers.PartCost, "", err, "cost could not be determined"))
+			m.invalid(w, r, st, inputError(headers.PartCost, "", err, "cost could not be determined"))
 			return false
 		case c < 1:
-			m.invalid(w, r, &InputError{Part: headers.PartCost, Reason: "cost must be a positive integer"})
+			m.invalid(w, r, st, &InputError{Part: headers.PartCost, Reason: "cost must be a positive integer"})
 			return false
 		}
 		cost = c
@@ -127,7 +160,7 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) bool {
 	if cost > m.rules[m.minCap].limit {
 		// No store can admit it, and no store need be asked: decided here, so that a
 		// hostile cost never reaches the store, its breaker or the failure policy.
-		m.exceeded(w, r, cost)
+		m.exceeded(w, r, st, cost)
 		return false
 	}
 	from := len(st.checks)
@@ -139,7 +172,7 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) bool {
 		}
 		if err != nil {
 			st.checks = st.checks[:from]
-			m.invalid(w, r, inputError(headers.PartIdentity, cr.rule.Name, err, "identity could not be determined"))
+			m.invalid(w, r, st, inputError(headers.PartIdentity, cr.rule.Name, err, "identity could not be determined"))
 			return false
 		}
 		var scope string
@@ -150,7 +183,7 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) bool {
 			}
 			if err != nil {
 				st.checks = st.checks[:from]
-				m.invalid(w, r, inputError(headers.PartScope, cr.rule.Name, err, "scope could not be determined"))
+				m.invalid(w, r, st, inputError(headers.PartScope, cr.rule.Name, err, "scope could not be determined"))
 				return false
 			}
 		}
@@ -171,15 +204,15 @@ func (m *mw) layerAhead(next http.Handler, r *http.Request) bool {
 	if !m.probe.IsRouting(next) {
 		return false
 	}
-	mux, path := m.routes.Level(r)
+	mux, method, path := m.routes.Level(r)
 	if mux == nil {
 		return false
 	}
-	pattern := chiroute.Find(mux, r.Method, path)
+	pattern := chiroute.Find(mux, method, path)
 	if pattern == "" {
 		return false // chi answers 404 or 405: this layer decides
 	}
-	mw, h, ok := m.routes.First(mux, r.Method, pattern)
+	mw, h, ok := m.routes.First(mux, method, pattern)
 	if !ok {
 		return false
 	}
@@ -201,6 +234,7 @@ type group struct {
 
 // decideStack decides every check of st and answers or calls next.
 func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Handler) {
+	st.decided = true
 	ctx := r.Context()
 	innermost := st.parts[len(st.parts)-1].m
 	var ev Event
@@ -455,6 +489,13 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 	return d, nil
 }
 
+// observeOuter shows ev to the observers of the layers whose checks are in st and of m,
+// the layer that answers without a decision.
+func observeOuter(st *stack, m *mw, ev *Event) {
+	observeAll(st, ev)
+	m.observe(ev)
+}
+
 func observeAll(st *stack, ev *Event) {
 	for i := range st.parts {
 		st.parts[i].m.observe(ev)
@@ -519,8 +560,9 @@ func inputError(part, rule string, err error, generic string) *InputError {
 	return &InputError{Part: part, Rule: rule, Reason: reason, Err: err}
 }
 
-func (m *mw) invalid(w http.ResponseWriter, r *http.Request, err *InputError) {
-	m.observe(&Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *InputError) {
+	ev := Event{Request: r, Outcome: OutcomeInvalid, Err: err}
+	observeOuter(st, m, &ev)
 	if m.cfg.onError != nil {
 		m.cfg.onError(w, r, err)
 		return

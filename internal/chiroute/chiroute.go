@@ -75,20 +75,25 @@ type firstVal struct {
 }
 
 // Level returns the Mux that routes r next (the one whose routing step is about to run)
-// and the path it routes, or nil when r is not inside a chi router or is routed already.
-func (c *Cache) Level(r *http.Request) (mux chi.Routes, path string) {
+// and the method and path it routes, or nil when r is not inside a chi router or is
+// routed already.
+func (c *Cache) Level(r *http.Request) (mux chi.Routes, method, path string) {
 	rctx := chi.RouteContext(r.Context())
 	if rctx == nil || rctx.Routes == nil {
-		return nil, ""
+		return nil, "", ""
+	}
+	method = rctx.RouteMethod
+	if method == "" {
+		method = r.Method
 	}
 	mux = rctx.Routes
 	for _, p := range rctx.RoutePatterns {
 		if !strings.HasSuffix(p, "/*") {
-			return nil, "" // already routed to an endpoint
+			return nil, "", "" // already routed to an endpoint
 		}
 		sub := c.subrouter(mux, p)
 		if sub == nil {
-			return nil, ""
+			return nil, "", ""
 		}
 		mux = sub
 	}
@@ -103,7 +108,7 @@ func (c *Cache) Level(r *http.Request) (mux chi.Routes, path string) {
 			path = "/"
 		}
 	}
-	return mux, path
+	return mux, method, path
 }
 
 func (c *Cache) subrouter(mux chi.Routes, pattern string) chi.Routes {

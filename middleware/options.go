@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
@@ -15,6 +16,7 @@ type Option func(*config) error
 type config struct {
 	cost       func(*http.Request) (int64, error)
 	style      headers.Style
+	unit       string
 	onRefusal  func(http.ResponseWriter, *http.Request, ratebudget.Decision)
 	onError    func(http.ResponseWriter, *http.Request, error)
 	observers  []func(Event)
@@ -56,6 +58,22 @@ func WithHeaders(s headers.Style) Option {
 			return configErr("WithHeaders", "unknown style "+s.String())
 		}
 		c.style = s
+		return nil
+	}
+}
+
+// WithQuotaUnit names the unit of this layer's costs in draft-11's RateLimit-Policy
+// field (its qu parameter): headers.UnitRequests (the default, not sent),
+// headers.UnitContentBytes (a cost that counts bytes, see WithCost) or
+// headers.UnitConcurrentRequests. The draft allows only the units of its registry.
+func WithQuotaUnit(unit string) Option {
+	return func(c *config) error {
+		switch unit {
+		case headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests:
+		default:
+			return configErr("WithQuotaUnit", "unknown quota unit "+strconv.Quote(unit)+" (want requests, content-bytes or concurrent-requests)")
+		}
+		c.unit = unit
 		return nil
 	}
 }

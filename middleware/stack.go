@@ -343,7 +343,7 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 	c := &st.checks[i]
 	p := st.partOf(i)
 	cr := &p.m.rules[i-p.from]
-	in := headers.Info{Policy: c.Rule.Name, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost}
+	in := headers.Info{Policy: c.Rule.Name, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
 	switch {
 	case outcomes != nil:
 		o := &outcomes[i]

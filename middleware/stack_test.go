@@ -375,3 +375,40 @@ func TestLayersApartDecideApart(t *testing.T) {
 		t.Errorf("outer has %d left, want 1: it decided each request before the opaque middleware", n)
 	}
 }
+
+func TestQuotaUnit(t *testing.T) {
+	t.Parallel()
+	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("bytes", 1000, 10*time.Second), Identity: global}},
+		middleware.WithHeaders(headers.IETF), middleware.WithQuotaUnit(headers.UnitContentBytes),
+		middleware.WithCost(func(r *http.Request) (int64, error) { return 300, nil }))(ok)
+	rec := do(h, "POST", "/", nil)
+	if got := rec.Header().Get("RateLimit-Policy"); got != `"bytes";q=1000;qu="content-bytes";w=10` {
+		t.Errorf("RateLimit-Policy %s", got)
+	}
+	if got := rec.Header().Get("RateLimit"); got != `"bytes";r=700;t=10` {
+		t.Errorf("RateLimit %s", got)
+	}
+	if _, err := middleware.New(memory(t, newClock()), []middleware.Rule{{Rule: rule("x", 1, time.Second), Identity: global}}, middleware.WithQuotaUnit("bytes")); err == nil || !strings.Contains(err.Error(), "WithQuotaUnit") {
+		t.Errorf("unknown unit: %v", err)
+	}
+}
+
+// Draft-11's t is the time until more quota is made available; draft-10's the time
+// until the budget is whole. They differ for a token bucket.
+func TestDraftMeaningsOfT(t *testing.T) {
+	t.Parallel()
+	bucket := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second} // 1 token/s
+	for _, tc := range []struct {
+		style headers.Style
+		want  string
+	}{
+		{headers.IETF, `"tb";r=7;t=1`},        // the next token in 1s
+		{headers.IETFDraft10, `"tb";r=7;t=3`}, // full again in 3s
+	} {
+		h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: bucket, Identity: global}}, middleware.WithHeaders(tc.style),
+			middleware.WithCost(func(*http.Request) (int64, error) { return 3, nil }))(ok)
+		if got := do(h, "GET", "/", nil).Header().Get("RateLimit"); got != tc.want {
+			t.Errorf("%v: RateLimit %s, want %s", tc.style, got, tc.want)
+		}
+	}
+}

@@ -81,9 +81,12 @@ func layers(t *testing.T, lim ratebudget.Limiter, innerID bool) (outer, inner, t
 		}
 		return 1, nil
 	})
-	outer = mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: id}}, middleware.WithHeaders(headers.Both))
-	inner = mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: innerIdentity}}, cost, middleware.WithHeaders(headers.Both))
-	third = mustNew(t, lim, []middleware.Rule{{Rule: thirdRule, Identity: id}}, middleware.WithHeaders(headers.Both))
+	// A deadline far above any decision's time: on a loaded machine a real Redis may take
+	// longer than the default 50ms, and these tests are about budgets, not deadlines.
+	slow := middleware.WithTimeout(time.Minute)
+	outer = mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: id}}, middleware.WithHeaders(headers.Both), slow)
+	inner = mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: innerIdentity}}, cost, middleware.WithHeaders(headers.Both), slow)
+	third = mustNew(t, lim, []middleware.Rule{{Rule: thirdRule, Identity: id}}, middleware.WithHeaders(headers.Both), slow)
 	return outer, inner, third
 }
 

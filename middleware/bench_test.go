@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/httprate"
 
 	"github.com/ratebudget/ratebudget"
@@ -168,5 +169,53 @@ func TestAllocsPerRequest(t *testing.T) {
 	}
 	if allocs > 1 {
 		t.Errorf("%v allocations per admitted request, want at most 1", allocs)
+	}
+}
+
+// BenchmarkStacked measures a request through one layer against the same request
+// through two layers that decide together (a chi group's r.Use and a route's r.With),
+// on the in-process limiter.
+func BenchmarkStacked(b *testing.B) {
+	const clients = 256
+	reqs := make([]*http.Request, clients)
+	for i := range reqs {
+		reqs[i] = httptest.NewRequest("GET", "/x", nil)
+		reqs[i].RemoteAddr = "192.0.2." + strconv.Itoa(i%250) + ":" + strconv.Itoa(1000+i)
+	}
+	byAddr, err := keyfuncs.ClientIP()
+	if err != nil {
+		b.Fatal(err)
+	}
+	lim, _ := ratebudget.NewMemory()
+	mk := func(name string) func(http.Handler) http.Handler {
+		m, err := middleware.New(lim, []middleware.Rule{{Rule: ratebudget.Rule{Name: name, Limit: 1 << 40, Window: time.Hour}, Identity: byAddr}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return m
+	}
+	outer, inner := mk("outer"), mk("inner")
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	one := chi.NewRouter()
+	one.Group(func(r chi.Router) { r.Use(outer); r.Get("/x", noop) })
+	two := chi.NewRouter()
+	two.Group(func(r chi.Router) { r.Use(outer); r.With(inner).Get("/x", noop) })
+	top := chi.NewRouter()
+	top.Use(outer)
+	top.With(inner).Get("/x", noop)
+	for _, tc := range []struct {
+		name string
+		h    http.Handler
+	}{{"one-layer", one}, {"two-layers-group", two}, {"two-layers-top-level", top}} {
+		b.Run(tc.name, func(b *testing.B) {
+			w := &discard{h: http.Header{}}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				clear(w.h)
+				tc.h.ServeHTTP(w, reqs[i%clients])
+				i++
+			}
+		})
 	}
 }

@@ -53,10 +53,10 @@ type stack struct {
 	decided, answered bool
 	parts             []part
 	checks            []ratebudget.Check
-	pbuf              [4]part
-	cbuf              [8]ratebudget.Check
-	infos             [8]headers.Info
-	obuf              [8]ratebudget.Outcome
+	pbuf              [3]part
+	cbuf              [4]ratebudget.Check
+	infos             [4]headers.Info
+	obuf              [4]ratebudget.Outcome
 }
 
 // part is one layer's share of a stack: its checks are checks[from:to].

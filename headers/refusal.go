@@ -49,14 +49,14 @@ type Problem struct {
 
 // WriteProblem writes p with status p.Status: as application/problem+json when the client
 // prefers JSON ([AcceptsJSON]), as short text/plain otherwise. It sets Cache-Control:
-// no-store, because refusals describe one moment and must not be cached (RFC 6585 §4),
-// and Vary: Accept, because the body depends on it. Headers already set on w
-// (Retry-After, metadata) are kept. Nothing is written for HEAD beyond the headers.
+// no-store, because refusals describe one moment and must not be cached (RFC 6585 §4);
+// so no cache keeps one, and the body's dependence on Accept needs no Vary. Headers
+// already set on w (Retry-After, metadata) are kept. Nothing is written for HEAD beyond
+// the headers.
 func WriteProblem(w http.ResponseWriter, r *http.Request, p Problem) {
 	h := w.Header()
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Add("Vary", "Accept")
 	var body []byte
 	if AcceptsJSON(r) {
 		h.Set("Content-Type", "application/problem+json")

@@ -2,6 +2,13 @@
 // passes: the same checks, in the same order, against the in-process limiter with a fake
 // clock (exact durations) and against Redis on real time (bounds that allow for the time
 // the test itself takes).
+//
+// On real time no expectation assumes how fast the machine is. Tests that must not see a
+// window move use windows of an hour, far beyond any run of a few calls. Tests that wait
+// for a short window to pass measure the time around their calls and assert an outcome
+// only when those bounds decide it; when the machine was too slow for that (the calls
+// took longer than a token's refill, say), the run is repeated on a fresh budget with a
+// window twice as long.
 package limitertest
 
 import (
@@ -23,8 +30,9 @@ type Harness struct {
 	// time: the suite then waits for time to pass and asserts bounds instead of exact
 	// durations.
 	Advance func(d time.Duration)
-	// Short is the window of the tests that wait for a window to pass on real time
-	// (default 150ms). Ignored when Advance is set.
+	// Short is the first window of the tests that wait for a window to pass on real
+	// time (default 150ms); a run too slow to decide its outcome is repeated with the
+	// window doubled, up to [maxAttempts] runs. Ignored when Advance is set.
 	Short time.Duration
 }
 
@@ -52,8 +60,14 @@ func (c *FakeClock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// long is the window of tests that must not see a window pass.
-const long = time.Minute
+// long is the window of tests that must not see a window pass: the fastest refill of
+// those tests is a token every long/10 (6 minutes), longer than go test's default
+// timeout, and [env.allow] fails the test clearly should a run ever come close.
+const long = time.Hour
+
+// maxAttempts bounds the runs of a short-window test on a machine too slow for it: the
+// window doubles on each, so the last is 32 times the first (4.8s by default).
+const maxAttempts = 6
 
 var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow}
 
@@ -92,25 +106,51 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 }
 
 type env struct {
-	t     *testing.T
-	h     Harness
-	fake  bool
-	since time.Time // real time: start of the step whose durations are asserted
+	t       *testing.T
+	h       Harness
+	fake    bool
+	created time.Time // real time: when the test began
+	since   time.Time // real time: start of the step whose durations are asserted
 }
 
 func newEnv(t *testing.T, h Harness) *env {
 	if h.Short <= 0 {
 		h.Short = 150 * time.Millisecond
 	}
-	return &env{t: t, h: h, fake: h.Advance != nil}
+	return &env{t: t, h: h, fake: h.Advance != nil, created: time.Now()}
 }
 
-// short is the window of tests that wait for it to pass.
-func (e *env) short() time.Duration {
+// timed runs body, a test that waits for a short window w to pass, with a fresh identity
+// id on every run. On a fake clock it runs once with w = long. On real time body returns
+// false when the bounds it measured around its calls do not decide the outcome it is
+// about to assert (the machine was too slow); it is then run again with w doubled. body
+// must decide this from elapsed time alone, never from a decision it received, so that a
+// wrong limiter fails rather than retries.
+func (e *env) timed(name string, body func(w time.Duration, id string) bool) {
+	e.t.Helper()
 	if e.fake {
-		return long
+		if !body(long, name) {
+			e.t.Fatal("a fake clock cannot be too slow")
+		}
+		return
 	}
-	return e.h.Short
+	w := e.h.Short
+	for attempt := 1; ; attempt++ {
+		if body(w, fmt.Sprintf("%s-%d", name, attempt)) {
+			return
+		}
+		if attempt == maxAttempts {
+			e.t.Fatalf("%d runs, the last with a %v window: each was too slow to decide its outcome", attempt, w)
+		}
+		e.t.Logf("run %d with a %v window was too slow to decide its outcome; again with %v", attempt, w, 2*w)
+		w *= 2
+	}
+}
+
+// decides reports whether an interval that began at start and had to stay shorter than
+// limit did so, allowing for the server counting whole milliseconds on each side.
+func decides(start time.Time, limit time.Duration) bool {
+	return time.Since(start)+2*time.Millisecond < limit
 }
 
 // mark starts the interval that bounds real-time durations.
@@ -144,6 +184,9 @@ func (e *env) allow(checks ...ratebudget.Check) ratebudget.Decision {
 	d, err := e.h.Limiter.Allow(ctx, checks)
 	if err != nil {
 		e.t.Fatalf("Allow(%v): %v", checks, err)
+	}
+	if ran := time.Since(e.created); !e.fake && ran > long/20 {
+		e.t.Fatalf("the test has run for %v: too close to a refill of its %v windows for its expectations to hold", ran, long)
 	}
 	return d
 }
@@ -225,26 +268,40 @@ func testRefusalSpendsNothing(e *env, alg ratebudget.Algorithm) {
 }
 
 func testExpiryRestarts(e *env, alg ratebudget.Algorithm) {
-	w := e.short()
-	r := rule("api", alg, 5, w)
-	c := check(r, "carol", 1)
-	for range 5 {
-		e.allow(c)
-	}
-	d := e.allow(c)
-	e.expect(d, false, 0)
-	if d.ResetAfter <= 0 || d.ResetAfter > w {
-		e.t.Fatalf("ResetAfter = %v, want in (0, %v]", d.ResetAfter, w)
-	}
-	if e.fake && alg != ratebudget.TokenBucket {
-		e.wait(d.ResetAfter - time.Millisecond)
-		e.expect(e.allow(c), false, 0)
-		e.wait(time.Millisecond)
-	} else {
-		e.wait(d.ResetAfter)
-	}
-	// The budget is whole again: the next admission is the first of a new window.
-	e.expect(e.allow(c), true, 4)
+	e.timed("carol", func(w time.Duration, id string) bool {
+		r := rule("api", alg, 5, w)
+		c := check(r, id, 1)
+		// The sixth call is refused only if no budget came back since the first: the
+		// window has not ended, or (token bucket) no token has refilled.
+		back := w
+		if alg == ratebudget.TokenBucket {
+			back = w / 5
+		}
+		start := time.Now()
+		for i := range 5 {
+			if d := e.allow(c); !d.Allowed {
+				e.t.Fatalf("admission %d of 5: %+v", i+1, d)
+			}
+		}
+		d := e.allow(c)
+		if !e.fake && !decides(start, back) {
+			return false
+		}
+		e.expect(d, false, 0)
+		if d.ResetAfter <= 0 || d.ResetAfter > w {
+			e.t.Fatalf("ResetAfter = %v, want in (0, %v]", d.ResetAfter, w)
+		}
+		if e.fake && alg != ratebudget.TokenBucket {
+			e.wait(d.ResetAfter - time.Millisecond)
+			e.expect(e.allow(c), false, 0)
+			e.wait(time.Millisecond)
+		} else {
+			e.wait(d.ResetAfter) // waiting longer changes nothing: the budget is whole
+		}
+		// The budget is whole again: the next admission is the first of a new window.
+		e.expect(e.allow(c), true, 4)
+		return true
+	})
 }
 
 func testWeightedCost(e *env, alg ratebudget.Algorithm) {
@@ -397,30 +454,49 @@ func testInvalidChecks(e *env, alg ratebudget.Algorithm) {
 }
 
 func testTokenRefill(e *env) {
-	w := 5 * e.short()
-	r := rule("bucket", ratebudget.TokenBucket, 5, w) // one token per w/5
-	c := check(r, "henry", 1)
-	e.mark()
-	for range 5 {
-		e.allow(c)
-	}
-	d := e.allow(c)
-	e.expect(d, false, 0)
-	e.approx("RetryAfter", d.RetryAfter, w/5)
-	e.approx("ResetAfter", d.ResetAfter, w)
-	if e.fake {
-		e.wait(w/5 - time.Millisecond)
-		d = e.allow(c)
+	e.timed("henry", func(short time.Duration, id string) bool {
+		w := 5 * short
+		q := w / 5 // one token per q
+		r := rule("bucket", ratebudget.TokenBucket, 5, w)
+		c := check(r, id, 1)
+		e.mark()
+		for i := range 5 {
+			if d := e.allow(c); !d.Allowed {
+				e.t.Fatalf("admission %d of 5: %+v", i+1, d)
+			}
+		}
+		before := time.Now()
+		d := e.allow(c)
+		if !e.fake && !decides(e.since, q) {
+			return false // a token may have refilled already
+		}
 		e.expect(d, false, 0)
-		e.approx("RetryAfter", d.RetryAfter, time.Millisecond)
-		e.wait(time.Millisecond)
-		e.expect(e.allow(c), true, 0)
-		e.wait(2 * w / 5)
-		e.expect(e.allow(c), true, 1)
-		return
-	}
-	e.wait(d.RetryAfter)
-	e.expect(e.allow(c), true, 0)
+		e.approx("RetryAfter", d.RetryAfter, q)
+		e.approx("ResetAfter", d.ResetAfter, w)
+		if e.fake {
+			e.wait(q - time.Millisecond)
+			d = e.allow(c)
+			e.expect(d, false, 0)
+			e.approx("RetryAfter", d.RetryAfter, time.Millisecond)
+			e.wait(time.Millisecond)
+			e.expect(e.allow(c), true, 0)
+			e.wait(2 * q)
+			e.expect(e.allow(c), true, 1)
+			return true
+		}
+		// After RetryAfter one token is back, and a second one only q later: the call
+		// spends the one token if it reached the server before then.
+		e.wait(d.RetryAfter)
+		next := e.allow(c)
+		if !next.Allowed {
+			e.t.Fatalf("after RetryAfter %v: %+v, want admitted", d.RetryAfter, next)
+		}
+		if !decides(before, d.RetryAfter+q) {
+			return false
+		}
+		e.expect(next, true, 0)
+		return true
+	})
 }
 
 func testTokenBurst(e *env) {
@@ -437,21 +513,27 @@ func testTokenBurst(e *env) {
 }
 
 func testRollingRetry(e *env) {
-	step := e.short() / 5
-	w := 5 * step
-	r := rule("log", ratebudget.RollingWindow, 3, w)
-	c := func(cost int64) ratebudget.Check { return check(r, "jack", cost) }
 	if !e.fake {
 		// Real time: one event, a refusal waits for it to leave.
-		e.mark()
-		e.expect(e.allow(c(3)), true, 0)
-		d := e.allow(c(1))
-		e.expect(d, false, 0)
-		e.approx("RetryAfter", d.RetryAfter, w)
-		e.wait(d.RetryAfter)
-		e.expect(e.allow(c(1)), true, 2)
+		e.timed("jack", func(w time.Duration, id string) bool {
+			c := func(cost int64) ratebudget.Check { return check(rule("log", ratebudget.RollingWindow, 3, w), id, cost) }
+			e.mark()
+			e.expect(e.allow(c(3)), true, 0)
+			d := e.allow(c(1))
+			if !decides(e.since, w) {
+				return false // the event may have left already
+			}
+			e.expect(d, false, 0)
+			e.approx("RetryAfter", d.RetryAfter, w)
+			e.wait(d.RetryAfter) // waiting longer changes nothing: the log is empty
+			e.expect(e.allow(c(1)), true, 2)
+			return true
+		})
 		return
 	}
+	step := long / 5
+	r := rule("log", ratebudget.RollingWindow, 3, 5*step)
+	c := func(cost int64) ratebudget.Check { return check(r, "jack", cost) }
 	e.expect(e.allow(c(1)), true, 2) // t=0
 	e.wait(step)
 	e.expect(e.allow(c(1)), true, 1) // t=1

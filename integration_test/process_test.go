@@ -19,20 +19,37 @@ import (
 )
 
 const (
-	processes      = 8
-	trials         = 20
-	perProcess     = 3 // requests each process sends per trial
-	processLimit   = 5
-	processWindow  = time.Minute
+	processes    = 8
+	trials       = 20
+	perProcess   = 3 // requests each process sends per trial
+	processLimit = 5
+	// processWindow is far longer than a trial can take (a token every 12 minutes), so
+	// that exactly the limit is admitted however slow the machine.
+	processWindow  = time.Hour
 	protocolPrefix = "@@ "
+	// processTimeout bounds every Redis command of the test and of its children, and
+	// each trial. The test asserts exactness, not speed: under -race, with 8 children
+	// and other builds on 2 cores, a reply can take seconds.
+	processTimeout = time.Minute
 )
+
+// processClient is a client whose timeouts allow for a starved machine.
+func processClient(addr string) *redis.Client {
+	opts := clientOptions(addr, 4)
+	opts.DialTimeout = processTimeout
+	opts.ReadTimeout = processTimeout
+	opts.WriteTimeout = processTimeout
+	opts.PoolTimeout = processTimeout
+	return redis.NewClient(opts)
+}
 
 // TestCrossProcess: 8 OS processes, each with its own client, fire together at one
 // budget; exactly the limit is admitted in every trial, for every time rule. The
 // children are reused across trials; a Redis list releases them together.
 func TestCrossProcess(t *testing.T) {
 	requireRedis(t)
-	control := newClient(t, 4)
+	control := processClient(redisAddr)
+	t.Cleanup(func() { control.Close() })
 	prefix := uniquePrefix(t)
 	type child struct {
 		cmd   *exec.Cmd
@@ -61,20 +78,25 @@ func TestCrossProcess(t *testing.T) {
 			_ = cmd.Wait()
 		})
 	}
-	// readLine returns the child's next protocol line.
+	// readLine returns the child's next protocol line; the child's other output (its
+	// test log, which says why it failed) is logged.
 	readLine := func(c child) string {
 		for c.out.Scan() {
 			if line, ok := strings.CutPrefix(c.out.Text(), protocolPrefix); ok {
 				return line
 			}
+			t.Logf("child %d: %s", c.cmd.Process.Pid, c.out.Text())
 		}
-		t.Fatalf("child exited: %v", c.out.Err())
+		t.Fatalf("child %d exited: %v", c.cmd.Process.Pid, c.out.Err())
 		return ""
 	}
-	ctx := ctxT(t)
 	start := time.Now()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for trial := range trials {
+			// One bound per trial, not for the whole test: the test may take as long as
+			// the machine needs.
+			ctx, cancel := context.WithTimeout(context.Background(), processTimeout)
+			defer cancel()
 			release := fmt.Sprintf("%s:release:%v:%d", prefix, alg, trial)
 			for _, c := range children {
 				fmt.Fprintf(c.stdin, "%d %d %s\n", alg, trial, release)
@@ -116,7 +138,7 @@ func TestHelperProcess(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("runs only as a child of TestCrossProcess")
 	}
-	c := redis.NewClient(clientOptions(os.Getenv("RATEBUDGET_HELPER_ADDR"), 4))
+	c := processClient(os.Getenv("RATEBUDGET_HELPER_ADDR"))
 	defer c.Close()
 	l, err := lua.New(c, lua.WithPrefix(os.Getenv("RATEBUDGET_HELPER_PREFIX")))
 	if err != nil {
@@ -133,7 +155,9 @@ func TestHelperProcess(t *testing.T) {
 		rule := ratebudget.Rule{Name: "xproc", Algorithm: ratebudget.Algorithm(alg), Limit: processLimit, Window: processWindow}
 		checks := []ratebudget.Check{{Rule: rule, Identity: fmt.Sprintf("trial-%d", trial), Cost: 1}}
 		fmt.Println(protocolPrefix + "ready")
-		if err := c.BLPop(ctx, 10*time.Second, release).Err(); err != nil {
+		// The release comes once every child is ready: on the first trial, once the
+		// slowest child has started.
+		if err := c.BLPop(ctx, processTimeout, release).Err(); err != nil {
 			t.Fatal(err)
 		}
 		admitted := 0

@@ -61,8 +61,8 @@ func (c *FakeClock) Advance(d time.Duration) {
 }
 
 // long is the window of tests that must not see a window pass: the fastest refill of
-// those tests is a token every long/10 (6 minutes), longer than go test's default
-// timeout, and [env.allow] fails the test clearly should a run ever come close.
+// those tests is a token every long/10 (6 minutes), and [env.allow] fails a test that
+// has run for half of that, naming the cause, rather than let an expectation go wrong.
 const long = time.Hour
 
 // maxAttempts bounds the runs of a short-window test on a machine too slow for it: the

@@ -57,6 +57,20 @@ func TestCrossProcess(t *testing.T) {
 		out   *bufio.Scanner
 	}
 	children := make([]child, processes)
+	// At the end every child sees its input close, and all exit together (a -race
+	// binary waits a second before it exits).
+	t.Cleanup(func() {
+		for _, c := range children {
+			if c.cmd != nil {
+				c.stdin.Close()
+			}
+		}
+		for _, c := range children {
+			if c.cmd != nil {
+				_ = c.cmd.Wait()
+			}
+		}
+	})
 	for i := range children {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(), helperEnv+"=1", "RATEBUDGET_HELPER_ADDR="+redisAddr, "RATEBUDGET_HELPER_PREFIX="+prefix)
@@ -73,10 +87,6 @@ func TestCrossProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		children[i] = child{cmd, stdin, bufio.NewScanner(stdout)}
-		t.Cleanup(func() {
-			stdin.Close()
-			_ = cmd.Wait()
-		})
 	}
 	// readLine returns the child's next protocol line; the child's other output (its
 	// test log, which says why it failed) is logged.

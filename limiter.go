@@ -14,30 +14,12 @@ import (
 // exceeds its rule's capacity is refused with [Decision.Exceeded] set, not reported as
 // an error.
 //
-// Allow must not modify checks, nor retain them after it returns (callers reuse them).
+// Allow must return by the context's deadline, whatever its store does: callers such as
+// package middleware bound a decision by the context's deadline alone and call Allow on
+// their own goroutine. It must not modify checks, nor retain them after it returns
+// (callers reuse them).
 type Limiter interface {
 	Allow(ctx context.Context, checks []Check) (Decision, error)
-}
-
-// ContextBound is implemented by limiters that can promise to return once the context
-// passed to Allow is done, whatever their store does. Callers that enforce a deadline
-// (package middleware) call such a limiter directly; any other limiter that does I/O is
-// called on a separate goroutine so that a store client ignoring its context cannot hold
-// the request past the deadline.
-type ContextBound interface {
-	// BoundByContext reports whether Allow returns once its context is done.
-	BoundByContext() bool
-}
-
-// TimeoutBound is implemented by limiters that can bound one decision by a timeout
-// themselves, more cheaply than through a context with a deadline (which costs an
-// allocation, a timer and a registration with its parent context per decision).
-// AllowWithin decides as Allow does; once timeout has passed it returns a [*StoreError]
-// of class "timeout" (Uncertain: the call may have reached the store), and it returns
-// once ctx is done, as a [ContextBound] limiter does. Callers that enforce a deadline
-// (package middleware) use it when the limiter also reports BoundByContext.
-type TimeoutBound interface {
-	AllowWithin(ctx context.Context, timeout time.Duration, checks []Check) (Decision, error)
 }
 
 // Reporter is implemented by limiters that can report every check's outcome, not only

@@ -53,10 +53,9 @@ func clientVariants() []clientVariant {
 	}
 }
 
-// transportVariants: clientVariants, and the recommended settings with decisions over a
-// dedicated connection.
+// transportVariants: clientVariants (every decision goes through the client).
 func transportVariants() []clientVariant {
-	return append(clientVariants(), clientVariant{"dedicated", recommendedOptions(), true})
+	return clientVariants()
 }
 
 // TestStoppedRedisPolicies: with the container stopped (connection refused), every
@@ -288,7 +287,7 @@ func TestPausedRedisBreaker(t *testing.T) {
 // dialer).
 func TestRestartedRedisResumes(t *testing.T) {
 	t.Parallel()
-	for _, dedicated := range []bool{false, true} {
+	for _, dedicated := range []bool{false} {
 		name := "pool"
 		if dedicated {
 			name = "dedicated"

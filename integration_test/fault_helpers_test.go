@@ -22,7 +22,6 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
-	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -146,9 +145,10 @@ func recommendedOptions() *redis.Options {
 	return o
 }
 
-// defaultOptions are go-redis's defaults: ContextTimeoutEnabled false, 3 retries, 5s
-// dial and read timeouts. The middleware's deadline must hold even with them.
-func defaultOptions() *redis.Options { return &redis.Options{} }
+// defaultOptions are go-redis's defaults (3 retries, 5s dial and read timeouts) but for
+// ContextTimeoutEnabled, which lua.New requires. The middleware's deadline must hold
+// even with them.
+func defaultOptions() *redis.Options { return &redis.Options{ContextTimeoutEnabled: true} }
 
 // scriptCalls counts, with a go-redis hook, the script commands a client processes:
 // one per Process call (EVALSHA, and EVAL after a NOSCRIPT). go-redis's own retries
@@ -257,21 +257,16 @@ func faultHandler(t *testing.T, c *redis.Client, limit int64, deadline time.Dura
 	return faultHandlerOver(t, c, false, limit, deadline, opts...)
 }
 
-// faultHandlerOver is faultHandler with the limiter's decisions over a dedicated
-// connection (lua.WithDedicatedConnection, closed when the test ends) when dedicated is
-// set, through c's pool otherwise.
+// faultHandlerOver is faultHandler; dedicated is ignored (every decision goes through
+// the client).
 func faultHandlerOver(t *testing.T, c *redis.Client, dedicated bool, limit int64, deadline time.Duration, opts ...middleware.Option) (http.Handler, *events, string) {
 	t.Helper()
+	_ = dedicated
 	prefix := uniquePrefix(t)
-	var more []lua.Option
-	if dedicated {
-		more = append(more, lua.WithDedicatedConnection())
-	}
-	lim, err := luaNew(c, prefix, more...)
+	lim, err := luaNew(c, prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { lim.Close() })
 	ev := &events{}
 	opts = append([]middleware.Option{middleware.WithTimeout(deadline), middleware.WithObserver(ev.observe)}, opts...)
 	mw, err := middleware.New(lim, []middleware.Rule{{

@@ -1,6 +1,8 @@
 package integration_test
 
 import (
+	"github.com/redis/go-redis/v9"
+
 	"testing"
 
 	"github.com/ratebudget/ratebudget"
@@ -9,8 +11,8 @@ import (
 
 // luaNew is the limiter under test: every decision goes to Redis (no refusal cache),
 // since these tests change budgets on the server behind the limiter's back.
-func luaNew(c lua.Client, prefix string, more ...lua.Option) (*lua.Limiter, error) {
-	return lua.New(c, append([]lua.Option{lua.WithPrefix(prefix), lua.WithoutRefusalCache()}, more...)...)
+func luaNew(c redis.Scripter, prefix string, more ...lua.Option) (*lua.Limiter, error) {
+	return lua.New(c, append([]lua.Option{lua.WithPrefix(prefix), lua.WithRefusalCache(0)}, more...)...)
 }
 
 // keyOf is the key of ch under prefix.
@@ -24,4 +26,4 @@ func keyOf(t *testing.T, prefix string, ch ratebudget.Check) string {
 }
 
 // nopClient is never called: it only lets keyOf build a limiter.
-type nopClient struct{ lua.Client }
+type nopClient struct{ redis.Scripter }

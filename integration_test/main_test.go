@@ -142,7 +142,7 @@ func uniquePrefix(tb testing.TB) string {
 	return fmt.Sprintf("it%x.%d", time.Now().UnixNano(), prefixSeq.Add(1))
 }
 
-func newLimiter(tb testing.TB, c lua.Client) *lua.Limiter {
+func newLimiter(tb testing.TB, c redis.Scripter) *lua.Limiter {
 	tb.Helper()
 	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(tb)))
 	if err != nil {

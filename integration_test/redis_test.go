@@ -26,16 +26,14 @@ func TestConformance(t *testing.T) {
 }
 
 // TestConformanceAsTheDemoRuns runs the suite against the container with the options the
-// demo and the README's Redis example use: one server, a dedicated connection and
-// coalescing.
+// demo and the README's Redis example use: one server and coalescing.
 func TestConformanceAsTheDemoRuns(t *testing.T) {
 	c := newClient(t, 64)
 	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
-		l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithOneServer(), lua.WithDedicatedConnection(), lua.WithCoalescing(256))
+		l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithOneServer(), lua.WithCoalescing(256))
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { l.Close() })
 		return limitertest.Harness{Limiter: l}
 	})
 }

@@ -34,14 +34,14 @@ func TestCluster(t *testing.T) {
 	// Refunds across masters: the state invariants of TestStateInvariants, with 8
 	// callers, audited on every master.
 	t.Run("StateInvariants", func(t *testing.T) {
-		w := newWalk(t, c, masters(t, nodes), lua.WithoutRefusalCache())
+		w := newWalk(t, c, masters(t, nodes), lua.WithRefusalCache(0))
 		w.concurrently(8, 250)
 		w.covered(100, 20)
 	})
 
 	// Slot by slot across masters, with refunds: the answers of TestSameDecisionsAsMemory.
 	t.Run("SameDecisionsAsMemory", func(t *testing.T) {
-		sameDecisions(t, masters(t, nodes), []namedLimiter{{"cluster", newLimiter(t, c, lua.WithoutRefusalCache())}})
+		sameDecisions(t, masters(t, nodes), []namedLimiter{{"cluster", newLimiter(t, c, lua.WithRefusalCache(0))}})
 	})
 
 	t.Run("ContentionAcrossMasters", func(t *testing.T) {
@@ -99,7 +99,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("RulesInDifferentSlots", func(t *testing.T) {
 		prefix := uniquePrefix(t)
-		l, err := lua.New(c, lua.WithPrefix(prefix), lua.WithoutRefusalCache())
+		l, err := lua.New(c, lua.WithPrefix(prefix), lua.WithRefusalCache(0))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +147,7 @@ func TestCluster(t *testing.T) {
 func TestClusterCoalesced(t *testing.T) {
 	c, _ := redistest.StartCluster(t, 3)
 	ctx := context.Background()
-	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithoutRefusalCache(), lua.WithCoalescing(256))
+	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithRefusalCache(0), lua.WithCoalescing(256))
 	if err != nil {
 		t.Fatal(err)
 	}

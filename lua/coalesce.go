@@ -1,332 +1,269 @@
 package lua
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
 )
 
-// MaxCoalescedGroup is the largest accepted [WithCoalescing] group.
-const MaxCoalescedGroup = 4096
-
-// WithCoalescing decides concurrent identical decisions for one budget together, in
-// groups of up to maxGroup (2 to [MaxCoalescedGroup]): while a decision for a set of
-// checks (same budgets, rules and costs) is in flight, further decisions for the same
-// set wait, and are then sent as one script call that asks for all of their cost at
-// once. A hot budget then costs Redis one call per group instead of one per request.
-//
-// It changes no outcome. A group admitted in full is, exactly, its members admitted one
-// after another at the same server time: each member gets the remaining budget it would
-// have seen in that order (the reset time reported is the budget's after the whole
-// group). A group that does not fit entirely spends nothing, and its members are then
-// decided one by one, so the budget's last units go to single requests as without
-// coalescing. A group never asks for more than a rule's capacity.
-//
-// The price is latency for concurrent requests on one budget: a request that finds a
-// decision in flight waits for it before its own group is sent (at most one extra round
-// trip). Requests for different budgets never wait for each other. In a decision whose
-// checks live in several hash slots, each slot's checks are coalesced on their own, so
-// a service-wide budget decided next to per-client ones is grouped across clients.
-// With [WithOneServer] such a decision is one call for all its checks, and only
-// decisions with the same checks throughout are grouped.
-//
-// A member whose context ends while its group waits leaves it with nothing spent, and
-// one whose context ends after the group was sent gets an uncertain error, as a caller
-// of a single call would. If the member that sends a group has its context end (or its
-// AllowWithin bound pass) during the call, the other members decide on their own: the
-// group may have spent, so the budget may be over-counted, never under-counted.
-func WithCoalescing(maxGroup int) Option {
-	return func(l *Limiter) error {
-		if maxGroup < 2 || maxGroup > MaxCoalescedGroup {
-			return &ratebudget.ConfigError{Field: "WithCoalescing", Problem: fmt.Sprintf("must be 2 to %d decisions, got %d", MaxCoalescedGroup, maxGroup)}
-		}
-		l.coalesceMax = maxGroup
-		return nil
+// coalescer is a layer in front of a limiter that groups concurrent identical
+// decisions: a decision that finds one for the same checks in flight waits, and the
+// decisions that gathered meanwhile are then sent as one decision asking for all of
+// their cost (see the package documentation). Each waiting decision has a group of its
+// own; the only state shared between callers is the flights map and the groups.
+type coalescer struct {
+	inner  ratebudget.Limiter
+	max    int    // largest group
+	sealed func() // run as a group is sealed, with its shard locked (tests)
+	seed   maphash.Seed
+	mu     [coalesceShards]struct {
+		sync.Mutex
+		m map[uint64]*flight
 	}
 }
 
 const coalesceShards = 32
 
-// coalescer tracks, per decision signature, whether a call is in flight and which
-// decisions wait for the next one. It holds an entry only while a call is in flight.
-type coalescer struct {
-	seed    maphash.Seed
-	max     int
-	shards  [coalesceShards]coalesceShard
-	flights sync.Pool // *flight
-	groups  sync.Pool // *group
-	sealed  func()    // for tests: called by handoff, shard locked, as it wakes a group's sender
-}
-
-type coalesceShard struct {
-	mu sync.Mutex
-	m  map[uint64]*flight
-	_  [48]byte
-}
-
-// flight is a signature with a call in flight. Decisions with the same signature that
-// arrive meanwhile join next, which is sent when that call returns.
+// flight is a decision for one signature in flight, and the group that waits for it.
 type flight struct {
-	sig  []byte
-	next *group
+	checks []ratebudget.Check // the decision's checks, compared in full by joiners
+	next   *group             // the decisions waiting for this flight to end; nil: none
 }
 
-// group is decisions waiting to be sent as one call. Its members are the callers'
-// scratches, in arrival order; members[0] sends the call.
+// group is decisions gathered behind a flight. When the flight lands the group is
+// sealed: the members whose context is still live at that moment are its members, and
+// the first of them sends the group's decision for all.
 type group struct {
-	members []*scratch
+	waiting []*waiter     // in order of arrival; guarded by the shard's lock until sealed
+	send    chan struct{} // closed when the group is sealed
+	// Set when sealed, before send is closed:
+	sealed bool
+	live   []*waiter
+	// Set by the sender before done is closed:
+	done   chan struct{}
+	d      ratebudget.Decision
+	err    error
+	alone  bool     // the group was refused or its sender gave up: decide one by one
+	places chan int // member places 0 to len(live)-1, for their Remaining
 }
 
-// Roles a waiting member other than the group's sender is woken with.
-const (
-	roleNone  uint8 = iota
-	roleDone        // the group was admitted: s.outs holds this member's outcomes
-	roleErr         // the group's call failed: s.gerr
-	roleAlone       // decide alone
-)
+// waiter is one decision waiting in a group.
+type waiter struct{ ctx context.Context }
 
-func newCoalescer(max int) *coalescer {
-	c := &coalescer{seed: maphash.MakeSeed(), max: max}
-	for i := range c.shards {
-		c.shards[i].m = make(map[uint64]*flight)
+func newCoalescer(inner ratebudget.Limiter, max int) *coalescer {
+	c := &coalescer{inner: inner, max: max, seed: maphash.MakeSeed()}
+	for i := range c.mu {
+		c.mu[i].m = make(map[uint64]*flight)
 	}
 	return c
 }
 
-// spendCoalesced is runAllow, deciding and spending the checks in s.idx (one slot's),
-// with WithCoalescing: it stores their outcomes in s.outs and s.aux and reports whether
-// all were admitted. The signature of a group is its checks' keys, rule parameters and
-// costs, in s.idx order; members may hold them at other positions of their own checks.
-func (l *Limiter) spendCoalesced(ctx context.Context, timeout time.Duration, s *scratch, checks []ratebudget.Check) (bool, error) {
-	c := l.coal
-	most := c.max
-	s.sig = s.sig[:0]
-	for _, j := range s.idx {
-		ch := &checks[j]
-		key := s.key(j)
-		s.sig = binary.AppendUvarint(s.sig, uint64(len(key)))
-		s.sig = append(s.sig, key...)
-		s.sig = binary.AppendUvarint(s.sig, uint64(ch.Rule.Algorithm))
-		s.sig = binary.AppendUvarint(s.sig, uint64(ch.Rule.Limit))
-		s.sig = binary.AppendUvarint(s.sig, uint64(ch.Rule.Window))
-		s.sig = binary.AppendUvarint(s.sig, uint64(ch.Rule.Burst))
-		s.sig = binary.AppendUvarint(s.sig, uint64(ch.Cost))
-		if n := ch.Rule.Capacity() / ch.Cost; n < int64(most) {
-			most = int(n)
+// signature hashes the checks; flights compare checks in full, so a collision only
+// costs a missed group.
+func (c *coalescer) signature(checks []ratebudget.Check) uint64 {
+	var h maphash.Hash
+	h.SetSeed(c.seed)
+	var b [8]byte
+	for i := range checks {
+		ch := &checks[i]
+		h.WriteString(ch.Rule.Name)
+		h.Write(binary.LittleEndian.AppendUint64(b[:0], uint64(ch.Rule.Limit)^uint64(ch.Rule.Window)<<2^uint64(ch.Rule.Algorithm)))
+		h.Write(binary.LittleEndian.AppendUint64(b[:0], uint64(len(ch.Identity))))
+		h.WriteString(ch.Identity)
+		h.Write(binary.LittleEndian.AppendUint64(b[:0], uint64(len(ch.Scope))))
+		h.WriteString(ch.Scope)
+	}
+	return h.Sum64()
+}
+
+// groupable reports how many decisions for checks one group may hold: all costs
+// equal (so that the rule a group reports is the rule each member would report) and
+// the group's cost within every rule's capacity (so that a group is never Exceeded
+// when its members are not). Below 2 the decision is not coalesced.
+func (c *coalescer) groupable(checks []ratebudget.Check) int {
+	n := int64(c.max)
+	cost := checks[0].Cost
+	for i := range checks {
+		if checks[i].Cost != cost || cost <= 0 {
+			return 0
 		}
+		n = min(n, checks[i].Rule.Capacity()/cost)
 	}
-	if most < 2 {
-		return l.runAllow(ctx, timeout, s, checks, true)
+	return int(n)
+}
+
+// Allow decides checks, in a group when an identical decision is in flight.
+func (c *coalescer) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	if len(checks) == 0 || ratebudget.ValidateChecks(checks) != nil {
+		return c.inner.Allow(ctx, checks)
 	}
-	h := maphash.Bytes(c.seed, s.sig)
-	sh := &c.shards[h%coalesceShards]
-	sh.mu.Lock()
-	f := sh.m[h]
+	limit := c.groupable(checks)
+	if limit < 2 {
+		return c.inner.Allow(ctx, checks)
+	}
+	sig := c.signature(checks)
+	sh := &c.mu[sig%coalesceShards]
+	sh.Lock()
+	f := sh.m[sig]
 	if f == nil {
-		f, _ = c.flights.Get().(*flight)
-		if f == nil {
-			f = &flight{}
-		}
-		f.sig = append(f.sig[:0], s.sig...)
-		sh.m[h] = f
-		sh.mu.Unlock()
-		ok, err := l.runAllow(ctx, timeout, s, checks, true)
-		c.handoff(sh, h, f)
-		return ok, err
+		// Nothing in flight: decide now, then hand the flight to whoever waits.
+		f = &flight{checks: slices.Clone(checks)}
+		sh.m[sig] = f
+		sh.Unlock()
+		d, err := c.inner.Allow(ctx, checks)
+		c.land(sig, f)
+		return d, err
+	}
+	if !slices.Equal(f.checks, checks) || f.next != nil && len(f.next.waiting) >= limit {
+		sh.Unlock()
+		return c.inner.Allow(ctx, checks) // another decision, or a full group
 	}
 	g := f.next
-	if !bytes.Equal(f.sig, s.sig) || g != nil && len(g.members) >= most {
-		// Another signature with the same hash, or a full group: decide alone.
-		sh.mu.Unlock()
-		return l.runAllow(ctx, timeout, s, checks, true)
-	}
 	if g == nil {
-		g, _ = c.groups.Get().(*group)
-		if g == nil {
-			g = &group{}
-		}
+		g = &group{send: make(chan struct{}), done: make(chan struct{})}
 		f.next = g
 	}
-	g.members = append(g.members, s)
-	s.waiting, s.runner, s.role = true, false, roleNone
-	sh.mu.Unlock()
+	w := &waiter{ctx: ctx}
+	g.waiting = append(g.waiting, w)
+	sh.Unlock()
 
-	var start time.Time
-	if timeout > 0 {
-		start = time.Now()
-	}
-	if err := s.await(ctx, timeout); err != nil {
-		sh.mu.Lock()
-		if s.waiting {
-			// The group was not sent: leave it, nothing spent.
-			s.waiting = false
-			g.remove(s)
-			if len(g.members) == 0 {
-				f.next = nil
-				c.groups.Put(g)
-			}
-			sh.mu.Unlock()
-			return false, certain(err)
+	select {
+	case <-g.send:
+	case <-ctx.Done():
+		sh.Lock()
+		sealed := g.sealed
+		if !sealed {
+			g.waiting = slices.DeleteFunc(g.waiting, func(x *waiter) bool { return x == w })
 		}
-		runner := s.runner
-		sh.mu.Unlock()
-		if runner {
-			// s was to send the group: the others decide alone; nothing was sent.
-			<-s.wake // sent under the lock, before the role was read
-			c.release(g, roleAlone, nil)
-			c.handoff(sh, h, f)
-			return false, certain(err)
+		sh.Unlock()
+		if !sealed {
+			return ratebudget.Decision{}, certain(ctx.Err())
 		}
-		// The group is on its way and its sender will write into s: never reuse it.
-		s.lost = true
-		return false, classify(err)
+		<-g.send
 	}
-	if timeout > 0 {
-		if timeout -= time.Since(start); timeout <= 0 {
-			timeout = 1 // spent while waiting: the call fails at once as a timeout
-		}
+	if !slices.Contains(g.live, w) {
+		return ratebudget.Decision{}, certain(ctx.Err()) // gone when the group was sealed
 	}
-	switch {
-	case s.runner:
-	case s.role == roleDone:
-		return true, nil
-	case s.role == roleErr:
-		err := s.gerr
-		s.gerr = nil
-		return false, err
-	default: // roleAlone
-		return l.runAllow(ctx, timeout, s, checks, true)
+	if g.live[0] == w {
+		return c.sendGroup(ctx, sig, f, g, checks)
 	}
-	// s is the runner: send the group's call, asking for every member's cost at once.
-	n := len(g.members)
-	s.mult = int64(n)
-	ok, err := l.runAllow(ctx, timeout, s, checks, true)
-	s.mult = 1
-	switch {
-	case err == nil && ok:
-		for i := n - 1; i >= 0; i-- { // the sender, members[0], last: the others copy its outs
-			m := g.members[i]
-			for k, j := range s.idx {
-				mj := m.idx[k]
-				m.outs[mj] = s.outs[j]
-				m.outs[mj].Remaining += int64(n-1-i) * checks[j].Cost
-				m.aux[mj] = s.aux[j] // a rolling window's event: a refund finds it (and may give back less)
-			}
-		}
-		c.release(g, roleDone, nil)
-		c.handoff(sh, h, f)
-		return true, nil
-	case err != nil && ctx.Err() == nil && !isTimeout(err):
-		// A store failure concerns every member alike.
-		c.release(g, roleErr, err)
-		c.handoff(sh, h, f)
-		return false, err
-	default:
-		// Not all fit (nothing was spent), or this caller's own time ran out (the others
-		// still have theirs): decide one by one.
-		c.release(g, roleAlone, nil)
-		c.handoff(sh, h, f)
-		if err != nil {
-			return false, err
-		}
-		return l.runAllow(ctx, timeout, s, checks, true)
+	select {
+	case <-g.done:
+	case <-ctx.Done():
+		// The group's call may spend for this decision: uncertain.
+		return ratebudget.Decision{}, classify(ctx.Err())
 	}
+	return c.member(ctx, g, checks)
 }
 
-// release wakes the members of a sent group other than its sender (members[0]) with
-// role, and recycles the group.
-func (c *coalescer) release(g *group, role uint8, err error) {
-	for _, m := range g.members[1:] {
-		m.role = role
-		if err != nil {
-			m.gerr = copyStoreError(err)
-		}
-		m.wake <- struct{}{}
-	}
-	clear(g.members)
-	g.members = g.members[:0]
-	c.groups.Put(g)
-}
-
-// handoff ends f's call in flight: the group that formed meanwhile, if any, is sent by
-// its first member; otherwise the signature is forgotten.
-func (c *coalescer) handoff(sh *coalesceShard, h uint64, f *flight) {
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+// land ends flight f: its waiting group, if any, is sealed with the members whose
+// context is live, and its first member told to send (the group's decision is then
+// the flight); with none waiting the flight is removed.
+func (c *coalescer) land(sig uint64, f *flight) {
+	sh := &c.mu[sig%coalesceShards]
+	sh.Lock()
+	defer sh.Unlock()
 	g := f.next
-	if g == nil {
-		delete(sh.m, h)
-		c.flights.Put(f)
+	if g == nil || len(g.waiting) == 0 {
+		delete(sh.m, sig)
 		return
 	}
 	f.next = nil
-	for _, m := range g.members {
-		m.waiting = false
-	}
-	r := g.members[0]
-	r.runner = true
 	if c.sealed != nil {
 		c.sealed()
 	}
-	r.wake <- struct{}{} // buffered: never blocks
-}
-
-func (g *group) remove(s *scratch) {
-	for i, m := range g.members {
-		if m == s {
-			g.members = append(g.members[:i], g.members[i+1:]...)
-			g.members[len(g.members):cap(g.members)][0] = nil
-			return
+	for _, w := range g.waiting {
+		if w.ctx.Err() == nil {
+			g.live = append(g.live, w)
 		}
 	}
+	g.sealed = true
+	g.places = make(chan int, len(g.live))
+	for i := range len(g.live) {
+		g.places <- i
+	}
+	if len(g.live) == 0 {
+		delete(sh.m, sig) // nobody left to send
+	}
+	close(g.send)
 }
 
-// await waits for s to be woken, for ctx, or for timeout when it is above zero.
-func (s *scratch) await(ctx context.Context, timeout time.Duration) error {
-	if timeout <= 0 {
-		select {
-		case <-s.wake:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	if s.timer == nil {
-		s.timer = time.NewTimer(timeout)
+// sendGroup decides the group's checks for all of its members' cost, publishes the
+// result to the members and returns the sender's own.
+func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *group, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	n := len(g.live)
+	var d ratebudget.Decision
+	var err error
+	if n == 1 {
+		d, err = c.inner.Allow(ctx, checks)
 	} else {
-		s.timer.Reset(timeout)
+		many := slices.Clone(checks)
+		for i := range many {
+			many[i].Cost *= int64(n)
+		}
+		d, err = c.inner.Allow(ctx, many)
 	}
-	defer s.timer.Stop()
-	select {
-	case <-s.wake:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-s.timer.C:
-		return context.DeadlineExceeded
+	c.land(sig, f)
+	g.d, g.err = d, err
+	switch {
+	case n == 1:
+	case err != nil && ended(ctx):
+		g.alone = true // the sender gave up; the others decide for themselves
+	case err == nil && !d.Allowed:
+		g.alone = true // the group does not fit: share the last units out one by one
 	}
+	close(g.done)
+	if n > 1 && g.alone {
+		if err != nil {
+			return ratebudget.Decision{}, err
+		}
+		return c.inner.Allow(ctx, checks)
+	}
+	return c.member(ctx, g, checks)
 }
 
-// certain is the store error for a decision that was never sent.
+// member returns a member's part of its group's result.
+func (c *coalescer) member(ctx context.Context, g *group, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	if g.alone {
+		return c.inner.Allow(ctx, checks)
+	}
+	if g.err != nil {
+		return ratebudget.Decision{}, copyErr(g.err)
+	}
+	d := g.d
+	// Members are told what they would have seen admitted one after another at one
+	// server time: place i of n sees (n-1-i) × cost more remaining.
+	i := <-g.places
+	if d.Allowed && d.Index >= 0 && d.Index < len(checks) {
+		d.Remaining += int64(len(g.live)-1-i) * checks[d.Index].Cost
+	}
+	return d, nil
+}
+
+// ended reports whether ctx is done or its deadline has passed (a socket deadline set
+// from it can fire just before the context's own timer).
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// certain is the error of a decision that gave up before anything was sent for it.
 func certain(err error) error {
 	se := classify(err).(*ratebudget.StoreError)
 	se.Uncertain = false
 	return se
 }
 
-func isTimeout(err error) bool {
-	se, ok := err.(*ratebudget.StoreError)
-	return ok && (se.Class == "timeout" || se.Class == "canceled")
-}
-
-// copyStoreError gives each member of a failed group an error of its own.
-func copyStoreError(err error) error {
+// copyErr gives each member a store error of its own.
+func copyErr(err error) error {
 	if se, ok := err.(*ratebudget.StoreError); ok {
 		cp := *se
 		return &cp

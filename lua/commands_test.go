@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -36,6 +37,7 @@ func (h *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 		for _, cmd := range cmds {
 			h.n[strings.ToLower(cmd.Name())]++
 		}
+		h.n["(pipelined)"] += len(cmds)
 		h.mu.Unlock()
 		return next(ctx, cmds)
 	}
@@ -138,7 +140,7 @@ func TestOneCommandPerDecision(t *testing.T) {
 				t.Fatalf("token admissions ran %v, want exactly GET, PTTL and SET per decision", delta.calls)
 			}
 			// Refusals are one EVALSHA too (with the refusal cache off).
-			nc := newLimiter(t, c, lua.WithoutRefusalCache())
+			nc := newLimiter(t, c, lua.WithRefusalCache(0))
 			heavy := append([]ratebudget.Check(nil), checks...)
 			heavy[0].Rule.Limit, heavy[0].Rule.Window = 1, time.Minute
 			for i := range 10 {
@@ -170,6 +172,63 @@ func TestOneCommandPerDecision(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHookSeesEveryCommand: with 64 concurrent callers, whose decisions are pipelined
+// while others are in flight, every command the server runs for the limiter passed
+// through the client's hooks: the hook's EVALSHA and EVAL count equals the server's, one
+// per decision once the script is loaded, and some went through the pipeline.
+func TestHookSeesEveryCommand(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	control := srv.Client(t)
+	hook := countCommands(c)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	ctx := context.Background()
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hook.take()
+	before := commandStats(t, control)
+	const callers, each = 64, 50
+	rule := ratebudget.Rule{Name: "api", Limit: 1 << 20, Window: time.Minute}
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			chk := []ratebudget.Check{{Rule: rule, Identity: "c" + strconv.Itoa(i), Cost: 1}}
+			for range each {
+				if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed {
+					t.Errorf("Allow: %+v, %v", d, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := hook.take()
+	delta := commandStats(t, control).sub(before)
+	server := int(delta.calls["evalsha"] + delta.calls["eval"])
+	if sent := got["evalsha"] + got["eval"]; sent != callers*each || server != sent {
+		t.Fatalf("hook saw %v; server ran %d scripts; want %d each", got, server, callers*each)
+	}
+	if got["(pipelined)"] == 0 {
+		t.Fatalf("hook saw %v: no decision was pipelined among %d concurrent callers", got, callers)
+	}
+	t.Logf("%d of %d decisions pipelined", got["(pipelined)"], callers*each)
+}
+
+// TestConformanceAutoPipeliner runs the shared suite with an *redis.AutoPipeliner as
+// the client: every decision goes through its pipeline.
+func TestConformanceAutoPipeliner(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ap, err := client.AsyncAutoPipeline()
+	if err != nil {
+		t.Fatal(err)
+	}
+	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
+		return limitertest.Harness{Limiter: newLimiter(t, ap)}
+	})
 }
 
 // TestRefusalCacheFlood: a client hammering a refused budget costs Redis almost nothing.
@@ -238,7 +297,7 @@ func TestRefusalCacheEndsWhenRedisAdmits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := lua.New(direct, lua.WithPrefix(prefix), lua.WithoutRefusalCache())
+	ref, err := lua.New(direct, lua.WithPrefix(prefix), lua.WithRefusalCache(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +415,7 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	l := newLimiter(t, c, lua.WithoutRefusalCache())
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	// 10 tokens per 10s: one token per second; the deficit is in tokens x window ms,
 	// and refills by 10 units per ms.
 	r := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}
@@ -438,7 +497,7 @@ func TestTokenBucketState(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	l := newLimiter(t, c, lua.WithoutRefusalCache())
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	// 10 tokens per 10s: one token per second; 10 units per ms, full = 100000.
 	r := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}
 	chk := []ratebudget.Check{{Rule: r, Identity: "sybil", Cost: 3}}
@@ -540,7 +599,7 @@ func TestTokenBucketRefundKeepsLag(t *testing.T) {
 	c := srv.Client(t)
 	hook := countCommands(c)
 	ctx := context.Background()
-	l := newLimiter(t, c, lua.WithoutRefusalCache())
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	// 10 units per ms, full = 100000; the fixed window of another identity (another
 	// slot) is spent, so it refuses after the bucket's group was admitted.
 	tb := ratebudget.Check{Rule: ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second}, Identity: "ann", Cost: 1}

@@ -32,15 +32,15 @@ type namedLimiter struct {
 // (except with WithOneServer), so an inexact refund would make a later decision differ.
 func TestSameDecisionsAsMemory(t *testing.T) {
 	c := redistest.Start(t).Client(t)
-	opts := []lua.Option{lua.WithoutRefusalCache()}
+	opts := []lua.Option{lua.WithRefusalCache(0)}
 	sameDecisions(t, []*redis.Client{c}, []namedLimiter{
 		{"pool", newLimiter(t, c, opts...)},
-		{"dedicated-coalesced", newLimiter(t, c, append(opts, lua.WithDedicatedConnection(), lua.WithCoalescing(64))...)},
+		{"coalesced", newLimiter(t, c, append(opts, lua.WithCoalescing(64))...)},
 		{"one-server", newLimiter(t, c, append(opts, lua.WithOneServer())...)},
 		// Without refunds the refusal cache is exact: it refuses only what Redis would.
 		{"one-server-refusal-cache", newLimiter(t, c, lua.WithOneServer())},
 		// The demo's options.
-		{"demo", newLimiter(t, c, lua.WithOneServer(), lua.WithDedicatedConnection(), lua.WithCoalescing(256))},
+		{"demo", newLimiter(t, c, lua.WithOneServer(), lua.WithCoalescing(256))},
 	})
 }
 

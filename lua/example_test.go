@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -30,13 +31,22 @@ func Example() {
 	client := redis.NewClient(opts)
 	defer client.Close()
 
-	limiter, err := lua.New(client, lua.WithPrefix("rb"), lua.WithTimeout(50*time.Millisecond))
+	limiter, err := lua.New(client, lua.WithPrefix("rb"), lua.WithKeySecret([]byte(os.Getenv("RATEBUDGET_KEY_SECRET"))))
 	if err != nil {
 		log.Fatal(err)
 	}
+	// Load the scripts and open connections before serving.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := limiter.Load(ctx); err != nil {
+		log.Printf("budget store not ready: %v", err)
+	}
 	perSecond := ratebudget.Rule{Name: "burst", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: time.Second}
 	perHour := ratebudget.Rule{Name: "hourly", Algorithm: ratebudget.RollingWindow, Limit: 1000, Window: time.Hour}
-	d, err := limiter.Allow(context.Background(), []ratebudget.Check{
+	// Bound each decision by a deadline: Allow returns by it.
+	dctx, dcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer dcancel()
+	d, err := limiter.Allow(dctx, []ratebudget.Check{
 		{Rule: perSecond, Identity: "203.0.113.7", Cost: 1},
 		{Rule: perHour, Identity: "203.0.113.7", Cost: 1},
 	})
@@ -48,34 +58,15 @@ func Example() {
 	}
 }
 
-// Send decisions over a connection of the limiter's own instead of the client's pool:
-// less CPU per decision under load, at the price of bypassing the client's hooks.
-func ExampleWithDedicatedConnection() {
-	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
-	defer client.Close()
-	limiter, err := lua.New(client, lua.WithDedicatedConnection())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer limiter.Close() // closes the dedicated connection, not the client
-
-	rule := ratebudget.Rule{Name: "api", Limit: 100, Window: time.Minute}
-	d, err := limiter.Allow(context.Background(), []ratebudget.Check{{Rule: rule, Identity: "203.0.113.7", Cost: 1}})
-	if err == nil && !d.Allowed {
-		fmt.Println(http.StatusTooManyRequests, d.RetryAfter)
-	}
-}
-
 // Decide concurrent requests for one budget in groups: while a decision for a budget is
 // in flight, the requests that arrive for it wait and then go to Redis as one call.
 func ExampleWithCoalescing() {
-	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1, ContextTimeoutEnabled: true, ReadTimeout: 200 * time.Millisecond})
 	defer client.Close()
-	limiter, err := lua.New(client, lua.WithDedicatedConnection(), lua.WithCoalescing(256))
+	limiter, err := lua.New(client, lua.WithCoalescing(256))
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer limiter.Close()
 
 	// Every caller of a service-wide rule spends the same budget: a hot key.
 	rule := ratebudget.Rule{Name: "service", Limit: 50_000, Window: time.Second}
@@ -88,7 +79,7 @@ func ExampleWithCoalescing() {
 // On one Redis server, decide a per-client rule and a service-wide rule, whose keys are
 // in different hash slots, in one script call: all-or-nothing, with no refunds.
 func ExampleWithOneServer() {
-	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1, ReadTimeout: 200 * time.Millisecond})
+	client := redis.NewClient(&redis.Options{Addr: "localhost:6379", MaxRetries: -1, ContextTimeoutEnabled: true, ReadTimeout: 200 * time.Millisecond})
 	defer client.Close()
 	limiter, err := lua.New(client, lua.WithOneServer())
 	if err != nil {

@@ -26,7 +26,7 @@ import (
 // a longer one), and hold no more than its rule's limit as spent.
 func TestStateInvariants(t *testing.T) {
 	c := redistest.Start(t).Client(t)
-	w := newWalk(t, c, []*redis.Client{c}, lua.WithoutRefusalCache())
+	w := newWalk(t, c, []*redis.Client{c}, lua.WithRefusalCache(0))
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 1500 {
 		checks := w.checks(rng)
@@ -54,13 +54,13 @@ func TestStateInvariantsConcurrent(t *testing.T) {
 		refunds int // refunds of each kind the walk must see
 	}{
 		{"pool", nil, 20},
-		{"dedicated-coalesced", []lua.Option{lua.WithDedicatedConnection(), lua.WithCoalescing(64)}, 20},
+		{"coalesced", []lua.Option{lua.WithCoalescing(64)}, 20},
 		// Every slot in one call: nothing to refund.
-		{"one-server-dedicated-coalesced", []lua.Option{lua.WithOneServer(), lua.WithDedicatedConnection(), lua.WithCoalescing(64)}, 0},
+		{"one-server-coalesced", []lua.Option{lua.WithOneServer(), lua.WithCoalescing(64)}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := srv.Client(t)
-			w := newWalk(t, c, []*redis.Client{c}, append([]lua.Option{lua.WithoutRefusalCache()}, tc.opts...)...)
+			w := newWalk(t, c, []*redis.Client{c}, append([]lua.Option{lua.WithRefusalCache(0)}, tc.opts...)...)
 			w.concurrently(8, 250)
 			w.covered(100, tc.refunds)
 		})
@@ -138,7 +138,7 @@ type walk struct {
 }
 
 // newWalk returns a walk of a limiter on c, whose keys live on servers.
-func newWalk(t *testing.T, c lua.Client, servers []*redis.Client, opts ...lua.Option) *walk {
+func newWalk(t *testing.T, c redis.Scripter, servers []*redis.Client, opts ...lua.Option) *walk {
 	w := &walk{t: t, servers: servers, l: newLimiter(t, c, opts...), ids: []string{"ann", "bob", "cy"},
 		ruleOf: map[string]ratebudget.Rule{}, full: map[ratebudget.Algorithm]int{}}
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {

@@ -1,9 +1,12 @@
 package lua
 
 import (
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"hash"
+	"sync"
 
 	"github.com/ratebudget/ratebudget"
 )
@@ -17,26 +20,51 @@ const (
 	tagScope    = 's'
 )
 
+// keyer builds budget keys. With a secret, digests are HMAC-SHA-256 keyed by it, so
+// that nobody without the secret can predict which hash slot an identity lands in.
+type keyer struct {
+	prefix string
+	macs   *sync.Pool // of hash.Hash keyed by the secret; nil: unkeyed SHA-256
+}
+
+func newKeyer(prefix string, secret []byte) keyer {
+	k := keyer{prefix: prefix}
+	if secret != nil {
+		secret := append([]byte(nil), secret...)
+		k.macs = &sync.Pool{New: func() any { return hmac.New(sha256.New, secret) }}
+	}
+	return k
+}
+
 // appendDigest appends the base64url encoding of the first 128 bits of
-// SHA-256("ratebudget" || tag || uvarint(len(s)) || s) to dst. scratch is a reusable
-// buffer, returned grown.
-func appendDigest(dst, scratch []byte, tag byte, s string) ([]byte, []byte) {
+// SHA-256("ratebudget" || tag || uvarint(len(s)) || s), or of its HMAC under the
+// secret, to dst. scratch is a reusable buffer, returned grown.
+func (k keyer) appendDigest(dst, scratch []byte, tag byte, s string) ([]byte, []byte) {
 	scratch = append(scratch[:0], "ratebudget"...)
 	scratch = append(scratch, tag)
 	scratch = binary.AppendUvarint(scratch, uint64(len(s)))
 	scratch = append(scratch, s...)
-	sum := sha256.Sum256(scratch)
+	var sum [sha256.Size]byte
+	if k.macs == nil {
+		sum = sha256.Sum256(scratch)
+	} else {
+		h := k.macs.Get().(hash.Hash)
+		h.Reset()
+		h.Write(scratch)
+		h.Sum(sum[:0])
+		k.macs.Put(h)
+	}
 	return base64.RawURLEncoding.AppendEncode(dst, sum[:16]), scratch
 }
 
 // appendKey appends the budget key of c to dst:
 // <prefix>:{<identity digest>}:<rule name>:<algorithm>[:<scope digest>].
 // It returns the key, the hash slot of its tag and the scratch buffer.
-func appendKey(dst, scratch []byte, prefix string, c *ratebudget.Check) ([]byte, uint16, []byte) {
-	dst = append(dst, prefix...)
+func (k keyer) appendKey(dst, scratch []byte, c *ratebudget.Check) ([]byte, uint16, []byte) {
+	dst = append(dst, k.prefix...)
 	dst = append(dst, ":{"...)
 	start := len(dst)
-	dst, scratch = appendDigest(dst, scratch, tagIdentity, c.Identity)
+	dst, scratch = k.appendDigest(dst, scratch, tagIdentity, c.Identity)
 	slot := keySlot(dst[start:])
 	dst = append(dst, "}:"...)
 	dst = append(dst, c.Rule.Name...)
@@ -44,7 +72,7 @@ func appendKey(dst, scratch []byte, prefix string, c *ratebudget.Check) ([]byte,
 	dst = append(dst, c.Rule.Algorithm.String()...)
 	if c.Scope != "" {
 		dst = append(dst, ':')
-		dst, scratch = appendDigest(dst, scratch, tagScope, c.Scope)
+		dst, scratch = k.appendDigest(dst, scratch, tagScope, c.Scope)
 	}
 	return dst, slot, scratch
 }

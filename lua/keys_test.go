@@ -33,8 +33,43 @@ func TestKeyLayout(t *testing.T) {
 }
 
 func mustKey(prefix string, c ratebudget.Check) []byte {
-	k, _, _ := appendKey(nil, nil, prefix, &c)
+	k, _, _ := newKeyer(prefix, nil).appendKey(nil, nil, &c)
 	return k
+}
+
+// TestKeySecret: with a secret the identity digest, and so the hash slot, depends on
+// the secret: an attacker without it cannot search offline for identities that share
+// a slot. The same secret gives the same keys (every replica must agree).
+func TestKeySecret(t *testing.T) {
+	r := ratebudget.Rule{Name: "api", Limit: 1, Window: time.Second}
+	c := ratebudget.Check{Rule: r, Identity: "alice", Scope: "/x"}
+	key := func(secret []byte) string {
+		k, _, _ := newKeyer("rb", secret).appendKey(nil, nil, &c)
+		return string(k)
+	}
+	plain, a, a2, b := key(nil), key([]byte("secret-a-0123456789")), key([]byte("secret-a-0123456789")), key([]byte("secret-b-0123456789"))
+	if a != a2 {
+		t.Fatalf("one secret gives two keys: %q, %q", a, a2)
+	}
+	if a == plain || a == b || b == plain {
+		t.Fatalf("keys do not depend on the secret: none %q, a %q, b %q", plain, a, b)
+	}
+	if ia, ib := a[:len("rb:{")+digestLen], b[:len("rb:{")+digestLen]; ia == ib {
+		t.Fatalf("identity digest %q does not depend on the secret", ia)
+	}
+	// Slots move with the secret: of 64 identities, most land in another slot.
+	moved := 0
+	for i := range 64 {
+		c := ratebudget.Check{Rule: r, Identity: strings.Repeat("x", i)}
+		_, s1, _ := newKeyer("rb", []byte("secret-a-0123456789")).appendKey(nil, nil, &c)
+		_, s2, _ := newKeyer("rb", []byte("secret-b-0123456789")).appendKey(nil, nil, &c)
+		if s1 != s2 {
+			moved++
+		}
+	}
+	if moved < 60 {
+		t.Fatalf("only %d of 64 identities changed slot with the secret", moved)
+	}
 }
 
 func TestKeySlot(t *testing.T) {
@@ -49,9 +84,17 @@ func TestKeySlot(t *testing.T) {
 func BenchmarkAppendKey(b *testing.B) {
 	r := ratebudget.Rule{Name: "api", Limit: 1, Window: time.Second}
 	c := ratebudget.Check{Rule: r, Identity: "203.0.113.7", Scope: "/v1/items/{id}"}
-	var buf, scratch []byte
-	b.ReportAllocs()
-	for b.Loop() {
-		buf, _, scratch = appendKey(buf[:0], scratch, "rb", &c)
+	for _, tc := range []struct {
+		name   string
+		secret []byte
+	}{{"unkeyed", nil}, {"keyed", []byte("0123456789abcdef")}} {
+		b.Run(tc.name, func(b *testing.B) {
+			k := newKeyer("rb", tc.secret)
+			var buf, scratch []byte
+			b.ReportAllocs()
+			for b.Loop() {
+				buf, _, scratch = k.appendKey(buf[:0], scratch, &c)
+			}
+		})
 	}
 }

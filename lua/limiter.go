@@ -3,19 +3,16 @@ package lua
 import (
 	"context"
 	_ "embed"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
-	"github.com/ratebudget/ratebudget/internal/autopipe"
 	"github.com/ratebudget/ratebudget/internal/refusal"
-	"github.com/ratebudget/ratebudget/internal/wire"
 )
 
 var (
@@ -23,159 +20,123 @@ var (
 	allowSource string
 	//go:embed refund.lua
 	refundSource string
+
+	allowScript  = redis.NewScript(allowSource)
+	refundScript = redis.NewScript(refundSource)
 )
 
-// Client is what the limiter needs from a go-redis client: running scripts.
-// *redis.Client, *redis.ClusterClient, *redis.Ring and the failover clients implement it.
-type Client interface {
-	redis.Scripter
-}
+// refundTimeout bounds a refund when the caller's context has no earlier deadline.
+const refundTimeout = 500 * time.Millisecond
 
 // Limiter is the Redis [ratebudget.Limiter]. It holds no budget state itself: every
-// decision is made by the Redis server. It is safe for concurrent use.
+// decision is made by the Redis server (or repeated from the refusal cache, see
+// [WithRefusalCache]). It is safe for concurrent use.
 type Limiter struct {
-	client        Client
-	prefix        string
-	timeout       time.Duration
-	refundTimeout time.Duration
-	allow, refund *redis.Script
-	pool          sync.Pool // *scratch
-	cacheSize     int       // refusal cache entries; 0: no cache
-	batch         int       // decisions per pipeline; 0: no pipelining
-	refusals      *refusal.Cache
-	// proc is set for go-redis's own clients: decisions are then sent as prepared
-	// commands (see process); other Clients get EvalSha and Eval calls.
-	proc               processor
-	allowSHA, allowSrc any // boxed once
-	dedicated          bool
-	conn               *wire.Conn // the dedicated connection, if any
-	coalesceMax        int        // WithCoalescing's group; 0: no coalescing
-	coal               *coalescer
-	oneServer          bool // WithOneServer: checks of every slot in one call
+	top       ratebudget.Limiter // the refusal cache around core, or core
+	core      *core
+	coal      *coalescer // WithCoalescing's layer, if any
+	secretSet bool
 }
 
 var _ ratebudget.Limiter = (*Limiter)(nil)
 
+// core decides checks in Redis: one script call per hash slot group.
+type core struct {
+	keys      keyer
+	oneServer bool
+	// direct runs a script on the caller's goroutine (nil when the client is an
+	// *redis.AutoPipeliner). pipe, when set, carries decisions that start while
+	// another is in flight (all of them when direct is nil); newPipe gets it from the
+	// client on first use (the client's own asynchronous AutoPipeliner, shared with
+	// its other users and closed with it).
+	direct   redis.Scripter
+	newPipe  func() (*redis.AutoPipeliner, error)
+	pipeOnce sync.Once
+	pipe     *redis.AutoPipeliner
+	inflight atomic.Int64
+}
+
 // Option configures a [Limiter] in [New].
-type Option func(*Limiter) error
+type Option func(*config) error
+
+type config struct {
+	prefix    string
+	secret    []byte
+	cacheSize int
+	coalesce  int
+	oneServer bool
+}
 
 // DefaultPrefix is the key prefix when [WithPrefix] is not given.
 const DefaultPrefix = "rb"
 
-// MaxPrefixLen is the longest accepted key prefix, in bytes.
-const MaxPrefixLen = 64
-
 // WithPrefix sets the first part of every key (default [DefaultPrefix]), to give each
-// application or environment sharing a Redis its own budgets. It must be 1 to
-// [MaxPrefixLen] bytes of printable ASCII other than space, '{' and '}' (braces would
-// change the Redis Cluster hash slot).
+// application or environment sharing a Redis its own budgets. It must be 1 to 64 bytes
+// of printable ASCII other than space, '{' and '}' (braces would change the Redis
+// Cluster hash slot).
 func WithPrefix(prefix string) Option {
-	return func(l *Limiter) error {
-		if prefix == "" || len(prefix) > MaxPrefixLen {
-			return &ratebudget.ConfigError{Field: "WithPrefix", Problem: fmt.Sprintf("must be 1 to %d bytes, got %d", MaxPrefixLen, len(prefix))}
+	return func(c *config) error {
+		if prefix == "" || len(prefix) > 64 {
+			return &ratebudget.ConfigError{Field: "WithPrefix", Problem: fmt.Sprintf("must be 1 to 64 bytes, got %d", len(prefix))}
 		}
 		for i := 0; i < len(prefix); i++ {
-			if c := prefix[i]; c <= ' ' || c > '~' || c == '{' || c == '}' {
-				return &ratebudget.ConfigError{Field: "WithPrefix", Problem: fmt.Sprintf("has byte %q at %d; use printable ASCII without space or braces", c, i)}
+			if b := prefix[i]; b <= ' ' || b > '~' || b == '{' || b == '}' {
+				return &ratebudget.ConfigError{Field: "WithPrefix", Problem: fmt.Sprintf("has byte %q at %d; use printable ASCII without space or braces", b, i)}
 			}
 		}
-		l.prefix = prefix
+		c.prefix = prefix
 		return nil
 	}
 }
 
-// WithTimeout bounds each decision (every script call it makes) by d, in addition to
-// the caller's context. Zero, the default, means the caller's context alone. It must not
-// be negative. The client's own timeouts still apply (see the package documentation).
-func WithTimeout(d time.Duration) Option {
-	return func(l *Limiter) error {
-		if d < 0 {
-			return &ratebudget.ConfigError{Field: "WithTimeout", Problem: "must not be negative, got " + d.String()}
+// WithKeySecret keys the digests in budget keys with secret (HMAC-SHA-256), so that
+// nobody without it can compute which Redis Cluster hash slot, or which key, an
+// identity gets: without a secret anyone can search offline for identities that share
+// a slot. Every replica sharing the budgets must use the same secret; changing it
+// starts every budget afresh. It must be 16 to 1024 bytes; the limiter keeps a copy.
+// Without this option digests are unkeyed SHA-256 (see [Limiter.Keyed]).
+func WithKeySecret(secret []byte) Option {
+	return func(c *config) error {
+		if len(secret) < 16 || len(secret) > 1024 {
+			return &ratebudget.ConfigError{Field: "WithKeySecret", Problem: fmt.Sprintf("must be 16 to 1024 bytes, got %d", len(secret))}
 		}
-		l.timeout = d
+		c.secret = append([]byte(nil), secret...)
 		return nil
 	}
 }
 
-// WithRefundTimeout bounds a refund (see the package documentation), which runs even if
-// the caller's context has ended. Default 500ms; it must be positive.
-func WithRefundTimeout(d time.Duration) Option {
-	return func(l *Limiter) error {
-		if d <= 0 {
-			return &ratebudget.ConfigError{Field: "WithRefundTimeout", Problem: "must be positive, got " + d.String()}
-		}
-		l.refundTimeout = d
-		return nil
-	}
-}
-
-// DefaultRefusalCacheSize is the number of refusals the limiter remembers when neither
-// [WithRefusalCache] nor [WithoutRefusalCache] is given.
+// DefaultRefusalCacheSize is the number of refusals the limiter remembers when
+// [WithRefusalCache] is not given.
 const DefaultRefusalCacheSize = 1 << 16
 
-// MaxRefusalCacheSize is the largest accepted [WithRefusalCache] size.
-const MaxRefusalCacheSize = 1 << 24
-
 // WithRefusalCache sets how many refusals the limiter remembers (default
-// [DefaultRefusalCacheSize]): a budget that refused a cost with a known wait is refused
-// again locally, without a call to Redis, for requests of at least that cost until the
-// wait is over (see the package documentation for why this is exact). n must be in 1 to
-// [MaxRefusalCacheSize]; the cache holds at most n entries, plus one per shard of
-// rounding (32 shards).
+// [DefaultRefusalCacheSize]; 0 turns the cache off): a budget that refused a cost with
+// a known wait is refused again locally, without a call to Redis, for requests of at
+// least that cost until the wait is over (see the package documentation for why this
+// is exact). n must be 0 to 2^24; the cache holds at most n entries, plus one per
+// shard of rounding (32 shards).
 func WithRefusalCache(n int) Option {
-	return func(l *Limiter) error {
-		if n < 1 || n > MaxRefusalCacheSize {
-			return &ratebudget.ConfigError{Field: "WithRefusalCache", Problem: fmt.Sprintf("must be 1 to %d entries, got %d", MaxRefusalCacheSize, n)}
+	return func(c *config) error {
+		if n < 0 || n > 1<<24 {
+			return &ratebudget.ConfigError{Field: "WithRefusalCache", Problem: fmt.Sprintf("must be 0 to %d entries, got %d", 1<<24, n)}
 		}
-		l.cacheSize = n
+		c.cacheSize = n
 		return nil
 	}
 }
 
-// WithPipelining sets how many concurrent decisions may share one pipeline (default
-// [DefaultPipelineBatch]; 1 to [MaxPipelineBatch]). With go-redis's own clients
-// (*redis.Client, *redis.ClusterClient, *redis.Ring) decisions that arrive while others
-// are in flight are sent together, one pipeline and one pair of system calls for many
-// decisions; a decision that finds nothing in flight is sent at once, so an idle service
-// sees no added latency. Each decision stays its own script call: pipelining changes no
-// outcome, only the cost per decision under load.
-func WithPipelining(maxBatch int) Option {
-	return func(l *Limiter) error {
-		if maxBatch < 1 || maxBatch > MaxPipelineBatch {
-			return &ratebudget.ConfigError{Field: "WithPipelining", Problem: fmt.Sprintf("must be 1 to %d decisions, got %d", MaxPipelineBatch, maxBatch)}
+// WithCoalescing groups concurrent identical decisions, up to n per group (0, the
+// default, turns it off; else 2 to 4096): a decision that finds another for the same
+// checks (same budgets, rule parameters and costs, all costs equal) in flight waits for
+// it, and the decisions that gathered meanwhile are then sent as one decision asking
+// for all of their cost (see the package documentation). It pays off when many
+// concurrent requests spend from one budget, such as a service-wide rule.
+func WithCoalescing(n int) Option {
+	return func(c *config) error {
+		if n != 0 && (n < 2 || n > 4096) {
+			return &ratebudget.ConfigError{Field: "WithCoalescing", Problem: fmt.Sprintf("must be 0 (off) or 2 to 4096 decisions, got %d", n)}
 		}
-		l.batch = maxBatch
-		return nil
-	}
-}
-
-// WithoutPipelining sends every decision on its own.
-func WithoutPipelining() Option {
-	return func(l *Limiter) error {
-		l.batch = 0
-		return nil
-	}
-}
-
-// DefaultPipelineBatch is the largest number of decisions in one pipeline when neither
-// [WithPipelining] nor [WithoutPipelining] is given.
-const DefaultPipelineBatch = 128
-
-// MaxPipelineBatch is the largest accepted [WithPipelining] batch.
-const MaxPipelineBatch = 4096
-
-// WithDedicatedConnection sends decisions over a connection of the limiter's own,
-// opened with the *redis.Client's dialer, credentials and database, instead of through
-// the client's pool: decisions from concurrent callers are written together as they
-// arrive and their replies matched in order, which costs markedly less CPU per decision
-// than go-redis pipelines under load. It applies to a *redis.Client (including a
-// failover client) only; it ignores the client's hooks (the commands do not pass
-// through them) and its retry settings (a decision is never retried). The connection
-// is dialed on first use and again after a failure, and closed by [Limiter.Close] or
-// after 5 minutes without a decision.
-func WithDedicatedConnection() Option {
-	return func(l *Limiter) error {
-		l.dedicated = true
+		c.coalesce = n
 		return nil
 	}
 }
@@ -191,219 +152,112 @@ func WithDedicatedConnection() Option {
 // twemproxy, a sharded database behind one endpoint): the script would run where its
 // first key lives, and budgets of the other slots would be split between shards.
 func WithOneServer() Option {
-	return func(l *Limiter) error {
-		l.oneServer = true
+	return func(c *config) error {
+		c.oneServer = true
 		return nil
 	}
 }
 
-// credentials returns the client's credentials provider, if it has one, as the
-// dedicated connection asks for it at each dial.
-func credentials(opt *redis.Options) func(context.Context) (string, string, error) {
-	if f := opt.CredentialsProviderContext; f != nil {
-		return f
-	}
-	if f := opt.CredentialsProvider; f != nil {
-		return func(context.Context) (string, string, error) {
-			u, p := f()
-			return u, p, nil
-		}
-	}
-	return nil
-}
-
-// Close closes the limiter's dedicated connection, if it has one (see
-// [WithDedicatedConnection]); decisions in flight fail. It does not close the client.
-func (l *Limiter) Close() error {
-	if l.conn != nil {
-		return l.conn.Close()
-	}
-	return nil
-}
-
-// WithoutRefusalCache makes every decision a call to Redis.
-func WithoutRefusalCache() Option {
-	return func(l *Limiter) error {
-		l.cacheSize = 0
-		return nil
-	}
-}
-
-// New returns a limiter that keeps its budgets in the Redis reached by client. It makes
-// no call to Redis; scripts are sent on first use. It returns a *[ratebudget.ConfigError]
-// naming the option at fault.
-func New(client Client, opts ...Option) (*Limiter, error) {
-	if client == nil {
-		return nil, &ratebudget.ConfigError{Field: "client", Problem: "must not be nil"}
-	}
-	l := &Limiter{
-		client:        client,
-		prefix:        DefaultPrefix,
-		refundTimeout: 500 * time.Millisecond,
-		allow:         redis.NewScript(allowSource),
-		refund:        redis.NewScript(refundSource),
-		cacheSize:     DefaultRefusalCacheSize,
-		batch:         DefaultPipelineBatch,
-	}
+// New returns a limiter that keeps its budgets in the Redis reached by client, any
+// go-redis client that runs scripts: a *redis.Client (also from NewFailoverClient), a
+// *redis.ClusterClient, an *redis.AutoPipeliner or another [redis.Scripter]; every
+// command goes through it, and through its hooks. With a *redis.Client or
+// *redis.ClusterClient, a decision that starts while no other is in flight is sent at
+// once on the caller's goroutine, and decisions that start while others are in flight
+// are pipelined together through the client's AsyncAutoPipeline (see the package
+// documentation), which the client owns and closes.
+//
+// Allow returns once its context's deadline has passed, which needs the client's
+// ContextTimeoutEnabled option: New refuses a *redis.Client or *redis.ClusterClient
+// without it. A *redis.Ring is refused: it shards keys by its own hash, not by Redis
+// Cluster slots, so checks that the limiter decides in one script could be split
+// between shards. New makes no call to Redis; see [Limiter.Load] to warm up. It
+// returns a *[ratebudget.ConfigError] naming the option or field at fault.
+//
+// Without [WithKeySecret] the keys' digests are unkeyed ([Limiter.Keyed] reports
+// false): a service should log a warning then.
+func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
+	cfg := config{prefix: DefaultPrefix, cacheSize: DefaultRefusalCacheSize}
 	for _, o := range opts {
 		if o == nil {
 			return nil, &ratebudget.ConfigError{Field: "options", Problem: "must not be nil"}
 		}
-		if err := o(l); err != nil {
+		if err := o(&cfg); err != nil {
 			return nil, err
 		}
 	}
-	var pc autopipe.Client
-	switch c := client.(type) {
-	case *redis.Client:
-		pc = c
-	case *redis.ClusterClient:
-		pc = c
+	c := &core{keys: newKeyer(cfg.prefix, cfg.secret), oneServer: cfg.oneServer, direct: client}
+	l := &Limiter{core: c, top: c, secretSet: cfg.secret != nil}
+	noTimeout := &ratebudget.ConfigError{Field: "ContextTimeoutEnabled", Problem: "must be true in the client's options, so that a decision returns by its context's deadline"}
+	switch cl := client.(type) {
+	case nil:
+		return nil, &ratebudget.ConfigError{Field: "client", Problem: "must not be nil"}
 	case *redis.Ring:
-		pc = c
+		return nil, &ratebudget.ConfigError{Field: "client", Problem: "*redis.Ring is not supported: it shards keys by its own hash, which can split a decision's checks or a shared budget between shards; use a *redis.ClusterClient or one *redis.Client"}
+	case *redis.Client:
+		if !cl.Options().ContextTimeoutEnabled {
+			return nil, noTimeout
+		}
+		c.newPipe = cl.AsyncAutoPipeline
+	case *redis.ClusterClient:
+		if !cl.Options().ContextTimeoutEnabled {
+			return nil, noTimeout
+		}
+		c.newPipe = cl.AsyncAutoPipeline
+	case *redis.AutoPipeliner:
+		c.direct, c.pipe = nil, cl
 	}
-	if _, ok := client.(*redis.Client); l.oneServer && !ok {
+	if _, ok := client.(*redis.Client); cfg.oneServer && !ok {
 		return nil, &ratebudget.ConfigError{Field: "WithOneServer", Problem: fmt.Sprintf("needs a *redis.Client, got %T", client)}
 	}
-	if l.dedicated {
-		c, ok := client.(*redis.Client)
-		if !ok {
-			return nil, &ratebudget.ConfigError{Field: "WithDedicatedConnection", Problem: fmt.Sprintf("needs a *redis.Client, got %T", client)}
-		}
-		opt := c.Options()
-		if opt.StreamingCredentialsProvider != nil {
-			return nil, &ratebudget.ConfigError{Field: "WithDedicatedConnection", Problem: "the client's StreamingCredentialsProvider is not supported (CredentialsProvider and CredentialsProviderContext are)"}
-		}
-		l.conn = wire.New(wire.Options{
-			Dial: func(ctx context.Context) (net.Conn, error) {
-				if opt.DialTimeout > 0 {
-					var cancel context.CancelFunc
-					ctx, cancel = context.WithTimeout(ctx, opt.DialTimeout)
-					defer cancel()
-				}
-				return opt.Dialer(ctx, opt.Network, opt.Addr)
-			},
-			Username:     opt.Username,
-			Password:     opt.Password,
-			Credentials:  credentials(opt),
-			DB:           opt.DB,
-			ReplyTimeout: opt.ReadTimeout,
-			WriteTimeout: opt.WriteTimeout,
-		})
-		l.proc = l.conn
-	} else if pc != nil {
-		l.proc = pc
-		if l.batch > 0 {
-			// Two pipelines in flight keep the connection busy while the next forms.
-			l.proc = autopipe.New(pc, l.batch, 2)
-		}
+	if cfg.coalesce > 0 {
+		l.coal = newCoalescer(l.top, cfg.coalesce)
+		l.top = l.coal
 	}
-	l.allowSHA, l.allowSrc = l.allow.Hash(), allowSource
-	if l.cacheSize > 0 {
-		l.refusals = refusal.New(l.cacheSize)
-	}
-	if l.coalesceMax > 0 {
-		l.coal = newCoalescer(l.coalesceMax)
+	if cfg.cacheSize > 0 {
+		l.top = refusal.Wrap(l.top, cfg.cacheSize)
 	}
 	return l, nil
 }
 
-// Prefix returns the key prefix.
-func (l *Limiter) Prefix() string { return l.prefix }
+// Keyed reports whether the budget keys' digests are keyed by a secret
+// ([WithKeySecret]). When false, anyone can compute an identity's key and hash slot
+// offline.
+func (l *Limiter) Keyed() bool { return l.secretSet }
+
+// Load makes the limiter ready for its first decision: it loads the scripts into the
+// script cache of every server that will run them (SCRIPT LOAD, on every primary of a
+// Redis Cluster), which opens connections on the way, and checks that the pipeline
+// answers. Call it at start-up, so that no early decision pays for dialing and loading
+// within its deadline. Decisions do not need it: after a server's script cache was
+// emptied the limiter sends the script again. It returns a *[ratebudget.StoreError].
+func (l *Limiter) Load(ctx context.Context) error {
+	c := l.core
+	s := c.direct
+	if s == nil {
+		s = c.pipe
+	}
+	for _, sc := range []*redis.Script{allowScript, refundScript} {
+		if err := sc.Load(ctx, s).Err(); err != nil {
+			return classify(err)
+		}
+	}
+	if p := c.pipeline(); p != nil {
+		if err := c.submit(ctx, p, redis.NewStatusCmd(ctx, "ping")); err != nil {
+			return classify(err)
+		}
+	}
+	return nil
+}
+
+// Prefix returns the key prefix ([WithPrefix]).
+func (l *Limiter) Prefix() string { return l.core.keys.prefix }
 
 // Key returns the Redis key that holds c's budget. It is meant for tools and tests;
 // [Limiter.Allow] does not need it.
 func (l *Limiter) Key(c ratebudget.Check) string {
-	k, _, _ := appendKey(nil, nil, l.prefix, &c)
+	k, _, _ := l.core.keys.appendKey(nil, nil, &c)
 	return string(k)
-}
-
-// scratch holds one decision's buffers, reused through Limiter.pool.
-type scratch struct {
-	buf   []byte   // key bytes
-	hash  []byte   // digest input
-	ckey  []byte   // refusal cache key
-	ends  []int    // end of each check's key in buf
-	keys  []string // string keys, for every path but a single slot's call over the dedicated connection
-	kb    [][]byte // that path's keys, views of buf
-	slots []uint16
-	outs  []ratebudget.Outcome
-	aux   []int64
-	idx   []int // checks of the current group
-	gkeys []string
-	args  []any
-	nums  []int64 // numeric arguments, passed by pointer (no boxing)
-	ints  []int64 // the script's reply
-	done  []int   // groups admitted, as first check indexes
-	lost  bool    // a call failed in transit: the client may still hold args
-	mult  int64   // the call asks for mult times each check's cost (a coalesced group)
-
-	// Coalescing (see coalesced); waiting and runner are guarded by the shard's lock.
-	sig     []byte        // the decision's signature
-	wake    chan struct{} // wakes a waiting member; capacity 1
-	timer   *time.Timer
-	waiting bool  // in a group not yet sent
-	runner  bool  // sends its group's call
-	role    uint8 // for other members, set before the wake
-	gerr    error // roleErr's error
-}
-
-func (l *Limiter) getScratch(n int) *scratch {
-	s, _ := l.pool.Get().(*scratch)
-	if s == nil {
-		s = &scratch{}
-	}
-	s.buf = s.buf[:0]
-	s.ends = s.ends[:0]
-	s.keys = s.keys[:0]
-	s.kb = s.kb[:0]
-	s.slots = s.slots[:0]
-	s.outs = s.outs[:0]
-	s.aux = s.aux[:0]
-	s.done = s.done[:0]
-	s.mult = 1
-	if l.coal != nil && s.wake == nil {
-		s.wake = make(chan struct{}, 1)
-	}
-	for range n {
-		s.outs = append(s.outs, ratebudget.Outcome{})
-		s.aux = append(s.aux, 0)
-	}
-	return s
-}
-
-func (l *Limiter) putScratch(s *scratch) {
-	if s.lost {
-		return // never reuse what a command in an unknown state may still reference
-	}
-	clear(s.keys)
-	clear(s.kb)
-	clear(s.gkeys)
-	clear(s.args)
-	if cap(s.buf) > 4096 || cap(s.hash) > 4096 {
-		s.buf, s.hash = nil, nil // do not keep a hostile identity's buffer
-	}
-	l.pool.Put(s)
-}
-
-// key returns the key of check i, built by Allow.
-func (s *scratch) key(i int) []byte {
-	start := 0
-	if i > 0 {
-		start = s.ends[i-1]
-	}
-	return s.buf[start:s.ends[i]]
-}
-
-// cacheKey sets s.ckey to the refusal cache's key of check i: its budget key and the
-// rule's parameters, so that a rule changed under the same name never meets the
-// refusals of its former self.
-func (s *scratch) cacheKey(i int, c *ratebudget.Check) []byte {
-	s.ckey = append(s.ckey[:0], s.key(i)...)
-	s.ckey = binary.AppendUvarint(s.ckey, uint64(c.Rule.Limit))
-	s.ckey = binary.AppendUvarint(s.ckey, uint64(c.Rule.Window))
-	s.ckey = binary.AppendUvarint(s.ckey, uint64(c.Rule.Burst))
-	return s.ckey
 }
 
 // Allow decides all checks at once (see [ratebudget.Limiter]). Checks are validated with
@@ -411,23 +265,23 @@ func (s *scratch) cacheKey(i int, c *ratebudget.Check) []byte {
 // cost one script call; checks of several slots are decided slot by slot, with a
 // best-effort refund when a later slot refuses (see the package documentation), unless
 // [WithOneServer] puts them all in one call. A refusal remembered by the refusal cache
-// is repeated without a call.
+// is repeated without a call. Allow returns by ctx's deadline.
 func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
-	return l.decide(ctx, 0, checks)
+	return l.top.Allow(ctx, checks)
 }
 
-// AllowWithin is Allow bounded by timeout as well as by ctx (see
-// [ratebudget.TimeoutBound]); a timeout of zero or less adds no bound. Over a dedicated
-// connection a decision of one slot is bounded without a context of its own; other
-// decisions derive one.
-func (l *Limiter) AllowWithin(ctx context.Context, timeout time.Duration, checks []ratebudget.Check) (ratebudget.Decision, error) {
-	return l.decide(ctx, timeout, checks)
+// decision is one decision's working state.
+type decision struct {
+	checks []ratebudget.Check
+	keys   []string
+	slots  []uint16
+	outs   []ratebudget.Outcome
+	aux    []int64 // per check: allow.lua's sixth value, which refund.lua needs
+	done   [][]int // groups admitted, to refund if a later one refuses
 }
 
-var _ ratebudget.TimeoutBound = (*Limiter)(nil)
-
-// decide is Allow, with AllowWithin's timeout when within is above zero.
-func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []ratebudget.Check) (ratebudget.Decision, error) {
+// Allow is the limiter without its refusal cache.
+func (c *core) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	if err := ratebudget.ValidateChecks(checks); err != nil {
 		return ratebudget.Decision{}, err
 	}
@@ -437,372 +291,223 @@ func (l *Limiter) decide(ctx context.Context, within time.Duration, checks []rat
 		se.Uncertain = false
 		return ratebudget.Decision{}, se
 	}
-	s := l.getScratch(len(checks))
-	defer l.putScratch(s)
-
+	n := len(checks)
+	d := &decision{
+		checks: checks,
+		keys:   make([]string, n),
+		slots:  make([]uint16, n),
+		outs:   make([]ratebudget.Outcome, n),
+		aux:    make([]int64, n),
+	}
+	var buf, scratch []byte
 	single := true
 	for i := range checks {
-		var slot uint16
-		s.buf, slot, s.hash = appendKey(s.buf, s.hash, l.prefix, &checks[i])
-		s.ends = append(s.ends, len(s.buf))
-		s.slots = append(s.slots, slot)
-		single = single && (slot == s.slots[0] || l.oneServer)
+		var k []byte
+		k, d.slots[i], scratch = c.keys.appendKey(buf[:0], scratch, &checks[i])
+		buf = k
+		d.keys[i] = string(k)
+		single = single && (c.oneServer || d.slots[i] == d.slots[0])
 	}
-
-	var sent int64
-	if l.refusals != nil {
-		sent = l.refusals.Now()
-	}
-	if l.refusals != nil && !l.refusals.Empty() {
-		found, exceeded := false, false
-		var best ratebudget.Decision
-		for i := range checks {
-			// A check that exceeds its capacity makes the decision Exceeded, which no
-			// cached refusal reports: the store decides it.
-			exceeded = exceeded || checks[i].Cost > checks[i].Rule.Capacity()
-			d, ok := l.refusals.Lookup(s.cacheKey(i, &checks[i]), checks[i].Cost, sent)
-			if ok && (!found || d.RetryAfter > best.RetryAfter) {
-				d.Index = i
-				best, found = d, true
-			}
-		}
-		if found && !exceeded {
-			return best, nil
-		}
-	}
-
-	if single && l.conn != nil {
-		// The dedicated connection encodes the arguments before Ints waits: the key
-		// bytes can be sent from buf, without a string each.
-		for i := range checks {
-			s.kb = append(s.kb, s.key(i))
-		}
-	} else {
-		for i := range checks {
-			s.keys = append(s.keys, string(s.key(i)))
-		}
-	}
-	timeout := l.timeout
-	if within > 0 && (timeout <= 0 || within < timeout) {
-		timeout = within
-	}
-	if timeout > 0 && !(single && l.conn != nil) {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-		timeout = 0 // the context bounds every call
-	}
-	var d ratebudget.Decision
 	if single {
-		s.idx = s.idx[:0]
-		for i := range checks {
-			s.idx = append(s.idx, i)
+		all := make([]int, n)
+		for i := range all {
+			all[i] = i
 		}
-		if _, err := l.spend(ctx, timeout, s, checks); err != nil {
+		if _, err := c.allow(ctx, d, all, true); err != nil {
 			return ratebudget.Decision{}, err
 		}
-		d = ratebudget.Combine(checks, s.outs)
-	} else {
-		var err error
-		if d, err = l.allowGroups(ctx, s, checks); err != nil {
-			return ratebudget.Decision{}, err
-		}
+		return ratebudget.Combine(checks, d.outs), nil
 	}
-	switch {
-	case l.refusals == nil:
-	case d.Allowed:
-		// The spend makes any refusal cached for these budgets a stale report.
-		for i := 0; i < len(checks) && !l.refusals.Empty(); i++ {
-			l.refusals.Forget(s.cacheKey(i, &checks[i]))
-		}
-	case !d.Exceeded && d.RetryAfter > 0:
-		// d reports the outcome Redis decided for checks[d.Index] (allowGroups only
-		// reports refusals that a script returned).
-		l.refusals.Store(s.cacheKey(d.Index, &checks[d.Index]), checks[d.Index].Cost, sent, d)
-	}
-	return d, nil
+	return c.allowGroups(ctx, d)
 }
 
-// spend decides the checks in s.idx and spends them if all are admitted (runAllow in
-// write mode), coalesced with concurrent identical decisions under WithCoalescing.
-func (l *Limiter) spend(ctx context.Context, timeout time.Duration, s *scratch, checks []ratebudget.Check) (bool, error) {
-	if l.coal != nil {
-		return l.spendCoalesced(ctx, timeout, s, checks)
-	}
-	return l.runAllow(ctx, timeout, s, checks, true)
-}
-
-// group sets s.idx to the checks in the slot of checks[first].
-func (s *scratch) group(first int) {
-	s.idx = s.idx[:0]
-	for i := first; i < len(s.slots); i++ {
-		if s.slots[i] == s.slots[first] {
-			s.idx = append(s.idx, i)
+// group returns the checks in the slot of check first, if first is the first of them.
+func (d *decision) group(first int) []int {
+	for j := 0; j < first; j++ {
+		if d.slots[j] == d.slots[first] {
+			return nil
 		}
 	}
-}
-
-// firstOfGroup reports whether check i is the first of its slot group.
-func (s *scratch) firstOfGroup(i int) bool {
-	for j := 0; j < i; j++ {
-		if s.slots[j] == s.slots[i] {
-			return false
+	var g []int
+	for i := first; i < len(d.slots); i++ {
+		if d.slots[i] == d.slots[first] {
+			g = append(g, i)
 		}
 	}
-	return true
+	return g
 }
 
-func (l *Limiter) allowGroups(ctx context.Context, s *scratch, checks []ratebudget.Check) (ratebudget.Decision, error) {
+// allowGroups decides checks of several slots, slot group by slot group in order of
+// first appearance, and refunds the groups admitted when a later one refuses or fails.
+func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decision, error) {
 	refused := false
-	for i := range checks {
-		if !s.firstOfGroup(i) {
+	for i := range d.checks {
+		g := d.group(i)
+		if g == nil {
 			continue
 		}
-		s.group(i)
 		if refused {
 			// Decide the rest without writing, so that the decision reports the same
 			// rule as a single-step limiter would. On failure the group counts as
 			// admitted: it then cannot be reported (a refusal is already decided).
-			if _, err := l.runAllow(ctx, 0, s, checks, false); err != nil {
-				for _, j := range s.idx {
-					s.outs[j] = ratebudget.Outcome{Allowed: true}
+			if _, err := c.allow(ctx, d, g, false); err != nil {
+				for _, j := range g {
+					d.outs[j] = ratebudget.Outcome{Allowed: true}
 				}
 			}
 			continue
 		}
-		ok, err := l.spend(ctx, 0, s, checks)
+		ok, err := c.allow(ctx, d, g, true)
 		if err != nil {
-			l.refundDone(ctx, s, checks)
+			c.refund(ctx, d)
 			return ratebudget.Decision{}, err
 		}
 		if !ok {
 			refused = true
-			l.refundDone(ctx, s, checks)
+			c.refund(ctx, d)
 			continue
 		}
-		s.done = append(s.done, i)
+		d.done = append(d.done, g)
 	}
-	return ratebudget.Combine(checks, s.outs), nil
+	return ratebudget.Combine(d.checks, d.outs), nil
 }
 
-// refundDone gives back the spend of the groups in s.done, best effort: errors are
+// refund gives back the spend of the groups in d.done, best effort: errors are
 // ignored (the decision is a refusal or an error either way).
-func (l *Limiter) refundDone(ctx context.Context, s *scratch, checks []ratebudget.Check) {
-	if len(s.done) == 0 {
+func (c *core) refund(ctx context.Context, d *decision) {
+	if len(d.done) == 0 {
 		return
 	}
 	// The refund outlives a canceled caller, but not its deadline: a refund cut short
 	// leaves the spend in place (an over-count, never an under-count).
-	deadline := time.Now().Add(l.refundTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+	deadline := time.Now().Add(refundTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
-	for _, first := range s.done {
-		s.group(first)
-		s.gkeys = s.gkeys[:0]
-		args := make([]any, 0, 6*len(s.idx))
-		for _, j := range s.idx {
-			c := &checks[j]
-			s.gkeys = append(s.gkeys, s.keys[j])
-			args = append(args, int64(c.Rule.Algorithm), c.Rule.Limit, c.Rule.Window.Milliseconds(),
-				c.Rule.Capacity(), c.Cost, s.aux[j])
+	for _, g := range d.done {
+		keys := make([]string, 0, len(g))
+		args := make([]any, 0, 6*len(g))
+		for _, j := range g {
+			ch := &d.checks[j]
+			keys = append(keys, d.keys[j])
+			args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, ch.Rule.Window.Milliseconds(),
+				ch.Rule.Capacity(), ch.Cost, d.aux[j])
 		}
-		if l.proc == nil {
-			_ = l.refund.Run(ctx, l.client, s.gkeys, args...).Err()
-			continue
-		}
-		_ = l.processScript(ctx, l.refund, refundSource, s.gkeys, args) // copies its arguments
+		_, _ = c.run(ctx, refundScript, refundSource, keys, args)
 	}
-	s.done = s.done[:0]
+	d.done = nil
 }
 
-// processScript runs script through l.proc as EVALSHA, and as EVAL after NOSCRIPT.
-func (l *Limiter) processScript(ctx context.Context, script *redis.Script, src string, keys []string, args []any) error {
+// allow runs allow.lua for the checks g of d (spending them if write and all are
+// admitted) and stores their outcomes in d.outs and d.aux. It reports whether all
+// were admitted.
+func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (bool, error) {
+	keys := make([]string, 0, len(g))
+	args := make([]any, 0, 1+5*len(g))
+	if write {
+		args = append(args, "1")
+	} else {
+		args = append(args, "0")
+	}
+	for _, j := range g {
+		ch := &d.checks[j]
+		keys = append(keys, d.keys[j])
+		args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, ch.Rule.Window.Milliseconds(),
+			ch.Rule.Capacity(), ch.Cost)
+	}
+	v, err := c.run(ctx, allowScript, allowSource, keys, args)
+	if err != nil {
+		return false, classify(err)
+	}
+	return parseAllow(v, d, g)
+}
+
+// run runs script with EVALSHA, and with EVAL when the server's script cache does not
+// hold it (NOSCRIPT), as go-redis's Script.Run does.
+func (c *core) run(ctx context.Context, script *redis.Script, src string, keys []string, args []any) (any, error) {
+	v, err := c.send(ctx, "evalsha", script.Hash(), keys, args)
+	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+		v, err = c.send(ctx, "eval", src, keys, args)
+	}
+	return v, err
+}
+
+// send sends one EVALSHA or EVAL: on the caller's goroutine when no other decision is
+// in flight, else through the pipeline.
+func (c *core) send(ctx context.Context, verb, body string, keys []string, args []any) (any, error) {
+	var p *redis.AutoPipeliner
+	if c.direct == nil {
+		p = c.pipe
+	} else {
+		n := c.inflight.Add(1)
+		defer c.inflight.Add(-1)
+		if n > 1 {
+			p = c.pipeline()
+		}
+	}
+	if p == nil {
+		if verb == "eval" {
+			return c.direct.Eval(ctx, body, keys, args...).Result()
+		}
+		return c.direct.EvalSha(ctx, body, keys, args...).Result()
+	}
 	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
-	cmdArgs = append(cmdArgs, "evalsha", script.Hash(), len(keys))
+	cmdArgs = append(cmdArgs, verb, body, len(keys))
 	for _, k := range keys {
 		cmdArgs = append(cmdArgs, k)
 	}
 	cmdArgs = append(cmdArgs, args...)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
-	cmd.SetFirstKeyPos(3)
-	err := l.proc.Process(ctx, cmd)
-	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
-		cmdArgs[0], cmdArgs[1] = "eval", src
-		cmd = redis.NewCmd(ctx, cmdArgs...)
-		cmd.SetFirstKeyPos(3)
-		err = l.proc.Process(ctx, cmd)
-	}
-	return err
-}
-
-// BoundByContext reports whether Allow returns once its context is done whatever Redis
-// does (see [ratebudget.ContextBound]): true with pipelining (the default with go-redis's
-// own clients) and with [WithDedicatedConnection], whose callers wait on their context,
-// and with a client whose ContextTimeoutEnabled option lets the context bound its
-// socket reads.
-func (l *Limiter) BoundByContext() bool {
-	if _, ok := l.proc.(*autopipe.Batcher); ok || l.conn != nil {
-		return true
-	}
-	switch c := l.client.(type) {
-	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
-	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
-	}
-	return false
-}
-
-var _ ratebudget.ContextBound = (*Limiter)(nil)
-
-// processor runs a prepared command: go-redis's own clients.
-type processor interface {
-	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
-// runAllow runs allow.lua for the checks in s.idx and stores their outcomes in s.outs
-// and s.aux. It reports whether all were admitted.
-//
-// A timeout above zero bounds the call over the dedicated connection (other paths get
-// their bound from ctx).
-func (l *Limiter) runAllow(ctx context.Context, timeout time.Duration, s *scratch, checks []ratebudget.Check, write bool) (bool, error) {
-	mode := "0"
-	if write {
-		mode = "1"
-	}
-	// The numeric arguments, written before any pointer to them is taken.
-	s.nums = s.nums[:0]
-	for _, j := range s.idx {
-		c := &checks[j]
-		s.nums = append(s.nums, int64(c.Rule.Algorithm), c.Rule.Limit, c.Rule.Window.Milliseconds(),
-			c.Rule.Capacity(), c.Cost*s.mult)
-	}
-	var v any
-	var err error
-	if l.conn != nil {
-		// The dedicated connection reads the integers without go-redis values.
-		if s.ints, err = l.processInts(ctx, timeout, s, mode); err != nil {
-			if errors.Is(err, wire.ErrReplyShape) {
-				return false, badReply(err.Error())
-			}
-			return false, classify(err)
-		}
-		return parseAllow(s.ints, s, len(s.idx))
-	}
-	if l.proc != nil {
-		v, err = l.process(ctx, s, mode)
-	} else {
-		s.gkeys = s.gkeys[:0]
-		args := make([]any, 0, 1+len(s.nums))
-		args = append(args, mode)
-		for _, j := range s.idx {
-			s.gkeys = append(s.gkeys, s.keys[j])
-		}
-		for _, n := range s.nums {
-			args = append(args, n)
-		}
-		v, err = l.allow.Run(ctx, l.client, s.gkeys, args...).Result()
-	}
-	if err != nil {
-		return false, classify(err)
-	}
-	if s.ints, err = replyInts(v, s.ints[:0]); err != nil {
-		return false, err
-	}
-	return parseAllow(s.ints, s, len(s.idx))
-}
-
-// processInts is process over the dedicated connection.
-func (l *Limiter) processInts(ctx context.Context, timeout time.Duration, s *scratch, mode string) ([]int64, error) {
-	l.allowArgs(s, mode)
-	start := time.Now()
-	ints, err := l.conn.Ints(ctx, timeout, s.args, s.ints[:0])
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if timeout > 0 {
-			if timeout -= time.Since(start); timeout <= 0 {
-				return ints, context.DeadlineExceeded // no time left to send EVAL
-			}
-		}
-		s.args[0], s.args[1] = "eval", l.allowSrc
-		ints, err = l.conn.Ints(ctx, timeout, s.args, s.ints[:0])
-	}
-	return ints, err
-}
-
-// allowArgs sets s.args to allow.lua's EVALSHA for the checks in s.idx: keys and
-// numbers are passed by pointer, which go-redis and the dedicated connection write
-// without boxing them into new interface values.
-func (l *Limiter) allowArgs(s *scratch, mode string) {
-	s.args = append(s.args[:0], "evalsha", l.allowSHA, len(s.idx))
-	for _, j := range s.idx {
-		if len(s.kb) > 0 {
-			s.args = append(s.args, &s.kb[j])
-		} else {
-			s.args = append(s.args, &s.keys[j])
-		}
-	}
-	if mode == "1" {
-		s.args = append(s.args, "1") // a constant: no boxing
-	} else {
-		s.args = append(s.args, "0")
-	}
-	for k := range s.nums {
-		s.args = append(s.args, &s.nums[k])
-	}
-}
-
-// replyInts appends the integers of a go-redis reply to dst; a reply of another shape
-// is a bad reply.
-func replyInts(v any, dst []int64) ([]int64, error) {
-	vals, ok := v.([]any)
-	if !ok {
-		return dst, badReply(fmt.Sprintf("%T, want an array", v))
-	}
-	for e, x := range vals {
-		n, ok := x.(int64)
-		if !ok {
-			return dst, badReply(fmt.Sprintf("element %d is %T, want an integer", e, x))
-		}
-		dst = append(dst, n)
-	}
-	return dst, nil
-}
-
-// process sends EVALSHA (and EVAL after NOSCRIPT, as go-redis's Script.Run does) with
-// the argument list of allowArgs.
-func (l *Limiter) process(ctx context.Context, s *scratch, mode string) (any, error) {
-	l.allowArgs(s, mode)
-	cmd := redis.NewCmd(ctx, s.args...)
-	cmd.SetFirstKeyPos(3)
-	err := l.proc.Process(ctx, cmd)
-	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
-		s.args[0], s.args[1] = "eval", l.allowSrc
-		cmd = redis.NewCmd(ctx, s.args...)
-		cmd.SetFirstKeyPos(3)
-		err = l.proc.Process(ctx, cmd)
-	}
-	if err != nil {
-		var rErr redis.Error
-		if !errors.As(err, &rErr) {
-			s.lost = true
-		}
+	if err := c.submit(ctx, p, cmd); err != nil {
 		return nil, err
 	}
 	return cmd.Val(), nil
 }
 
-// parseAllow checks allow.lua's reply for n checks and stores it in s.outs and s.aux.
-func parseAllow(vals []int64, s *scratch, n int) (bool, error) {
-	if len(vals) != 6*n {
-		return false, badReply(fmt.Sprintf("%d elements, want %d", len(vals), 6*n))
+// pipeline returns the AutoPipeliner for concurrent decisions, or nil.
+func (c *core) pipeline() *redis.AutoPipeliner {
+	if c.newPipe != nil {
+		c.pipeOnce.Do(func() {
+			if p, err := c.newPipe(); err == nil {
+				c.pipe = p
+			}
+		})
+	}
+	return c.pipe
+}
+
+// submit sends cmd through p and waits for its reply or for ctx. A blocking-face
+// AutoPipeliner refuses Submit; cmd is then processed on it.
+func (c *core) submit(ctx context.Context, p *redis.AutoPipeliner, cmd redis.Cmder) error {
+	err := p.Submit(ctx, cmd).WaitContext(ctx)
+	if errors.Is(err, redis.ErrSubmitBlockingFace) {
+		err = p.Process(ctx, cmd)
+	}
+	return err
+}
+
+// parseAllow checks allow.lua's reply for the checks g and stores it in d.outs and
+// d.aux.
+func parseAllow(v any, d *decision, g []int) (bool, error) {
+	vals, ok := v.([]any)
+	if !ok {
+		return false, badReply(fmt.Sprintf("%T, want an array", v))
+	}
+	if len(vals) != 6*len(g) {
+		return false, badReply(fmt.Sprintf("%d elements, want %d", len(vals), 6*len(g)))
 	}
 	all := true
-	for k, j := range s.idx {
+	for k, j := range g {
 		var f [6]int64
-		copy(f[:], vals[6*k:])
+		for e := range f {
+			n, ok := vals[6*k+e].(int64)
+			if !ok {
+				return false, badReply(fmt.Sprintf("element %d is %T, want an integer", 6*k+e, vals[6*k+e]))
+			}
+			f[e] = n
+		}
 		if f[0] < 0 || f[0] > 1 || f[1] < 0 || f[1] > 1 || f[3] < 0 || f[4] < 0 || f[5] < 0 {
 			return false, badReply(fmt.Sprintf("check %d: out-of-range values %v", k, f))
 		}
@@ -817,8 +522,8 @@ func parseAllow(vals []int64, s *scratch, n int) (bool, error) {
 			return false, badReply(fmt.Sprintf("check %d: both allowed and exceeded", k))
 		}
 		all = all && o.Allowed
-		s.outs[j] = o
-		s.aux[j] = f[5]
+		d.outs[j] = o
+		d.aux[j] = f[5]
 	}
 	return all, nil
 }

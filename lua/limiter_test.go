@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,14 +23,13 @@ func uniquePrefix(t *testing.T) string {
 	return fmt.Sprintf("rbtest%d-%d", time.Now().UnixNano(), prefixSeq.Add(1))
 }
 
-// newLimiter returns a limiter on c under a prefix of its own, closed when the test ends.
-func newLimiter(t *testing.T, c lua.Client, opts ...lua.Option) *lua.Limiter {
+// newLimiter returns a limiter on c under a prefix of its own.
+func newLimiter(t *testing.T, c redis.Scripter, opts ...lua.Option) *lua.Limiter {
 	t.Helper()
 	l, err := lua.New(c, append([]lua.Option{lua.WithPrefix(uniquePrefix(t))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
 	return l
 }
 
@@ -45,7 +45,7 @@ func TestConformanceProcess(t *testing.T) {
 }
 
 func TestNewValidatesOptions(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer c.Close()
 	cases := []struct {
 		name  string
@@ -55,12 +55,12 @@ func TestNewValidatesOptions(t *testing.T) {
 		{"empty prefix", "WithPrefix", []lua.Option{lua.WithPrefix("")}},
 		{"brace prefix", "WithPrefix", []lua.Option{lua.WithPrefix("a{b")}},
 		{"space prefix", "WithPrefix", []lua.Option{lua.WithPrefix("a b")}},
-		{"negative timeout", "WithTimeout", []lua.Option{lua.WithTimeout(-1)}},
-		{"zero refund timeout", "WithRefundTimeout", []lua.Option{lua.WithRefundTimeout(0)}},
+		{"long prefix", "WithPrefix", []lua.Option{lua.WithPrefix(strings.Repeat("p", 65))}},
 		{"nil option", "options", []lua.Option{nil}},
-		{"zero refusal cache", "WithRefusalCache", []lua.Option{lua.WithRefusalCache(0)}},
 		{"negative refusal cache", "WithRefusalCache", []lua.Option{lua.WithRefusalCache(-1)}},
-		{"huge refusal cache", "WithRefusalCache", []lua.Option{lua.WithRefusalCache(lua.MaxRefusalCacheSize + 1)}},
+		{"huge refusal cache", "WithRefusalCache", []lua.Option{lua.WithRefusalCache(1<<24 + 1)}},
+		{"short key secret", "WithKeySecret", []lua.Option{lua.WithKeySecret([]byte("fifteen bytes!!"))}},
+		{"long key secret", "WithKeySecret", []lua.Option{lua.WithKeySecret(make([]byte, 1025))}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -74,11 +74,36 @@ func TestNewValidatesOptions(t *testing.T) {
 	if _, err := lua.New(nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
 		t.Fatalf("New(nil) = %v, want a ConfigError", err)
 	}
-	if _, err := lua.New(c, lua.WithRefusalCache(10), lua.WithoutRefusalCache()); err != nil {
+	if _, err := lua.New(c, lua.WithRefusalCache(10), lua.WithRefusalCache(0)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lua.New(c, lua.WithPrefix("app:v1"), lua.WithTimeout(50*time.Millisecond)); err != nil {
+	if _, err := lua.New(c, lua.WithPrefix("app:v1"), lua.WithKeySecret(make([]byte, 16)), lua.WithRefusalCache(1<<24)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestNewRefusesClients: a client whose socket reads ignore the context's deadline, and
+// a *redis.Ring (which shards keys by its own hash, not by hash slot), are refused with a
+// ConfigError naming the field at fault.
+func TestNewRefusesClients(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client redis.Scripter
+		field  string
+	}{
+		{"client without ContextTimeoutEnabled", redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), "ContextTimeoutEnabled"},
+		{"cluster without ContextTimeoutEnabled", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), "ContextTimeoutEnabled"},
+		{"failover client without ContextTimeoutEnabled", redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "m", SentinelAddrs: []string{"127.0.0.1:1"}}), "ContextTimeoutEnabled"},
+		{"ring", redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1", "b": "127.0.0.1:2"}, ContextTimeoutEnabled: true}), "client"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer tc.client.(interface{ Close() error }).Close()
+			_, err := lua.New(tc.client)
+			var ce *ratebudget.ConfigError
+			if !errors.As(err, &ce) || ce.Field != tc.field {
+				t.Fatalf("New: %v, want a ConfigError naming %s", err, tc.field)
+			}
+		})
 	}
 }
 
@@ -87,7 +112,7 @@ func TestStoreErrors(t *testing.T) {
 	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 1, Window: time.Second}, Cost: 1}}
 
 	t.Run("dial refused", func(t *testing.T) {
-		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second, ContextTimeoutEnabled: true})
 		defer c.Close()
 		l, _ := lua.New(c)
 		_, err := l.Allow(context.Background(), chk)
@@ -97,7 +122,7 @@ func TestStoreErrors(t *testing.T) {
 		}
 	})
 	t.Run("canceled before sending", func(t *testing.T) {
-		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 		defer c.Close()
 		l, _ := lua.New(c)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -124,7 +149,7 @@ func TestStoreErrors(t *testing.T) {
 		}
 	})
 	t.Run("client closed", func(t *testing.T) {
-		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+		c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 		c.Close()
 		l, _ := lua.New(c)
 		_, err := l.Allow(context.Background(), chk)

@@ -48,7 +48,7 @@ type rollingCase struct {
 func newRollingCase(t *testing.T, limit int64, window time.Duration, cost int64) rollingCase {
 	t.Helper()
 	c := redistest.Start(t).Client(t)
-	l := newLimiter(t, c, lua.WithoutRefusalCache())
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	rule := ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: limit, Window: window}
 	chk := []ratebudget.Check{{Rule: rule, Identity: "ann", Cost: cost}}
 	return rollingCase{c: c, l: l, chk: chk, key: l.Key(chk[0])}

@@ -36,7 +36,6 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/keyfuncs"
-	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -85,7 +84,6 @@ type options struct {
 	trustedProxies []string
 	ipv6Prefix     int
 	noLimit        bool
-	redisPool      bool
 	coalesce       int
 	oneServer      bool
 	server         serverLimits
@@ -154,7 +152,6 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	proxies := fs.String("trusted-proxies", "", "comma-separated CIDRs of proxies whose X-Forwarded-For is believed")
 	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
 	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
-	fs.BoolVar(&o.redisPool, "redis-pool", false, "send Redis decisions through the client's pool, pipelined, instead of a dedicated connection")
 	fs.IntVar(&o.coalesce, "coalesce", 256, "with -redis: decide up to this many concurrent requests for one budget as one call (lua.WithCoalescing); 0: off")
 	fs.BoolVar(&o.oneServer, "one-server", true, "with -redis: every key is on that one server (no Cluster, no sharding proxy), so rules of different identities are decided in one call (lua.WithOneServer)")
 	fs.DurationVar(&o.server.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "time to read a request's line and headers (0: no limit)")
@@ -197,8 +194,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if o.storeError, err = middleware.ParsePolicy(*policy); err != nil {
 		return o, err
 	}
-	if o.coalesce != 0 && (o.coalesce < 2 || o.coalesce > lua.MaxCoalescedGroup) {
-		return o, fmt.Errorf("-coalesce: must be 0 (off) or 2 to %d requests, got %d", lua.MaxCoalescedGroup, o.coalesce)
+	if o.coalesce != 0 && (o.coalesce < 2 || o.coalesce > 4096) {
+		return o, fmt.Errorf("-coalesce: must be 0 (off) or 2 to 4096 requests, got %d", o.coalesce)
 	}
 	if *proxies != "" {
 		for _, p := range strings.Split(*proxies, ",") {

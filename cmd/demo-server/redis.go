@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -31,16 +32,18 @@ func newRedisClient(url string, timeout time.Duration) (*redis.Client, error) {
 	return redis.NewClient(opt), nil
 }
 
+// keySecretEnv names the environment variable holding the secret that keys the
+// budget keys' digests (lua.WithKeySecret); every replica must be given the same one.
+const keySecretEnv = "RATEBUDGET_KEY_SECRET"
+
 func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Limiter, func(), error) {
 	client, err := newRedisClient(o.redisURL, o.storeTimeout)
 	if err != nil {
 		return nil, nil, err
 	}
 	opts := []lua.Option{lua.WithPrefix("rb-demo")}
-	if !o.redisPool {
-		// Decisions go over a connection of their own (see lua.WithDedicatedConnection):
-		// the demo uses no go-redis hooks, and it is the cheapest path per decision.
-		opts = append(opts, lua.WithDedicatedConnection())
+	if secret := os.Getenv(keySecretEnv); secret != "" {
+		opts = append(opts, lua.WithKeySecret([]byte(secret)))
 	}
 	if o.oneServer {
 		opts = append(opts, lua.WithOneServer())
@@ -53,11 +56,16 @@ func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudg
 		client.Close()
 		return nil, nil, err
 	}
-	// Starting without Redis is allowed: the failure policy applies until it answers.
-	pctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		log.Warn("redis not reachable at startup; the store-error policy applies until it is", "policy", o.storeError.String(), "err", err)
+	if !lim.Keyed() {
+		log.Warn("budget keys are not keyed by a secret: anyone can compute which Redis Cluster slot an identity lands in; set " + keySecretEnv + " (16 to 1024 bytes, the same on every replica)")
 	}
-	return lim, func() { lim.Close(); client.Close() }, nil
+	// Load the scripts and open connections now, so that the first decisions do not
+	// pay for it within their deadline. Starting without Redis is allowed: the failure
+	// policy applies until it answers.
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := lim.Load(lctx); err != nil {
+		log.Warn("redis not ready at startup; the store-error policy applies until it is", "policy", o.storeError.String(), "err", err)
+	}
+	return lim, func() { client.Close() }, nil
 }

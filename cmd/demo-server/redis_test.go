@@ -24,7 +24,7 @@ func TestTwoServersShareOneRedisBudget(t *testing.T) {
 	a := startDemo(t, "-redis", url, "-limit", "20", "-window", "30s", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
 	// The second server sends its decisions through the client's pool: both transports
 	// spend the same budget.
-	b := startDemo(t, "-redis", url, "-redis-pool", "-limit", "20", "-window", "30s", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
+	b := startDemo(t, "-redis", url, "-limit", "20", "-window", "30s", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
 
 	for trial := range 3 {
 		var admitted, refused atomic.Int32

@@ -42,9 +42,9 @@
 --                   read. The member repeats the score so that reading an event needs
 --                   no WITHSCORES (a double formatted by the server, parsed again here).
 --                   Cumulative sums are rebased below 2^46, so Lua's own number-to-string
---                   conversion (%.14g) writes them exactly. Members of the earlier forms
---                   "<16-digit cumulative cost>:<cost>" and "<sum>:<cost>:<ms>" are still
---                   read (the first's time from ZSCORE); they never name the window.
+--                   conversion (%.14g) writes them exactly. A rebase rewrites the older
+--                   events as "<sum>:<cost>:<ms>", and a refund can leave the newest
+--                   so; such a member never names the window.
 --                   PEXPIRE = until the newest event leaves the window.
 -- Every number stays an exact integer below 2^53.
 --
@@ -58,9 +58,7 @@
 -- and a binary search over ranks for a refusal's retry time. TIME once per call, only
 -- when a rolling window is decided. Lua work is kept small next to the
 -- commands: no closure is created, a single check keeps its state in locals and
--- builds one table (the reply), and a group builds two (the reply and S, created at
--- their final size for 2 or 3 checks, since growing a Lua table costs more than a
--- command).
+-- builds one table (the reply), and a group builds two (the reply and S).
 -- Formatting a number costs about as much as a whole command, so the common paths
 -- pass strings: the caller's window and cost strings (required in canonical decimal
 -- form), the server time as TIME's own digits, and literal ranks. Numbers that must be
@@ -88,15 +86,10 @@ local fmod, format, match, find, sub = math.fmod, string.format, string.match, s
 -- (equal except for a token bucket) and a cost of '1' needs no parsing: tonumber is the
 -- costly part. (x % 1 ~= 0 also rejects NaN and infinities.) A single check's values
 -- stay in locals; several checks' go to S, 12 per check: these 5, then the 7 plan values
--- below. S and the reply are created at their size for 2 or 3 checks (growing a Lua
--- table costs more than the commands).
+-- below.
 local a, lim, w, capa, k
 local S, reply
-if n == 2 then
-  S, reply = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0,0,0,0,0}
-elseif n == 3 then
-  S, reply = {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}, {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0}
-elseif n > 3 then
+if n > 1 then
   S, reply = {}, {}
 end
 for i = 1, n do
@@ -260,8 +253,7 @@ for i = 1, n do
     if nmember then
       local na, nc, nt, nb, no = match(nmember, '^(%d+):(%d+):(%d+):(%d+):(%d+)$')
       if not na then
-        na, nc, nt = match(nmember, '^(%d+):(%d+):?(%d*)$')
-        if nt == '' then nt = call('ZSCORE', key, nmember) end
+        na, nc, nt = match(nmember, '^(%d+):(%d+):(%d+)$')
       end
       nacc, ncost, last = tonumber(na), tonumber(nc), tonumber(nt)
       if not (nacc and ncost and last) then
@@ -279,8 +271,8 @@ for i = 1, n do
           basestr, oms = nb, no
           base = tonumber(nb)
         else
-          -- Events have left the window (or the newest predates these fields): trim
-          -- them when writing, and read the oldest event that is left.
+          -- Events have left the window (or the newest does not name it): trim them
+          -- when writing, and read the oldest event that is left.
           local first, oacc, ocost
           if write then
             call('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', edge))
@@ -289,8 +281,7 @@ for i = 1, n do
             first = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', edge), '+inf', 'LIMIT', '0', '1')[1]
             ofirst = first
           end
-          if first then oacc, ocost, oms = match(first, '^(%d+):(%d+):?(%d*)') end
-          if oms == '' then oms = call('ZSCORE', key, first) end
+          if first then oacc, ocost, oms = match(first, '^(%d+):(%d+):(%d+)') end
           oacc, ocost = tonumber(oacc), tonumber(ocost)
           if not (oacc and ocost and oms) then
             return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)

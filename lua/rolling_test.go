@@ -150,36 +150,6 @@ func TestRollingLogForm(t *testing.T) {
 	}
 }
 
-// TestRollingEarlierMembers: a log written in the earlier member form
-// ("<16-digit cumulative cost>:<cost>", time only in the score) is still counted, its
-// retry time is still found, and new events join it in the current form.
-func TestRollingEarlierMembers(t *testing.T) {
-	rc := newRollingCase(t, 10, time.Minute, 1)
-	now := serverMillis(t, rc.c)
-	// 6 units: 2 at now-30s, 4 at now-10s.
-	rc.writeLog(t, 50*time.Second,
-		event(now-30000, fmt.Sprintf("%016d:%d", 2, 2)),
-		event(now-10000, fmt.Sprintf("%016d:%d", 6, 4)))
-	d := rc.allow(t, 5)
-	if d.Allowed || d.Remaining != 4 {
-		t.Fatalf("cost 5 over 6 spent of 10: %+v; want refused with 4 remaining", d)
-	}
-	// 2 units leave at now-30s+1m: about 30s from now, not later.
-	if d.RetryAfter <= 25*time.Second || d.RetryAfter > 30*time.Second {
-		t.Fatalf("retry after %v, want about 30s (when the oldest event leaves)", d.RetryAfter)
-	}
-	if d = rc.allow(t, 3); !d.Allowed || d.Remaining != 1 {
-		t.Fatalf("cost 3: %+v; want admitted with 1 remaining", d)
-	}
-	zs := rollingLog(t, rc.c, rc.key)
-	if len(zs) != 3 {
-		t.Fatalf("log %v, want the two earlier events and a new one", zs)
-	}
-	if m := zs[2].Member.(string); m != fmt.Sprintf("9:3:%.0f:0:%d", zs[2].Score, now-30000) {
-		t.Fatalf("new member %q, want 9:3:<its ms>:0:<the oldest event's ms>", m)
-	}
-}
-
 // TestRollingClockAhead: an event ahead of the server's clock (the clock went back)
 // takes the new event into its millisecond, and the key lives until that event leaves
 // the window.
@@ -187,7 +157,7 @@ func TestRollingClockAhead(t *testing.T) {
 	rc := newRollingCase(t, 10, 10*time.Second, 2)
 	start := time.Now() // the TTL may drop by the time the test takes from here
 	ahead := serverMillis(t, rc.c) + 5000
-	rc.writeLog(t, 15*time.Second, event(ahead, fmt.Sprintf("3:3:%d", ahead)))
+	rc.writeLog(t, 15*time.Second, event(ahead, fmt.Sprintf("3:3:%d:0:%d", ahead, ahead)))
 	if d := rc.allow(t, 2); !d.Allowed || d.Remaining != 5 {
 		t.Fatalf("cost 2 over 3 spent of 10: %+v; want admitted with 5 remaining", d)
 	}
@@ -516,12 +486,9 @@ func rollingWalk(t *testing.T, rc rollingCase, rng *rand.Rand, limit int64, wind
 }
 
 // TestRollingRebase: cumulative sums about to pass 2^46 are rewritten relative to the
-// window's oldest event, aged events trimmed, without changing any outcome; that holds
-// for a log in the earlier form too, whose sums may be far above 2^46 (it was rebased
-// at 2^52), beyond what Lua's %.14g writes exactly.
+// window's oldest event, aged events trimmed, without changing any outcome.
 func TestRollingRebase(t *testing.T) {
 	const near = int64(1)<<46 - 3
-	const far = int64(1) << 50 // 1125899906842624; %.14g writes 1.1258999068426e+15
 	for _, tc := range []struct {
 		name string
 		log  func(now int64) []redis.Z
@@ -538,14 +505,6 @@ func TestRollingRebase(t *testing.T) {
 			}
 		}, 30, func(now int64) []string {
 			return []string{fmt.Sprintf("10:10:%d", now-20000), fmt.Sprintf("30:20:%d", now-10000)}
-		}},
-		{"earlier form near 2^50", func(now int64) []redis.Z {
-			return []redis.Z{ // 7 and 30 units
-				event(now-20000, fmt.Sprintf("%016d:%d", far+7, 7)),
-				event(now-10000, fmt.Sprintf("%016d:%d", far+37, 30)),
-			}
-		}, 37, func(now int64) []string {
-			return []string{fmt.Sprintf("7:7:%d", now-20000), fmt.Sprintf("37:30:%d", now-10000)}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

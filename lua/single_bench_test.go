@@ -24,11 +24,15 @@ func singleCallerTransports(b *testing.B, c *redis.Client) []struct {
 	if err != nil {
 		b.Fatal(err)
 	}
+	demo, err := lua.New(c, lua.WithPrefix("bench1"), lua.WithOneServer(), lua.WithCoalescing(256))
+	if err != nil {
+		b.Fatal(err)
+	}
 	return []struct {
 		name string
 		l    ratebudget.Limiter
 		base redis.Scripter
-	}{{"client", l, c}}
+	}{{"client", l, c}, {"demo", demo, c}}
 }
 
 // BenchmarkSingleCaller measures a decision with nothing else in flight: one caller,

@@ -24,3 +24,6 @@ func Waiting(l *Limiter) (members, flights int) {
 // is sealed, just before its members are woken. Set it before the limiter's first
 // decision.
 func OnSeal(l *Limiter, f func()) { l.coal.sealed = f }
+
+// AllowSource is allow.lua.
+var AllowSource = allowSource

@@ -292,14 +292,24 @@ func (c *core) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget
 		return ratebudget.Decision{}, se
 	}
 	n := len(checks)
-	d := &decision{
-		checks: checks,
-		keys:   make([]string, n),
-		slots:  make([]uint16, n),
-		outs:   make([]ratebudget.Outcome, n),
-		aux:    make([]int64, n),
+	// Room for a few checks on the stack: most decisions need no other allocation here.
+	var (
+		keys    [4]string
+		slots   [4]uint16
+		outs    [4]ratebudget.Outcome
+		aux     [4]int64
+		idx     [4]int
+		kb, sb  [128]byte
+		buf     = kb[:0]
+		scratch = sb[:0]
+	)
+	d := &decision{checks: checks, keys: keys[:0], slots: slots[:0], outs: outs[:0], aux: aux[:0]}
+	for range n {
+		d.keys = append(d.keys, "")
+		d.slots = append(d.slots, 0)
+		d.outs = append(d.outs, ratebudget.Outcome{})
+		d.aux = append(d.aux, 0)
 	}
-	var buf, scratch []byte
 	single := true
 	for i := range checks {
 		var k []byte
@@ -309,9 +319,9 @@ func (c *core) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget
 		single = single && (c.oneServer || d.slots[i] == d.slots[0])
 	}
 	if single {
-		all := make([]int, n)
-		for i := range all {
-			all[i] = i
+		all := idx[:0]
+		for i := range n {
+			all = append(all, i)
 		}
 		if _, err := c.allow(ctx, d, all, true); err != nil {
 			return ratebudget.Decision{}, err

@@ -86,10 +86,15 @@ local fmod, format, match, find, sub = math.fmod, string.format, string.match, s
 -- (equal except for a token bucket) and a cost of '1' needs no parsing: tonumber is the
 -- costly part. (x % 1 ~= 0 also rejects NaN and infinities.) A single check's values
 -- stay in locals; several checks' go to S, 12 per check: these 5, then the 7 plan values
--- below.
+-- below. Their tables are created at their final size, in one allocation each (a table
+-- constructor takes all the values of the call that ends it: here 12n and 6n zeros),
+-- since growing a Lua table costs more than a command.
 local a, lim, w, capa, k
 local S, reply
-if n > 1 then
+if n > 1 and n <= 64 then
+  local byte, rep = string.byte, string.rep
+  S, reply = {byte(rep('\0', 12 * n), 1, -1)}, {byte(rep('\0', 6 * n), 1, -1)}
+elseif n > 64 then
   S, reply = {}, {}
 end
 for i = 1, n do

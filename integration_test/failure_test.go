@@ -38,8 +38,7 @@ const (
 type clientVariant struct {
 	name string
 	opts *redis.Options
-	// dedicated: the limiter sends decisions over its own connection
-	// (lua.WithDedicatedConnection) instead of the client's pool.
+	// dedicated is unused: every decision goes through the client.
 	dedicated bool
 }
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end cost of the limiter: the demo server with its Redis limiter against the same
 # server without a limiter (-no-limit), loaded over loopback by wrk, in alternation. The
-# limiter runs three ways: as the demo runs it (a dedicated connection, with coalescing),
-# without coalescing (-coalesce 0), and through the client's pool (-redis-pool
-# -coalesce 0).
+# limiter runs three ways: as the demo runs it (one server, with coalescing), without
+# coalescing (-coalesce 0), and without coalescing or -one-server (-coalesce 0
+# -one-server=false: a request's checks of several slots are decided slot by slot).
 # Every request is admitted (the limit is huge), so all serve the same work and the
 # ratio is the price of a Redis decision per request. By default every request comes from
 # one client, so all spend one budget (a hot budget: coalescing groups them); with
@@ -68,8 +68,8 @@ serve() { # args: extra demo flags; prints requests/s, then demo and Redis CPU �
 	kill "$demo"; wait "$demo" 2>/dev/null || true; demo=
 }
 
-printf '%-6s %11s %11s %6s %11s %6s %11s %6s   %s\n' round "no limiter" "coalesced" ratio "dedicated" ratio "pool" ratio \
-	"CPU µs/request: demo without; demo, redis with coalesced; dedicated; pool"
+printf '%-6s %11s %11s %6s %11s %6s %11s %6s   %s\n' round "no limiter" "coalesced" ratio "one call" ratio "slots" ratio \
+	"CPU µs/request: demo without; demo, redis with coalesced; one call; slots"
 for r in $(seq "$rounds"); do
 	# Each round starts at another variant, so that none always runs first or last.
 	for k in 0 1 2 3; do
@@ -77,7 +77,7 @@ for r in $(seq "$rounds"); do
 		0) read -r off doff _ < <(serve -no-limit) ;;
 		1) read -r co dco rco < <(serve) ;;
 		2) read -r on don ron < <(serve -coalesce 0) ;;
-		3) read -r pool dpool rpool < <(serve -redis-pool -coalesce 0) ;;
+		3) read -r pool dpool rpool < <(serve -coalesce 0 -one-server=false) ;;
 		esac
 	done
 	rco_+=("$(echo "$co / $off" | bc -l)"); ron_+=("$(echo "$on / $off" | bc -l)"); rpool_+=("$(echo "$pool / $off" | bc -l)")

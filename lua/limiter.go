@@ -67,10 +67,7 @@ type config struct {
 	oneServer bool
 }
 
-// DefaultPrefix is the key prefix when [WithPrefix] is not given.
-const DefaultPrefix = "rb"
-
-// WithPrefix sets the first part of every key (default [DefaultPrefix]), to give each
+// WithPrefix sets the first part of every key (default "rb"), to give each
 // application or environment sharing a Redis its own budgets. It must be 1 to 64 bytes
 // of printable ASCII other than space, '{' and '}' (braces would change the Redis
 // Cluster hash slot).
@@ -105,12 +102,8 @@ func WithKeySecret(secret []byte) Option {
 	}
 }
 
-// DefaultRefusalCacheSize is the number of refusals the limiter remembers when
-// [WithRefusalCache] is not given.
-const DefaultRefusalCacheSize = 1 << 16
-
-// WithRefusalCache sets how many refusals the limiter remembers (default
-// [DefaultRefusalCacheSize]; 0 turns the cache off): a budget that refused a cost with
+// WithRefusalCache sets how many refusals the limiter remembers (default 65,536; 0
+// turns the cache off): a budget that refused a cost with
 // a known wait is refused again locally, without a call to Redis, for requests of at
 // least that cost until the wait is over (see the package documentation for why this
 // is exact). n must be 0 to 2^24; the cache holds at most n entries, plus one per
@@ -177,7 +170,7 @@ func WithOneServer() Option {
 // Without [WithKeySecret] the keys' digests are unkeyed ([Limiter.Keyed] reports
 // false): a service should log a warning then.
 func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
-	cfg := config{prefix: DefaultPrefix, cacheSize: DefaultRefusalCacheSize}
+	cfg := config{prefix: "rb", cacheSize: 1 << 16}
 	for _, o := range opts {
 		if o == nil {
 			return nil, &ratebudget.ConfigError{Field: "options", Problem: "must not be nil"}

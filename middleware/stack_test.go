@@ -334,7 +334,7 @@ func TestStackedLayersOneRedisCall(t *testing.T) {
 	client := srv.Client(t)
 	hook := &cmdCount{n: map[string]int{}}
 	client.AddHook(hook)
-	lim, err := lua.New(client, lua.WithPrefix("onecall"), lua.WithoutRefusalCache())
+	lim, err := lua.New(client, lua.WithPrefix("onecall"), lua.WithRefusalCache(0))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@
 //
 // [New] accepts any go-redis client that runs scripts: *redis.Client (also from
 // NewFailoverClient), *redis.ClusterClient, *redis.AutoPipeliner, or another
-// [redis.Scripter]. Every command goes through that client, so its hooks (tracing,
+// redis.Scripter. Every command goes through that client, so its hooks (tracing,
 // metrics), credentials, RESP version and routing apply. Configure it with:
 //   - ContextTimeoutEnabled: true, required (New refuses a *redis.Client or
 //     *redis.ClusterClient without it): the caller's deadline then bounds the socket, and

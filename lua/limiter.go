@@ -188,16 +188,25 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 	case *redis.Ring:
 		return nil, &ratebudget.ConfigError{Field: "client", Problem: "*redis.Ring is not supported: it shards keys by its own hash, which can split a decision's checks or a shared budget between shards; use a *redis.ClusterClient or one *redis.Client"}
 	case *redis.Client:
+		if cl == nil {
+			return nil, &ratebudget.ConfigError{Field: "client", Problem: "must not be nil"}
+		}
 		if !cl.Options().ContextTimeoutEnabled {
 			return nil, noTimeout
 		}
 		c.newPipe = cl.AsyncAutoPipeline
 	case *redis.ClusterClient:
+		if cl == nil {
+			return nil, &ratebudget.ConfigError{Field: "client", Problem: "must not be nil"}
+		}
 		if !cl.Options().ContextTimeoutEnabled {
 			return nil, noTimeout
 		}
 		c.newPipe = cl.AsyncAutoPipeline
 	case *redis.AutoPipeliner:
+		if cl == nil {
+			return nil, &ratebudget.ConfigError{Field: "client", Problem: "must not be nil"}
+		}
 		c.direct, c.pipe = nil, cl
 	}
 	if _, ok := client.(*redis.Client); cfg.oneServer && !ok {
@@ -273,16 +282,13 @@ type decision struct {
 	done   [][]int // groups admitted, to refund if a later one refuses
 }
 
-// Allow is the limiter without its refusal cache.
+// Allow is the limiter without its layers (refusal cache, coalescing).
 func (c *core) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	if err := ratebudget.ValidateChecks(checks); err != nil {
 		return ratebudget.Decision{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		// Nothing was sent: the outcome is certain.
-		se := classify(err).(*ratebudget.StoreError)
-		se.Uncertain = false
-		return ratebudget.Decision{}, se
+		return ratebudget.Decision{}, certain(err) // nothing was sent
 	}
 	n := len(checks)
 	// Room for a few checks on the stack: most decisions need no other allocation here.

@@ -86,6 +86,7 @@ type options struct {
 	noLimit        bool
 	coalesce       int
 	oneServer      bool
+	maxBudgets     int
 	server         serverLimits
 }
 
@@ -153,6 +154,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
 	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
 	fs.IntVar(&o.coalesce, "coalesce", 256, "with -redis: decide up to this many concurrent requests for one budget as one call (lua.WithCoalescing); 0: off")
+	fs.IntVar(&o.maxBudgets, "max-budgets", ratebudget.DefaultMaxBudgets, "without -redis: most budgets held in process; past it the least recently used budget of a shard is evicted (ratebudget.WithMaxBudgets)")
 	fs.BoolVar(&o.oneServer, "one-server", true, "with -redis: every key is on that one server (no Cluster, no sharding proxy), so rules of different identities are decided in one call (lua.WithOneServer)")
 	fs.DurationVar(&o.server.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "time to read a request's line and headers (0: no limit)")
 	fs.DurationVar(&o.server.readTimeout, "read-timeout", defaultReadTimeout, "time to read a whole request, body included (0: no limit)")
@@ -255,8 +257,11 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 
 func newLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Limiter, func(), error) {
 	if o.redisURL == "" {
-		m, err := ratebudget.NewMemory()
-		return m, func() {}, err
+		m, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(o.maxBudgets))
+		if err != nil {
+			return nil, nil, fmt.Errorf("-max-budgets: %w", err)
+		}
+		return m, func() {}, nil
 	}
 	return newRedisLimiter(ctx, o, log)
 }
@@ -278,6 +283,16 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 	m := metrics.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m, collectors.NewGoCollector())
+	if mem, ok := lim.(*ratebudget.Memory); ok {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratebudget_memory_evictions_total",
+			Help: "Budgets the in-process limiter evicted at its -max-budgets cap before their windows ended.",
+		}, func() float64 { return float64(mem.Evictions()) }))
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "ratebudget_memory_budgets",
+			Help: "Budgets the in-process limiter holds, expired ones not yet swept included.",
+		}, func() float64 { return float64(mem.Len()) }))
+	}
 	common := []middleware.Option{
 		middleware.WithHeaders(o.style),
 		middleware.WithStoreErrorPolicy(o.storeError),

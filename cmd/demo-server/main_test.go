@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -407,4 +408,45 @@ func mustRequest(t *testing.T, method, url string, hdr map[string]string) *http.
 		req.Header.Set(k, v)
 	}
 	return req
+}
+
+// -max-budgets caps the in-process budgets: 300 rotating client addresses against a cap
+// of 64 leave at most 64 budgets held, and /metrics counts the evictions.
+func TestMaxBudgetsEvictsAndCounts(t *testing.T) {
+	base := startDemo(t, "-limit", "5", "-window", "1h", "-max-budgets", "64", "-trusted-proxies", "127.0.0.1/32")
+	for i := range 300 {
+		ip := fmt.Sprintf("198.51.100.%d", i%250)
+		if i >= 250 {
+			ip = fmt.Sprintf("203.0.113.%d", i-250)
+		}
+		if code := get(t, "GET", base+"/api/hello", map[string]string{"X-Forwarded-For": ip}).StatusCode; code != 200 {
+			t.Fatalf("client %s: %d, want 200 (its first request)", ip, code)
+		}
+	}
+	r, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	var held, evicted float64
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "ratebudget_memory_budgets "); ok {
+			held, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(line, "ratebudget_memory_evictions_total "); ok {
+			evicted, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if held < 1 || held > 64 || evicted < 300-64 {
+		t.Fatalf("budgets held %v, evictions %v: want at most 64 held and at least 236 evicted", held, evicted)
+	}
+	for _, bad := range []string{"0", "63"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := run(ctx, []string{"-addr", "127.0.0.1:0", "-max-budgets", bad}, io.Discard, nil)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "max-budgets") {
+			t.Errorf("-max-budgets %s: error %v, want one naming -max-budgets", bad, err)
+		}
+	}
 }

@@ -69,14 +69,7 @@ func startDemo(t *testing.T, args ...string) string {
 
 func get(t *testing.T, method, url string, hdr map[string]string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequest(method, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(mustRequest(t, method, url, hdr))
 	if err != nil {
 		t.Fatal(err)
 	}

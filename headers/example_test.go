@@ -13,11 +13,11 @@ import (
 func ExampleWriteTooManyRequests() {
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/api/hello", nil)
-	headers.WriteTooManyRequests(rec, req, headers.Both, headers.Info{
+	headers.WriteTooManyRequests(rec, req, headers.Both, []headers.Info{{
 		Policy: "hello", Limit: 10, Remaining: 0,
 		Reset: 41500 * time.Millisecond, Window: time.Minute, RetryAfter: 41500 * time.Millisecond,
 		Available: 41500 * time.Millisecond, // a fixed window: more quota comes when it ends
-	})
+	}}, 0)
 	fmt.Println(rec.Code)
 	for _, h := range []string{"Retry-After", "Cache-Control", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "RateLimit-Policy", "RateLimit"} {
 		fmt.Printf("%s: %s\n", h, rec.Header().Get(h))

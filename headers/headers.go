@@ -10,7 +10,7 @@
 // The X-RateLimit-* values describe one budget: the reported rule (the refusing rule, or
 // when admitted the most restrictive one), for the identity and scope of this request.
 // The IETF fields list every rule of the request as its own list member, in the order of
-// the rules ([WriteRules]).
+// the rules ([Write]).
 //
 //	header                  unit                         meaning
 //	X-RateLimit-Limit       cost units                   the rule's capacity (Limit, or Burst for a token bucket)
@@ -33,6 +33,18 @@
 // Draft-11's qu (quota unit) is sent when [Info].Unit is set to a unit other than the
 // default "requests"; its pk (partition key) when [Info].PartitionKey is set. Draft-10
 // has neither.
+//
+// # Refusal bodies
+//
+// [WriteTooManyRequests], [WriteCostExceeded], [WriteUnavailable] and [WriteInvalid]
+// send Cache-Control: no-store and a body chosen by the request's Accept header: short
+// text/plain ("Too Many Requests: rate limit \"api\" exhausted; retry in 42s") unless
+// the client prefers JSON (it names application/json, application/problem+json or
+// application/* with a weight at least that of text/plain), then an RFC 9457
+// application/problem+json object with the members type, title, status, detail, and as
+// they apply policy (the reported rule), violated-policies (every refusing rule),
+// retry_after (seconds), cost, remaining, capacity and invalid ("identity", "scope" or
+// "cost"). HEAD gets the headers only.
 package headers
 
 import (
@@ -163,64 +175,45 @@ type Info struct {
 	// another rule only): RateLimit-Policy lists the rule, RateLimit does not.
 	Unreported bool
 	// LimitText, when not empty, is Limit in decimal, formatted once by a caller that
-	// keeps one per rule; Write copies it instead of formatting Limit.
+	// keeps one per rule; Write copies it instead of formatting Limit. It is ignored
+	// when longer than 20 bytes.
 	LimitText string
 }
 
-// Seconds converts d to whole seconds, rounded up; zero and negative durations give 0.
-func Seconds(d time.Duration) int64 {
+// seconds converts d to whole seconds, rounded up; zero and negative durations give 0.
+func seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
 	return int64((d + time.Second - 1) / time.Second)
 }
 
-// RetryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least 1.
+// retryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least 1.
 // Rounding down would invite a retry that is certain to be refused.
-func RetryAfterSeconds(d time.Duration) int64 {
-	return max(Seconds(d), 1)
+func retryAfterSeconds(d time.Duration) int64 {
+	return max(seconds(d), 1)
 }
 
-// Write sets the metadata headers of style s on h from in, replacing earlier values.
-// It is [WriteRules] for a request with one rule.
-func Write(h http.Header, s Style, in Info) {
-	if s == None || !s.Valid() {
-		return
-	}
-	if s.x() {
-		writeX(h, &in)
-	}
-	if s.ietf() {
-		var buf [2*MaxPolicyNameLen + 128]byte
-		b := appendPolicy(buf[:0], &in, s.draft10())
-		i := len(b)
-		b = appendRateLimit(b, &in, s.draft10())
-		all := string(b)
-		vals := make([]string, 2)
-		vals[0], vals[1] = all[:i], all[i:]
-		h[keyPolicy] = vals[0:1:1]
-		h[keyRateLimit] = vals[1:2:2]
-	}
-}
-
-// WriteRules sets the metadata headers of style s on h for a request decided under
-// several rules, replacing earlier values: X-RateLimit-* describe rules[reported] (the
-// refusing rule, or when admitted the most restrictive one); RateLimit-Policy and
-// RateLimit list every rule as its own list member, in order. An out-of-range reported
-// index writes no X-RateLimit-* fields.
-func WriteRules(h http.Header, s Style, rules []Info, reported int) {
+// Write sets the metadata headers of style s on h for a request decided under rules,
+// replacing earlier values: X-RateLimit-* describe rules[reported] (the refusing rule,
+// or when admitted the most restrictive one); RateLimit-Policy and RateLimit list every
+// rule as its own list member, in order (a rule marked Unreported only in
+// RateLimit-Policy). A request under one rule passes a one-element slice and 0. An
+// out-of-range reported index writes no X-RateLimit-* fields; style [None], an unknown
+// style or no rules write nothing. Write keeps no reference to rules.
+func Write(h http.Header, s Style, rules []Info, reported int) {
 	if s == None || !s.Valid() || len(rules) == 0 {
 		return
 	}
 	if len(rules) == 1 && reported == 0 && !rules[0].Unreported {
-		Write(h, s, rules[0])
+		writeOne(h, s, &rules[0])
 		return
 	}
 	if s.x() && reported >= 0 && reported < len(rules) {
 		writeX(h, &rules[reported])
 	}
 	if s.ietf() {
-		b := make([]byte, 0, len(rules)*(MaxPolicyNameLen+64))
+		b := make([]byte, 0, len(rules)*(maxPolicyNameLen+64))
 		for i := range rules {
 			if i > 0 {
 				b = append(b, ", "...)
@@ -251,6 +244,24 @@ func WriteRules(h http.Header, s Style, rules []Info, reported int) {
 	}
 }
 
+// writeOne is Write for a single reported rule, with fewer allocations.
+func writeOne(h http.Header, s Style, in *Info) {
+	if s.x() {
+		writeX(h, in)
+	}
+	if s.ietf() {
+		var buf [2*maxPolicyNameLen + 128]byte
+		b := appendPolicy(buf[:0], in, s.draft10())
+		i := len(b)
+		b = appendRateLimit(b, in, s.draft10())
+		all := string(b)
+		vals := make([]string, 2)
+		vals[0], vals[1] = all[:i], all[i:]
+		h[keyPolicy] = vals[0:1:1]
+		h[keyRateLimit] = vals[1:2:2]
+	}
+}
+
 // writeX sets the X-RateLimit-* fields in one allocation: the values and the slices h
 // holds share it.
 func writeX(h http.Header, in *Info) {
@@ -264,16 +275,16 @@ func writeX(h http.Header, in *Info) {
 	i := len(b)
 	b = strconv.AppendInt(b, max(in.Remaining, 0), 10)
 	j := len(b)
-	b = strconv.AppendInt(b, Seconds(in.Reset), 10)
+	b = strconv.AppendInt(b, seconds(in.Reset), 10)
 	v.vals[0], v.vals[1], v.vals[2] = v.str(b, 0, i), v.str(b, i, j), v.str(b, j, len(b))
 	h[keyLimit] = v.vals[0:1:1]
 	h[keyRemaining] = v.vals[1:2:2]
 	h[keyReset] = v.vals[2:3:3]
 }
 
-// MaxPolicyNameLen is the policy-name length up to which Write formats the IETF fields
-// without an extra allocation (longer names still work).
-const MaxPolicyNameLen = 64
+// maxPolicyNameLen is the policy-name length up to which Write formats the IETF fields
+// of one rule without an extra allocation (longer names still work).
+const maxPolicyNameLen = 64
 
 // values3 holds three header values and their bytes in one allocation. Its strings point
 // into buf, which is never written after they are made.
@@ -290,29 +301,6 @@ func (v *values3) str(b []byte, i, j int) string {
 	return unsafe.String(&b[i], j-i)
 }
 
-// PolicyValue formats a draft-11 RateLimit-Policy item: "<name>";q=<quota>;w=<window
-// seconds>.
-func PolicyValue(name string, quota int64, window time.Duration) string {
-	return string(appendPolicy(nil, &Info{Policy: name, Limit: quota, Window: window}, false))
-}
-
-// RateLimitValue formats a draft-10 RateLimit item: "<name>";r=<remaining>;t=<reset
-// seconds, rounded up>.
-func RateLimitValue(name string, remaining int64, reset time.Duration) string {
-	return string(appendRateLimit(nil, &Info{Policy: name, Remaining: remaining, Reset: reset}, true))
-}
-
-// FormatItems returns the RateLimit-Policy and RateLimit values that [WriteRules] would
-// send for rules under style s ("" for styles without IETF fields).
-func FormatItems(s Style, rules []Info) (policy, ratelimit string) {
-	if !s.ietf() {
-		return "", ""
-	}
-	h := http.Header{}
-	WriteRules(h, s, rules, -1)
-	return h.Get(Policy), h.Get(RateLimit)
-}
-
 func appendPolicy(b []byte, in *Info, draft10 bool) []byte {
 	b = appendSFString(b, in.Policy)
 	b = append(b, ";q="...)
@@ -323,7 +311,7 @@ func appendPolicy(b []byte, in *Info, draft10 bool) []byte {
 	}
 	if in.Window > 0 {
 		b = append(b, ";w="...)
-		b = strconv.AppendInt(b, max(Seconds(in.Window), 1), 10)
+		b = strconv.AppendInt(b, max(seconds(in.Window), 1), 10)
 	}
 	if !draft10 && in.PartitionKey != "" {
 		b = appendPK(b, in.PartitionKey)
@@ -338,7 +326,7 @@ func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
 	switch {
 	case draft10:
 		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, Seconds(in.Reset), 10)
+		b = strconv.AppendInt(b, seconds(in.Reset), 10)
 	case in.Available > 0:
 		// Rounded down: within the rounded-up value the client could use more.
 		b = append(b, ";t="...)

@@ -9,34 +9,14 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/problem"
 )
-
-func TestRetryAfterSeconds(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		d    time.Duration
-		want int64
-	}{
-		{0, 1}, {-time.Second, 1}, {time.Nanosecond, 1}, {999 * time.Millisecond, 1},
-		{time.Second, 1}, {time.Second + time.Millisecond, 2}, {59*time.Second + 1, 60}, {time.Hour, 3600},
-	} {
-		if got := headers.RetryAfterSeconds(tc.d); got != tc.want {
-			t.Errorf("RetryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
-		}
-	}
-	if got := headers.Seconds(0); got != 0 {
-		t.Errorf("Seconds(0) = %d, want 0", got)
-	}
-	if got := headers.Seconds(1500 * time.Millisecond); got != 2 {
-		t.Errorf("Seconds(1.5s) = %d, want 2", got)
-	}
-}
 
 func TestWriteStyles(t *testing.T) {
 	t.Parallel()
 	in := headers.Info{Policy: "api", Limit: 100, Remaining: -3, Reset: 2500 * time.Millisecond, Window: time.Minute, Available: 2500 * time.Millisecond}
 	h := http.Header{}
-	headers.Write(h, headers.Both, in)
+	headers.Write(h, headers.Both, []headers.Info{in}, 0)
 	want := map[string]string{
 		"X-RateLimit-Limit":     "100",
 		"X-RateLimit-Remaining": "0", // negative values are clamped
@@ -55,13 +35,13 @@ func TestWriteStyles(t *testing.T) {
 		pre := http.Header{}
 		withText := in
 		withText.LimitText = tc.text
-		headers.Write(pre, headers.XRateLimit, withText)
+		headers.Write(pre, headers.XRateLimit, []headers.Info{withText}, 0)
 		if got := pre.Get("X-RateLimit-Limit"); got != tc.want || pre.Get("X-RateLimit-Remaining") != "0" || pre.Get("X-RateLimit-Reset") != "3" {
 			t.Errorf("LimitText %q: %v, want X-RateLimit-Limit %q", tc.text, pre, tc.want)
 		}
 	}
 	none := http.Header{}
-	headers.Write(none, headers.None, in)
+	headers.Write(none, headers.None, []headers.Info{in}, 0)
 	if len(none) != 0 {
 		t.Errorf("None wrote %v", none)
 	}
@@ -92,7 +72,7 @@ func TestTooManyRequests(t *testing.T) {
 		if tc.accept != "" {
 			req.Header.Set("Accept", tc.accept)
 		}
-		headers.WriteTooManyRequests(rec, req, headers.XRateLimit, in)
+		headers.WriteTooManyRequests(rec, req, headers.XRateLimit, []headers.Info{in}, 0)
 		if rec.Code != 429 || rec.Header().Get("Retry-After") != "2" || rec.Header().Get("Cache-Control") != "no-store" {
 			t.Fatalf("Accept %q: %d %v", tc.accept, rec.Code, rec.Header())
 		}
@@ -100,7 +80,7 @@ func TestTooManyRequests(t *testing.T) {
 			t.Errorf("Accept %q: Content-Type %q, want %q", tc.accept, got, tc.ctype)
 		}
 		if tc.ctype == "application/problem+json" {
-			var p headers.Problem
+			var p problem.Problem
 			if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Policy != "api" || p.RetryAfter != 2 || p.Status != 429 {
 				t.Errorf("problem %+v %v", p, err)
 			}
@@ -120,32 +100,22 @@ func TestUnavailableIsNot429(t *testing.T) {
 func TestHeadHasNoBody(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	headers.WriteCostExceeded(rec, httptest.NewRequest("HEAD", "/", nil), headers.XRateLimit, headers.Info{Policy: "p", Limit: 3}, 4)
+	headers.WriteCostExceeded(rec, httptest.NewRequest("HEAD", "/", nil), headers.XRateLimit, []headers.Info{{Policy: "p", Limit: 3}}, 0, 4)
 	if rec.Code != 413 || rec.Body.Len() != 0 || rec.Header().Get("Content-Length") == "0" || rec.Header().Get("Retry-After") != "" {
 		t.Fatalf("%d %q %v", rec.Code, rec.Body.String(), rec.Header())
 	}
 }
 
 func BenchmarkWrite(b *testing.B) {
-	in := headers.Info{Policy: "api", Limit: 100, Remaining: 42, Reset: 30 * time.Second, Window: time.Minute}
+	rules := []headers.Info{{Policy: "api", Limit: 100, Remaining: 42, Reset: 30 * time.Second, Window: time.Minute}}
 	h := http.Header{}
 	b.ReportAllocs()
 	for b.Loop() {
-		headers.Write(h, headers.XRateLimit, in)
+		headers.Write(h, headers.XRateLimit, rules, 0)
 	}
 }
 
-func TestStructuredFieldValues(t *testing.T) {
-	t.Parallel()
-	if got, want := headers.PolicyValue("a\"b\\c\x01", 7, 1500*time.Millisecond), `"a\"b\\c";q=7;w=2`; got != want {
-		t.Errorf("PolicyValue = %s, want %s", got, want)
-	}
-	if got, want := headers.RateLimitValue("api", -1, 0), `"api";r=0;t=0`; got != want {
-		t.Errorf("RateLimitValue = %s, want %s", got, want)
-	}
-}
-
-func TestWriteRulesListsEveryRule(t *testing.T) {
+func TestWriteListsEveryRule(t *testing.T) {
 	t.Parallel()
 	rules := []headers.Info{
 		{Policy: "per-client", Limit: 5, Remaining: 3, Reset: 50 * time.Second, Window: time.Minute, Available: 50 * time.Second},
@@ -169,7 +139,7 @@ func TestWriteRulesListsEveryRule(t *testing.T) {
 		{headers.XRateLimit, true, "", ""},
 	} {
 		h := http.Header{}
-		headers.WriteRules(h, tc.style, rules, 0)
+		headers.Write(h, tc.style, rules, 0)
 		if got := h.Get("RateLimit-Policy"); got != tc.policy {
 			t.Errorf("%v: RateLimit-Policy %s, want %s", tc.style, got, tc.policy)
 		}
@@ -179,17 +149,14 @@ func TestWriteRulesListsEveryRule(t *testing.T) {
 		if got := h.Get("X-RateLimit-Remaining"); (got == "3") != tc.x || tc.x && (h.Get("X-RateLimit-Limit") != "5" || h.Get("X-RateLimit-Reset") != "50") {
 			t.Errorf("%v: X-RateLimit-* %v, want the reported rule's: %v", tc.style, h, tc.x)
 		}
-		if p, rl := headers.FormatItems(tc.style, rules); p != tc.policy || rl != tc.ratelimit {
-			t.Errorf("%v: FormatItems %q %q", tc.style, p, rl)
-		}
 	}
 }
 
 func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 	t.Parallel()
-	decode := func(rec *httptest.ResponseRecorder) headers.Problem {
+	decode := func(rec *httptest.ResponseRecorder) problem.Problem {
 		t.Helper()
-		var p headers.Problem
+		var p problem.Problem
 		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
 			t.Fatal(err)
 		}
@@ -199,7 +166,7 @@ func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 	req.Header.Set("Accept", "application/json")
 	// Cost 3 with 2 units left: not "exhausted".
 	rec := httptest.NewRecorder()
-	headers.WriteTooManyRequests(rec, req, headers.XRateLimit, headers.Info{Policy: "api", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second})
+	headers.WriteTooManyRequests(rec, req, headers.XRateLimit, []headers.Info{{Policy: "api", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second}}, 0)
 	p := decode(rec)
 	if want := `the cost 3 of this request does not fit the 2 units left in rate limit "api"; retry in 1s`; p.Detail != want || p.Cost != 3 || p.Remaining != 2 {
 		t.Errorf("cost that does not fit: %+v, want detail %q", p, want)
@@ -212,19 +179,19 @@ func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 	}
 	// Nothing left: exhausted.
 	rec = httptest.NewRecorder()
-	headers.WriteTooManyRequests(rec, req, headers.XRateLimit, headers.Info{Policy: "api", Limit: 5, Remaining: 0, Cost: 3, RetryAfter: time.Second})
+	headers.WriteTooManyRequests(rec, req, headers.XRateLimit, []headers.Info{{Policy: "api", Limit: 5, Remaining: 0, Cost: 3, RetryAfter: time.Second}}, 0)
 	if p := decode(rec); p.Detail != `rate limit "api" exhausted; retry in 1s` {
 		t.Errorf("exhausted: %q", p.Detail)
 	}
 	// No metadata (an authentication route): the remaining count is not told.
 	rec = httptest.NewRecorder()
-	headers.WriteTooManyRequests(rec, req, headers.None, headers.Info{Policy: "login", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second})
+	headers.WriteTooManyRequests(rec, req, headers.None, []headers.Info{{Policy: "login", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second}}, 0)
 	if p := decode(rec); strings.Contains(p.Detail, "2") || p.Remaining != 0 || !strings.Contains(p.Detail, "does not fit") {
 		t.Errorf("style None: %+v", p)
 	}
 	// Several rules: every refusing rule is named; the reported one decides the wait.
 	rec = httptest.NewRecorder()
-	headers.WriteTooManyRequestsRules(rec, req, headers.Both, []headers.Info{
+	headers.WriteTooManyRequests(rec, req, headers.Both, []headers.Info{
 		{Policy: "outer", Limit: 5, Remaining: 0, RetryAfter: 3 * time.Second, Violated: true},
 		{Policy: "ok", Limit: 9, Remaining: 8},
 		{Policy: "inner", Limit: 2, Remaining: 0, RetryAfter: 9 * time.Second, Violated: true},
@@ -249,7 +216,7 @@ func TestWriteInvalidNamesThePart(t *testing.T) {
 	req := httptest.NewRequest("GET", "/", nil)
 	req.Header.Set("Accept", "application/problem+json")
 	headers.WriteInvalid(rec, req, headers.PartIdentity, "identity could not be determined")
-	var p headers.Problem
+	var p problem.Problem
 	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Invalid != "identity" || p.Status != 400 || p.Detail != "rate-limit identity: identity could not be determined" {
 		t.Fatalf("%+v %v", p, err)
 	}

@@ -1,111 +1,39 @@
 package headers
 
 import (
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
-// Problem types used in application/problem+json bodies (RFC 9457). The first two are the
-// types proposed by draft-ietf-httpapi-ratelimit-headers.
-const (
-	ProblemQuotaExceeded    = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-	ProblemReducedCapacity  = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
-	ProblemCostExceedsLimit = "urn:ratebudget:problem:cost-exceeds-capacity"
-	ProblemInvalidRequest   = "urn:ratebudget:problem:unidentified-request"
-)
-
-// Parts of a request's budget that can fail to be determined, for [WriteInvalid] and
-// [Problem].Invalid.
+// Parts of a request's budget that can fail to be determined, for [WriteInvalid].
 const (
 	PartIdentity = "identity"
 	PartScope    = "scope"
 	PartCost     = "cost"
 )
 
-// Problem is an RFC 9457 problem details object, with the extension members this package
-// uses.
-type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-	// Policy is the reported rule's name (the refusing one for a 429 or 413).
-	Policy string `json:"policy,omitempty"`
-	// ViolatedPolicies names every rule that refused the request (the quota-exceeded
-	// problem type's member, draft-ietf-httpapi-ratelimit-headers-11 §5.1).
-	ViolatedPolicies []string `json:"violated-policies,omitempty"`
-	// RetryAfter is the Retry-After value, in seconds.
-	RetryAfter int64 `json:"retry_after,omitempty"`
-	// Cost is the request's cost; Remaining what the refusing rule had left (429), or
-	// Capacity the most the rule can ever admit (413).
-	Cost      int64 `json:"cost,omitempty"`
-	Remaining int64 `json:"remaining,omitempty"`
-	Capacity  int64 `json:"capacity,omitempty"`
-	// Invalid names what could not be determined for a 400: "identity", "scope" or "cost".
-	Invalid string `json:"invalid,omitempty"`
-}
-
-// WriteProblem writes p with status p.Status: as application/problem+json when the client
-// prefers JSON ([AcceptsJSON]), as short text/plain otherwise. It sets Cache-Control:
-// no-store, because refusals describe one moment and must not be cached (RFC 6585 §4);
-// so no cache keeps one, and the body's dependence on Accept needs no Vary. Headers
-// already set on w (Retry-After, metadata) are kept. Nothing is written for HEAD beyond
-// the headers.
-func WriteProblem(w http.ResponseWriter, r *http.Request, p Problem) {
-	h := w.Header()
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	var body []byte
-	if AcceptsJSON(r) {
-		h.Set("Content-Type", "application/problem+json")
-		body, _ = json.Marshal(p) // a struct of strings and ints: cannot fail
-		body = append(body, '\n')
-	} else {
-		h.Set("Content-Type", "text/plain; charset=utf-8")
-		text := p.Title
-		if p.Detail != "" {
-			text += ": " + p.Detail
-		}
-		body = []byte(text + "\n")
-	}
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(p.Status)
-	if r.Method != http.MethodHead {
-		_, _ = w.Write(body)
-	}
-}
-
 // WriteTooManyRequests writes the 429 refusal for a caller over its allowance (RFC 6585
-// §4) under one rule. It is [WriteTooManyRequestsRules] with one rule.
-func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s Style, in Info) {
-	in.Violated = true
-	WriteTooManyRequestsRules(w, r, s, []Info{in}, 0)
-}
-
-// WriteTooManyRequestsRules writes the 429 refusal of a request decided under several
-// rules, rules[reported] being the refusing rule with the longest wait: Retry-After in
-// whole seconds (rounded up, at least 1) from it, Cache-Control: no-store, the metadata
-// of style s for every rule ([WriteRules]), and a body naming what happened. A refusal
-// of a cost larger than what remains (cost 3, 2 units left) says so, because the client
-// sees a positive remaining count; a refusal with nothing left says the limit is
-// exhausted. The problem's violated-policies lists every rule marked Violated (the
-// reported one when none is).
-func WriteTooManyRequestsRules(w http.ResponseWriter, r *http.Request, s Style, rules []Info, reported int) {
-	if reported < 0 || reported >= len(rules) {
-		reported = 0
-		if len(rules) == 0 {
-			rules = []Info{{}}
-		}
-	}
+// §4), for a request decided under rules, rules[reported] being the refusing rule with
+// the longest wait (a request under one rule passes a one-element slice and 0):
+// Retry-After in whole seconds (rounded up, at least 1) from it, Cache-Control:
+// no-store, the metadata of style s for every rule ([Write]), and a body naming what
+// happened. A refusal of a cost larger than what remains (cost 3, 2 units left) says so,
+// because the client sees a positive remaining count; a refusal with nothing left says
+// the limit is exhausted. The problem's violated-policies lists every rule marked
+// Violated (the reported one when none is). An out-of-range reported index reports
+// rules[0].
+func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s Style, rules []Info, reported int) {
+	rules, reported = clampReported(rules, reported)
 	in := &rules[reported]
-	WriteRules(w.Header(), s, rules, reported)
-	secs := RetryAfterSeconds(in.RetryAfter)
+	Write(w.Header(), s, rules, reported)
+	secs := retryAfterSeconds(in.RetryAfter)
 	w.Header().Set(RetryAfter, strconv.FormatInt(secs, 10))
 	wait := "; retry in " + strconv.FormatInt(secs, 10) + "s"
-	p := Problem{
-		Type:       ProblemQuotaExceeded,
+	p := problem.Problem{
+		Type:       problem.QuotaExceeded,
 		Title:      "Too Many Requests",
 		Status:     http.StatusTooManyRequests,
 		Policy:     in.Policy,
@@ -123,39 +51,21 @@ func WriteTooManyRequestsRules(w http.ResponseWriter, r *http.Request, s Style, 
 	} else {
 		p.Detail = "rate limit " + strconv.Quote(in.Policy) + " exhausted" + wait
 	}
-	for i := range rules {
-		if rules[i].Violated {
-			p.ViolatedPolicies = append(p.ViolatedPolicies, rules[i].Policy)
-		}
-	}
-	if p.ViolatedPolicies == nil {
-		p.ViolatedPolicies = []string{in.Policy}
-	}
-	WriteProblem(w, r, p)
+	p.ViolatedPolicies = violated(rules, in)
+	problem.Write(w, r, p)
 }
 
-// WriteCostExceeded writes the refusal for a request whose cost exceeds the capacity of a
-// rule: it can never be admitted, so it is answered 413 Content Too Large without
-// Retry-After (a 429 would invite pointless retries).
-func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s Style, in Info, cost int64) {
-	in.Violated = true
-	WriteCostExceededRules(w, r, s, []Info{in}, 0, cost)
-}
-
-// WriteCostExceededRules is [WriteCostExceeded] for a request under several rules,
-// rules[reported] being the rule whose capacity the cost exceeds; the metadata lists
-// every rule ([WriteRules]).
-func WriteCostExceededRules(w http.ResponseWriter, r *http.Request, s Style, rules []Info, reported int, cost int64) {
-	if reported < 0 || reported >= len(rules) {
-		reported = 0
-		if len(rules) == 0 {
-			rules = []Info{{}}
-		}
-	}
+// WriteCostExceeded writes the refusal for a request whose cost exceeds the capacity of
+// rules[reported]: it can never be admitted, so it is answered 413 Content Too Large
+// without Retry-After (a 429 would invite pointless retries). The metadata of style s
+// lists every rule ([Write]); a request under one rule passes a one-element slice and 0.
+// An out-of-range reported index reports rules[0].
+func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s Style, rules []Info, reported int, cost int64) {
+	rules, reported = clampReported(rules, reported)
 	in := &rules[reported]
-	WriteRules(w.Header(), s, rules, reported)
-	p := Problem{
-		Type:     ProblemCostExceedsLimit,
+	Write(w.Header(), s, rules, reported)
+	p := problem.Problem{
+		Type:     problem.CostExceedsCapacity,
 		Title:    "Request Cost Exceeds Capacity",
 		Status:   http.StatusRequestEntityTooLarge,
 		Detail:   "cost " + strconv.FormatInt(cost, 10) + " exceeds the capacity " + strconv.FormatInt(in.Limit, 10) + " of rate limit " + strconv.Quote(in.Policy) + "; it can never be admitted",
@@ -163,15 +73,33 @@ func WriteCostExceededRules(w http.ResponseWriter, r *http.Request, s Style, rul
 		Cost:     cost,
 		Capacity: in.Limit,
 	}
+	p.ViolatedPolicies = violated(rules, in)
+	problem.Write(w, r, p)
+}
+
+// clampReported makes reported a valid index of rules, which it makes non-empty.
+func clampReported(rules []Info, reported int) ([]Info, int) {
+	if reported >= 0 && reported < len(rules) {
+		return rules, reported
+	}
+	if len(rules) == 0 {
+		rules = []Info{{}}
+	}
+	return rules, 0
+}
+
+// violated names the rules marked Violated, or the reported one when none is.
+func violated(rules []Info, reported *Info) []string {
+	var names []string
 	for i := range rules {
 		if rules[i].Violated {
-			p.ViolatedPolicies = append(p.ViolatedPolicies, rules[i].Policy)
+			names = append(names, rules[i].Policy)
 		}
 	}
-	if p.ViolatedPolicies == nil {
-		p.ViolatedPolicies = []string{in.Policy}
+	if names == nil {
+		names = []string{reported.Policy}
 	}
-	WriteProblem(w, r, p)
+	return names
 }
 
 // WriteUnavailable writes 503 Service Unavailable for a budget store that cannot decide,
@@ -179,26 +107,14 @@ func WriteCostExceededRules(w http.ResponseWriter, r *http.Request, s Style, rul
 // body names the condition without store details; retryAfter (rounded up, at least 1s)
 // is sent as Retry-After.
 func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
-	secs := RetryAfterSeconds(retryAfter)
+	secs := retryAfterSeconds(retryAfter)
 	w.Header().Set(RetryAfter, strconv.FormatInt(secs, 10))
-	WriteProblem(w, r, Problem{
-		Type:       ProblemReducedCapacity,
+	problem.Write(w, r, problem.Problem{
+		Type:       problem.ReducedCapacity,
 		Title:      "Service Unavailable",
 		Status:     http.StatusServiceUnavailable,
 		Detail:     "the rate-limit budget store is unavailable; retry in " + strconv.FormatInt(secs, 10) + "s",
 		RetryAfter: secs,
-	})
-}
-
-// WriteUnidentified writes 400 Bad Request for a request whose rate-limit identity,
-// scope or cost could not be determined, with detail as the body's explanation. Prefer
-// [WriteInvalid], which names the part at fault.
-func WriteUnidentified(w http.ResponseWriter, r *http.Request, detail string) {
-	WriteProblem(w, r, Problem{
-		Type:   ProblemInvalidRequest,
-		Title:  "Bad Request",
-		Status: http.StatusBadRequest,
-		Detail: detail,
 	})
 }
 
@@ -209,8 +125,8 @@ func WriteUnidentified(w http.ResponseWriter, r *http.Request, detail string) {
 // carries part in the member "invalid". Such a request is never counted in a shared
 // budget.
 func WriteInvalid(w http.ResponseWriter, r *http.Request, part, reason string) {
-	WriteProblem(w, r, Problem{
-		Type:    ProblemInvalidRequest,
+	problem.Write(w, r, problem.Problem{
+		Type:    problem.InvalidRequest,
 		Title:   "Bad Request",
 		Status:  http.StatusBadRequest,
 		Detail:  "rate-limit " + part + ": " + reason,

@@ -67,6 +67,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
+	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
 // Rule is a budget and how requests map to it. Identity and Scope have the shape of
@@ -308,15 +309,15 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 		m.cfg.onRefusal(w, r, d)
 		return
 	}
-	headers.WriteCostExceeded(w, r, headers.None, headers.Info{Policy: d.Rule, Limit: d.Limit, Window: d.Window}, cost)
+	headers.WriteCostExceeded(w, r, headers.None, []headers.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window}}, 0, cost)
 }
 
 // misconfigured answers 500 for a limiter that rejected the request's checks: a
 // configuration mistake, not the client's and not the store's.
 func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, err error) {
 	m.observe(&Event{Request: r, Outcome: OutcomeInvalid, Err: err})
-	headers.WriteProblem(w, r, headers.Problem{
-		Type:   headers.ProblemInvalidRequest,
+	problem.Write(w, r, problem.Problem{
+		Type:   problem.InvalidRequest,
 		Title:  "Internal Server Error",
 		Status: http.StatusInternalServerError,
 		Detail: "the rate limit of this route is misconfigured",

@@ -18,6 +18,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
+	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
@@ -124,11 +125,11 @@ func TestRefusalProblemJSON(t *testing.T) {
 	if rec.Code != 429 || rec.Header().Get("Content-Type") != "application/problem+json" {
 		t.Fatalf("%d %q", rec.Code, rec.Header().Get("Content-Type"))
 	}
-	var p headers.Problem
+	var p problem.Problem
 	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
 		t.Fatal(err)
 	}
-	if p.Status != 429 || p.Policy != "hello" || p.RetryAfter != 60 || p.Type != headers.ProblemQuotaExceeded {
+	if p.Status != 429 || p.Policy != "hello" || p.RetryAfter != 60 || p.Type != problem.QuotaExceeded {
 		t.Errorf("problem %+v", p)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
@@ -89,7 +89,7 @@ func TestBadRequestNamesThePart(t *testing.T) {
 		for k, v := range tc.hdr {
 			hdr[k] = v
 		}
-		var p headers.Problem
+		var p problem.Problem
 		if err := json.Unmarshal(do(tc.h, "GET", tc.target, hdr).Body.Bytes(), &p); err != nil || p.Invalid != tc.part || p.Detail != tc.body {
 			t.Errorf("%s %v: problem %+v %v", tc.target, tc.hdr, p, err)
 		}

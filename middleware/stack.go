@@ -10,6 +10,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
+	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
@@ -306,7 +307,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	case d.Allowed:
 		ev.Outcome = OutcomeAllowed
 		observeAll(st, &ev)
-		headers.WriteRules(w.Header(), rep.m.cfg.style, infos, d.Index)
+		headers.Write(w.Header(), rep.m.cfg.style, infos, d.Index)
 		next.ServeHTTP(w, r)
 	case rep.m.cfg.onRefusal != nil:
 		ev.Outcome = OutcomeDenied
@@ -314,16 +315,16 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			ev.Outcome = OutcomeExceeded
 		}
 		observeAll(st, &ev)
-		headers.WriteRules(w.Header(), rep.m.cfg.style, infos, d.Index)
+		headers.Write(w.Header(), rep.m.cfg.style, infos, d.Index)
 		rep.m.cfg.onRefusal(w, r, *d)
 	case d.Exceeded:
 		ev.Outcome = OutcomeExceeded
 		observeAll(st, &ev)
-		headers.WriteCostExceededRules(w, r, rep.m.cfg.style, infos, d.Index, rep.cost)
+		headers.WriteCostExceeded(w, r, rep.m.cfg.style, infos, d.Index, rep.cost)
 	default:
 		ev.Outcome = OutcomeDenied
 		observeAll(st, &ev)
-		headers.WriteTooManyRequestsRules(w, r, rep.m.cfg.style, infos, d.Index)
+		headers.WriteTooManyRequests(w, r, rep.m.cfg.style, infos, d.Index)
 	}
 }
 
@@ -574,8 +575,8 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *Inp
 				"mount the middleware where the route is known: on a chi router (r.Use, r.With, r.Group) or on the handler given to http.ServeMux.Handle, not around a ServeMux",
 				slog.String("rule", err.Rule), slog.String("path", r.URL.Path))
 		}
-		headers.WriteProblem(w, r, headers.Problem{
-			Type:   headers.ProblemInvalidRequest,
+		problem.Write(w, r, problem.Problem{
+			Type:   problem.InvalidRequest,
 			Title:  "Internal Server Error",
 			Status: http.StatusInternalServerError,
 			Detail: "the rate limit of this route is misconfigured",

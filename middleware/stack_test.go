@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
@@ -207,7 +208,7 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 			if rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "5" {
 				t.Fatalf("outer exhausted: %d %v", rec.Code, rec.Header())
 			}
-			var p headers.Problem
+			var p problem.Problem
 			req := map[string]string{"X-Client": "alice", "Accept": "application/json"}
 			if err := json.Unmarshal(do(h, "GET", "/x", req).Body.Bytes(), &p); err != nil || p.Policy != "outer" || strings.Join(p.ViolatedPolicies, ",") != "outer" {
 				t.Errorf("problem %+v %v, want outer violated", p, err)

@@ -1,14 +1,14 @@
-package headers_test
+package problem_test
 
 import (
 	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
-func TestPrefersJSON(t *testing.T) {
+func TestAcceptsJSON(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		accept string
@@ -51,21 +51,21 @@ func TestPrefersJSON(t *testing.T) {
 		{",,, ;; ,", false},
 		{"application/json\x00", false},
 	} {
-		if got := headers.PrefersJSON([]string{tc.accept}); got != tc.json {
-			t.Errorf("Accept %q: PrefersJSON = %v, want %v", tc.accept, got, tc.json)
+		if got := problem.AcceptsJSON([]string{tc.accept}); got != tc.json {
+			t.Errorf("Accept %q: AcceptsJSON = %v, want %v", tc.accept, got, tc.json)
 		}
 	}
 	// Several Accept fields form one list.
-	if !headers.PrefersJSON([]string{"text/plain;q=0.5", "application/json"}) {
+	if !problem.AcceptsJSON([]string{"text/plain;q=0.5", "application/json"}) {
 		t.Error("two fields: want JSON")
 	}
-	if headers.PrefersJSON([]string{"application/json", "application/json;q=0, text/plain"}) != true {
+	if problem.AcceptsJSON([]string{"application/json", "application/json;q=0, text/plain"}) != true {
 		// The same range twice: the higher weight counts (RFC 9110 leaves it open).
 		t.Error("repeated range: want the higher weight")
 	}
 }
 
-func TestWriteProblemNegotiates(t *testing.T) {
+func TestWriteNegotiates(t *testing.T) {
 	t.Parallel()
 	for accept, ctype := range map[string]string{
 		"application/json;q=0, text/plain": "text/plain; charset=utf-8",
@@ -75,19 +75,19 @@ func TestWriteProblemNegotiates(t *testing.T) {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest("GET", "/", nil)
 		req.Header.Set("Accept", accept)
-		headers.WriteInvalid(rec, req, headers.PartCost, "cost must be a positive integer")
+		problem.Write(rec, req, problem.Problem{Type: problem.InvalidRequest, Title: "Bad Request", Status: 400, Detail: "rate-limit cost: cost must be a positive integer", Invalid: "cost"})
 		if got := rec.Header().Get("Content-Type"); got != ctype {
 			t.Errorf("Accept %q: Content-Type %q, want %q", accept, got, ctype)
 		}
 	}
 }
 
-func FuzzPrefersJSON(f *testing.F) {
+func FuzzAcceptsJSON(f *testing.F) {
 	for _, s := range []string{"", "*/*", "application/json;q=0.5", `a/b;x="\"",c/d;q=1.000`, "\"", "a/b;q=0.", "\\"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		got := headers.PrefersJSON([]string{s})
+		got := problem.AcceptsJSON([]string{s})
 		// Never JSON unless the header names JSON, application/* or */*.
 		if got && !strings.Contains(strings.ToLower(s), "json") && !strings.Contains(s, "/*") {
 			t.Fatalf("%q: JSON without naming it", s)

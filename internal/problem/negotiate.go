@@ -1,10 +1,8 @@
-package headers
+package problem
 
-import "net/http"
-
-// AcceptsJSON reports whether a refusal's body should be application/problem+json rather
-// than text/plain for r, by proactive negotiation on the Accept header (RFC 9110
-// §12.5.1): each representation takes the weight (q) of the most specific media range
+// AcceptsJSON reports whether a body should be application/problem+json rather than
+// text/plain for the values of a request's Accept fields, by proactive negotiation
+// (RFC 9110 §12.5.1): each representation takes the weight (q) of the most specific media range
 // that matches it, and q=0 means "not acceptable".
 //
 //   - application/problem+json is matched by application/problem+json and
@@ -17,14 +15,9 @@ import "net/http"
 // browsers send), a JSON-based type other than these two (application/x-ndjson,
 // application/ld+json, ...) and an Accept header that allows neither (a refusal is sent
 // anyway; RFC 9110 permits disregarding Accept). Malformed elements (a weight that is
-// not a qvalue) are ignored. The work is linear in the header's length and allocates
-// nothing.
-func AcceptsJSON(r *http.Request) bool {
-	return PrefersJSON(r.Header.Values("Accept"))
-}
-
-// PrefersJSON is [AcceptsJSON] for the values of one or more Accept header fields.
-func PrefersJSON(accept []string) bool {
+// not a qvalue) are ignored. Several Accept fields form one list. The work is linear in
+// the fields' length and allocates nothing.
+func AcceptsJSON(accept []string) bool {
 	var js, ts match // JSON and text
 	for _, v := range accept {
 		for len(v) > 0 {

@@ -1,7 +1,6 @@
 package keyfuncs
 
 import (
-	"context"
 	"net/http"
 	"strings"
 )
@@ -12,7 +11,7 @@ import (
 // not an identity: a client can rotate it to get fresh budgets.
 //
 // When the header has several lines the last one wins. A missing or empty header is
-// [ErrEmptyKey]. A value longer than [MaxValueLen] bytes, holding bytes outside printable
+// [ErrEmptyKey]. A value longer than 256 bytes, holding bytes outside printable
 // ASCII (0x20-0x7E), a '{' or '}', or starting with '~', is [ErrInvalidHeader]: it is
 // refused, not truncated or hashed, so keys stay short and readable and a Redis Cluster
 // hash tag can never come from a request. For secrets (API keys, tokens) use
@@ -39,7 +38,7 @@ func Header(name string) KeyFunc {
 // HashedHeader returns a KeyFunc whose key is the digest of the named request header:
 // HMAC-SHA-256 under hmacKey, or SHA-256 when hmacKey is empty (see [Hash]). Use it for
 // secrets such as API keys: the secret never reaches the store, logs or metrics, and the
-// key is always [HashedLen] bytes whatever the header's length. When the header has
+// key is always 65 bytes whatever the header's length. When the header has
 // several lines the last one wins; a missing or empty header is [ErrEmptyKey]. hmacKey is
 // copied.
 //
@@ -59,28 +58,6 @@ func HashedHeader(name string, hmacKey []byte) KeyFunc {
 		}
 		return h.sum(v), nil
 	}
-}
-
-// FromContext returns a KeyFunc whose key is the value get finds in the request's
-// context, for identities that an authentication middleware stored there (an account id,
-// a tenant). get reports false when there is none, which is [ErrEmptyKey], as is an
-// empty value. Values are kept or hashed as [Func] does.
-//
-//	accounts := keyfuncs.FromContext(func(ctx context.Context) (string, bool) {
-//		u, ok := auth.UserFrom(ctx)
-//		return u.AccountID, ok
-//	})
-func FromContext(get func(ctx context.Context) (string, bool)) KeyFunc {
-	if get == nil {
-		return failing(ErrEmptyKey)
-	}
-	return Func(func(r *http.Request) (string, error) {
-		s, ok := get(r.Context())
-		if !ok {
-			return "", ErrEmptyKey
-		}
-		return s, nil
-	})
 }
 
 // lastValue returns the trimmed last line of a header.

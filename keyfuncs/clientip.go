@@ -270,16 +270,6 @@ func IPv4Prefix(bits int) IPOption {
 	}
 }
 
-// GroupIP returns the key [ClientIP] gives to addr under the default grouping: an IPv4
-// address as it is, an IPv6 address as its /64 ("2001:db8:1:2::/64"). IPv4-mapped
-// addresses are unmapped and zones dropped first. It returns "" for an invalid addr.
-func GroupIP(addr netip.Addr) string {
-	if !addr.IsValid() {
-		return ""
-	}
-	return groupAddr(normalize(addr), 32, 64, "")
-}
-
 // normalize unmaps IPv4-mapped IPv6 and drops the zone: the form every trust check and
 // every key uses, so that no notation aliases a trusted or a different address.
 func normalize(a netip.Addr) netip.Addr {

@@ -41,11 +41,12 @@
 //     before any check, so no notation aliases a trusted or another address.
 //   - IPv6 clients are grouped by prefix (/64 by default, see [IPv6Prefix]): one
 //     subscriber holds at least a /64, often a /56 or a /48.
-//   - Keys are bounded and collision-free: [Header] refuses values longer than
-//     [MaxValueLen] or outside printable ASCII; [Func] and [FromContext] hash them;
-//     [Join] length-prefixes its parts and hashes joins longer than [MaxJoinedLen]. No
-//     key built from request data contains '{' or '}', so none can choose a Redis Cluster
-//     slot. Secrets are hashed ([HashedHeader], [Hash]) before they become keys.
+//   - Keys are bounded and collision-free: [Header] refuses values longer than 256 bytes
+//     or outside printable ASCII; [Func] hashes them; [Join] length-prefixes its parts
+//     and hashes joins longer than 512 bytes. Every digest is 65 bytes ("~" and 64 hex
+//     digits). No key built from request data contains '{' or '}', so none can choose a
+//     Redis Cluster slot. Secrets are hashed ([HashedHeader], [Hash]) before they become
+//     keys.
 //
 // # Recipes
 //

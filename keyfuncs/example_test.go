@@ -43,14 +43,21 @@ func ExampleClientIP() {
 	// 10.0.0.1:5000      "not-an-ip"                      -> "" keyfuncs: invalid header: X-Forwarded-For
 }
 
-func ExampleJoinStrings() {
-	fmt.Println(keyfuncs.JoinStrings("a:b", "c"))
-	fmt.Println(keyfuncs.JoinStrings("a", "b:c"))
-	fmt.Println(keyfuncs.JoinStrings("GET /users/{id}"))
+// Join's encoding is unambiguous: parts are length-prefixed, and braces (which would
+// choose a Redis Cluster slot) are escaped.
+func ExampleJoin_encoding() {
+	fixed := func(s string) keyfuncs.KeyFunc {
+		return keyfuncs.Func(func(*http.Request) (string, error) { return s, nil })
+	}
+	r := httptest.NewRequest(http.MethodGet, "/users/42", nil)
+	r.Pattern = "GET /users/{id}" // as http.ServeMux sets it
+	fmt.Println(keyfuncs.Join(fixed("a:b"), fixed("c"))(r))
+	fmt.Println(keyfuncs.Join(fixed("a"), fixed("b:c"))(r))
+	fmt.Println(keyfuncs.Join(keyfuncs.MethodAndRoutePattern())(r))
 	// Output:
-	// 3:a:b1:c
-	// 1:a3:b:c
-	// 19:GET /users/%7Bid%7D
+	// 3:a:b1:c <nil>
+	// 1:a3:b:c <nil>
+	// 19:GET /users/%7Bid%7D <nil>
 }
 
 // A budget per tenant and client address: Join encodes the parts without ambiguity.

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// splitJoined decodes a readable JoinStrings result, reporting false for a digest or a
+// splitJoined decodes a readable joinStrings result, reporting false for a digest or a
 // malformed encoding.
 func splitJoined(s string) ([]string, bool) {
 	var parts []string
@@ -36,18 +36,18 @@ func FuzzJoin(f *testing.F) {
 	f.Add("1:a", "1:a|")
 	f.Fuzz(func(t *testing.T, a, b string) {
 		pa, pb := strings.Split(a, "|"), strings.Split(b, "|")
-		ja, jb := JoinStrings(pa...), JoinStrings(pb...)
+		ja, jb := joinStrings(pa...), joinStrings(pb...)
 		if (ja == jb) != slices.Equal(pa, pb) {
-			t.Fatalf("JoinStrings(%q)=%q, JoinStrings(%q)=%q", pa, ja, pb, jb)
+			t.Fatalf("joinStrings(%q)=%q, joinStrings(%q)=%q", pa, ja, pb, jb)
 		}
 		if strings.ContainsAny(ja, "{}") {
 			t.Fatalf("brace in %q", ja)
 		}
-		if len(ja) > MaxJoinedLen {
+		if len(ja) > maxJoinedLen {
 			t.Fatalf("unbounded: %d bytes", len(ja))
 		}
 		if ja[0] == hashMark {
-			if len(ja) != HashedLen {
+			if len(ja) != hashedLen {
 				t.Fatalf("digest of %d bytes", len(ja))
 			}
 			return

@@ -51,16 +51,15 @@ const (
 
 // Bounds on keys.
 const (
-	// MaxValueLen is the longest identifier, in bytes, that [Header] accepts and that
-	// [Func], [FromContext] and [Constant] keep as it is (longer ones are rejected or
-	// hashed).
-	MaxValueLen = 256
-	// MaxJoinedLen is the longest output of [JoinStrings] and [Join] kept readable;
-	// longer encodings are replaced by a fixed-size digest ([HashedLen] bytes).
-	MaxJoinedLen = 512
-	// HashedLen is the length of every digest this package produces: "~" followed by the
+	// maxValueLen is the longest identifier, in bytes, that [Header] accepts and that
+	// [Func] keeps as it is (longer ones are rejected or hashed).
+	maxValueLen = 256
+	// maxJoinedLen is the longest output of [Join] kept readable; longer encodings are
+	// replaced by a fixed-size digest (hashedLen bytes).
+	maxJoinedLen = 512
+	// hashedLen is the length of every digest this package produces: "~" followed by the
 	// 64 lowercase hex digits of a SHA-256 or HMAC-SHA-256.
-	HashedLen = 1 + 2*sha256.Size
+	hashedLen = 1 + 2*sha256.Size
 )
 
 // hashMark starts every digest. Readable keys never start with it, so a digest cannot
@@ -80,24 +79,23 @@ func Global() KeyFunc {
 	return func(*http.Request) (string, error) { return GlobalKey, nil }
 }
 
-// Constant returns a KeyFunc that gives every request the same key s, for example a
-// group name used as a scope ("search") or a tenant-wide identity. Constant("") is
-// [Global]. A value that [Func] would hash is hashed once here.
-func Constant(s string) KeyFunc {
-	if s == "" {
-		return Global()
-	}
-	s = clean(s)
-	return func(*http.Request) (string, error) { return s, nil }
-}
-
 // Func adapts a function to a KeyFunc with this package's key hygiene: an empty result is
-// [ErrEmptyKey]; a result of 1..[MaxValueLen] bytes of printable ASCII (0x20-0x7E)
-// without '{' or '}' and not starting with '~' is kept as it is; any other result is
-// replaced by its SHA-256 digest ([HashedLen] bytes), so keys stay bounded and can never
+// [ErrEmptyKey]; a result of 1 to 256 bytes of printable ASCII (0x20-0x7E) without '{'
+// or '}' and not starting with '~' is kept as it is; any other result is replaced by its
+// SHA-256 digest (65 bytes: "~" and 64 hex digits), so keys stay bounded and can never
 // carry a Redis Cluster hash tag. Errors from fn are returned as they are.
 //
-// Func is for identifiers that are not secret. Hash secrets with [Hash].
+// Use it for an identity that an authentication middleware stored in the request's
+// context (an account id, a tenant), or for a fixed scope that groups routes:
+//
+//	accounts := keyfuncs.Func(func(r *http.Request) (string, error) {
+//		u, _ := auth.UserFrom(r.Context())
+//		return u.AccountID, nil // "" (no user) is ErrEmptyKey
+//	})
+//	search := keyfuncs.Func(func(*http.Request) (string, error) { return "search", nil })
+//
+// Func is for identifiers that are not secret. Hash secrets with [Hash]. A nil fn is
+// [ErrEmptyKey] on every request.
 func Func(fn func(r *http.Request) (string, error)) KeyFunc {
 	if fn == nil {
 		return failing(ErrEmptyKey)
@@ -115,7 +113,7 @@ func Func(fn func(r *http.Request) (string, error)) KeyFunc {
 }
 
 // Hash returns a KeyFunc that replaces the key fn returns by its digest: HMAC-SHA-256
-// under hmacKey, or SHA-256 when hmacKey is empty. The result is always [HashedLen]
+// under hmacKey, or SHA-256 when hmacKey is empty. The result is always 65
 // bytes ("~" and 64 hex digits). Use it for secrets such as API keys or session tokens,
 // so they never reach the store, logs or metrics. Prefer an HMAC key (16 bytes or more,
 // kept secret): a plain SHA-256 of a known or guessable value can be recomputed by anyone
@@ -140,16 +138,9 @@ func Hash(fn KeyFunc, hmacKey []byte) KeyFunc {
 	}
 }
 
-// JoinStrings encodes parts into one key without collisions: each part is written as its
-// length in decimal, a colon, and the part, so ("a:b", "c") gives "3:a:b1:c" and
-// ("a", "b:c") gives "1:a3:b:c". Inside a part, '%', '{' and '}' are written as "%25",
-// "%7B" and "%7D" (the length counts the escaped form), so the result never holds a
-// brace. When the encoding is longer than [MaxJoinedLen] bytes it is replaced by its
-// SHA-256 digest ([HashedLen] bytes, starting with '~', which no encoding starts with).
-//
-// JoinStrings is injective: different part lists never give the same key (for digests,
-// up to SHA-256 collisions). JoinStrings() is "", the empty identity.
-func JoinStrings(parts ...string) string {
+// joinStrings encodes parts into one key without collisions, as described at [Join].
+// joinStrings() is "".
+func joinStrings(parts ...string) string {
 	n := 0
 	for _, p := range parts {
 		e := escapedLen(p)
@@ -164,16 +155,24 @@ func JoinStrings(parts ...string) string {
 		b = append(b, ':')
 		b = appendEscaped(b, p)
 	}
-	if len(b) > MaxJoinedLen {
+	if len(b) > maxJoinedLen {
 		return sha256Hex(b)
 	}
 	return string(b)
 }
 
-// Join returns a KeyFunc that calls each fn in order and joins their keys with
-// [JoinStrings], for example a client IP with an account, or a tenant with a route. The
-// first error is returned as it is. An empty part is encoded like any other part, so
-// Join's result is never empty unless no function is given, which is [ErrEmptyKey] on
+// Join returns a KeyFunc that calls each fn in order and joins their keys into one, for
+// example a client IP with an account, or a tenant with a route. The first error is
+// returned as it is.
+//
+// The encoding has no collisions: each part is written as its length in decimal, a
+// colon, and the part, so ("a:b", "c") gives "3:a:b1:c" and ("a", "b:c") gives
+// "1:a3:b:c". Inside a part, '%', '{' and '}' are written as "%25", "%7B" and "%7D" (the
+// length counts the escaped form), so the result never holds a brace. When the encoding
+// is longer than 512 bytes it is replaced by its SHA-256 digest (65 bytes, starting with
+// '~', which no encoding starts with). So different part lists never give the same key
+// (for digests, up to SHA-256 collisions). An empty part is encoded like any other part,
+// so Join's result is never empty unless no function is given, which is [ErrEmptyKey] on
 // every request.
 func Join(fns ...KeyFunc) KeyFunc {
 	if len(fns) == 0 {
@@ -195,7 +194,7 @@ func Join(fns ...KeyFunc) KeyFunc {
 			}
 			parts = append(parts, s)
 		}
-		return JoinStrings(parts...), nil
+		return joinStrings(parts...), nil
 	}
 }
 
@@ -205,10 +204,10 @@ func failing(err error) KeyFunc {
 	return func(*http.Request) (string, error) { return "", err }
 }
 
-// readable reports whether s is kept as it is in a key: 1..MaxValueLen bytes of printable
+// readable reports whether s is kept as it is in a key: 1..maxValueLen bytes of printable
 // ASCII without braces, not starting with the digest mark.
 func readable(s string) bool {
-	if len(s) == 0 || len(s) > MaxValueLen || s[0] == hashMark {
+	if len(s) == 0 || len(s) > maxValueLen || s[0] == hashMark {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
@@ -233,7 +232,7 @@ func sha256Hex(b []byte) string {
 }
 
 func digestString(sum []byte) string {
-	var out [HashedLen]byte
+	var out [hashedLen]byte
 	out[0] = hashMark
 	hex.Encode(out[1:], sum)
 	return string(out[:])

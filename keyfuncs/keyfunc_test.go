@@ -62,27 +62,32 @@ func TestJoin(t *testing.T) {
 	// Many parts (beyond Join's stack buffer) still work.
 	fns := make([]keyfuncs.KeyFunc, 20)
 	for i := range fns {
-		fns[i] = keyfuncs.Constant("p")
+		fns[i] = fixed("p")
 	}
 	if got, err := keyfuncs.Join(fns...)(r); err != nil || got != strings.Repeat("1:p", 20) {
 		t.Fatalf("20 parts: got (%q, %v)", got, err)
 	}
 }
 
-func TestGlobalAndConstant(t *testing.T) {
+// fixed is a constant key through Func, the way to write a fixed scope.
+func fixed(s string) keyfuncs.KeyFunc {
+	return keyfuncs.Func(func(*http.Request) (string, error) { return s, nil })
+}
+
+func TestGlobalAndFixed(t *testing.T) {
 	t.Parallel()
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	if got, err := keyfuncs.Global()(r); got != keyfuncs.GlobalKey || err != nil {
 		t.Fatalf("Global: (%q, %v)", got, err)
 	}
-	if got, err := keyfuncs.Constant("")(r); got != keyfuncs.GlobalKey || err != nil {
-		t.Fatalf("Constant(\"\"): (%q, %v)", got, err)
+	if got, err := fixed("")(r); got != "" || !errors.Is(err, keyfuncs.ErrEmptyKey) {
+		t.Fatalf("fixed(\"\"): (%q, %v), want ErrEmptyKey (a shared budget is asked for with Global)", got, err)
 	}
-	if got, err := keyfuncs.Constant("search")(r); got != "search" || err != nil {
-		t.Fatalf("Constant: (%q, %v)", got, err)
+	if got, err := fixed("search")(r); got != "search" || err != nil {
+		t.Fatalf("fixed: (%q, %v)", got, err)
 	}
-	if got, _ := keyfuncs.Constant("{tag}")(r); len(got) != keyfuncs.HashedLen || strings.ContainsAny(got, "{}") {
-		t.Fatalf("Constant with braces not hashed: %q", got)
+	if got, _ := fixed("{tag}")(r); len(got) != keyfuncs.HashedLen || strings.ContainsAny(got, "{}") {
+		t.Fatalf("fixed key with braces not hashed: %q", got)
 	}
 }
 
@@ -162,13 +167,13 @@ func TestHashedHeader(t *testing.T) {
 
 type ctxKey struct{}
 
-func TestFromContextFuncHash(t *testing.T) {
+func TestContextFuncHash(t *testing.T) {
 	t.Parallel()
-	get := func(ctx context.Context) (string, bool) {
-		s, ok := ctx.Value(ctxKey{}).(string)
-		return s, ok
-	}
-	fn := keyfuncs.FromContext(get)
+	// An identity an authentication middleware stored in the context.
+	fn := keyfuncs.Func(func(r *http.Request) (string, error) {
+		s, _ := r.Context().Value(ctxKey{}).(string)
+		return s, nil
+	})
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	if _, err := fn(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
 		t.Fatalf("absent: %v", err)
@@ -193,8 +198,8 @@ func TestFromContextFuncHash(t *testing.T) {
 	if _, err := keyfuncs.Hash(func(*http.Request) (string, error) { return "", nil }, nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
 		t.Fatalf("Hash of empty: %v", err)
 	}
-	if _, err := keyfuncs.FromContext(nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
-		t.Fatalf("nil getter: %v", err)
+	if _, err := keyfuncs.Func(nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+		t.Fatalf("nil function: %v", err)
 	}
 }
 

@@ -22,7 +22,7 @@ import (
 //   - r.Use on the top-level router runs before any routing: the pattern is looked up in
 //     the router ahead of routing (chi's Find), so the key is the full pattern of the
 //     route chi will run ("/api/users/{id}"). A request that no route matches (chi
-//     answers 404 or 405) gets the key [UnmatchedRoute], one scope for all of them.
+//     answers 404 or 405) gets the key "~unmatched", one scope for all of them.
 //   - r.With(mw).Get(...) and r.Group(func(r chi.Router) { r.Use(mw); ... }) run after the
 //     route is found: the key is the full pattern ("/api/users/{id}").
 //   - r.Use inside r.Route("/api", ...) or on a router given to r.Mount("/api", ...) runs
@@ -64,10 +64,10 @@ func MethodAndRoutePattern() KeyFunc {
 	}
 }
 
-// UnmatchedRoute is the key [RoutePattern] and [MethodAndRoutePattern] give a request
+// unmatchedRoute is the key [RoutePattern] and [MethodAndRoutePattern] give a request
 // that no route of a chi router matches, when looked up before routing (a top-level
 // r.Use). Route patterns start with '/', so no pattern equals it.
-const UnmatchedRoute = "~unmatched"
+const unmatchedRoute = "~unmatched"
 
 // routePattern returns the pattern matched so far, or "".
 func routePattern(r *http.Request) string {
@@ -118,7 +118,7 @@ func patternAhead(r *http.Request, rctx *chi.Context) string {
 	if p := rctx.Routes.Find(chi.NewRouteContext(), r.Method, path); p != "" {
 		return p
 	}
-	return UnmatchedRoute
+	return unmatchedRoute
 }
 
 // URLPath returns a KeyFunc whose key is the request's URL path, r.URL.Path
@@ -130,7 +130,7 @@ func patternAhead(r *http.Request, rctx *chi.Context) string {
 // URL, so a per-client limit scoped by URLPath limits nothing against such a client; and
 // the store holds one key per identity and path used within a window. Prefer
 // [RoutePattern], which gives one scope per route. A path is kept as it is when [Func]
-// would keep it and replaced by its digest otherwise (longer than [MaxValueLen], bytes
+// would keep it and replaced by its digest otherwise (longer than 256 bytes, bytes
 // outside printable ASCII, braces), so each key is bounded in size, but not their number.
 // An empty path is [ErrEmptyKey].
 func URLPath() KeyFunc {

@@ -79,3 +79,51 @@ func BenchmarkMemoryAllow3Checks(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkMemorySettle: what settling adds to a decision of one check: Allow alone,
+// Reserve alone (a ticket recorded, never settled), Reserve then Settle at a lower cost,
+// and for an InFlight rule a lease taken and released.
+func BenchmarkMemorySettle(b *testing.B) {
+	ctx := context.Background()
+	lease := ratebudget.Rule{Name: "running", Algorithm: ratebudget.InFlight, Limit: 1 << 20, Window: time.Minute}
+	for _, bc := range []struct {
+		name   string
+		rule   ratebudget.Rule
+		settle bool
+	}{
+		{"allow", benchRule, false},
+		{"reserve", benchRule, false},
+		{"reserve+settle", benchRule, true},
+		{"lease+release", lease, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			m, err := ratebudget.NewMemory()
+			if err != nil {
+				b.Fatal(err)
+			}
+			checks := []ratebudget.Check{{Rule: bc.rule, Identity: "203.0.113.7", Cost: 1}}
+			if !bc.settle && bc.name == "reserve" || bc.settle && bc.rule.Algorithm != ratebudget.InFlight {
+				checks[0].Cost = 2
+			}
+			tickets := make([]ratebudget.Ticket, 1)
+			costs := []int64{1}
+			b.ReportAllocs()
+			for b.Loop() {
+				var d ratebudget.Decision
+				if bc.name == "allow" {
+					d, err = m.Allow(ctx, checks)
+				} else {
+					d, err = m.Reserve(ctx, checks, tickets, nil)
+				}
+				if err != nil || !d.Allowed {
+					b.Fatalf("%+v %v", d, err)
+				}
+				if bc.settle {
+					if err := m.Settle(ctx, checks, tickets, costs); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
+	}
+}

@@ -9,11 +9,15 @@
 //   - identity: whose budget ([Check.Identity]: a client IP prefix, an account, "" nobody = service-wide);
 //   - scope: where it applies ([Check.Scope], and the [Rule.Name], which names one budget that
 //     every route using the rule shares);
-//   - time rule: [FixedWindow], [TokenBucket] or [RollingWindow] ([Rule.Algorithm]).
+//   - time rule: [FixedWindow], [TokenBucket], [RollingWindow] or [InFlight] ([Rule.Algorithm]).
 //
 // A [Limiter] decides all checks of one request in one step, all-or-nothing: if any rule
 // refuses, no rule is charged. A refusal spends nothing and moves no deadline. The
 // remaining budget reported in a [Decision] is a snapshot, never a reservation.
+//
+// A limiter that implements [Settler] also lets an admitted decision be settled once the
+// work is done: cancelled (given back in full), or charged at its actual cost, which may
+// be lower than the cost reserved (given back) or higher (the budget goes into debt).
 //
 // The HTTP middleware lives in package middleware, the client-identity extractors in
 // keyfuncs, the response headers in headers and the shared Redis limiter in lua.
@@ -36,6 +40,11 @@
 // [RollingWindow]: the sum of the costs admitted in the last Window (the interval
 // (now-Window, now]) plus cost must not exceed Limit. Exact, at the price of one stored
 // event per admission.
+//
+// [InFlight]: at most Limit admitted requests running at once. Each admission holds a
+// lease until its decision is settled ([Settler.Settle]) or until Window (the lease's time
+// to live) has passed since it was taken or renewed ([Settler.Renew]); a lease taken by
+// Allow, which returns no ticket, is held until it expires.
 //
 // When the clock goes back, stored state keeps its later time: a fixed window keeps its
 // end, rolling-window events keep their times, and a token bucket refills nothing until

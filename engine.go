@@ -9,14 +9,15 @@ type budget struct {
 	// FixedWindow: count admitted in the window that ends at end.
 	// TokenBucket: count is the level in scaled units (tokens × window ms) at time end.
 	// RollingWindow: count is the sum of the events' costs.
+	// InFlight: unused.
 	count, end int64
 	// expires is when the state becomes equal to no state at all and can be dropped.
 	expires int64
 	// name, identity, scope and algo are the budget's key (see memKey), h its hash.
 	name, identity, scope string
 	h                     uint64
-	// rolling holds a RollingWindow budget's events (nil for the other algorithms, and
-	// until the first admission).
+	// rolling holds a RollingWindow budget's events, or an InFlight budget's leases (nil
+	// for the other algorithms, and until the first admission).
 	rolling *rollingEvents
 	// next is the budget whose key hashes alike (see memShard), newer the next budget in
 	// its shard's queue, oldest first.
@@ -35,7 +36,8 @@ func (b *budget) is(k *memKey) bool {
 }
 
 // rollingEvents are a RollingWindow budget's admitted events, oldest first, one per
-// millisecond.
+// millisecond; or an InFlight budget's leases, in order of expiry, each an event whose at
+// is the lease's expiry and cost the lease's number.
 type rollingEvents struct{ events []event }
 
 type event struct{ at, cost int64 }
@@ -51,14 +53,17 @@ func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
 
 // decide computes the outcome of spending cost under r at now (Unix ms) from state b
 // (nil: none). When commit is true and the outcome is an admission it writes the new
-// state into *b, which must then be non-nil. A refusal never writes, apart from dropping
-// rolling-window events that have aged out, which changes no outcome.
-func decide(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
+// state into *b, which must then be non-nil; an InFlight admission takes lease as its
+// lease's number. A refusal never writes, apart from dropping rolling-window events and
+// leases that have expired, which changes no outcome.
+func decide(b *budget, r *Rule, cost, now int64, commit bool, lease int64) Outcome {
 	switch r.Algorithm {
 	case TokenBucket:
 		return decideToken(b, r, cost, now, commit)
 	case RollingWindow:
 		return decideRolling(b, r, cost, now, commit)
+	case InFlight:
+		return decideInFlight(b, r, now, commit, lease)
 	}
 	return decideFixed(b, r, cost, now, commit)
 }

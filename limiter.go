@@ -2,6 +2,7 @@ package ratebudget
 
 import (
 	"context"
+	"strconv"
 	"time"
 )
 
@@ -65,11 +66,14 @@ type Decision struct {
 	Remaining int64
 	// ResetAfter is how long until the reported rule's budget is whole again if nothing
 	// more is spent: the end of the fixed window, the time to refill the token bucket, the
-	// time until the rolling window's events have all aged out. Zero when untouched.
+	// time until the rolling window's events have all aged out, the time until the last
+	// in-flight lease expires. Zero when untouched.
 	ResetAfter time.Duration
 	// RetryAfter is, on a refusal, the earliest time after which the same request could be
 	// admitted if nothing else is spent meanwhile. Zero when admitted or Exceeded. It is a
-	// lower bound, not a promise: others may spend first.
+	// lower bound, not a promise: others may spend first. For an [InFlight] rule it is
+	// when the oldest lease expires if it is neither released nor renewed: a bound for
+	// holders that crashed, while a running request usually releases its lease sooner.
 	RetryAfter time.Duration
 	// Window is the reported rule's window or refill period.
 	Window time.Duration
@@ -159,9 +163,9 @@ func checksValid(checks []Check) bool {
 		c := &checks[i]
 		r := &c.Rule
 		w := r.Window
-		if r.Name == "" || len(r.Name) > MaxNameLen || r.Algorithm > RollingWindow ||
+		if r.Name == "" || len(r.Name) > MaxNameLen || r.Algorithm > InFlight ||
 			r.Limit <= 0 || r.Limit > MaxLimit || w < time.Millisecond || w > MaxWindow || w%time.Millisecond != 0 ||
-			c.Cost <= 0 || c.Cost > MaxLimit {
+			c.Cost <= 0 || c.Cost > MaxLimit || r.Algorithm == InFlight && c.Cost != 1 {
 			return false
 		}
 		for k := 0; k < len(r.Name); k++ {
@@ -192,7 +196,8 @@ var nameByte = func() (t [256]bool) {
 }()
 
 // ValidateChecks checks what a limiter must verify before it spends anything: at least one
-// check, valid rules, positive costs and no rule name used twice. It returns a
+// check, valid rules, positive costs (exactly 1 for an [InFlight] rule) and no rule name
+// used twice. It returns a
 // *[ConfigError] naming the field at fault.
 func ValidateChecks(checks []Check) error {
 	if len(checks) == 0 {
@@ -208,6 +213,9 @@ func ValidateChecks(checks []Check) error {
 		}
 		if c.Cost > MaxLimit {
 			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "exceeds MaxLimit"}
+		}
+		if c.Rule.Algorithm == InFlight && c.Cost != 1 {
+			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be 1 for an InFlight rule (one lease), got " + strconv.FormatInt(c.Cost, 10)}
 		}
 		for j := 0; j < i; j++ {
 			if checks[j].Rule.Name == c.Rule.Name && checks[j].Identity == c.Identity && checks[j].Scope == c.Scope {

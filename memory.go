@@ -21,9 +21,13 @@ const DefaultMaxBudgets = 100_000
 // each using a Memory each have their own budget (see the middleware's local fallback for
 // a documented partitioning).
 //
+// Memory implements [Settler]: settling is exact, and a decision's checks are settled
+// atomically, as they are decided.
+//
 // Memory is safe for concurrent use. State is reclaimed once it no longer differs from no
 // state at all (the fixed window closed, the bucket refilled, the rolling window's events
-// aged out). No goroutine is started: reclaiming happens during calls.
+// aged out, the leases released or expired). No goroutine is started: reclaiming happens
+// during calls.
 //
 // The number of budgets held is capped ([WithMaxBudgets], default [DefaultMaxBudgets]), so
 // that identities rotating faster than their windows end (a botnet, random IPv6
@@ -63,7 +67,8 @@ type memShard struct {
 	n, max, big int     // budgets held; at most; most held since the map was made
 	nextSweep   int64
 	evictions   uint64
-	_           [56]byte // keep hot mutexes on separate cache lines
+	leases      int64    // InFlight leases numbered so far
+	_           [48]byte // keep hot mutexes on separate cache lines
 }
 
 type memKey struct {
@@ -314,7 +319,7 @@ func kept(keep []*budget, b *budget) bool {
 // Allow decides all checks at once, all-or-nothing. It returns an error only for invalid
 // checks; the context is not consulted (a decision takes no I/O).
 func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
-	return m.allow(checks, nil)
+	return m.allow(checks, nil, nil)
 }
 
 // AllowEach decides as Allow does and sets outcomes[i] to checks[i]'s outcome
@@ -323,10 +328,28 @@ func (m *Memory) AllowEach(_ context.Context, checks []Check, outcomes []Outcome
 	if len(outcomes) != len(checks) {
 		return Decision{}, &ConfigError{Field: "outcomes", Problem: "must have one element per check"}
 	}
-	return m.allow(checks, outcomes)
+	return m.allow(checks, outcomes, nil)
 }
 
-func (m *Memory) allow(checks []Check, out []Outcome) (Decision, error) {
+// Reserve decides as Allow does and, when it admits, records each check's spend in
+// tickets for [Memory.Settle] and [Memory.Renew]; on a refusal it zeroes them. tickets
+// must hold at least len(checks) entries. outcomes is nil, or receives each check's
+// outcome as AllowEach's does.
+func (m *Memory) Reserve(_ context.Context, checks []Check, tickets []Ticket, outcomes []Outcome) (Decision, error) {
+	if len(tickets) < len(checks) {
+		if err := ValidateSettle(checks, tickets, nil); err != nil {
+			return Decision{}, err
+		}
+	}
+	if outcomes != nil && len(outcomes) != len(checks) {
+		return Decision{}, &ConfigError{Field: "outcomes", Problem: "must have one element per check"}
+	}
+	return m.allow(checks, outcomes, tickets[:len(checks)])
+}
+
+// allow decides checks; out is nil or receives each check's outcome, tickets is nil or
+// receives each check's ticket.
+func (m *Memory) allow(checks []Check, out []Outcome, tickets []Ticket) (Decision, error) {
 	if !checksValid(checks) {
 		if err := ValidateChecks(checks); err != nil {
 			return Decision{}, err
@@ -340,13 +363,22 @@ func (m *Memory) allow(checks []Check, out []Outcome) (Decision, error) {
 		s := &m.shards[h%memShards]
 		s.mu.Lock()
 		m.maybeSweep(s, now)
+		lease := s.lease(&c.Rule)
 		var o [1]Outcome
-		if b, collides := s.find(h, &k); b != nil {
-			o[0] = decide(b, &c.Rule, c.Cost, now, true) // writes only if it admits
-		} else if o[0] = decide(nil, &c.Rule, c.Cost, now, false); o[0].Allowed {
+		b, collides := s.find(h, &k)
+		if b != nil {
+			o[0] = decide(b, &c.Rule, c.Cost, now, true, lease) // writes only if it admits
+		} else if o[0] = decide(nil, &c.Rule, c.Cost, now, false, lease); o[0].Allowed {
 			// State is created only for an admission: refusals leave nothing behind.
 			spare := s.makeRoom(now, nil)
-			o[0] = decide(s.insert(h, &k, collides, spare), &c.Rule, c.Cost, now, true)
+			b = s.insert(h, &k, collides, spare)
+			o[0] = decide(b, &c.Rule, c.Cost, now, true, lease)
+		}
+		if tickets != nil {
+			tickets[0] = Ticket{}
+			if o[0].Allowed {
+				tickets[0] = ticketOf(b, &c.Rule, now, lease)
+			}
 		}
 		s.mu.Unlock()
 		if out != nil {
@@ -354,10 +386,20 @@ func (m *Memory) allow(checks []Check, out []Outcome) (Decision, error) {
 		}
 		return Combine(checks, o[:]), nil
 	}
-	return m.allowMany(checks, now, out), nil
+	return m.allowMany(checks, now, out, tickets), nil
 }
 
-func (m *Memory) allowMany(checks []Check, now int64, out []Outcome) Decision {
+// lease numbers the next InFlight lease of the shard (0 for the other time rules); s.mu
+// must be held. Numbers are never reused, so a ticket names at most one lease.
+func (s *memShard) lease(r *Rule) int64 {
+	if r.Algorithm != InFlight {
+		return 0
+	}
+	s.leases++
+	return s.leases
+}
+
+func (m *Memory) allowMany(checks []Check, now int64, out []Outcome, tickets []Ticket) Decision {
 	var kbuf [8]memKey
 	var hbuf [8]uint64
 	var sbuf [8]int
@@ -374,9 +416,41 @@ func (m *Memory) allowMany(checks []Check, now int64, out []Outcome) Decision {
 		outs = append(outs, Outcome{})
 		found = append(found, nil)
 	}
-	// Lock each distinct shard once, in ascending order, so that concurrent calls cannot
-	// deadlock.
-	var locked [memShards]bool
+	locked := m.lock(shards, now)
+	allowed := true
+	for i := range checks {
+		found[i] = m.shards[shards[i]].get(hashes[i], &keys[i])
+		outs[i] = decide(found[i], &checks[i].Rule, checks[i].Cost, now, false, 0)
+		allowed = allowed && outs[i].Allowed
+	}
+	if allowed {
+		for i := range checks {
+			b := found[i]
+			s := &m.shards[shards[i]]
+			if b == nil {
+				// Room is made before the budget exists, and never at the expense of
+				// this request's other budgets, whose outcomes are already decided. The
+				// map is read again: an earlier check of this request may share h.
+				b = s.insert(hashes[i], &keys[i], true, s.makeRoom(now, found))
+				found[i] = b
+			}
+			lease := s.lease(&checks[i].Rule)
+			outs[i] = decide(b, &checks[i].Rule, checks[i].Cost, now, true, lease)
+			if tickets != nil {
+				tickets[i] = ticketOf(b, &checks[i].Rule, now, lease)
+			}
+		}
+	} else if tickets != nil {
+		clear(tickets)
+	}
+	m.unlock(&locked)
+	copy(out, outs)
+	return Combine(checks, outs)
+}
+
+// lock locks each distinct shard of shards once, in ascending order, so that concurrent
+// calls cannot deadlock, and sweeps it when due. It returns the set to unlock.
+func (m *Memory) lock(shards []int, now int64) (locked [memShards]bool) {
 	for _, s := range shards {
 		locked[s] = true
 	}
@@ -386,33 +460,15 @@ func (m *Memory) allowMany(checks []Check, now int64, out []Outcome) Decision {
 			m.maybeSweep(&m.shards[i], now)
 		}
 	}
-	allowed := true
-	for i := range checks {
-		found[i] = m.shards[shards[i]].get(hashes[i], &keys[i])
-		outs[i] = decide(found[i], &checks[i].Rule, checks[i].Cost, now, false)
-		allowed = allowed && outs[i].Allowed
-	}
-	if allowed {
-		for i := range checks {
-			b := found[i]
-			if b == nil {
-				// Room is made before the budget exists, and never at the expense of
-				// this request's other budgets, whose outcomes are already decided. The
-				// map is read again: an earlier check of this request may share h.
-				s := &m.shards[shards[i]]
-				b = s.insert(hashes[i], &keys[i], true, s.makeRoom(now, found))
-				found[i] = b
-			}
-			outs[i] = decide(b, &checks[i].Rule, checks[i].Cost, now, true)
-		}
-	}
+	return locked
+}
+
+func (m *Memory) unlock(locked *[memShards]bool) {
 	for i := range locked {
 		if locked[i] {
 			m.shards[i].mu.Unlock()
 		}
 	}
-	copy(out, outs)
-	return Combine(checks, outs)
 }
 
 // maybeSweep drops the shard's expired state; s.mu must be held. It walks the queue, so

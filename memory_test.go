@@ -292,3 +292,38 @@ func TestMemoryAllowAllocs(t *testing.T) {
 		t.Errorf("new identities at the cap: %v allocations per decision, %d budgets held; want 0 and at most 64", allocs, m.Len())
 	}
 }
+
+// TestMemorySettleAllocs: reserving and settling budgets that exist allocates nothing,
+// for every time rule in one decision: cancelling, settling lower, in debt, and taking
+// and releasing a lease.
+func TestMemorySettleAllocs(t *testing.T) {
+	if israce.Enabled {
+		t.Skip("the race detector allocates")
+	}
+	m, _ := newMemory(t)
+	checks := []ratebudget.Check{
+		{Rule: benchRule, Identity: "203.0.113.7", Cost: 2},
+		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 2},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 2},
+		{Rule: ratebudget.Rule{Name: "running", Algorithm: ratebudget.InFlight, Limit: 4, Window: time.Minute}, Identity: "203.0.113.7", Cost: 1},
+	}
+	ctx := context.Background()
+	tickets := make([]ratebudget.Ticket, len(checks))
+	costs := [][]int64{nil, {1, 1, 1, 1}, {2, 3, 3, 1}}
+	run := func(i int) {
+		if d, err := m.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
+			t.Fatalf("Reserve: %+v, %v", d, err)
+		}
+		if err := m.Settle(ctx, checks, tickets, costs[i%len(costs)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 { // the budgets exist, the lease slice has its room
+		run(i)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(300, func() { run(i); i++ })
+	if allocs != 0 {
+		t.Errorf("%v allocations per reserve and settle, want 0", allocs)
+	}
+}

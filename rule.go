@@ -18,9 +18,15 @@ const (
 	// RollingWindow admits while the cost admitted in the last Rule.Window, plus the
 	// request's cost, stays within Rule.Limit.
 	RollingWindow
+	// InFlight admits while fewer than Rule.Limit admitted requests of the budget are
+	// still running. Each admission holds a lease until its decision is settled (see
+	// [Settler]) or until Rule.Window, the lease's time to live, has passed since it was
+	// taken or last renewed, so that the leases of a holder that crashed expire. A check
+	// of an InFlight rule must cost 1: it holds one lease.
+	InFlight
 )
 
-// String returns "fixed", "token" or "rolling".
+// String returns "fixed", "token", "rolling" or "inflight".
 func (a Algorithm) String() string {
 	switch a {
 	case FixedWindow:
@@ -29,11 +35,14 @@ func (a Algorithm) String() string {
 		return "token"
 	case RollingWindow:
 		return "rolling"
+	case InFlight:
+		return "inflight"
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm maps "fixed", "token" and "rolling" (the results of [Algorithm.String])
+// ParseAlgorithm maps "fixed", "token", "rolling" and "inflight" (the results of
+// [Algorithm.String])
 // to an Algorithm.
 func ParseAlgorithm(s string) (Algorithm, error) {
 	switch s {
@@ -43,8 +52,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 		return TokenBucket, nil
 	case "rolling":
 		return RollingWindow, nil
+	case "inflight":
+		return InFlight, nil
 	}
-	return 0, &ConfigError{Field: "Algorithm", Problem: fmt.Sprintf("unknown algorithm %q (want fixed, token or rolling)", s)}
+	return 0, &ConfigError{Field: "Algorithm", Problem: fmt.Sprintf("unknown algorithm %q (want fixed, token, rolling or inflight)", s)}
 }
 
 // Limits that keep every value exact in a Redis Lua number (a float64, exact below 2^53).
@@ -72,10 +83,11 @@ type Rule struct {
 	// Algorithm is the time rule. The zero value is FixedWindow.
 	Algorithm Algorithm
 	// Limit is the number of cost units admitted per Window (FixedWindow, RollingWindow),
-	// or refilled per Window (TokenBucket). 1 to MaxLimit.
+	// refilled per Window (TokenBucket), or the number of leases held at once (InFlight).
+	// 1 to MaxLimit.
 	Limit int64
-	// Window is the length of the window or the refill period: a whole number of
-	// milliseconds, 1ms to MaxWindow.
+	// Window is the length of the window, the refill period, or an InFlight lease's time
+	// to live: a whole number of milliseconds, 1ms to MaxWindow.
 	Window time.Duration
 	// Burst is the TokenBucket's capacity, in cost units; zero means Limit. Other time rules
 	// require zero.
@@ -109,7 +121,7 @@ func (r Rule) Validate() error {
 			return bad("Name", "has byte %q at %d; use only [A-Za-z0-9_.-]", c, i)
 		}
 	}
-	if r.Algorithm > RollingWindow {
+	if r.Algorithm > InFlight {
 		return bad("Algorithm", "unknown value %d", uint8(r.Algorithm))
 	}
 	if r.Limit <= 0 || r.Limit > MaxLimit {

@@ -49,6 +49,7 @@ func TestRuleValidate(t *testing.T) {
 		{"valid rolling", with(func(r *ratebudget.Rule) { r.Algorithm = ratebudget.RollingWindow }), ""},
 		{"valid token", token(10, time.Second, 0), ""},
 		{"valid token burst", token(10, time.Second, 50), ""},
+		{"valid inflight", with(func(r *ratebudget.Rule) { r.Algorithm = ratebudget.InFlight }), ""},
 		{"name of every allowed byte", with(func(r *ratebudget.Rule) { r.Name = "AZaz09_.-" }), ""},
 		{"name MaxNameLen", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", ratebudget.MaxNameLen) }), ""},
 		{"limit MaxLimit", with(func(r *ratebudget.Rule) { r.Limit = ratebudget.MaxLimit }), ""},
@@ -64,7 +65,7 @@ func TestRuleValidate(t *testing.T) {
 		{"name with slash", with(func(r *ratebudget.Rule) { r.Name = "a/b" }), "Name"},
 		{"name not ASCII", with(func(r *ratebudget.Rule) { r.Name = "é" }), "Name"},
 		{"name with NUL", with(func(r *ratebudget.Rule) { r.Name = "a\x00" }), "Name"},
-		{"algorithm unknown", with(func(r *ratebudget.Rule) { r.Algorithm = 3 }), "Algorithm"},
+		{"algorithm unknown", with(func(r *ratebudget.Rule) { r.Algorithm = 4 }), "Algorithm"},
 		{"algorithm 255", with(func(r *ratebudget.Rule) { r.Algorithm = 255 }), "Algorithm"},
 		{"limit zero", with(func(r *ratebudget.Rule) { r.Limit = 0 }), "Limit"},
 		{"limit negative", with(func(r *ratebudget.Rule) { r.Limit = -1 }), "Limit"},
@@ -76,6 +77,7 @@ func TestRuleValidate(t *testing.T) {
 		{"window above MaxWindow", with(func(r *ratebudget.Rule) { r.Window = ratebudget.MaxWindow + time.Millisecond }), "Window"},
 		{"burst on fixed", with(func(r *ratebudget.Rule) { r.Burst = 5 }), "Burst"},
 		{"burst on rolling", with(func(r *ratebudget.Rule) { r.Algorithm, r.Burst = ratebudget.RollingWindow, 5 }), "Burst"},
+		{"burst on inflight", with(func(r *ratebudget.Rule) { r.Algorithm, r.Burst = ratebudget.InFlight, 5 }), "Burst"},
 		{"burst negative", token(10, time.Second, -1), "Burst"},
 		{"burst above MaxLimit", token(10, time.Second, ratebudget.MaxLimit+1), "Burst"},
 		{"token scale above 2^53 by limit", token(ratebudget.MaxLimit, 8193*time.Millisecond, 0), "Burst"},
@@ -139,6 +141,7 @@ func TestValidateChecks(t *testing.T) {
 	aOther := ratebudget.Rule{Name: "a", Algorithm: ratebudget.RollingWindow, Limit: 9, Window: time.Minute}
 	b := ratebudget.Rule{Name: "b", Algorithm: ratebudget.TokenBucket, Limit: 5, Window: time.Second}
 	bad := ratebudget.Rule{Name: "bad", Limit: 5, Window: 0}
+	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 5, Window: time.Second}
 	c := func(r ratebudget.Rule, identity, scope string, cost int64) ratebudget.Check {
 		return ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: cost}
 	}
@@ -161,6 +164,8 @@ func TestValidateChecks(t *testing.T) {
 		{"duplicate budget", []ratebudget.Check{c(a, "x", "s", 1), c(b, "x", "s", 1), c(a, "x", "s", 2)}, "a", "checks"},
 		{"duplicate budget, shared", []ratebudget.Check{c(a, "", "", 1), c(a, "", "", 1)}, "a", "checks"},
 		{"duplicate name, other rule", []ratebudget.Check{c(a, "x", "", 1), c(aOther, "x", "", 1)}, "a", "checks"},
+		{"inflight cost 1", []ratebudget.Check{c(a, "x", "", 3), c(lease, "x", "", 1)}, "", ""},
+		{"inflight cost 2", []ratebudget.Check{c(a, "x", "", 1), c(lease, "x", "", 2)}, "lease", "Cost"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -223,7 +228,7 @@ func TestNewMemoryOptions(t *testing.T) {
 }
 
 func TestParseAlgorithm(t *testing.T) {
-	for _, a := range algorithms {
+	for _, a := range append(algorithms[:len(algorithms):len(algorithms)], ratebudget.InFlight) {
 		got, err := ratebudget.ParseAlgorithm(a.String())
 		if err != nil || got != a {
 			t.Errorf("ParseAlgorithm(%q) = %v, %v", a.String(), got, err)

@@ -1,0 +1,249 @@
+package ratebudget
+
+// The in-flight time rule and the settling of admitted spends, in the engine's terms (see
+// engine.go): times are Unix milliseconds, and every function works on one budget whose
+// shard lock the caller holds.
+
+// decideInFlight admits while fewer than Limit leases are live. Leases are kept in order
+// of expiry, which a new lease's expiry (now + Window, or later if the clock went back)
+// never precedes.
+func decideInFlight(b *budget, r *Rule, now int64, commit bool, lease int64) Outcome {
+	limit, w := r.Limit, r.Window.Milliseconds()
+	var leases []event
+	if b != nil && b.rolling != nil {
+		leases = pruneLeases(b, now)
+	}
+	live := int64(len(leases))
+	reset, last := int64(0), int64(0)
+	if live > 0 {
+		last = leases[live-1].at
+		reset = last - now
+	}
+	if live+1 > limit {
+		return Outcome{Remaining: limit - live, ResetAfter: ms(reset), RetryAfter: ms(leases[0].at - now)}
+	}
+	at := max(now+w, last)
+	if commit {
+		if b.rolling == nil {
+			b.rolling = &rollingEvents{}
+		}
+		b.rolling.events = append(b.rolling.events, event{at: at, cost: lease})
+		b.expires = at
+	}
+	return Outcome{Allowed: true, Remaining: limit - live - 1, ResetAfter: ms(at - now)}
+}
+
+// pruneLeases drops the leases that have expired at now and returns the live ones.
+func pruneLeases(b *budget, now int64) []event {
+	ev := b.rolling.events
+	n := 0
+	for n < len(ev) && ev[n].at <= now {
+		n++
+	}
+	if n > 0 {
+		ev = append(ev[:0], ev[n:]...)
+		b.rolling.events = ev
+	}
+	return ev
+}
+
+// ticketOf is the ticket of the admission just committed to b at now.
+func ticketOf(b *budget, r *Rule, now, lease int64) Ticket {
+	switch r.Algorithm {
+	case FixedWindow:
+		return Ticket{At: b.end, ID: 1}
+	case RollingWindow:
+		ev := b.rolling.events
+		return Ticket{At: ev[len(ev)-1].at, ID: 1}
+	case InFlight:
+		return Ticket{At: now, ID: lease}
+	}
+	return Ticket{At: now, ID: 1}
+}
+
+// findLease returns the index of the lease numbered id in b, or -1.
+func findLease(b *budget, id int64) int {
+	if b == nil || b.rolling == nil {
+		return -1
+	}
+	for i, e := range b.rolling.events {
+		if e.cost == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// release drops the lease of t from b, if it is still held.
+func release(b *budget, t Ticket, now int64) {
+	i := findLease(b, t.ID)
+	if i < 0 {
+		return
+	}
+	ev := b.rolling.events
+	ev = append(ev[:i], ev[i+1:]...)
+	b.rolling.events = ev
+	b.expires = now // no lease left: the state is no state
+	if len(ev) > 0 {
+		b.expires = ev[len(ev)-1].at
+	}
+}
+
+// renew moves the lease of t in b to expire Window from now (later, if the clock went
+// back behind the newest lease), keeping the leases in order of expiry. It reports false
+// when the lease is no longer held or has expired.
+func renew(b *budget, r *Rule, t Ticket, now int64) bool {
+	i := findLease(b, t.ID)
+	if i < 0 || b.rolling.events[i].at <= now {
+		return false
+	}
+	ev := b.rolling.events
+	at := max(now+r.Window.Milliseconds(), ev[len(ev)-1].at)
+	copy(ev[i:], ev[i+1:])
+	ev[len(ev)-1] = event{at: at, cost: t.ID}
+	b.expires = at
+	return true
+}
+
+// refund gives n units back to the spend recorded by t, as far as it still counts (see
+// [Settler]).
+func refund(b *budget, r *Rule, t Ticket, n, now int64) {
+	switch r.Algorithm {
+	case FixedWindow:
+		if b.end != t.At || now >= b.end {
+			return // another window, or this one closed
+		}
+		b.count -= n
+		if b.count <= 0 {
+			// Nothing admitted in the window is left: close it, so that the next admission
+			// opens a window of its own, as it would have without the refunded ones.
+			b.count, b.end, b.expires = 0, now, now
+		}
+	case TokenBucket:
+		level, ts, lag := tokenLevel(b, r, now)
+		full := r.Capacity() * r.Window.Milliseconds()
+		// An admitted cost is at most the capacity: so is n, and n × window <= 2^53.
+		level = min(level+min(n, r.Capacity())*r.Window.Milliseconds(), full)
+		setToken(b, r, level, ts, lag, now)
+	case RollingWindow:
+		w := r.Window.Milliseconds()
+		if b.rolling == nil || t.At <= now-w {
+			return // the event has left the window
+		}
+		ev := b.rolling.events
+		lo, hi := 0, len(ev)
+		for lo < hi {
+			mid := int(uint(lo+hi) >> 1)
+			if ev[mid].at < t.At {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		if lo == len(ev) || ev[lo].at != t.At {
+			return
+		}
+		give := min(n, ev[lo].cost)
+		ev[lo].cost -= give
+		b.count -= give
+		if ev[lo].cost == 0 {
+			ev = append(ev[:lo], ev[lo+1:]...)
+			b.rolling.events = ev
+		}
+		b.expires = now
+		if len(ev) > 0 {
+			b.expires = ev[len(ev)-1].at + w
+		}
+	}
+}
+
+// charge spends n extra units at now without refusing them, into debt of at most one
+// capacity (see [Settler]). A budget just created for the charge must first be given the
+// state of no state at all (see freshState).
+func charge(b *budget, r *Rule, n, now int64) {
+	limit, w := r.Limit, r.Window.Milliseconds()
+	switch r.Algorithm {
+	case FixedWindow:
+		if now >= b.end {
+			b.count, b.end = 0, now+w // a new window, opened by the extra
+		}
+		b.count = min(b.count+n, max(2*limit, b.count))
+		b.expires = b.end
+	case TokenBucket:
+		level, ts, lag := tokenLevel(b, r, now)
+		full := r.Capacity() * w
+		floor := max(-full, full-maxScaled)
+		if level > floor {
+			// Debt stops at one capacity below zero, so n above twice the capacity is
+			// clipped first: then n × window <= 2^54 does not overflow.
+			level = max(level-min(n, 2*r.Capacity())*w, floor)
+		}
+		setToken(b, r, level, ts, lag, now)
+	case RollingWindow:
+		var last int64
+		if b.rolling == nil {
+			b.rolling = &rollingEvents{}
+		}
+		ev := b.rolling.events
+		k := 0
+		for k < len(ev) && ev[k].at <= now-w {
+			b.count -= ev[k].cost
+			k++
+		}
+		if k > 0 {
+			ev = append(ev[:0], ev[k:]...)
+		}
+		if len(ev) > 0 {
+			last = ev[len(ev)-1].at
+		}
+		n = min(n, 2*limit-b.count)
+		if n <= 0 {
+			b.rolling.events = ev
+			return
+		}
+		at := max(now, last)
+		if len(ev) > 0 && last == at {
+			ev[len(ev)-1].cost += n
+		} else {
+			ev = append(ev, event{at: at, cost: n})
+		}
+		b.rolling.events = ev
+		b.count += n
+		b.expires = at + w
+	}
+}
+
+// tokenLevel is a token bucket's level at now (scaled units, below zero in debt), the
+// timestamp it is measured at and the clock's lag behind it, as decideToken reads them.
+func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
+	full := r.Capacity() * r.Window.Milliseconds()
+	ts = b.end
+	elapsed := now - ts
+	if elapsed < 0 {
+		lag, elapsed = -elapsed, 0
+	} else {
+		ts = now
+	}
+	if elapsed >= ceilDiv(full-b.count, r.Limit) {
+		return full, ts, lag
+	}
+	return b.count + elapsed*r.Limit, ts, lag
+}
+
+// setToken writes a token bucket's level at ts, and its expiry: when it is full again.
+func setToken(b *budget, r *Rule, level, ts, lag, now int64) {
+	full := r.Capacity() * r.Window.Milliseconds()
+	b.count, b.end = level, ts
+	b.expires = now
+	if level < full {
+		b.expires = now + lag + ceilDiv(full-level, r.Limit)
+	}
+}
+
+// freshState gives a budget just created the state that equals no state at all: a closed
+// fixed window, a full token bucket, an empty log.
+func freshState(b *budget, r *Rule, now int64) {
+	if r.Algorithm == TokenBucket {
+		b.count, b.end = r.Capacity()*r.Window.Milliseconds(), now
+	}
+}

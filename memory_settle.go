@@ -1,0 +1,102 @@
+package ratebudget
+
+import "context"
+
+var _ Settler = (*Memory)(nil)
+
+// Settle adjusts the spend of a decision admitted by [Memory.Reserve] to the actual costs,
+// as [Settler] describes, exactly and atomically for all checks: the shards of every
+// check are locked at once. costs nil cancels every check. It returns an error only for
+// invalid arguments; the context is not consulted.
+func (m *Memory) Settle(_ context.Context, checks []Check, tickets []Ticket, costs []int64) error {
+	if err := ValidateSettle(checks, tickets, costs); err != nil {
+		return err
+	}
+	m.each(checks, tickets, func(s *memShard, i int, b *budget, now int64) *budget {
+		c := &checks[i]
+		actual := int64(0)
+		if costs != nil {
+			actual = costs[i]
+		}
+		switch {
+		case c.Rule.Algorithm == InFlight:
+			if b != nil {
+				release(b, tickets[i], now)
+			}
+		case actual < c.Cost:
+			if b != nil {
+				refund(b, &c.Rule, tickets[i], c.Cost-actual, now)
+			}
+		case actual > c.Cost:
+			if b == nil {
+				return nil // created by each, and handed back
+			}
+			charge(b, &c.Rule, actual-c.Cost, now)
+		}
+		tickets[i] = Ticket{}
+		return b
+	}, func(i int) bool {
+		// A charge on a budget that is gone (swept, evicted) creates it.
+		return checks[i].Rule.Algorithm != InFlight && costs != nil && costs[i] > checks[i].Cost
+	})
+	return nil
+}
+
+// Renew extends every InFlight lease of a decision admitted by [Memory.Reserve] to its
+// rule's Window from now, as [Settler] describes; it reports [ErrLeaseLost] when a lease
+// had expired. It returns no other error than for invalid arguments.
+func (m *Memory) Renew(_ context.Context, checks []Check, tickets []Ticket) error {
+	if err := ValidateSettle(checks, tickets, nil); err != nil {
+		return err
+	}
+	lost := false
+	m.each(checks, tickets, func(s *memShard, i int, b *budget, now int64) *budget {
+		if checks[i].Rule.Algorithm == InFlight && !renew(b, &checks[i].Rule, tickets[i], now) {
+			lost = true
+		}
+		return b
+	}, nil)
+	if lost {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// each calls fn, with the shards of all checks locked, for each check i whose ticket is
+// not zero, with its budget (nil when it holds none). When b is nil and create(i)
+// reports true, fn is first called with nil and, if it returns nil, called again with a
+// budget just created for it, in the state of no state at all.
+func (m *Memory) each(checks []Check, tickets []Ticket, fn func(s *memShard, i int, b *budget, now int64) *budget, create func(i int) bool) {
+	var kbuf [8]memKey
+	var hbuf [8]uint64
+	var sbuf [8]int
+	var bbuf [8]*budget
+	keys, hashes, shards, kept := kbuf[:0], hbuf[:0], sbuf[:0], bbuf[:0]
+	for i := range checks {
+		c := &checks[i]
+		k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
+		h := m.hashOf(&k)
+		keys = append(keys, k)
+		hashes = append(hashes, h)
+		shards = append(shards, int(h%memShards))
+	}
+	now := m.now()
+	locked := m.lock(shards, now)
+	for i := range checks {
+		if tickets[i].IsZero() {
+			continue
+		}
+		s := &m.shards[shards[i]]
+		b := s.get(hashes[i], &keys[i])
+		if b = fn(s, i, b, now); b == nil && create != nil && create(i) {
+			// Room is never made at the expense of this call's other budgets.
+			b = s.insert(hashes[i], &keys[i], true, s.makeRoom(now, kept))
+			freshState(b, &checks[i].Rule, now)
+			b = fn(s, i, b, now)
+		}
+		if b != nil {
+			kept = append(kept, b)
+		}
+	}
+	m.unlock(&locked)
+}

@@ -1,0 +1,167 @@
+package ratebudget
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// budgetOf returns the budget of c in m, or nil.
+func (m *Memory) budgetOf(c Check) *budget {
+	k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
+	h := m.hashOf(&k)
+	s := &m.shards[h%memShards]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, _ := s.find(h, &k)
+	return b
+}
+
+func reserveSettle(t *testing.T, m *Memory, c Check, actual int64) {
+	t.Helper()
+	tk := make([]Ticket, 1)
+	if d, err := m.Reserve(context.Background(), []Check{c}, tk, nil); err != nil || !d.Allowed {
+		t.Fatalf("Reserve(%+v) = %+v, %v", c, d, err)
+	}
+	if err := m.Settle(context.Background(), []Check{c}, tk, []int64{actual}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSettleDebtBounded: however large and however often the extra, debt stays within one
+// capacity, and a token bucket's deficit within 2^53 scaled units.
+func TestSettleDebtBounded(t *testing.T) {
+	m, clk := newTestMemory(t)
+	rules := []Rule{
+		{Name: "f", Algorithm: FixedWindow, Limit: 5, Window: time.Minute},
+		{Name: "r", Algorithm: RollingWindow, Limit: 5, Window: time.Minute},
+		{Name: "t", Algorithm: TokenBucket, Limit: 5, Window: time.Minute},
+		{Name: "t-max-window", Algorithm: TokenBucket, Limit: 1, Window: MaxWindow},
+		{Name: "t-2p53", Algorithm: TokenBucket, Limit: MaxLimit, Window: 8192 * time.Millisecond},
+	}
+	for _, r := range rules {
+		c := Check{Rule: r, Identity: "debtor", Cost: 1}
+		for range 3 {
+			reserveSettle(t, m, c, MaxLimit)
+			clk.advance(time.Millisecond)
+			// Refused now, but reserve needs an admission: give one back to admit again.
+			b := m.budgetOf(c)
+			switch r.Algorithm {
+			case TokenBucket:
+				full := r.Capacity() * r.Window.Milliseconds()
+				charge(b, &r, MaxLimit, m.now()) // again, from the debt
+				if b.count < -full || full-b.count > maxScaled {
+					t.Fatalf("%s: level %d, want at least %d with a deficit within 2^53", r.Name, b.count, max(-full, full-maxScaled))
+				}
+				b.count = full // admit again
+			default:
+				if b.count > 2*r.Limit {
+					t.Fatalf("%s: count %d, want at most %d", r.Name, b.count, 2*r.Limit)
+				}
+				if r.Algorithm == FixedWindow {
+					b.count = 0
+				}
+			}
+			if r.Algorithm == RollingWindow {
+				clk.advance(r.Window) // the log ages out
+			}
+		}
+	}
+}
+
+// TestLeasesStayOrdered: leases are kept in order of expiry when the clock goes back and
+// when leases are renewed, so that pruning the oldest keeps every live one.
+func TestLeasesStayOrdered(t *testing.T) {
+	clk := &manualClock{t: time.UnixMilli(1_767_225_600_250)}
+	m, err := NewMemory(WithClock(clk.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Rule{Name: "slots", Algorithm: InFlight, Limit: 10, Window: time.Second}
+	c := []Check{{Rule: r, Identity: "x", Cost: 1}}
+	var tickets [][]Ticket
+	for i := range 6 {
+		tk := make([]Ticket, 1)
+		if d, err := m.Reserve(context.Background(), c, tk, nil); err != nil || !d.Allowed {
+			t.Fatalf("lease %d: %+v, %v", i, d, err)
+		}
+		tickets = append(tickets, tk)
+		if i == 2 {
+			clk.advance(-500 * time.Millisecond) // the clock goes back
+		} else {
+			clk.advance(100 * time.Millisecond)
+		}
+	}
+	if err := m.Renew(context.Background(), c, tickets[1]); err != nil {
+		t.Fatal(err)
+	}
+	ev := m.budgetOf(c[0]).rolling.events
+	for i := 1; i < len(ev); i++ {
+		if ev[i].at < ev[i-1].at {
+			t.Fatalf("leases out of order: %+v", ev)
+		}
+	}
+	if ev[len(ev)-1].cost != tickets[1][0].ID {
+		t.Fatalf("the renewed lease is not the last to expire: %+v", ev)
+	}
+	// Every lease expires within a Window of the latest clock reading.
+	clk.advance(time.Second + 500*time.Millisecond)
+	if d, _ := m.Allow(context.Background(), c); !d.Allowed || d.Remaining != 9 {
+		t.Fatalf("after every lease expired: %+v", d)
+	}
+}
+
+// TestSettleChargesAGoneBudget: an extra settled after the budget was swept is spent on a
+// budget created for it; a refund or release of a gone budget creates nothing.
+func TestSettleChargesAGoneBudget(t *testing.T) {
+	m, clk := newTestMemory(t, WithSweepInterval(time.Millisecond))
+	fixed := Check{Rule: Rule{Name: "f", Limit: 5, Window: time.Second}, Identity: "late", Cost: 1}
+	lease := Check{Rule: Rule{Name: "l", Algorithm: InFlight, Limit: 5, Window: time.Second}, Identity: "late", Cost: 1}
+	checks := []Check{fixed, lease}
+	tk := make([]Ticket, 2)
+	if d, _ := m.Reserve(context.Background(), checks, tk, nil); !d.Allowed {
+		t.Fatal(d)
+	}
+	clk.advance(2 * time.Second) // both expire
+	sweepAll(m)
+	if m.budgetOf(fixed) != nil || m.budgetOf(lease) != nil {
+		t.Fatal("budgets not swept")
+	}
+	if err := m.Settle(context.Background(), checks, tk, []int64{7, 1}); err != nil {
+		t.Fatal(err)
+	}
+	if b := m.budgetOf(fixed); b == nil || b.count != 6 {
+		t.Fatalf("extra of a swept budget: %+v, want a new window counting 6", b)
+	}
+	if m.budgetOf(lease) != nil {
+		t.Fatal("releasing a gone lease created a budget")
+	}
+}
+
+// TestReleasedLeasesAreReclaimed: a budget whose leases are all released is no state at
+// all: the next sweep drops it.
+func TestReleasedLeasesAreReclaimed(t *testing.T) {
+	m, clk := newTestMemory(t, WithSweepInterval(time.Millisecond))
+	c := []Check{{Rule: Rule{Name: "l", Algorithm: InFlight, Limit: 5, Window: time.Hour}, Identity: "done", Cost: 1}}
+	tk := make([]Ticket, 1)
+	m.Reserve(context.Background(), c, tk, nil)
+	if err := m.Settle(context.Background(), c, tk, nil); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(time.Millisecond)
+	sweepAll(m)
+	if m.budgetOf(c[0]) != nil {
+		t.Fatal("a budget without leases outlived its sweep")
+	}
+}
+
+// sweepAll sweeps every shard now, when its sweep is due.
+func sweepAll(m *Memory) {
+	now := m.now()
+	for i := range m.shards {
+		s := &m.shards[i]
+		s.mu.Lock()
+		m.maybeSweep(s, now)
+		s.mu.Unlock()
+	}
+}

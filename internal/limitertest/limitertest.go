@@ -72,7 +72,9 @@ const maxAttempts = 6
 var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow}
 
 // Run runs the conformance suite. newHarness is called once per subtest and must return
-// a limiter whose budgets are all empty (for a shared store: a fresh key prefix).
+// a limiter whose budgets are all empty (for a shared store: a fresh key prefix). The
+// cases of settling and of in-flight limits skip for a limiter that does not implement
+// [ratebudget.Settler].
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -103,6 +105,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Run("rolling/RetryAfterOldest", func(t *testing.T) { t.Parallel(); testRollingRetry(newEnv(t, newHarness(t))) })
 	t.Run("MixedRulesOneIdentity", func(t *testing.T) { t.Parallel(); testMixed(newEnv(t, newHarness(t)), false) })
 	t.Run("MixedRulesSeveralIdentities", func(t *testing.T) { t.Parallel(); testMixed(newEnv(t, newHarness(t)), true) })
+	runSettle(t, newHarness)
 }
 
 type env struct {

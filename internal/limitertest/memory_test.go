@@ -18,3 +18,15 @@ func TestMemory(t *testing.T) {
 		return limitertest.Harness{Limiter: m, Advance: clock.Advance}
 	})
 }
+
+// TestMemoryRealTime runs the suite's real-time branches (those the Redis limiter takes)
+// against the exact in-process limiter, so that their bounds are known to hold.
+func TestMemoryRealTime(t *testing.T) {
+	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
+		m, err := ratebudget.NewMemory()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return limitertest.Harness{Limiter: m}
+	})
+}

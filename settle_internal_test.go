@@ -165,3 +165,27 @@ func sweepAll(m *Memory) {
 		s.mu.Unlock()
 	}
 }
+
+// TestReserveOutcomes: Reserve reports every check's outcome as AllowEach does, and
+// refuses an outcomes slice of the wrong length before deciding anything.
+func TestReserveOutcomes(t *testing.T) {
+	m, _ := newTestMemory(t)
+	checks := []Check{
+		{Rule: Rule{Name: "f", Limit: 5, Window: time.Minute}, Identity: "o", Cost: 2},
+		{Rule: Rule{Name: "l", Algorithm: InFlight, Limit: 1, Window: time.Minute}, Identity: "o", Cost: 1},
+	}
+	tk := make([]Ticket, 2)
+	out := make([]Outcome, 2)
+	if _, err := m.Reserve(context.Background(), checks, tk, out[:1]); err == nil {
+		t.Fatal("Reserve accepted one outcome for two checks")
+	}
+	if d, err := m.Reserve(context.Background(), checks, tk, out); err != nil || !d.Allowed {
+		t.Fatalf("Reserve: %+v, %v", d, err)
+	}
+	if !out[0].Allowed || out[0].Remaining != 3 || !out[1].Allowed || out[1].Remaining != 0 {
+		t.Fatalf("outcomes %+v", out)
+	}
+	if d, _ := m.Reserve(context.Background(), checks, tk, out); d.Allowed || !out[0].Allowed || out[1].Allowed {
+		t.Fatalf("second reserve: %+v, outcomes %+v: want refused by the lease alone", d, out)
+	}
+}

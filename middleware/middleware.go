@@ -40,8 +40,9 @@
 //
 // Layers on different limiters (one Memory, one Redis) cannot decide in one call: they
 // decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops the
-// walk, so later limiters spend nothing; earlier limiters' spend stays spent (a
-// Limiter cannot give spend back). On a store failure the strictest policy of the
+// walk, so later limiters spend nothing; earlier limiters' spend is given back when they
+// implement ratebudget.Settler (their decisions are then reserved), and stays spent
+// otherwise. On a store failure the strictest policy of the
 // failed limiter's layers applies (FailClosed, then LocalFallback, then FailOpen).
 //
 // # Failure handling
@@ -83,6 +84,17 @@ type Rule struct {
 	// Nil means the budget is shared by every route that uses a rule of this name. An
 	// error or an empty key answers 400, as for Identity.
 	Scope func(*http.Request) (string, error)
+	// Counts is what an admitted request is charged under this rule (see [Counting]).
+	// The zero value counts every admitted attempt at the layer's cost ([WithCost]).
+	// Contracts other than attempts, and InFlight rules, need a limiter that implements
+	// ratebudget.Settler.
+	Counts Counting
+	// Shadow decides and observes the rule without enforcing it: its budget is spent as
+	// it would be if it were enforced, events report what it would have refused
+	// (Event.Shadow), but it never refuses a request and adds no metadata headers. A
+	// rule keeps its budget when it goes from shadow to enforced: the budget is named by
+	// the rule's name, not by its mode.
+	Shadow bool
 }
 
 // Outcome classifies a decision for observers, metrics and logs.
@@ -136,7 +148,18 @@ type Event struct {
 	// asked, e.g. with the breaker open). For a fallback decision it is the failed store
 	// call's time; the local decision itself takes well under a microsecond.
 	Latency time.Duration
+	// Shadow is the decision of the rules in shadow mode ([Rule.Shadow]), made once the
+	// enforced rules admitted the request: all-or-nothing among them, as if they were
+	// enforced. Zero when the request has no shadow rule, or the enforced rules did not
+	// admit it. Shadow.Allowed false with Shadow.Rule set is a request the shadow rules
+	// would have refused ([Event.ShadowRefused]); it was served all the same. A store
+	// failure of a shadow decision leaves Shadow zero: shadow rules never change a
+	// response.
+	Shadow ratebudget.Decision
 }
+
+// ShadowRefused reports whether the request's rules in shadow mode would have refused it.
+func (e *Event) ShadowRefused() bool { return e.Shadow.Rule != "" && !e.Shadow.Allowed }
 
 type compiledRule struct {
 	rule      ratebudget.Rule
@@ -145,6 +168,9 @@ type compiledRule struct {
 	limitText string // limit in decimal, for the metadata headers
 	identity  func(*http.Request) (string, error)
 	scope     func(*http.Request) (string, error)
+	counts    Counting
+	shadow    bool
+	unit      string // the quota unit in the metadata, when the rule's contract sets one
 }
 
 type mw struct {
@@ -156,11 +182,18 @@ type mw struct {
 	fallback *ratebudget.Memory
 	breaker  *breaker
 	each     ratebudget.Reporter // the limiter, when it reports every check's outcome
-	limKey   any                 // the limiter, or a unique stand-in when it is not comparable
-	stacks   sync.Pool           // *stack, for requests through this layer alone
-	probe    chiroute.Probe      // recognises a chi router's routing step
-	routes   chiroute.Cache      // what chi routers run after routing
-	wrapPC   uintptr             // the code pointer of every layer's middleware function
+	settler  ratebudget.Settler  // the limiter, when its decisions can be settled
+	// enforced lists the indexes of the rules not in shadow mode, in order (nil when
+	// every rule is enforced), shadowed the others.
+	enforced, shadowed []int
+	// settles is set when a rule's checks must be settled once the handler returns;
+	// layerCost when a rule is charged the layer's cost (minCap is then among those).
+	settles, layerCost bool
+	limKey             any            // the limiter, or a unique stand-in when it is not comparable
+	stacks             sync.Pool      // *stack, for requests through this layer alone
+	probe              chiroute.Probe // recognises a chi router's routing step
+	routes             chiroute.Cache // what chi routers run after routing
+	wrapPC             uintptr        // the code pointer of every layer's middleware function
 	// warnedMount is set once the mounting mistake of a route scope has been logged,
 	// warnedAhead once a wrong look-ahead in a router has.
 	warnedMount, warnedAhead atomic.Bool
@@ -207,17 +240,41 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		if r.Identity == nil {
 			return nil, &ratebudget.ConfigError{Rule: r.Name, Field: "Identity", Problem: "must not be nil (use keyfuncs.Global() for a service-wide budget)"}
 		}
-		cr := compiledRule{rule: r.Rule, identity: r.Identity, scope: r.Scope, limit: r.Rule.Capacity()}
+		cr := compiledRule{rule: r.Rule, identity: r.Identity, scope: r.Scope, limit: r.Rule.Capacity(), counts: r.Counts, shadow: r.Shadow}
 		cr.limitText = strconv.FormatInt(cr.limit, 10)
+		if err := cr.compileCounts(); err != nil {
+			return nil, err
+		}
 		if m.cfg.policy == LocalFallback {
 			cr.local = localRule(r.Rule, m.cfg.replicas)
 		}
 		m.rules = append(m.rules, cr)
 	}
+	m.minCap = -1
 	for i := range m.rules {
-		if m.rules[i].limit < m.rules[m.minCap].limit {
+		cr := &m.rules[i]
+		if cr.settles() {
+			m.settles = true
+		}
+		if cr.shadow {
+			m.shadowed = append(m.shadowed, i)
+		} else {
+			m.enforced = append(m.enforced, i)
+		}
+		if cr.counts.layerCost() && !cr.shadow && cr.rule.Algorithm != ratebudget.InFlight && (m.minCap < 0 || cr.limit < m.rules[m.minCap].limit) {
 			m.minCap = i
 		}
+	}
+	m.layerCost = m.minCap >= 0
+	if !m.layerCost {
+		m.minCap = 0
+	}
+	if m.shadowed == nil {
+		m.enforced = nil // every rule is enforced: checks map to rules one to one
+	}
+	m.settler, _ = lim.(ratebudget.Settler)
+	if m.settles && m.settler == nil {
+		return nil, configErr("limiter", "must implement ratebudget.Settler for rules that count other than attempts or that are InFlight")
 	}
 	_, inProcess := lim.(*ratebudget.Memory)
 	m.io = !inProcess
@@ -298,12 +355,12 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 	return d, latency, err
 }
 
-// exceeded answers a request whose cost exceeds the capacity of a rule: 413, decided
-// without the limiter. The rule reported is the one of smallest capacity. No budget
-// metadata is sent: the store was not asked, so nothing is known of what remains.
-func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64) {
-	cr := &m.rules[m.minCap]
-	d := ratebudget.Decision{Exceeded: true, Rule: cr.rule.Name, Index: m.minCap, Limit: cr.limit, Window: cr.rule.Window}
+// exceeded answers a request whose cost exceeds the capacity of rule i: 413, decided
+// without the limiter (for the layer's cost, rule i is the one of smallest capacity). No
+// budget metadata is sent: the store was not asked, so nothing is known of what remains.
+func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64, i int) {
+	cr := &m.rules[i]
+	d := ratebudget.Decision{Exceeded: true, Rule: cr.rule.Name, Index: i, Limit: cr.limit, Window: cr.rule.Window}
 	observeOuter(st, m, &Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
 		m.cfg.onRefusal(w, r, d)

@@ -58,6 +58,12 @@ type stack struct {
 	cbuf              [4]ratebudget.Check
 	infos             [4]headers.Info
 	obuf              [4]ratebudget.Outcome
+	// settles is set when a layer's checks must be settled once the handler returns;
+	// shadow holds the checks of rules in shadow mode, shadowParts their layers.
+	settles     bool
+	shadow      []ratebudget.Check
+	shadowParts []part
+	settle      *settlement // what the handler's return settles, once admitted
 }
 
 // part is one layer's share of a stack: its checks are checks[from:to].
@@ -72,8 +78,23 @@ type stackKey struct{}
 func (st *stack) reset() {
 	clear(st.checks) // no identity or scope outlives its request
 	clear(st.parts)
-	st.decided, st.answered = false, false
+	clear(st.shadow)
+	clear(st.shadowParts)
+	st.decided, st.answered, st.settles = false, false, false
 	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
+	st.shadow, st.shadowParts, st.settle = st.shadow[:0], st.shadowParts[:0], nil
+}
+
+// rule returns the rule of the part's k-th check (of its enforced checks, or with shadow
+// true of its shadow checks).
+func (p *part) rule(k int, shadow bool) *compiledRule {
+	switch {
+	case shadow:
+		return &p.m.rules[p.m.shadowed[k]]
+	case p.m.enforced != nil:
+		return &p.m.rules[p.m.enforced[k]]
+	}
+	return &p.m.rules[k]
 }
 
 // ServeHTTP adds the layer's checks to the request's decision and, when it is the
@@ -158,13 +179,16 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 		}
 		cost = c
 	}
-	if cost > m.rules[m.minCap].limit {
+	if m.layerCost && cost > m.rules[m.minCap].limit {
 		// No store can admit it, and no store need be asked: decided here, so that a
 		// hostile cost never reaches the store, its breaker or the failure policy.
-		m.exceeded(w, r, st, cost)
+		m.exceeded(w, r, st, cost, m.minCap)
 		return false
 	}
-	from := len(st.checks)
+	from, sfrom := len(st.checks), len(st.shadow)
+	undo := func() {
+		st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
+	}
 	for i := range m.rules {
 		cr := &m.rules[i]
 		id, err := cr.identity(r)
@@ -172,7 +196,7 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 			err = errEmptyIdentity
 		}
 		if err != nil {
-			st.checks = st.checks[:from]
+			undo()
 			m.invalid(w, r, st, inputError(headers.PartIdentity, cr.rule.Name, err, "identity could not be determined"))
 			return false
 		}
@@ -183,14 +207,30 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 				err = errEmptyScope
 			}
 			if err != nil {
-				st.checks = st.checks[:from]
+				undo()
 				m.invalid(w, r, st, inputError(headers.PartScope, cr.rule.Name, err, "scope could not be determined"))
 				return false
 			}
 		}
-		st.checks = append(st.checks, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: cost})
+		c := cost
+		if m.settles {
+			if c = cr.reserve(r, cost); c > cr.limit && !cr.shadow {
+				undo()
+				m.exceeded(w, r, st, c, i) // e.g. a Content-Length above a byte budget
+				return false
+			}
+		}
+		if cr.shadow {
+			st.shadow = append(st.shadow, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
+			continue
+		}
+		st.checks = append(st.checks, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
 	}
 	st.parts = append(st.parts, part{m: m, from: from, to: len(st.checks), cost: cost})
+	if len(st.shadow) > sfrom {
+		st.shadowParts = append(st.shadowParts, part{m: m, from: sfrom, to: len(st.shadow), cost: cost})
+	}
+	st.settles = st.settles || m.settles
 	return true
 }
 
@@ -250,17 +290,29 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	}
 	var err error
 	var failed *group
-	if single {
+	switch {
+	case len(st.checks) == 0:
+		// Every rule is in shadow mode: nothing is enforced.
+		ev.Decision = ratebudget.Decision{Allowed: true}
+	case single:
 		g := group{key: innermost.limKey, parts: st.parts, m: innermost, checks: st.checks}
 		out := st.obuf[:0]
 		if len(st.checks) > len(st.obuf) {
 			out = make([]ratebudget.Outcome, 0, len(st.checks))
 		}
-		ev.Decision, outcomes, ev.Latency, err = g.m.decideEach(ctx, st.checks, out[:len(st.checks)])
+		if st.settles {
+			tickets := make([]ratebudget.Ticket, len(st.checks))
+			ev.Decision, outcomes, ev.Latency, err = g.m.reserveEach(ctx, st.checks, out[:len(st.checks)], tickets)
+			if err == nil && ev.Decision.Allowed {
+				st.addTarget(g.m, g.m.settler, st.checks, tickets, st.enforcedRules(0, len(st.checks)))
+			}
+		} else {
+			ev.Decision, outcomes, ev.Latency, err = g.m.decideEach(ctx, st.checks, out[:len(st.checks)])
+		}
 		if err != nil {
 			failed = &g
 		}
-	} else {
+	default:
 		ev.Decision, outcomes, ev.Latency, failed, err = decideGroups(ctx, st)
 	}
 	if err != nil {
@@ -276,12 +328,19 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		if ctx.Err() != nil {
 			ev.Outcome = OutcomeCanceled
 			observeAll(st, &ev)
+			if st.settle != nil {
+				st.settle.cancelAll(ctx)
+			}
 			return
 		}
 		switch strictest(failed.parts) {
 		case FailOpen:
 			ev.Outcome = OutcomeDegraded
 			observeAll(st, &ev)
+			if st.settle != nil {
+				serveSettled(w, r, st.settle, next) // the limiters that did decide
+				return
+			}
 			next.ServeHTTP(w, r)
 			return
 		case LocalFallback:
@@ -290,6 +349,9 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		default:
 			ev.Outcome = OutcomeUnavailable
 			observeAll(st, &ev)
+			if st.settle != nil {
+				st.settle.cancelAll(ctx)
+			}
 			headers.WriteUnavailable(w, r, innermost.cfg.retryAfter)
 			return
 		}
@@ -306,8 +368,17 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	switch {
 	case d.Allowed:
 		ev.Outcome = OutcomeAllowed
+		if len(st.shadow) > 0 {
+			ev.Shadow = decideShadow(ctx, st)
+		}
 		observeAll(st, &ev)
-		headers.Write(w.Header(), rep.m.cfg.style, infos, d.Index)
+		if len(infos) > 0 {
+			headers.Write(w.Header(), rep.m.cfg.style, infos, d.Index)
+		}
+		if st.settle != nil {
+			serveSettled(w, r, st.settle, next)
+			return
+		}
 		next.ServeHTTP(w, r)
 	case rep.m.cfg.onRefusal != nil:
 		ev.Outcome = OutcomeDenied
@@ -343,8 +414,15 @@ func (st *stack) partOf(i int) *part {
 func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outcome) headers.Info {
 	c := &st.checks[i]
 	p := st.partOf(i)
-	cr := &p.m.rules[i-p.from]
+	cr := p.rule(i-p.from, false)
 	in := headers.Info{Policy: c.Rule.Name, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
+	if cr.unit != "" {
+		in.Unit = cr.unit
+	}
+	lease := c.Rule.Algorithm == ratebudget.InFlight
+	if lease {
+		in.Window = 0 // a lease's TTL is not a window
+	}
 	switch {
 	case outcomes != nil:
 		o := &outcomes[i]
@@ -361,6 +439,11 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 	}
 	if !in.Unreported {
 		in.Available = available(&c.Rule, in.Limit, in.Remaining, in.Reset)
+	}
+	if lease && in.RetryAfter > time.Second {
+		// A slot frees when any of the client's running requests ends: the lease's
+		// expiry only bounds a crashed holder's.
+		in.RetryAfter = time.Second
 	}
 	return in
 }
@@ -388,7 +471,8 @@ func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duratio
 // decideGroups decides a stack whose layers use different limiters: one all-or-nothing
 // call per limiter, in the order the layers were mounted (outermost first). A group's
 // refusal or failure stops the walk: later groups spend nothing; earlier groups' spend
-// stays spent, because a Limiter cannot give spend back. The decision reported is the
+// is given back when their limiter implements ratebudget.Settler (it was reserved), and
+// stays spent otherwise. The decision reported is the
 // refusing group's, or when all admit the most restrictive rule of all.
 func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, failed *group, err error) {
 	var groups []*group
@@ -415,9 +499,32 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 	known := true
 	best := -1
 	for _, g := range groups {
-		gd, gout, lat, gerr := g.m.decideEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)))
+		var gd ratebudget.Decision
+		var gout []ratebudget.Outcome
+		var lat time.Duration
+		var gerr error
+		if g.m.settler != nil {
+			// Reserved, so that a later limiter's refusal gives this spend back.
+			tickets := make([]ratebudget.Ticket, len(g.checks))
+			gd, gout, lat, gerr = g.m.reserveEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)), tickets)
+			if gerr == nil && gd.Allowed {
+				rules := make([]*compiledRule, len(g.index))
+				for i, k := range g.index {
+					p := st.partOf(k)
+					rules[i] = p.rule(k-p.from, false)
+				}
+				st.addTarget(g.m, g.m.settler, g.checks, tickets, rules)
+			}
+		} else {
+			gd, gout, lat, gerr = g.m.decideEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)))
+		}
 		latency += lat
+		if gerr == nil && !gd.Allowed && st.settle != nil {
+			st.settle.cancelAll(ctx)
+		}
 		if gerr != nil {
+			// The earlier groups' reservations stand for now: the failure policy decides
+			// whether the request is served (see decideStack).
 			return ratebudget.Decision{}, nil, latency, g, gerr
 		}
 		if gout == nil {
@@ -468,16 +575,36 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 		if p.m.fallback == nil {
 			continue
 		}
-		checks := st.checks[p.from:p.to]
-		for i := range checks {
-			checks[i].Rule = p.m.rules[i].local
-		}
-		pd, _ := p.m.fallback.Allow(ctx, checks)
-		for i := range checks {
-			checks[i].Rule = p.m.rules[i].rule
+		var pd ratebudget.Decision
+		if p.m.settles {
+			// Reserved on the local budget, settled there when the handler returns.
+			checks := make([]ratebudget.Check, p.to-p.from)
+			rules := make([]*compiledRule, len(checks))
+			copy(checks, st.checks[p.from:p.to])
+			for i := range checks {
+				rules[i] = p.rule(i, false)
+				checks[i].Rule = rules[i].local
+			}
+			tickets := make([]ratebudget.Ticket, len(checks))
+			pd, _ = p.m.fallback.Reserve(ctx, checks, tickets, nil)
+			if pd.Allowed {
+				st.addTarget(p.m, p.m.fallback, checks, tickets, rules)
+			}
+		} else {
+			checks := st.checks[p.from:p.to]
+			for i := range checks {
+				checks[i].Rule = p.rule(i, false).local
+			}
+			pd, _ = p.m.fallback.Allow(ctx, checks)
+			for i := range checks {
+				checks[i].Rule = p.rule(i, false).rule
+			}
 		}
 		pd.Index += p.from
 		if !pd.Allowed {
+			if st.settle != nil {
+				st.settle.cancelAll(ctx) // the earlier layers' local spend
+			}
 			return pd, nil
 		}
 		if d.Index < 0 || pd.Remaining < d.Remaining {

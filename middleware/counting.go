@@ -1,0 +1,250 @@
+package middleware
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+)
+
+// Counting is a rule's counting contract: what an admitted request is charged, and when
+// that is known. Every contract but attempts reserves a cost when the request is
+// admitted and settles it once the handler has returned (also when it panics, and when
+// the client has gone away), through ratebudget.Settler:
+//
+//	contract                  reserved at admission         settled when the handler returns
+//	CountAttempts (default)   the layer's cost (WithCost)   never: every admitted attempt counts
+//	CountSuccesses            the layer's cost              given back when the response is not charged
+//	                                                        (default: status 500 or above)
+//	CountActual               an estimate                   the actual cost from a callback or a response header
+//	CountRequestBytes         Content-Length (1 if unknown) Content-Length, or the body bytes read when unknown
+//	CountResponseBytes        an estimate                   the bytes the handler wrote
+//
+// A settled cost above the reserved one spends the difference without refusing it: the
+// budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
+// that panics is treated as a response with status 500. An InFlight rule holds one lease
+// per request, whatever its contract, released when the handler returns; its Counts must
+// be the zero value.
+type Counting struct {
+	kind     countKind
+	charged  func(status int) bool
+	estimate int64
+	actual   func(r *http.Request, status int, header http.Header) int64
+}
+
+type countKind uint8
+
+const (
+	countAttempts countKind = iota
+	countSuccesses
+	countActual
+	countRequestBytes
+	countResponseBytes
+)
+
+// CountAttempts charges every admitted request its cost: the default, the zero Counting.
+func CountAttempts() Counting { return Counting{} }
+
+// CountSuccesses charges a request only when charged(status) reports true for the
+// response's status; nil charged means status < 500, so that server failures are not
+// charged. The cost is reserved at admission, so concurrent requests cannot overspend
+// while the handler runs, and given back afterwards when the response is not charged.
+func CountSuccesses(charged func(status int) bool) Counting {
+	if charged == nil {
+		charged = func(status int) bool { return status < 500 }
+	}
+	return Counting{kind: countSuccesses, charged: charged}
+}
+
+// CountActual reserves estimate units at admission and settles at the cost actual
+// reports once the handler has returned, given the request, the response's status and
+// its header (as the handler left it). A negative result keeps the estimate. estimate
+// must be in 1..the rule's capacity.
+func CountActual(estimate int64, actual func(r *http.Request, status int, header http.Header) int64) Counting {
+	return Counting{kind: countActual, estimate: estimate, actual: actual}
+}
+
+// CountResponseHeader reserves estimate units at admission and settles at the decimal
+// integer the handler sets in the response header name (a token count, query cost
+// units). A header that is missing or not a non-negative integer keeps the estimate.
+func CountResponseHeader(estimate int64, name string) Counting {
+	key := http.CanonicalHeaderKey(name)
+	return Counting{kind: countActual, estimate: estimate, actual: func(_ *http.Request, _ int, h http.Header) int64 {
+		v, err := strconv.ParseInt(h.Get(key), 10, 64)
+		if err != nil || v < 0 {
+			return -1
+		}
+		return v
+	}}
+}
+
+// CountRequestBytes charges the request body's bytes: its Content-Length when it
+// declares one (a body that declares more than the rule's capacity is refused with 413
+// before anything is spent), or, for a body without a length, 1 at admission settled at
+// the bytes the handler read. A request without a body is charged nothing. The unit in
+// the metadata is content-bytes.
+func CountRequestBytes() Counting { return Counting{kind: countRequestBytes} }
+
+// CountResponseBytes reserves estimate bytes at admission (at least 1, at most the rule's
+// capacity) and settles at the bytes the handler wrote. The unit in the metadata is
+// content-bytes.
+func CountResponseBytes(estimate int64) Counting {
+	return Counting{kind: countResponseBytes, estimate: estimate}
+}
+
+// layerCost reports whether the contract reserves the layer's cost.
+func (c *Counting) layerCost() bool { return c.kind == countAttempts || c.kind == countSuccesses }
+
+func (cr *compiledRule) settles() bool {
+	return cr.counts.kind != countAttempts || cr.rule.Algorithm == ratebudget.InFlight
+}
+
+// compileCounts validates the rule's contract.
+func (cr *compiledRule) compileCounts() error {
+	bad := func(problem string) error {
+		return &ratebudget.ConfigError{Rule: cr.rule.Name, Field: "Counts", Problem: problem}
+	}
+	c := &cr.counts
+	if cr.rule.Algorithm == ratebudget.InFlight {
+		if c.kind != countAttempts {
+			return bad("must be the zero value for an InFlight rule (a request holds one lease)")
+		}
+		cr.unit = headers.UnitConcurrentRequests
+		return nil
+	}
+	switch c.kind {
+	case countSuccesses:
+		if c.charged == nil {
+			return bad("CountSuccesses must be made by its constructor")
+		}
+	case countActual:
+		if c.actual == nil {
+			return bad("CountActual needs a function")
+		}
+		fallthrough
+	case countResponseBytes:
+		if c.estimate < 1 || c.estimate > cr.limit {
+			return bad("estimate must be in 1.." + strconv.FormatInt(cr.limit, 10) + ", got " + strconv.FormatInt(c.estimate, 10))
+		}
+	}
+	if c.kind == countRequestBytes || c.kind == countResponseBytes {
+		cr.unit = headers.UnitContentBytes
+	}
+	return nil
+}
+
+// reserve is the cost the rule reserves for r, given the layer's cost.
+func (cr *compiledRule) reserve(r *http.Request, cost int64) int64 {
+	if cr.rule.Algorithm == ratebudget.InFlight {
+		return 1
+	}
+	switch cr.counts.kind {
+	case countActual, countResponseBytes:
+		return cr.counts.estimate
+	case countRequestBytes:
+		return max(r.ContentLength, 1)
+	}
+	return cost
+}
+
+// actual is the cost check c of the rule is settled at, for the response seen by rec.
+func (cr *compiledRule) actual(r *http.Request, c *ratebudget.Check, rec *recorder) int64 {
+	if cr.rule.Algorithm == ratebudget.InFlight {
+		return c.Cost // the lease is released whatever the cost
+	}
+	a := c.Cost
+	switch cr.counts.kind {
+	case countSuccesses:
+		if !cr.counts.charged(rec.status()) {
+			a = 0
+		}
+	case countActual:
+		if v := cr.counts.actual(r, rec.status(), rec.Header()); v >= 0 {
+			a = v
+		}
+	case countRequestBytes:
+		switch {
+		case r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody:
+			a = 0
+		case r.ContentLength < 0:
+			a = rec.read
+		}
+	case countResponseBytes:
+		a = rec.written
+	}
+	return min(max(a, 0), ratebudget.MaxLimit)
+}
+
+// recorder sees what the handler did with the request and the response: the status, the
+// bytes written and the request body's bytes read. It passes every write on, and
+// http.ResponseController reaches the writer it wraps through Unwrap.
+type recorder struct {
+	http.ResponseWriter
+	code     int
+	written  int64
+	read     int64
+	panicked bool
+}
+
+func (rec *recorder) status() int {
+	switch {
+	case rec.panicked:
+		return http.StatusInternalServerError
+	case rec.code == 0:
+		return http.StatusOK // nothing written: net/http answers 200
+	}
+	return rec.code
+}
+
+// WriteHeader records the status and passes it on.
+func (rec *recorder) WriteHeader(code int) {
+	if rec.code == 0 && code >= 200 {
+		rec.code = code
+	}
+	rec.ResponseWriter.WriteHeader(code)
+}
+
+// Write counts the bytes written.
+func (rec *recorder) Write(b []byte) (int, error) {
+	if rec.code == 0 {
+		rec.code = http.StatusOK
+	}
+	n, err := rec.ResponseWriter.Write(b)
+	rec.written += int64(n)
+	return n, err
+}
+
+// Flush passes a flush on when the writer can.
+func (rec *recorder) Flush() {
+	if f, ok := rec.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Hijack passes a hijack on when the writer can.
+func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if h, ok := rec.ResponseWriter.(http.Hijacker); ok {
+		return h.Hijack()
+	}
+	return nil, nil, errors.New("ratebudget: the response writer cannot be hijacked")
+}
+
+// Unwrap returns the wrapped writer, for http.ResponseController.
+func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
+
+// countingBody counts the request body's bytes read into rec.
+type countingBody struct {
+	io.ReadCloser
+	rec *recorder
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.rec.read += int64(n)
+	return n, err
+}

@@ -1,0 +1,211 @@
+package middleware
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
+
+// settlement is what an admitted request's return settles: one target per limiter call
+// that reserved. Leases are renewed while the handler runs, by a timer that shares mu
+// with the final settle.
+type settlement struct {
+	mu      sync.Mutex
+	done    bool
+	targets []target
+	ttl     time.Duration // the shortest lease TTL of the targets; 0 when none holds a lease
+	timer   *time.Timer
+	body    bool // a rule counts the bytes read from a body without a length
+}
+
+// target is one reserved decision: its checks, tickets and each check's rule.
+type target struct {
+	s       ratebudget.Settler
+	m       *mw // whose timeout bounds the settle
+	checks  []ratebudget.Check
+	tickets []ratebudget.Ticket
+	rules   []*compiledRule
+}
+
+// addTarget records a reserved decision to settle once the handler returns. checks
+// must stay valid until then (the stack's own, or a copy).
+func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule) {
+	if st.settle == nil {
+		st.settle = &settlement{}
+	}
+	se := st.settle
+	se.targets = append(se.targets, target{s: s, m: m, checks: checks, tickets: tickets, rules: rules})
+	for i, cr := range rules {
+		if cr.rule.Algorithm == ratebudget.InFlight && (se.ttl == 0 || checks[i].Rule.Window < se.ttl) {
+			se.ttl = checks[i].Rule.Window
+		}
+		if cr.counts.kind == countRequestBytes {
+			se.body = true
+		}
+	}
+}
+
+// enforcedRules returns the rule of each of st.checks[from:to].
+func (st *stack) enforcedRules(from, to int) []*compiledRule {
+	rules := make([]*compiledRule, 0, to-from)
+	for i := from; i < to; i++ {
+		p := st.partOf(i)
+		rules = append(rules, p.rule(i-p.from, false))
+	}
+	return rules
+}
+
+// shadowRules returns the rule of each shadow check of part p.
+func (p *part) shadowRules() []*compiledRule {
+	rules := make([]*compiledRule, 0, p.to-p.from)
+	for k := 0; k < p.to-p.from; k++ {
+		rules = append(rules, p.rule(k, true))
+	}
+	return rules
+}
+
+// serveSettled runs next and settles every target once it returns, also when it panics
+// (the panic goes on) and when the client has gone away (the settle does not use the
+// request's cancellation). Leases are renewed at half their TTL while next runs.
+func serveSettled(w http.ResponseWriter, r *http.Request, se *settlement, next http.Handler) {
+	rec := &recorder{ResponseWriter: w}
+	if se.body && r.Body != nil && r.Body != http.NoBody && r.ContentLength < 0 {
+		r.Body = &countingBody{ReadCloser: r.Body, rec: rec}
+	}
+	ctx := context.WithoutCancel(r.Context())
+	if se.ttl > 0 {
+		se.timer = time.AfterFunc(se.ttl/2, func() { se.renew(ctx) })
+	}
+	returned := false
+	defer func() {
+		rec.panicked = !returned
+		se.finish(ctx, r, rec)
+	}()
+	next.ServeHTTP(rec, r)
+	returned = true
+}
+
+// renew extends every lease of the settlement, unless it has been settled, and schedules
+// the next renewal.
+func (se *settlement) renew(ctx context.Context) {
+	se.mu.Lock()
+	defer se.mu.Unlock()
+	if se.done {
+		return
+	}
+	for i := range se.targets {
+		t := &se.targets[i]
+		if !t.holdsLease() {
+			continue
+		}
+		tctx, cancel := t.m.settleContext(ctx)
+		_ = t.s.Renew(tctx, t.checks, t.tickets) // a lost lease cannot be taken back
+		cancel()
+	}
+	se.timer.Reset(se.ttl / 2)
+}
+
+func (t *target) holdsLease() bool {
+	for _, cr := range t.rules {
+		if cr.rule.Algorithm == ratebudget.InFlight {
+			return true
+		}
+	}
+	return false
+}
+
+// finish settles every target at the costs of its rules' contracts. A failed settle
+// leaves the reserved spend in place (an overcount) and lets leases expire.
+func (se *settlement) finish(ctx context.Context, r *http.Request, rec *recorder) {
+	se.mu.Lock()
+	defer se.mu.Unlock()
+	se.done = true
+	if se.timer != nil {
+		se.timer.Stop()
+	}
+	for i := range se.targets {
+		t := &se.targets[i]
+		costs := make([]int64, len(t.checks))
+		some := false
+		for k, cr := range t.rules {
+			if !cr.settles() {
+				t.tickets[k] = ratebudget.Ticket{} // attempts: nothing to settle
+				continue
+			}
+			costs[k] = cr.actual(r, &t.checks[k], rec)
+			some = true
+		}
+		if !some {
+			continue
+		}
+		tctx, cancel := t.m.settleContext(ctx)
+		_ = t.s.Settle(tctx, t.checks, t.tickets, costs)
+		cancel()
+	}
+}
+
+// cancelAll gives back every target's spend in full: a later limiter refused the request.
+func (se *settlement) cancelAll(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	for i := range se.targets {
+		t := &se.targets[i]
+		tctx, cancel := t.m.settleContext(ctx)
+		_ = t.s.Settle(tctx, t.checks, t.tickets, nil)
+		cancel()
+	}
+	se.targets = se.targets[:0]
+}
+
+// settleContext bounds a settle by the layer's timeout when its limiter does I/O.
+func (m *mw) settleContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if !m.io {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, m.cfg.timeout)
+}
+
+// reserveEach is decideEach through Settler.Reserve: tickets receives each check's
+// ticket.
+func (m *mw) reserveEach(ctx context.Context, checks []ratebudget.Check, out []ratebudget.Outcome, tickets []ratebudget.Ticket) (ratebudget.Decision, []ratebudget.Outcome, time.Duration, error) {
+	d, lat, err := m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) {
+		return m.settler.Reserve(ctx, checks, tickets, out)
+	})
+	if err != nil {
+		return d, nil, lat, err
+	}
+	return d, out, lat, nil
+}
+
+// decideShadow decides the checks of rules in shadow mode, layer by layer, once the
+// enforced rules admitted the request. It returns the first refusal, or the first
+// layer's admission; a store failure is ignored (zero decision).
+func decideShadow(ctx context.Context, st *stack) ratebudget.Decision {
+	var shadow ratebudget.Decision
+	for i := range st.shadowParts {
+		p := &st.shadowParts[i]
+		checks := st.shadow[p.from:p.to]
+		var d ratebudget.Decision
+		var err error
+		if p.m.settles && p.m.settler != nil {
+			tickets := make([]ratebudget.Ticket, len(checks))
+			d, _, err = p.m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) {
+				return p.m.settler.Reserve(ctx, checks, tickets, nil)
+			})
+			if err == nil && d.Allowed {
+				st.addTarget(p.m, p.m.settler, checks, tickets, p.shadowRules())
+			}
+		} else {
+			d, _, err = p.m.decide(ctx, checks)
+		}
+		if err != nil {
+			continue
+		}
+		if shadow.Rule == "" || shadow.Allowed && !d.Allowed {
+			shadow = d
+		}
+	}
+	return shadow
+}

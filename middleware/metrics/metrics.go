@@ -6,6 +6,7 @@
 //	ratebudget_store_errors_total{class,uncertain}  counter    budget-store failures by class
 //	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open
 //	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
+//	ratebudget_shadow_refusals_total{rule}          counter    requests that rules in shadow mode would have refused
 //
 // The rule label is the rule the decision reported ("none" when no limiter decided:
 // degraded, unavailable, invalid and canceled requests). Label values are bounded: rule
@@ -40,6 +41,7 @@ type Collector struct {
 	storeErrors *prometheus.CounterVec
 	breaker     prometheus.Gauge
 	transitions *prometheus.CounterVec
+	shadow      *prometheus.CounterVec
 
 	counters sync.Map // counterKey -> prometheus.Counter
 	ok       prometheus.Observer
@@ -75,6 +77,10 @@ func New() *Collector {
 			Name: "ratebudget_breaker_transitions_total",
 			Help: "Circuit breaker transitions by new state.",
 		}, []string{"to"}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ratebudget_shadow_refusals_total",
+			Help: "Requests served that rules in shadow mode would have refused, by the rule that would have refused.",
+		}, []string{"rule"}),
 	}
 	c.ok = c.latency.WithLabelValues("ok")
 	c.failed = c.latency.WithLabelValues("error")
@@ -100,6 +106,9 @@ func (c *Collector) Observe(e middleware.Event) {
 			c.ok.Observe(e.Latency.Seconds())
 		}
 	}
+	if e.ShadowRefused() {
+		c.shadow.WithLabelValues(e.Shadow.Rule).Inc()
+	}
 	var se *ratebudget.StoreError
 	if errors.As(e.Err, &se) {
 		c.storeErrors.WithLabelValues(se.Class, strconv.FormatBool(se.Uncertain)).Inc()
@@ -120,6 +129,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.storeErrors.Describe(ch)
 	c.breaker.Describe(ch)
 	c.transitions.Describe(ch)
+	c.shadow.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -129,4 +139,5 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.storeErrors.Collect(ch)
 	c.breaker.Collect(ch)
 	c.transitions.Collect(ch)
+	c.shadow.Collect(ch)
 }

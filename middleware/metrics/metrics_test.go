@@ -92,3 +92,35 @@ ratebudget_breaker_state 1
 		t.Fatalf("latency samples %v, want ok 5, error 2", counts)
 	}
 }
+
+// A rule in shadow mode is counted where it would have refused; nothing is refused.
+func TestShadowRefusalsCounted(t *testing.T) {
+	mem, _ := ratebudget.NewMemory()
+	m := metrics.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	mw, err := middleware.New(mem, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "hello", Limit: 1, Window: time.Minute},
+		Identity: keyfuncs.Global(),
+		Shadow:   true,
+	}}, middleware.WithObserver(m.Observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for range 3 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		if rec.Code != 200 {
+			t.Fatalf("a shadow rule refused: %d", rec.Code)
+		}
+	}
+	want := `
+# HELP ratebudget_shadow_refusals_total Requests served that rules in shadow mode would have refused, by the rule that would have refused.
+# TYPE ratebudget_shadow_refusals_total counter
+ratebudget_shadow_refusals_total{rule="hello"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_shadow_refusals_total"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -87,6 +87,10 @@ type options struct {
 	coalesce       int
 	oneServer      bool
 	maxBudgets     int
+	inflight       int64
+	leaseTTL       time.Duration
+	byteLimit      int64
+	shadow         bool
 	server         serverLimits
 }
 
@@ -144,7 +148,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
 	fs.Int64Var(&o.limit, "limit", 10, "budget per window, in cost units, for each limited route")
 	fs.DurationVar(&o.window, "window", time.Minute, "window, or token-bucket refill period")
-	algo := fs.String("algorithm", "fixed", "time rule: fixed | token | rolling")
+	algo := fs.String("algorithm", "fixed", "time rule of the rate limits: fixed | token | rolling")
 	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both | none")
 	fs.StringVar(&o.redisURL, "redis", "", "Redis URL, e.g. redis://127.0.0.1:6379/0 (default: budgets in process)")
 	policy := fs.String("store-error", "closed", "when Redis cannot decide: closed (503) | open (admit) | local (limit/replicas in process)")
@@ -156,6 +160,10 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.coalesce, "coalesce", 256, "with -redis: decide up to this many concurrent requests for one budget as one call (lua.WithCoalescing); 0: off")
 	fs.IntVar(&o.maxBudgets, "max-budgets", ratebudget.DefaultMaxBudgets, "without -redis: most budgets held in process; past it the least recently used budget of a shard is evicted (ratebudget.WithMaxBudgets)")
 	fs.BoolVar(&o.oneServer, "one-server", true, "with -redis: every key is on that one server (no Cluster, no sharding proxy), so rules of different identities are decided in one call (lua.WithOneServer)")
+	fs.Int64Var(&o.inflight, "inflight", 2, "GET /api/slow requests running at once per client IP, across every demo server sharing the store")
+	fs.DurationVar(&o.leaseTTL, "lease-ttl", 10*time.Second, "how long a crashed server's /api/slow leases hold their slots (running requests renew theirs)")
+	fs.Int64Var(&o.byteLimit, "byte-limit", 1<<20, "GET /api/download response bytes per window per client IP")
+	fs.BoolVar(&o.shadow, "shadow", false, "run every rule in shadow mode: decided and counted in /metrics, never refusing")
 	fs.DurationVar(&o.server.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "time to read a request's line and headers (0: no limit)")
 	fs.DurationVar(&o.server.readTimeout, "read-timeout", defaultReadTimeout, "time to read a whole request, body included (0: no limit)")
 	fs.DurationVar(&o.server.writeTimeout, "write-timeout", defaultWriteTimeout, "time from the end of a request's headers to the end of its response (0: no limit)")
@@ -182,12 +190,24 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			return o, fmt.Errorf("-%s: must be 0 (no limit) or positive, got %v", f.name, f.d)
 		}
 	}
+	if o.inflight < 1 || o.inflight > ratebudget.MaxLimit {
+		return o, fmt.Errorf("-inflight: must be from 1 to %d, got %d", int64(ratebudget.MaxLimit), o.inflight)
+	}
+	if o.byteLimit < 1 || o.byteLimit > ratebudget.MaxLimit {
+		return o, fmt.Errorf("-byte-limit: must be from 1 to %d, got %d", int64(ratebudget.MaxLimit), o.byteLimit)
+	}
+	if o.leaseTTL < time.Millisecond {
+		return o, fmt.Errorf("-lease-ttl: must be at least 1ms, got %v", o.leaseTTL)
+	}
 	if o.server.maxHeaderBytes < 1 {
 		return o, fmt.Errorf("-max-header-bytes: must be positive, got %d", o.server.maxHeaderBytes)
 	}
 	var err error
 	if o.algorithm, err = ratebudget.ParseAlgorithm(*algo); err != nil {
 		return o, err
+	}
+	if o.algorithm == ratebudget.InFlight {
+		return o, fmt.Errorf("-algorithm: inflight limits requests running at once, not a rate: use -inflight for /api/slow")
 	}
 	var ok bool
 	if o.style, ok = headers.ParseStyle(*style); !ok {
@@ -312,6 +332,9 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 		if o.noLimit {
 			return func(next http.Handler) http.Handler { return next }, nil
 		}
+		for i := range rules {
+			rules[i].Shadow = o.shadow
+		}
 		return middleware.New(lim, rules, append(append([]middleware.Option{}, common...), extra...)...)
 	}
 
@@ -334,6 +357,21 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 		return nil, err
 	}
 
+	// Routes whose budgets are settled once the handler returns: they need a store that
+	// can settle decisions (ratebudget.Settler).
+	slow, flaky, download := notSettled, notSettled, notSettled
+	if _, ok := lim.(ratebudget.Settler); ok || o.noLimit {
+		if slow, err = mk([]middleware.Rule{{Rule: ratebudget.Rule{Name: "slow", Algorithm: ratebudget.InFlight, Limit: o.inflight, Window: o.leaseTTL}, Identity: clientIP}}); err != nil {
+			return nil, err
+		}
+		if flaky, err = mk([]middleware.Rule{{Rule: rule("flaky"), Identity: clientIP, Counts: middleware.CountSuccesses(nil)}}); err != nil {
+			return nil, err
+		}
+		if download, err = mk([]middleware.Rule{{Rule: withLimit(rule("download"), o.byteLimit), Identity: clientIP, Counts: middleware.CountResponseBytes(1)}}); err != nil {
+			return nil, err
+		}
+	}
+
 	r := chi.NewRouter()
 	// HEAD on a GET route runs the GET handler (and its limits) without the body, as
 	// RFC 9110 asks; it spends the same budget as GET, so it is no way around a limit.
@@ -352,8 +390,73 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 			w.WriteHeader(http.StatusAccepted)
 			_, _ = fmt.Fprintf(w, "job accepted, cost %s\n", r.URL.Query().Get("cost"))
 		})
+		r.With(slow).Get("/slow", slowHandler)
+		r.With(flaky).Get("/flaky", flakyHandler)
+		r.With(download).Get("/download", downloadHandler)
 	})
 	return r, nil
+}
+
+// notSettled stands in for the limits of the routes that settle when the store cannot.
+func notSettled(http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "this route's budget is settled after the response, which this budget store cannot do", http.StatusNotImplemented)
+	})
+}
+
+// maxSlow and maxDownload bound what one request can make the demo do.
+const (
+	maxSlow     = 10 * time.Second
+	maxDownload = 64 << 20
+)
+
+// slowHandler sleeps ?ms=N milliseconds (at most 10 s), or until the client goes away.
+func slowHandler(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.ParseInt(r.URL.Query().Get("ms"), 10, 64)
+	if err != nil || n < 0 || n > maxSlow.Milliseconds() {
+		http.Error(w, "ms must be an integer from 0 to 10000", http.StatusBadRequest)
+		return
+	}
+	t := time.NewTimer(time.Duration(n) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		_, _ = fmt.Fprintf(w, "slept %d ms\n", n)
+	case <-r.Context().Done():
+	}
+}
+
+// flakyHandler answers ?status=S (200 to 599).
+func flakyHandler(w http.ResponseWriter, r *http.Request) {
+	s, err := strconv.Atoi(r.URL.Query().Get("status"))
+	if err != nil || s < 200 || s > 599 {
+		http.Error(w, "status must be an integer from 200 to 599", http.StatusBadRequest)
+		return
+	}
+	w.WriteHeader(s)
+	_, _ = fmt.Fprintf(w, "status %d\n", s)
+}
+
+// downloadHandler writes ?bytes=N bytes (at most 64 MiB).
+func downloadHandler(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.ParseInt(r.URL.Query().Get("bytes"), 10, 64)
+	if err != nil || n < 0 || n > maxDownload {
+		http.Error(w, "bytes must be an integer from 0 to 67108864", http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	chunk := make([]byte, min(n, 32<<10))
+	for i := range chunk {
+		chunk[i] = 'x'
+	}
+	for n > 0 {
+		k, err := w.Write(chunk[:min(n, int64(len(chunk)))])
+		if err != nil {
+			return
+		}
+		n -= int64(k)
+	}
 }
 
 func withLimit(r ratebudget.Rule, limit int64) ratebudget.Rule {
@@ -400,10 +503,23 @@ GET  /api/hello                 %d requests per window per client IP (IPv6 /%d) 
 GET  /api/accounts/{id}/report  %d per window per account (header X-API-Key)         rule "report-account"
                                 and %d per window for the route as a whole             rule "report-route"
 POST /api/jobs?cost=N           %d cost units per window per client IP; N units each  rule "jobs"
-
-Refusals: 429 + Retry-After (over the budget), 413 (cost above the budget),
-400 (no identity), 503 (budget store unavailable). Add "Accept: application/json"
-for application/problem+json bodies.
-`, o.algorithm, o.window, o.limit, o.ipv6Prefix, o.limit, 5*o.limit, o.limit)
+GET  /api/slow?ms=N             sleeps N ms (at most 10000); %d running at once per    rule "slow"
+                                client IP, over every server sharing the store
+GET  /api/flaky?status=S        answers status S; %d per window per client IP,        rule "flaky"
+                                charged only for responses below 500
+GET  /api/download?bytes=N      writes N bytes; %d bytes per window per client IP,   rule "download"
+                                charged with the bytes actually written
+%s
+Refusals: 429 + Retry-After (over the budget; Retry-After: 1 for /api/slow), 413 (cost
+above the budget), 400 (no identity), 503 (budget store unavailable). Add
+"Accept: application/json" for application/problem+json bodies.
+`, o.algorithm, o.window, o.limit, o.ipv6Prefix, o.limit, 5*o.limit, o.limit, o.inflight, o.limit, o.byteLimit, shadowNote(o.shadow))
 	}
+}
+
+func shadowNote(shadow bool) string {
+	if shadow {
+		return "\nShadow mode (-shadow): every rule is decided and counted in /metrics\n(ratebudget_shadow_refusals_total) but never refuses.\n"
+	}
+	return ""
 }

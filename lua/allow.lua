@@ -9,7 +9,7 @@
 --          events and give a counter or bucket found without a TTL its TTL back, either
 --          way); "0": decide only, write nothing.
 -- ARGV[2+5(i-1) .. 6+5(i-1)], for check i:
---          algorithm (0 fixed window, 1 token bucket, 2 rolling window),
+--          algorithm (0 fixed window, 1 token bucket, 2 rolling window, 3 in-flight),
 --          limit (units per window; refill per window for the token bucket),
 --          window (ms), capacity (units; equal to limit except for a token bucket), cost (units).
 -- Reply: 6 integers per check, in KEYS order:
@@ -28,9 +28,13 @@
 --                   reader gets the time since the write as ceil(d / rate) - PTTL; below
 --                   zero, the clock went back by that much (the lag: no refill, and
 --                   every wait includes it, as in engine.go). A value without a TTL
---                   counts as written now; a deficit above full (a lowered capacity) is
---                   an empty bucket; a value that is not a decimal integer below 2^53 is
---                   an error reply.
+--                   counts as written now; a deficit above full is debt (level below
+--                   zero, from a settle above its reservation), cut at 2 x full (a
+--                   lowered capacity); a value that is not a decimal integer below 2^53
+--                   is an error reply.
+--   in-flight:      sorted set of leases, member = the caller's lease member, score =
+--                   the lease's expiry (ms, never before the newest lease's); expired
+--                   leases are trimmed when writing; PEXPIREAT = the newest expiry.
 --   rolling window: sorted set of admitted events, score = ms (never decreasing), member =
 --                   "<cumulative cost after the event>:<cost>:<ms>:<base>:<oldest ms>",
 --                   all decimal, where base is the cumulative cost before the window's
@@ -66,13 +70,23 @@
 -- exact for integers below 2^53 (Lua's own conversion, %.14g, rounds above 14 digits).
 
 local n = #KEYS
-if n == 0 or #ARGV ~= 1 + 5 * n then
+if n == 0 or #ARGV ~= 1 + 5 * n and #ARGV ~= 1 + 6 * n then
   return redis.error_reply('ERR ratebudget: bad argument count')
 end
-local write = ARGV[1] == '1'
-if not write and ARGV[1] ~= '0' then
+-- Modes: '0' decide only; '1' decide and spend; '2' as '1', and reply a ticket per check
+-- after the 6n values (settle.lua's record of the spend: a fixed window's PEXPIRETIME,
+-- a rolling-window event's or a lease's time, else 0); '3' force: spend every check
+-- without refusing it, its cost cut so that a fixed or rolling window counts at most
+-- twice its limit and a token bucket's deficit stays within 2 x full and 2^53 (the
+-- extra of a settle above its reservation; never for in-flight checks).
+local mode = ARGV[1]
+local write, tickets, force = mode ~= '0', mode == '2', mode == '3'
+if not (write or mode == '0') or write and not (mode == '1' or tickets or force) then
   return redis.error_reply('ERR ratebudget: bad mode')
 end
+-- ARGV[2+5n .. 1+6n], when present: each check's lease member (16 hex digits) for an
+-- in-flight check (algorithm 3), anything for the others.
+local members = #ARGV == 1 + 6 * n
 
 local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
@@ -110,6 +124,11 @@ for i = 1, n do
     a, capa = 1, tonumber(cs)
   elseif as == '2' then
     a = 2
+  elseif as == '3' then
+    a = 3
+    if k ~= 1 or force or not members or not find(ARGV[1 + 5 * n + i], '^%x+$') or #ARGV[1 + 5 * n + i] > 32 then
+      return redis.error_reply('ERR ratebudget: bad lease for check ' .. i)
+    end
   elseif as ~= '0' then
     a = nil
   end
@@ -161,7 +180,11 @@ for i = 1, n do
         count, left, x1 = cnt, pttl, false
       end
     end
-    if k > lim then
+    if force then
+      if count + k > 2 * lim then k = 2 * lim - count end
+      if k < 0 then k = 0 end
+      ok, rem, reset = 1, lim - count - k, left
+    elseif k > lim then
       exc, rem = 1, lim - count
       if count > 0 then reset = left end
     elseif count + k > lim then
@@ -206,9 +229,10 @@ for i = 1, n do
           d = d - elapsed * rate -- elapsed * rate < d: exact
         end
       end
-      -- A deficit above full (the rule's capacity was lowered under the same name) is an
-      -- empty bucket.
-      if d > full then d = full end
+      -- A deficit above full is debt (a settle charged more than was reserved), at most
+      -- one more full bucket; beyond that (the rule's capacity was lowered under the same
+      -- name) it is cut there.
+      if d > 2 * full then d = 2 * full end
     end
     -- wait(want) = 0 if want <= level, else lag + ceil((want - level) / rate)
     local level = full - d
@@ -219,9 +243,15 @@ for i = 1, n do
       tofull = lag + (d - r) / rate
       if r > 0 then tofull = tofull + 1 end
     end
-    if k > capa then
+    if force then
+      local top = 2 * full
+      if top > MAXSCALED then top = MAXSCALED end
+      if d + need > top then need = top - d end
+      if need < 0 then need = 0 end
+    end
+    if k > capa and not force then
       exc, rem, reset = 1, (level - fmod(level, w)) / w, tofull
-    elseif level < need then
+    elseif level < need and not force then
       local e = need - level
       local r = fmod(e, rate)
       retry = lag + (e - r) / rate
@@ -238,6 +268,27 @@ for i = 1, n do
     end
     if fix and (ok == 0 or n > 1) then
       call('PEXPIRE', key, fix) -- the spend's SET PX repeats it on admission
+    end
+  elseif a == 3 then
+    -- In-flight leases: a sorted set of lease members scored by expiry (ms). x1: the new
+    -- lease's expiry, never before the newest lease's (if the clock went back).
+    if not now then
+      local t = call('TIME')
+      nowstr = t[1] .. sub(sub('00000' .. t[2], -6), 1, 3)
+      now = tonumber(nowstr)
+    end
+    if write then call('ZREMRANGEBYSCORE', key, '-inf', nowstr) end
+    local live = call('ZCOUNT', key, '(' .. nowstr, '+inf')
+    local last = 0
+    if live > 0 then last = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2]) end
+    if last > now then reset = last - now end
+    if live + 1 > lim then
+      rem = lim - live
+      retry = tonumber(call('ZRANGEBYSCORE', key, '(' .. nowstr, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2]) - now
+    else
+      local at = now + w
+      if last > at then at = last end
+      ok, rem, reset, x1 = 1, lim - live - 1, at - now, at
     end
   else
     -- x1: time of the event, x2: the cumulative sum before the window (the string
@@ -300,9 +351,13 @@ for i = 1, n do
     end
     local at = now
     if last > now then at = last end -- keep events in order if the clock went back
-    if k > lim then
+    if force then
+      if sum + k > 2 * lim then k = 2 * lim - sum end
+      if k < 0 then k = 0 end
+    end
+    if k > lim and not force then
       exc, rem = 1, lim - sum
-    elseif sum + k > lim then
+    elseif sum + k > lim and not force then
       rem, retry = lim - sum, reset
       -- The oldest event whose leaving frees enough: binary search by rank over
       -- cumulative sums (each rank read is O(log n)).
@@ -330,6 +385,7 @@ for i = 1, n do
     local r = 6 * i
     reply[r - 5], reply[r - 4], reply[r - 3], reply[r - 2], reply[r - 1], reply[r] = ok, exc, rem, reset, retry, 0
     local p = 12 * i
+    S[p - 7] = k -- cut by force
     S[p - 6], S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p] = x1, x2, x3, x4, x5, x6, x7
   end
 end
@@ -347,8 +403,9 @@ for i = 1, n do
     a, w, k = S[p - 11], S[p - 9], S[p - 7]
     x1, x2, x3, x4, x5, x6, x7 = S[p - 6], S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p]
   end
-  local acc = 0
+  local acc, tk = 0, 0
   local ws, ks = ARGV[5 * i - 1], ARGV[5 * i + 1] -- this check's window and cost strings
+  if force then ks = format('%d', k) end
   if a == 0 then
     if x1 then
       call('SET', key, ks, 'PX', ws)
@@ -356,9 +413,15 @@ for i = 1, n do
       call('INCRBY', key, ks)
       if x2 then call('PEXPIRE', key, ws) end
     end
+    if tickets then tk = call('PEXPIRETIME', key) end
   elseif a == 1 then
     call('SET', key, x1, 'PX', x2)
+  elseif a == 3 then
+    call('ZADD', key, x1, ARGV[1 + 5 * n + i])
+    call('PEXPIREAT', key, x1)
+    tk = x1
   else
+    tk = x1
     local at, base, nacc, ncost, mergeat, newest, oms = x1, x2, x3, x4, x5, x6, x7
     local ttl = not mergeat -- a new key or a new newest event needs its TTL set
     if not newest then
@@ -401,7 +464,11 @@ for i = 1, n do
       end
     end
   end
-  if not S then return {ok, exc, rem, reset, retry, acc} end
+  if not S then
+    if tickets then return {ok, exc, rem, reset, retry, acc, tk} end
+    return {ok, exc, rem, reset, retry, acc}
+  end
   reply[6 * i] = acc
+  if tickets then reply[6 * n + i] = tk end
 end
 return reply

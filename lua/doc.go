@@ -79,11 +79,30 @@
 //   - rolling window: a sorted set of admitted events over (now-window, now], each named
 //     by its cumulative cost, so that a decision reads only the newest event while none
 //     has left the window; events of one millisecond are merged.
+//   - in-flight ([ratebudget.InFlight]): a sorted set of leases scored by their expiry,
+//     each a random 64-bit member drawn by the limiter; expired leases are pruned by the
+//     next decision, and the key expires with its last lease.
+//
+// # Settling
+//
+// The limiter implements [ratebudget.Settler] as docs/SETTLING.md describes. Reserve is
+// allow.lua in a mode that also replies each check's ticket (a fixed window's
+// PEXPIRETIME, a rolling-window event's time and cumulative sum, a lease's number); it
+// never goes through the refusal cache or coalescing, nor does any decision with an
+// in-flight check. Settle is one settle.lua call per slot group for what is given back
+// and the leases released, and one allow.lua call (mode '3', spend without refusing, into
+// debt of at most one capacity) for what is charged above the reservation. A fixed
+// window is given back only while it is the reserved window; a rolling-window event only
+// while it is the newest (an older event's refund is skipped: an overcount); a token
+// bucket always, up to full. Settle drops this process's cached refusals of the settled
+// budgets; other processes' caches may refuse for at most their cached wait. Renew is
+// settle.lua in renew mode.
 //
 // A refusal writes nothing. A check whose cost exceeds its rule's capacity is refused
 // with Decision.Exceeded. Arguments are validated in Go before anything is sent, and
 // again in the script before its first write, since Redis cannot roll a script back.
-// The scripts, allow.lua and refund.lua, document their KEYS, ARGV and replies.
+// The scripts, allow.lua, refund.lua and settle.lua, document their KEYS, ARGV and
+// replies.
 //
 // # Several rules in one decision
 //

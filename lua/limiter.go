@@ -20,9 +20,12 @@ var (
 	allowSource string
 	//go:embed refund.lua
 	refundSource string
+	//go:embed settle.lua
+	settleSource string
 
 	allowScript  = redis.NewScript(allowSource)
 	refundScript = redis.NewScript(refundSource)
+	settleScript = redis.NewScript(settleSource)
 )
 
 // refundTimeout bounds a refund when the caller's context has no earlier deadline.
@@ -35,6 +38,7 @@ type Limiter struct {
 	top       ratebudget.Limiter // the refusal cache around core, or core
 	core      *core
 	coal      *coalescer // WithCoalescing's layer, if any
+	refusals  *refusal.Limiter
 	secretSet bool
 }
 
@@ -217,7 +221,8 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 		l.top = l.coal
 	}
 	if cfg.cacheSize > 0 {
-		l.top = refusal.Wrap(l.top, cfg.cacheSize)
+		l.refusals = refusal.Wrap(l.top, cfg.cacheSize)
+		l.top = l.refusals
 	}
 	return l, nil
 }
@@ -239,7 +244,7 @@ func (l *Limiter) Load(ctx context.Context) error {
 	if s == nil {
 		s = c.pipe
 	}
-	for _, sc := range []*redis.Script{allowScript, refundScript} {
+	for _, sc := range []*redis.Script{allowScript, refundScript, settleScript} {
 		if err := sc.Load(ctx, s).Err(); err != nil {
 			return classify(err)
 		}
@@ -269,7 +274,21 @@ func (l *Limiter) Key(c ratebudget.Check) string {
 // [WithOneServer] puts them all in one call. A refusal remembered by the refusal cache
 // is repeated without a call. Allow returns by ctx's deadline.
 func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	if hasLease(checks) {
+		// A lease is taken per request, and frees before any refusal's RetryAfter: no
+		// coalescing, no refusal cache.
+		return l.core.decide(ctx, checks, nil, nil)
+	}
 	return l.top.Allow(ctx, checks)
+}
+
+func hasLease(checks []ratebudget.Check) bool {
+	for i := range checks {
+		if checks[i].Rule.Algorithm == ratebudget.InFlight {
+			return true
+		}
+	}
+	return false
 }
 
 // decision is one decision's working state.
@@ -280,10 +299,21 @@ type decision struct {
 	outs   []ratebudget.Outcome
 	aux    []int64 // per check: allow.lua's sixth value, which refund.lua needs
 	done   [][]int // groups admitted, to refund if a later one refuses
+	// members holds each in-flight check's lease member (nil when the decision has
+	// none), leases its number; tickets, when not nil, receives each check's ticket.
+	members []string
+	leases  []int64
+	tickets []ratebudget.Ticket
 }
 
 // Allow is the limiter without its layers (refusal cache, coalescing).
 func (c *core) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
+	return c.decide(ctx, checks, nil, nil)
+}
+
+// decide is Allow, and with tickets not nil Reserve: tickets receives each check's
+// ticket, outs (when not nil) each check's outcome.
+func (c *core) decide(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
 	if err := ratebudget.ValidateChecks(checks); err != nil {
 		return ratebudget.Decision{}, err
 	}
@@ -302,12 +332,24 @@ func (c *core) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget
 		buf     = kb[:0]
 		scratch = sb[:0]
 	)
-	d := &decision{checks: checks, keys: keys[:0], slots: slots[:0], outs: outs[:0], aux: aux[:0]}
+	d := &decision{checks: checks, keys: keys[:0], slots: slots[:0], outs: outs[:0], aux: aux[:0], tickets: tickets}
 	for range n {
 		d.keys = append(d.keys, "")
 		d.slots = append(d.slots, 0)
 		d.outs = append(d.outs, ratebudget.Outcome{})
 		d.aux = append(d.aux, 0)
+	}
+	if hasLease(checks) {
+		d.members, d.leases = make([]string, n), make([]int64, n)
+		for i := range checks {
+			d.members[i] = "-"
+			if checks[i].Rule.Algorithm == ratebudget.InFlight {
+				d.leases[i], d.members[i] = newLease()
+			}
+		}
+	}
+	if tickets != nil {
+		clear(tickets[:n])
 	}
 	single := true
 	for i := range checks {
@@ -325,9 +367,17 @@ func (c *core) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget
 		if _, err := c.allow(ctx, d, all, true); err != nil {
 			return ratebudget.Decision{}, err
 		}
+		copy(outcomes, d.outs)
 		return ratebudget.Combine(checks, d.outs), nil
 	}
-	return c.allowGroups(ctx, d)
+	dec, err := c.allowGroups(ctx, d)
+	if err == nil {
+		copy(outcomes, d.outs)
+		if !dec.Allowed && tickets != nil {
+			clear(tickets[:n])
+		}
+	}
+	return dec, err
 }
 
 // group returns the checks in the slot of check first, if first is the first of them.
@@ -398,13 +448,31 @@ func (c *core) refund(ctx context.Context, d *decision) {
 	for _, g := range d.done {
 		keys := make([]string, 0, len(g))
 		args := make([]any, 0, 6*len(g))
+		var lkeys []string
+		largs := []any{"settle"}
 		for _, j := range g {
 			ch := &d.checks[j]
+			if ch.Rule.Algorithm == ratebudget.InFlight {
+				lkeys = append(lkeys, d.keys[j])
+				largs = append(largs, int64(ch.Rule.Algorithm), ch.Rule.Limit, ch.Rule.Window.Milliseconds(),
+					ch.Rule.Capacity(), 0, 0, 0, d.members[j])
+				continue
+			}
 			keys = append(keys, d.keys[j])
 			args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, ch.Rule.Window.Milliseconds(),
 				ch.Rule.Capacity(), ch.Cost, d.aux[j])
 		}
-		_, _ = c.run(ctx, refundScript, refundSource, keys, args)
+		if len(keys) > 0 {
+			_, _ = c.run(ctx, refundScript, refundSource, keys, args)
+		}
+		if len(lkeys) > 0 {
+			_, _ = c.run(ctx, settleScript, settleSource, lkeys, largs) // release the leases
+		}
+		if d.tickets != nil {
+			for _, j := range g {
+				d.tickets[j] = ratebudget.Ticket{}
+			}
+		}
 	}
 	d.done = nil
 }
@@ -414,17 +482,25 @@ func (c *core) refund(ctx context.Context, d *decision) {
 // were admitted.
 func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (bool, error) {
 	keys := make([]string, 0, len(g))
-	args := make([]any, 0, 1+5*len(g))
-	if write {
-		args = append(args, "1")
-	} else {
+	args := make([]any, 0, 1+6*len(g))
+	switch {
+	case !write:
 		args = append(args, "0")
+	case d.tickets != nil:
+		args = append(args, "2")
+	default:
+		args = append(args, "1")
 	}
 	for _, j := range g {
 		ch := &d.checks[j]
 		keys = append(keys, d.keys[j])
 		args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, ch.Rule.Window.Milliseconds(),
 			ch.Rule.Capacity(), ch.Cost)
+	}
+	if d.members != nil {
+		for _, j := range g {
+			args = append(args, d.members[j])
+		}
 	}
 	v, err := c.run(ctx, allowScript, allowSource, keys, args)
 	if err != nil {
@@ -504,7 +580,7 @@ func parseAllow(v any, d *decision, g []int) (bool, error) {
 	if !ok {
 		return false, badReply(fmt.Sprintf("%T, want an array", v))
 	}
-	if len(vals) != 6*len(g) {
+	if len(vals) != 6*len(g) && (d.tickets == nil || len(vals) != 7*len(g)) {
 		return false, badReply(fmt.Sprintf("%d elements, want %d", len(vals), 6*len(g)))
 	}
 	all := true
@@ -533,6 +609,18 @@ func parseAllow(v any, d *decision, g []int) (bool, error) {
 		all = all && o.Allowed
 		d.outs[j] = o
 		d.aux[j] = f[5]
+	}
+	if len(vals) == 7*len(g) {
+		for k, j := range g {
+			tk, ok := vals[6*len(g)+k].(int64)
+			if !ok {
+				return false, badReply(fmt.Sprintf("ticket %d is %T, want an integer", k, vals[6*len(g)+k]))
+			}
+			d.tickets[j] = ticketOf(&d.checks[j], tk, d.aux[j])
+			if d.checks[j].Rule.Algorithm == ratebudget.InFlight {
+				d.tickets[j].ID = d.leases[j]
+			}
+		}
 	}
 	return all, nil
 }

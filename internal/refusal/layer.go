@@ -99,3 +99,16 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 	}
 	return d, nil
 }
+
+// ForgetChecks drops the refusals cached for the budgets of checks: budget was given
+// back to them (a settled decision), so that a cached wait may no longer hold.
+func (l *Limiter) ForgetChecks(checks []ratebudget.Check) {
+	if l.cache.Empty() {
+		return
+	}
+	var key, buf []byte
+	for i := range checks {
+		key, buf = l.key(key[:0], buf, &checks[i])
+		l.cache.Forget(key)
+	}
+}

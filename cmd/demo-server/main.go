@@ -417,6 +417,9 @@ func slowHandler(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "ms must be an integer from 0 to 10000", http.StatusBadRequest)
 		return
 	}
+	// The answer starts at once, so that a client sees it was admitted while it waits.
+	_, _ = fmt.Fprintf(w, "sleeping %d ms\n", n)
+	_ = http.NewResponseController(w).Flush()
 	t := time.NewTimer(time.Duration(n) * time.Millisecond)
 	defer t.Stop()
 	select {

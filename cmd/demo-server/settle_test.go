@@ -5,9 +5,10 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/ratebudget/ratebudget/internal/redistest"
 )
 
 // fetch GETs url and returns the response and its body.
@@ -86,33 +87,25 @@ func TestDemoDownload(t *testing.T) {
 func TestDemoSlow(t *testing.T) {
 	base := startDemo(t, "-inflight", "2")
 	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			req, _ := http.NewRequestWithContext(ctx, "GET", base+"/api/slow?ms=10000", nil)
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				resp.Body.Close()
-			}
-		}()
+	defer cancel()
+	for i := range 2 {
+		// The demo starts its answer at once: the headers say the request was admitted.
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/api/slow?ms=10000", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("slow request %d: %d", i, resp.StatusCode)
+		}
 	}
-	// Until both run, a quick request may still be admitted (and releases its slot at once).
+	resp := get(t, "GET", base+"/api/slow?ms=0", nil)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" {
+		t.Fatalf("a third while two run: %d, Retry-After %q; want 429 and 1", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	cancel() // the two clients go away: their handlers return, their leases are released
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp := get(t, "GET", base+"/api/slow?ms=0", nil)
-		if resp.StatusCode == 429 {
-			if ra := resp.Header.Get("Retry-After"); ra != "1" {
-				t.Errorf("Retry-After %q, want 1", ra)
-			}
-			break
-		}
-		if resp.StatusCode != 200 || time.Now().After(deadline) {
-			t.Fatalf("a third request answered %d while two were to run", resp.StatusCode)
-		}
-	}
-	cancel()
-	wg.Wait()
 	for {
 		resp := get(t, "GET", base+"/api/slow?ms=0", nil)
 		if resp.StatusCode == 200 {
@@ -123,6 +116,52 @@ func TestDemoSlow(t *testing.T) {
 		}
 	}
 	if got := codesOf(t, base+"/api/slow?ms=0", 3); !equalInts(got, []int{200, 200, 200}) {
+		t.Fatalf("after release: %v", got)
+	}
+}
+
+// TestDemoSlowAcrossServers: two demo servers on one Redis, -inflight 3: three slow
+// requests spread over both hold every slot, a fourth is refused by either server, and
+// the slots are free again once the clients go away.
+func TestDemoSlowAcrossServers(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr + "/0"
+	servers := []string{
+		startDemo(t, "-redis", url, "-inflight", "3", "-store-timeout", "2s"),
+		startDemo(t, "-redis", url, "-inflight", "3", "-store-timeout", "2s"),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := range 3 {
+		req, _ := http.NewRequestWithContext(ctx, "GET", servers[i%2]+"/api/slow?ms=10000", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("slow request %d: %d", i, resp.StatusCode)
+		}
+	}
+	for _, base := range servers {
+		if resp := get(t, "GET", base+"/api/slow?ms=0", nil); resp.StatusCode != 429 {
+			t.Fatalf("a fourth request on %s: %d, want 429", base, resp.StatusCode)
+		}
+	}
+	cancel()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, base := range servers {
+		for {
+			resp := get(t, "GET", base+"/api/slow?ms=0", nil)
+			if resp.StatusCode == 200 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("slots not released after the clients went away: %d", resp.StatusCode)
+			}
+		}
+	}
+	if got := codesOf(t, servers[1]+"/api/slow?ms=0", 3); !equalInts(got, []int{200, 200, 200}) {
 		t.Fatalf("after release: %v", got)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // their cost (see the package documentation). Each waiting decision has a group of its
 // own; the only state shared between callers is the flights map and the groups.
 type coalescer struct {
-	inner  ratebudget.Limiter
+	inner  layer
 	max    int    // largest group
 	sealed func() // run as a group is sealed, with its shard locked (tests)
 	seed   maphash.Seed
@@ -47,6 +47,7 @@ type group struct {
 	// Set by the sender before done is closed:
 	done   chan struct{}
 	d      ratebudget.Decision
+	outs   []ratebudget.Outcome // each check's outcome for the group's cost
 	err    error
 	alone  bool     // the group was refused or its sender gave up: decide one by one
 	places chan int // member places 0 to len(live)-1, for their Remaining
@@ -55,7 +56,7 @@ type group struct {
 // waiter is one decision waiting in a group.
 type waiter struct{ ctx context.Context }
 
-func newCoalescer(inner ratebudget.Limiter, max int) *coalescer {
+func newCoalescer(inner layer, max int) *coalescer {
 	c := &coalescer{inner: inner, max: max, seed: maphash.MakeSeed()}
 	for i := range c.mu {
 		c.mu[i].m = make(map[uint64]*flight)
@@ -99,12 +100,31 @@ func (c *coalescer) groupable(checks []ratebudget.Check) int {
 
 // Allow decides checks, in a group when an identical decision is in flight.
 func (c *coalescer) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
-	if len(checks) == 0 || ratebudget.ValidateChecks(checks) != nil {
+	return c.allow(ctx, checks, nil)
+}
+
+// AllowEach is Allow, reporting every check's outcome: a member of a group gets the
+// outcomes it would have seen admitted one after another (see member).
+func (c *coalescer) AllowEach(ctx context.Context, checks []ratebudget.Check, outs []ratebudget.Outcome) (ratebudget.Decision, error) {
+	return c.allow(ctx, checks, outs)
+}
+
+// alone decides checks without coalescing: outs is nil or receives each outcome.
+func (c *coalescer) alone(ctx context.Context, checks []ratebudget.Check, outs []ratebudget.Outcome) (ratebudget.Decision, error) {
+	if outs == nil {
 		return c.inner.Allow(ctx, checks)
+	}
+	return c.inner.AllowEach(ctx, checks, outs)
+}
+
+// allow is Allow, and with outs not nil AllowEach.
+func (c *coalescer) allow(ctx context.Context, checks []ratebudget.Check, outs []ratebudget.Outcome) (ratebudget.Decision, error) {
+	if len(checks) == 0 || ratebudget.ValidateChecks(checks) != nil {
+		return c.alone(ctx, checks, outs)
 	}
 	limit := c.groupable(checks)
 	if limit < 2 {
-		return c.inner.Allow(ctx, checks)
+		return c.alone(ctx, checks, outs)
 	}
 	sig := c.signature(checks)
 	sh := &c.mu[sig%coalesceShards]
@@ -115,13 +135,13 @@ func (c *coalescer) Allow(ctx context.Context, checks []ratebudget.Check) (rateb
 		f = &flight{checks: slices.Clone(checks)}
 		sh.m[sig] = f
 		sh.Unlock()
-		d, err := c.inner.Allow(ctx, checks)
+		d, err := c.alone(ctx, checks, outs)
 		c.land(sig, f)
 		return d, err
 	}
 	if !slices.Equal(f.checks, checks) || f.next != nil && len(f.next.waiting) >= limit {
 		sh.Unlock()
-		return c.inner.Allow(ctx, checks) // another decision, or a full group
+		return c.alone(ctx, checks, outs) // another decision, or a full group
 	}
 	g := f.next
 	if g == nil {
@@ -150,7 +170,7 @@ func (c *coalescer) Allow(ctx context.Context, checks []ratebudget.Check) (rateb
 		return ratebudget.Decision{}, certain(ctx.Err()) // gone when the group was sealed
 	}
 	if g.live[0] == w {
-		return c.sendGroup(ctx, sig, f, g, checks)
+		return c.sendGroup(ctx, sig, f, g, checks, outs)
 	}
 	select {
 	case <-g.done:
@@ -158,7 +178,7 @@ func (c *coalescer) Allow(ctx context.Context, checks []ratebudget.Check) (rateb
 		// The group's call may spend for this decision: uncertain.
 		return ratebudget.Decision{}, classify(ctx.Err())
 	}
-	return c.member(ctx, g, checks)
+	return c.member(ctx, g, checks, outs)
 }
 
 // land ends flight f: its waiting group, if any, is sealed with the members whose
@@ -195,18 +215,20 @@ func (c *coalescer) land(sig uint64, f *flight) {
 
 // sendGroup decides the group's checks for all of its members' cost, publishes the
 // result to the members and returns the sender's own.
-func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *group, checks []ratebudget.Check) (ratebudget.Decision, error) {
+func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *group, checks []ratebudget.Check, outs []ratebudget.Outcome) (ratebudget.Decision, error) {
 	n := len(g.live)
 	var d ratebudget.Decision
 	var err error
 	if n == 1 {
-		d, err = c.inner.Allow(ctx, checks)
+		d, err = c.alone(ctx, checks, outs)
 	} else {
 		many := slices.Clone(checks)
 		for i := range many {
 			many[i].Cost *= int64(n)
 		}
-		d, err = c.inner.Allow(ctx, many)
+		// The group's outcomes, for members that report every check's.
+		g.outs = make([]ratebudget.Outcome, len(checks))
+		d, err = c.inner.AllowEach(ctx, many, g.outs)
 	}
 	c.land(sig, f)
 	g.d, g.err = d, err
@@ -222,15 +244,19 @@ func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *gro
 		if err != nil {
 			return ratebudget.Decision{}, err
 		}
-		return c.inner.Allow(ctx, checks)
+		return c.alone(ctx, checks, outs)
 	}
-	return c.member(ctx, g, checks)
+	if n == 1 {
+		return d, err
+	}
+	return c.member(ctx, g, checks, outs)
 }
 
-// member returns a member's part of its group's result.
-func (c *coalescer) member(ctx context.Context, g *group, checks []ratebudget.Check) (ratebudget.Decision, error) {
+// member returns a member's part of its group's result; outs is nil or receives each
+// check's outcome.
+func (c *coalescer) member(ctx context.Context, g *group, checks []ratebudget.Check, outs []ratebudget.Outcome) (ratebudget.Decision, error) {
 	if g.alone {
-		return c.inner.Allow(ctx, checks)
+		return c.alone(ctx, checks, outs)
 	}
 	if g.err != nil {
 		return ratebudget.Decision{}, copyErr(g.err)
@@ -239,10 +265,39 @@ func (c *coalescer) member(ctx context.Context, g *group, checks []ratebudget.Ch
 	// Members are told what they would have seen admitted one after another at one
 	// server time: place i of n sees (n-1-i) × cost more remaining.
 	i := <-g.places
+	more := int64(len(g.live)-1-i) * checks[0].Cost // all costs are equal (groupable)
 	if d.Allowed && d.Index >= 0 && d.Index < len(checks) {
-		d.Remaining += int64(len(g.live)-1-i) * checks[d.Index].Cost
+		d.Remaining += more
+	}
+	if outs != nil {
+		for j := range outs {
+			outs[j] = memberOutcome(&checks[j].Rule, g.outs[j], more)
+		}
+		if d.Allowed && d.Index >= 0 && d.Index < len(checks) {
+			d.ResetAfter = outs[d.Index].ResetAfter
+		}
 	}
 	return d, nil
+}
+
+// memberOutcome is a check's outcome o for its group's cost, as seen by a member that
+// spent more units fewer: that many more remain, and a token bucket is full again
+// sooner by the time it takes to refill them (rounded to whole milliseconds against
+// the member, as Redis rounds waits up: at most 1ms late). A fixed window ends, and a
+// rolling window's newest event ages out, at the same time for every member; an
+// admitted check has no wait. Only admitted groups are shared out (a refused group's
+// members decide one by one), so o is an admission.
+func memberOutcome(r *ratebudget.Rule, o ratebudget.Outcome, more int64) ratebudget.Outcome {
+	if !o.Allowed || more == 0 {
+		return o
+	}
+	o.Remaining += more
+	if r.Algorithm == ratebudget.TokenBucket {
+		// The deficit is counted in tokens × window ms and refills at Limit per ms.
+		refill := time.Duration(more*r.Window.Milliseconds()/r.Limit) * time.Millisecond
+		o.ResetAfter = max(o.ResetAfter-refill, 0)
+	}
+	return o
 }
 
 // ended reports whether ctx is done or its deadline has passed (a socket deadline set

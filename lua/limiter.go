@@ -35,14 +35,24 @@ const refundTimeout = 500 * time.Millisecond
 // decision is made by the Redis server (or repeated from the refusal cache, see
 // [WithRefusalCache]). It is safe for concurrent use.
 type Limiter struct {
-	top       ratebudget.Limiter // the refusal cache around core, or core
+	top       layer // the refusal cache around core, or core
 	core      *core
 	coal      *coalescer // WithCoalescing's layer, if any
 	refusals  *refusal.Limiter
 	secretSet bool
 }
 
-var _ ratebudget.Limiter = (*Limiter)(nil)
+var (
+	_ ratebudget.Limiter  = (*Limiter)(nil)
+	_ ratebudget.Reporter = (*Limiter)(nil)
+)
+
+// layer is a limiter in the stack of core, coalescing and refusal cache: each also
+// reports every check's outcome.
+type layer interface {
+	ratebudget.Limiter
+	ratebudget.Reporter
+}
 
 // core decides checks in Redis: one script call per hash slot group.
 type core struct {
@@ -282,6 +292,22 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 	return l.top.Allow(ctx, checks)
 }
 
+// AllowEach decides as [Limiter.Allow] does and, when it returns no error, has set
+// outcomes[i] to checks[i]'s outcome (see [ratebudget.Reporter]); outcomes must have
+// len(checks) elements. Through coalescing each member of a group gets the outcomes it
+// would have seen admitted one after another; a refusal repeated by the refusal cache
+// gives the outcomes Redis reported when it refused the same checks (a snapshot, as
+// any decision's metadata is), or Redis is asked.
+func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
+	if len(outcomes) != len(checks) {
+		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
+	}
+	if hasLease(checks) {
+		return l.core.decide(ctx, checks, nil, outcomes)
+	}
+	return l.top.AllowEach(ctx, checks, outcomes)
+}
+
 func hasLease(checks []ratebudget.Check) bool {
 	for i := range checks {
 		if checks[i].Rule.Algorithm == ratebudget.InFlight {
@@ -309,6 +335,11 @@ type decision struct {
 // Allow is the limiter without its layers (refusal cache, coalescing).
 func (c *core) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	return c.decide(ctx, checks, nil, nil)
+}
+
+// AllowEach is the limiter without its layers, reporting every check's outcome.
+func (c *core) AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
+	return c.decide(ctx, checks, nil, outcomes)
 }
 
 // decide is Allow, and with tickets not nil Reserve: tickets receives each check's

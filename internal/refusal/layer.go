@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/maphash"
+	"sync/atomic"
 
 	"github.com/ratebudget/ratebudget"
 )
@@ -12,14 +13,33 @@ import (
 // limiter decided with a wait is repeated, without asking it, for requests of at least
 // the refused cost on the same budget until the wait is over (see the package
 // documentation for why this is exact). It is safe for concurrent use.
+//
+// AllowEach repeats a refusal with every check's outcome only for the very checks
+// (budgets, costs, order) the store refused, while no check's budget was spent or given
+// back through this limiter since, and before any refused check's wait is over; else
+// it asks the inner limiter. Spends are tracked in a fixed table of generations
+// (genSlots counters, bumped per budget on every admission and settle seen while the
+// cache holds refusals): a collision only sends a request to the store. Spends by
+// other processes, and by this one while a refusal is on its way back from the store,
+// are not seen: the outcomes are then a snapshot, as a refusal's report already is.
 type Limiter struct {
-	inner  ratebudget.Limiter
+	inner  Inner
 	cache  *Cache
 	s1, s2 maphash.Seed
+	gens   [genSlots]atomic.Uint64
+}
+
+// genSlots is the size of a Limiter's table of generations.
+const genSlots = 1024
+
+// Inner is the limiter a refusal cache is in front of.
+type Inner interface {
+	ratebudget.Limiter
+	ratebudget.Reporter
 }
 
 // Wrap returns a refusal cache of at most maxEntries refusals in front of inner.
-func Wrap(inner ratebudget.Limiter, maxEntries int) *Limiter {
+func Wrap(inner Inner, maxEntries int) *Limiter {
 	return &Limiter{inner: inner, cache: New(maxEntries), s1: maphash.MakeSeed(), s2: maphash.MakeSeed()}
 }
 
@@ -85,7 +105,7 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 					keys, buf = l.key(keys, buf, &checks[j])
 				}
 			}
-			l.cache.Forget(keys[keyLen*i : keyLen*(i+1)])
+			l.spent(keys[keyLen*i : keyLen*(i+1)])
 		}
 	case !d.Exceeded && d.RetryAfter > 0 && d.Index >= 0 && d.Index < len(checks):
 		// d reports the outcome the inner limiter decided for checks[d.Index].
@@ -109,6 +129,84 @@ func (l *Limiter) ForgetChecks(checks []ratebudget.Check) {
 	var key, buf []byte
 	for i := range checks {
 		key, buf = l.key(key[:0], buf, &checks[i])
-		l.cache.Forget(key)
+		l.spent(key)
 	}
+}
+
+// spent records that the budget of key was spent or given back: its refusal, if any,
+// is dropped, and snapshots that include it no longer hold.
+func (l *Limiter) spent(key []byte) {
+	l.cache.Forget(key)
+	l.gens[genSlot(key)].Add(1)
+}
+
+func genSlot(key []byte) uint64 { return binary.LittleEndian.Uint64(key) % genSlots }
+
+// AllowEach is Allow, reporting every check's outcome in outs (len(checks) elements;
+// see Limiter for when a cached refusal answers).
+func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outs []ratebudget.Outcome) (ratebudget.Decision, error) {
+	if len(outs) != len(checks) || len(checks) == 0 {
+		return l.inner.AllowEach(ctx, checks, outs) // it reports the error
+	}
+	sent := l.cache.Now()
+	// The checks' keys, then their costs: the snapshot's Checks.
+	var kb [4 * (keyLen + 8)]byte
+	sig, buf := kb[:0], []byte(nil)
+	for i := range checks {
+		sig, buf = l.key(sig, buf, &checks[i])
+	}
+	keys := sig[:keyLen*len(checks)]
+	for i := range checks {
+		sig = binary.LittleEndian.AppendUint64(sig, uint64(checks[i].Cost))
+	}
+	var gb [4]uint64
+	gens := gb[:0]
+	for i := range checks {
+		gens = append(gens, l.gens[genSlot(keys[keyLen*i:])].Load())
+	}
+	if !l.cache.Empty() {
+		exceeded := false
+		for i := range checks {
+			exceeded = exceeded || checks[i].Cost > checks[i].Rule.Capacity()
+		}
+		for i := 0; i < len(checks) && !exceeded; i++ {
+			_, snap, ok := l.cache.LookupEach(keys[keyLen*i:keyLen*(i+1)], checks[i].Cost, sent)
+			if !ok || !l.holds(snap, sig, gens, sent) || ratebudget.ValidateChecks(checks) != nil {
+				continue
+			}
+			for j := range outs {
+				outs[j] = Elapsed(snap.Outs[j], snap.Sent, sent)
+			}
+			return ratebudget.Combine(checks, outs), nil
+		}
+	}
+	d, err := l.inner.AllowEach(ctx, checks, outs)
+	if err != nil {
+		return d, err
+	}
+	switch {
+	case d.Allowed:
+		for i := 0; i < len(checks) && !l.cache.Empty(); i++ {
+			l.spent(keys[keyLen*i : keyLen*(i+1)])
+		}
+	case !d.Exceeded && d.RetryAfter > 0 && d.Index >= 0 && d.Index < len(checks):
+		snap := &Snapshot{Checks: string(sig), Outs: append([]ratebudget.Outcome(nil), outs...), Sent: sent, Gens: append([]uint64(nil), gens...)}
+		l.cache.StoreEach(keys[keyLen*d.Index:keyLen*(d.Index+1)], checks[d.Index].Cost, sent, d, snap)
+	}
+	return d, nil
+}
+
+// holds reports whether snap gives the outcomes of the checks named sig, whose
+// generations are gens, at now: the same checks, none spent since, and every refused
+// check's wait still running (after it, that check might be admitted).
+func (l *Limiter) holds(snap *Snapshot, sig []byte, gens []uint64, now int64) bool {
+	if snap == nil || snap.Checks != string(sig) || len(snap.Outs) != len(gens) {
+		return false
+	}
+	for j, o := range snap.Outs {
+		if snap.Gens[j] != gens[j] || !o.Allowed && snap.Sent+int64(o.RetryAfter) <= now {
+			return false
+		}
+	}
+	return true
 }

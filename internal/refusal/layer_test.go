@@ -12,6 +12,7 @@ import (
 // scripted is an inner limiter that answers from a queue and counts its calls.
 type scripted struct {
 	answers []ratebudget.Decision
+	eachOut []ratebudget.Outcome
 	calls   int
 }
 
@@ -25,6 +26,19 @@ func (s *scripted) Allow(_ context.Context, checks []ratebudget.Check) (ratebudg
 		s.answers = s.answers[1:]
 	}
 	return d, nil
+}
+
+// AllowEach answers as Allow and reports outcome eachOut[i] for check i, or when
+// eachOut is shorter the decision's own for every check.
+func (s *scripted) AllowEach(ctx context.Context, checks []ratebudget.Check, outs []ratebudget.Outcome) (ratebudget.Decision, error) {
+	d, err := s.Allow(ctx, checks)
+	for i := range outs {
+		outs[i] = ratebudget.Outcome{Allowed: d.Allowed, Remaining: d.Remaining, ResetAfter: d.ResetAfter, RetryAfter: d.RetryAfter}
+		if i < len(s.eachOut) {
+			outs[i] = s.eachOut[i]
+		}
+	}
+	return d, err
 }
 
 func TestLayerRepeatsRefusals(t *testing.T) {

@@ -22,6 +22,10 @@
 //
 // A spend keeps a refusal exact but makes its report stale (fewer units remain than it
 // says), so a limiter calls Forget when the store admits a request for the budget.
+//
+// A refusal may carry a [Snapshot]: every check's outcome as the store reported it for
+// the refused decision, so that a limiter reporting every check's outcome can repeat
+// them. The snapshot is dropped with its refusal.
 package refusal
 
 import (
@@ -76,6 +80,23 @@ type entry struct {
 	resetAt int64
 	cost    int64
 	d       ratebudget.Decision
+	snap    *Snapshot // nil: stored without the other checks' outcomes
+}
+
+// Snapshot is a refused decision's outcome for each of its checks, stored with the
+// refusal of its reported check ([Cache.StoreEach]). A cache holds it, and never
+// changes it, until the refusal is dropped.
+type Snapshot struct {
+	// Checks names the decision's checks (budgets and costs, in order) so that a
+	// lookup can tell whether the snapshot is of the same checks.
+	Checks string
+	// Outs are the checks' outcomes as the store reported them for a request sent at
+	// Sent (a reading of [Cache.Now]).
+	Outs []ratebudget.Outcome
+	Sent int64
+	// Gens is the limiter's own record of each check's budget when the request was
+	// sent (see Limiter), to tell whether the outcomes still hold.
+	Gens []uint64
 }
 
 // New returns a cache holding at most maxEntries refusals (at least shards).
@@ -97,8 +118,14 @@ func (c *Cache) shard(key []byte) *shard {
 // Lookup reports whether key refused a cost no greater than cost less than the wait ago;
 // if so it returns the refusal to repeat, with its waits shortened by the time elapsed.
 func (c *Cache) Lookup(key []byte, cost int64, now int64) (ratebudget.Decision, bool) {
+	d, _, ok := c.LookupEach(key, cost, now)
+	return d, ok
+}
+
+// LookupEach is Lookup, also returning the refusal's snapshot (nil when it has none).
+func (c *Cache) LookupEach(key []byte, cost int64, now int64) (ratebudget.Decision, *Snapshot, bool) {
 	if c.Empty() {
-		return ratebudget.Decision{}, false // a miss is always correct: the store decides
+		return ratebudget.Decision{}, nil, false // a miss is always correct: the store decides
 	}
 	s := c.shard(key)
 	s.mu.Lock()
@@ -109,22 +136,38 @@ func (c *Cache) Lookup(key []byte, cost int64, now int64) (ratebudget.Decision, 
 	}
 	s.mu.Unlock()
 	if !ok || cost < e.cost {
-		return ratebudget.Decision{}, false
+		return ratebudget.Decision{}, nil, false
 	}
 	d := e.d
 	d.RetryAfter = roundUpMs(e.until - now)
 	d.ResetAfter = max(roundUpMs(e.resetAt-now), d.RetryAfter)
-	return d, true
+	return d, e.snap, true
+}
+
+// Elapsed returns outcome o, reported for a request sent at sent, as of now: its waits
+// shortened by the time elapsed (rounded up to whole milliseconds, as Lookup does).
+func Elapsed(o ratebudget.Outcome, sent, now int64) ratebudget.Outcome {
+	if o.RetryAfter > 0 {
+		o.RetryAfter = roundUpMs(sent + int64(o.RetryAfter) - now)
+	}
+	o.ResetAfter = max(roundUpMs(sent+int64(o.ResetAfter)-now), o.RetryAfter)
+	return o
 }
 
 // Store records refusal d of cost units for key, decided for a request sent at sent (a
 // reading of Now taken before sending). Admissions, Exceeded refusals and refusals with no
 // wait are not stored.
 func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision) {
+	c.StoreEach(key, cost, sent, d, nil)
+}
+
+// StoreEach is Store, keeping snap (which may be nil) with the refusal, to be returned
+// by LookupEach while the refusal is held.
+func (c *Cache) StoreEach(key []byte, cost int64, sent int64, d ratebudget.Decision, snap *Snapshot) {
 	if d.Allowed || d.Exceeded || d.RetryAfter <= 0 {
 		return
 	}
-	e := entry{until: sent + int64(d.RetryAfter), resetAt: sent + int64(d.ResetAfter), cost: cost, d: d}
+	e := entry{until: sent + int64(d.RetryAfter), resetAt: sent + int64(d.ResetAfter), cost: cost, d: d, snap: snap}
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -133,7 +176,8 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 		// ends a little earlier at worst, and the next refusal renews it), and of equal
 		// costs the one that ends later. Both are exact; this keeps the hit rate up when
 		// requests of several costs are refused together.
-		if old.until > sent && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until) {
+		// Of equal costs, one with a snapshot replaces one without.
+		if old.until > sent && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until && (old.snap != nil || snap == nil)) {
 			return
 		}
 		c.set(s, string(key), e)

@@ -101,3 +101,78 @@ func TestLayerKeySize(t *testing.T) {
 		t.Fatalf("keys of %d and %d bytes, want %d, distinct", len(short), len(long), keyLen)
 	}
 }
+
+// TestLayerRepeatsOutcomes: AllowEach repeats a refusal with the outcomes the inner
+// limiter reported, only for the same checks, and asks again once one of their budgets
+// was spent through the layer or a refusal was cached without outcomes.
+func TestLayerRepeatsOutcomes(t *testing.T) {
+	api := ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute}
+	site := ratebudget.Rule{Name: "site", Limit: 100, Window: time.Hour}
+	refusal := ratebudget.Decision{Rule: "api", Index: 1, Limit: 5, RetryAfter: time.Hour, ResetAfter: time.Hour}
+	outs := []ratebudget.Outcome{
+		{Allowed: true, Remaining: 40, ResetAfter: 30 * time.Minute},
+		{RetryAfter: time.Hour, ResetAfter: time.Hour},
+	}
+	inner := &scripted{answers: []ratebudget.Decision{refusal}, eachOut: outs}
+	l := Wrap(inner, 1024)
+	ctx := context.Background()
+	both := []ratebudget.Check{{Rule: site, Cost: 1}, {Rule: api, Identity: "ann", Cost: 1}}
+	ask := func(checks []ratebudget.Check) ([]ratebudget.Outcome, int) {
+		t.Helper()
+		got := make([]ratebudget.Outcome, len(checks))
+		before := inner.calls
+		d, err := l.AllowEach(ctx, checks, got)
+		if err != nil || d.Allowed || d.Rule != "api" {
+			t.Fatalf("%+v: %+v, %v; want api's refusal", checks, d, err)
+		}
+		return got, inner.calls - before
+	}
+	if _, calls := ask(both); calls != 1 {
+		t.Fatalf("first refusal: %d inner calls, want 1", calls)
+	}
+	got, calls := ask(both)
+	if calls != 0 || !got[0].Allowed || got[0].Remaining != 40 || got[1].Allowed || got[1].RetryAfter <= 59*time.Minute {
+		t.Fatalf("repeated refusal: %d inner calls, outcomes %+v; want the stored ones from the cache", calls, got)
+	}
+	// Other checks on the refused budget: Redis is asked, not answered with the
+	// stored decision's outcomes.
+	for _, other := range [][]ratebudget.Check{
+		{{Rule: site, Scope: "/x", Cost: 1}, both[1]},
+		{{Rule: site, Cost: 2}, both[1]},
+		{{Rule: site, Identity: "x", Cost: 1}, both[1]},
+		{both[0], both[1], {Rule: site, Identity: "y", Cost: 1}},
+	} {
+		if _, calls := ask(other); calls != 1 {
+			t.Fatalf("%+v answered from another decision's outcomes", other)
+		}
+	}
+	// Allow still repeats the refusal for the budget.
+	if d, err := l.Allow(ctx, []ratebudget.Check{both[1]}); err != nil || d.Allowed || inner.calls != 5 {
+		t.Fatalf("Allow: %+v %v, %d calls; want the cached refusal", d, err, inner.calls)
+	}
+	// Restore the snapshot of both, then spend from site: the snapshot no longer holds.
+	inner.eachOut = outs
+	ask(both)
+	if _, calls := ask(both); calls != 0 {
+		t.Fatal("the refusal of both was not cached again")
+	}
+	inner.answers = []ratebudget.Decision{{Allowed: true, Rule: "site", Limit: 100, Remaining: 39}, refusal}
+	if d, err := l.Allow(ctx, []ratebudget.Check{{Rule: site, Cost: 1}}); err != nil || !d.Allowed {
+		t.Fatal(d, err)
+	}
+	if _, calls := ask(both); calls != 1 {
+		t.Fatal("after a spend from site, its stale outcome was repeated")
+	}
+	// A refusal stored by Allow has no outcomes: AllowEach asks.
+	l2 := Wrap(&scripted{answers: []ratebudget.Decision{refusal}}, 1024)
+	if _, err := l2.Allow(ctx, both); err != nil {
+		t.Fatal(err)
+	}
+	inner2 := l2.inner.(*scripted)
+	if _, err := l2.AllowEach(ctx, both, make([]ratebudget.Outcome, 2)); err != nil || inner2.calls != 2 {
+		t.Fatalf("AllowEach after Allow's refusal: %v, %d calls; want the inner limiter asked", err, inner2.calls)
+	}
+	if _, err := l2.Allow(ctx, both); err != nil || inner2.calls != 2 {
+		t.Fatalf("Allow after AllowEach's refusal: %v, %d calls; want the cache", err, inner2.calls)
+	}
+}

@@ -565,3 +565,70 @@ func TestConformanceOneServer(t *testing.T) {
 		return limitertest.Harness{Limiter: newLimiter(t, client, lua.WithOneServer())}
 	})
 }
+
+// TestCoalescedOutcomes: through AllowEach every member of a group gets each check's
+// outcome as it would have seen it admitted one after another: a fixed window and a
+// token bucket each show (n-1-i) more units remaining for place i, the same place for
+// both, and the bucket (one token per 100ms) is full again 100ms sooner per unit.
+func TestCoalescedOutcomes(t *testing.T) {
+	srv, _, l := coalescing(t, nil)
+	chk := []ratebudget.Check{
+		{Rule: ratebudget.Rule{Name: "api", Limit: 1000, Window: time.Minute}, Identity: "ann", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "bucket", Algorithm: ratebudget.TokenBucket, Limit: 600, Window: time.Minute}, Cost: 1},
+	}
+	warm := []ratebudget.Check{{Rule: chk[0].Rule, Identity: "warm", Cost: 1}}
+	if _, err := l.Allow(context.Background(), warm); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	type each struct {
+		d    ratebudget.Decision
+		outs []ratebudget.Outcome
+		err  error
+	}
+	out := make(chan each, 100)
+	decide := func() {
+		outs := make([]ratebudget.Outcome, len(chk))
+		d, err := l.AllowEach(context.Background(), chk, outs)
+		out <- each{d, outs, err}
+	}
+	srv.Freeze(t)
+	go decide()
+	waitFor(t, "the first decision in flight", func() bool { _, f := lua.Waiting(l); return f == 1 })
+	for range 99 {
+		go decide()
+	}
+	waitFor(t, "decisions to join a group", func() bool { m, _ := lua.Waiting(l); return m == 99 })
+	srv.Thaw(t)
+	var api, bucket []int64
+	var full time.Duration // the bucket's ResetAfter plus 100ms per unit remaining
+	for i := range 100 {
+		r := <-out
+		if r.err != nil || !r.d.Allowed || !r.outs[0].Allowed || !r.outs[1].Allowed {
+			t.Fatalf("decision %d: %+v %+v, %v; want admitted", i, r.d, r.outs, r.err)
+		}
+		if 999-r.outs[0].Remaining != 599-r.outs[1].Remaining {
+			t.Fatalf("outcomes %+v: api and bucket at different places", r.outs)
+		}
+		if r.d.Remaining != r.outs[r.d.Index].Remaining || r.d.ResetAfter != r.outs[r.d.Index].ResetAfter {
+			t.Fatalf("decision %+v does not report its rule's outcome %+v", r.d, r.outs[r.d.Index])
+		}
+		api, bucket = append(api, r.outs[0].Remaining), append(bucket, r.outs[1].Remaining)
+		if r.outs[1].Remaining == 599 {
+			continue // the first decision, alone: earlier, so its bucket refills for longer
+		}
+		f := r.outs[1].ResetAfter + time.Duration(r.outs[1].Remaining)*100*time.Millisecond
+		if full != 0 && f != full {
+			t.Fatalf("bucket: remaining %d, full again in %v; want %v less 100ms per unit remaining",
+				r.outs[1].Remaining, r.outs[1].ResetAfter, full)
+		}
+		full = f
+	}
+	slices.Sort(api)
+	slices.Sort(bucket)
+	for i := range 100 {
+		// The first decision went alone; the 99 others as a group.
+		if api[i] != int64(900+i) || bucket[i] != int64(500+i) {
+			t.Fatalf("remaining, sorted: api %v, bucket %v; want 900 to 999 and 500 to 599", api, bucket)
+		}
+	}
+}

@@ -54,7 +54,13 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 	if outcomes != nil && len(outcomes) != len(checks) {
 		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
 	}
-	return l.core.decide(ctx, checks, tickets[:len(checks)], outcomes)
+	d, err := l.core.decide(ctx, checks, tickets[:len(checks)], outcomes)
+	if err == nil && d.Allowed && l.refusals != nil {
+		// The spend makes refusals and outcomes cached for these budgets stale reports,
+		// as an admission through Allow does.
+		l.refusals.ForgetChecks(checks)
+	}
+	return d, err
 }
 
 // Settle adjusts a reserved decision's spend to the actual costs (see

@@ -123,7 +123,12 @@
 // then the budget can only become fuller by the time rule itself, so this refuses
 // nothing Redis would admit, except after a refund, a budget lost on the server or a
 // server clock stepping forward, for at most the cached wait. A cached refusal reports
-// the waits remaining; an admission drops the refusals of its budgets.
+// the waits remaining; an admission drops the refusals of its budgets. Through
+// [Limiter.AllowEach] a cached refusal also repeats every check's outcome as Redis
+// reported it, but only for the same checks (budgets, costs, order), while none of their
+// budgets was spent or settled through this limiter since and no refused check's wait
+// is over; otherwise Redis is asked. Spends by other processes are not seen: the
+// outcomes are a snapshot, as any decision's metadata is.
 //
 // # Coalescing
 //
@@ -131,7 +136,9 @@
 // parameters and costs) in flight waits for it; the decisions that gathered meanwhile
 // are then sent as one decision for all of their cost, never more than a rule's
 // capacity. A group admitted in full is its members admitted one after another: each is
-// told the Remaining it would have seen. A group that does not fit spends nothing, and
+// told the Remaining it would have seen, and through [Limiter.AllowEach] each check's
+// outcome (a token bucket's ResetAfter is rounded against the member: at most 1ms
+// late). A group that does not fit spends nothing, and
 // its members are decided one by one. Every member waits on its own context: one that
 // gives up before its group is sent gets a certain error; if the member sending the
 // group gives up, the others decide alone and the group's call may still be applied (an

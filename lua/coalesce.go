@@ -40,6 +40,7 @@ type flight struct {
 // the first of them sends the group's decision for all.
 type group struct {
 	waiting []*waiter     // in order of arrival; guarded by the shard's lock until sealed
+	each    bool          // a member asked for every check's outcome; as waiting
 	send    chan struct{} // closed when the group is sealed
 	// Set when sealed, before send is closed:
 	sealed bool
@@ -150,6 +151,7 @@ func (c *coalescer) allow(ctx context.Context, checks []ratebudget.Check, outs [
 	}
 	w := &waiter{ctx: ctx}
 	g.waiting = append(g.waiting, w)
+	g.each = g.each || outs != nil
 	sh.Unlock()
 
 	select {
@@ -226,9 +228,13 @@ func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *gro
 		for i := range many {
 			many[i].Cost *= int64(n)
 		}
-		// The group's outcomes, for members that report every check's.
-		g.outs = make([]ratebudget.Outcome, len(checks))
-		d, err = c.inner.AllowEach(ctx, many, g.outs)
+		if g.each {
+			// The group's outcomes, for the members that report every check's.
+			g.outs = make([]ratebudget.Outcome, len(checks))
+			d, err = c.inner.AllowEach(ctx, many, g.outs)
+		} else {
+			d, err = c.inner.Allow(ctx, many)
+		}
 	}
 	c.land(sig, f)
 	g.d, g.err = d, err
@@ -269,7 +275,7 @@ func (c *coalescer) member(ctx context.Context, g *group, checks []ratebudget.Ch
 	if d.Allowed && d.Index >= 0 && d.Index < len(checks) {
 		d.Remaining += more
 	}
-	if outs != nil {
+	if outs != nil && g.outs != nil {
 		for j := range outs {
 			outs[j] = memberOutcome(&checks[j].Rule, g.outs[j], more)
 		}

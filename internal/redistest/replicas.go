@@ -1,0 +1,260 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Cluster is a Redis Cluster of redis-server processes owned by one test, masters with
+// replicas, started by [StartClusterWithReplicas].
+type Cluster struct {
+	// Nodes are the cluster's servers: the masters first, then their replicas.
+	Nodes []*Node
+	// NodeTimeout is the cluster-node-timeout the nodes run with: how long a node must be
+	// unreachable before the others start to fail it over.
+	NodeTimeout time.Duration
+}
+
+// Node is one server of a [Cluster].
+type Node struct {
+	*Server
+	// ID is the node's cluster node ID.
+	ID string
+	// Master is the index in Cluster.Nodes of the master this node was started to
+	// replicate, or -1 for a node started as a master. Roles change on failover; this
+	// field does not.
+	Master int
+}
+
+// StartClusterWithReplicas starts masters (1 to 16) redis-server processes that split the
+// 16384 hash slots evenly, each with replicasPerMaster (0 to 4) replicas, with
+// cluster-node-timeout nodeTimeout (at least 100ms) and settings that make a failover
+// quick and certain: a replica fails over however stale its data
+// (cluster-replica-validity-factor 0), replicas never migrate, and replication is
+// diskless. It returns once every replica is in sync and every node reports the cluster
+// ok with every replica known. Everything stops when the test ends. Like [Start] it
+// skips without a redis-server binary.
+func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nodeTimeout time.Duration) *Cluster {
+	tb.Helper()
+	if masters < 1 || masters > 16 || replicasPerMaster < 0 || replicasPerMaster > 4 || nodeTimeout < 100*time.Millisecond {
+		tb.Fatalf("redistest: cluster of %d masters, %d replicas each, node timeout %v", masters, replicasPerMaster, nodeTimeout)
+	}
+	n := masters * (1 + replicasPerMaster)
+	cl := &Cluster{NodeTimeout: nodeTimeout}
+	bus := make([]int, n)
+	for i := range n {
+		bus[i] = freePort(tb) // the default bus port (port+10000) may not be free
+		s := Start(tb, "--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus[i]),
+			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			"--cluster-replica-validity-factor", "0",
+			"--cluster-allow-replica-migration", "no",
+			"--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+			"--repl-diskless-load", "on-empty-db")
+		master := -1
+		if i >= masters {
+			master = (i - masters) % masters
+		}
+		cl.Nodes = append(cl.Nodes, &Node{Server: s, Master: master})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admins := make([]*redis.Client, n)
+	for i, nd := range cl.Nodes {
+		admins[i] = nd.Client(tb)
+		id, err := admins[i].Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			tb.Fatalf("redistest: CLUSTER MYID on node %d: %v", i, err)
+		}
+		nd.ID = id
+		// Distinct epochs before the nodes meet, as redis-cli --cluster create sets them:
+		// failover elections then never start from a collision.
+		if err := admins[i].Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", i+1).Err(); err != nil {
+			tb.Fatalf("redistest: CLUSTER SET-CONFIG-EPOCH on node %d: %v", i, err)
+		}
+	}
+	per := 16384 / masters
+	for i := range masters {
+		lo, hi := i*per, (i+1)*per-1
+		if i == masters-1 {
+			hi = 16383
+		}
+		if err := admins[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
+			tb.Fatalf("redistest: CLUSTER ADDSLOTSRANGE on node %d: %v", i, err)
+		}
+	}
+	for i := 1; i < n; i++ {
+		host, port, _ := net.SplitHostPort(cl.Nodes[i].Addr)
+		if err := admins[0].Do(ctx, "CLUSTER", "MEET", host, port, bus[i]).Err(); err != nil {
+			tb.Fatalf("redistest: CLUSTER MEET: %v", err)
+		}
+	}
+	for i, a := range admins {
+		poll(ctx, tb, fmt.Sprintf("node %d to know all %d nodes", i, n), func() (bool, string) {
+			info, err := a.ClusterInfo(ctx).Result()
+			return err == nil && strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)+"\r"), fmt.Sprint(info, err)
+		})
+	}
+	for i, nd := range cl.Nodes {
+		if nd.Master < 0 {
+			continue
+		}
+		master := cl.Nodes[nd.Master].ID
+		// The replica must have learnt of its master as a master through the gossip first.
+		poll(ctx, tb, fmt.Sprintf("node %d to replicate %s", i, master), func() (bool, string) {
+			err := admins[i].Do(ctx, "CLUSTER", "REPLICATE", master).Err()
+			return err == nil, fmt.Sprint(err)
+		})
+	}
+	for i, nd := range cl.Nodes {
+		if nd.Master >= 0 {
+			poll(ctx, tb, fmt.Sprintf("replica %d to be in sync", i), func() (bool, string) {
+				info, err := admins[i].Info(ctx, "replication").Result()
+				return err == nil && strings.Contains(info, "master_link_status:up"), fmt.Sprint(info, err)
+			})
+		}
+	}
+	want := masters * replicasPerMaster
+	for i, a := range admins {
+		poll(ctx, tb, fmt.Sprintf("node %d to see the cluster ok with %d replicas", i, want), func() (bool, string) {
+			info, err := a.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				return false, fmt.Sprint(info, err)
+			}
+			nodes, err := a.ClusterNodes(ctx).Result()
+			return err == nil && strings.Count(nodes, " slave ")+strings.Count(nodes, ",slave ") == want, fmt.Sprint(nodes, err)
+		})
+	}
+	return cl
+}
+
+// poll calls cond until it reports true, failing the test with cond's last state when ctx
+// ends. Cluster state changes by gossip, which offers nothing to wait on but polling.
+func poll(ctx context.Context, tb testing.TB, what string, cond func() (bool, string)) {
+	tb.Helper()
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if ctx.Err() != nil {
+			tb.Fatalf("redistest: waited in vain for %s: %s", what, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Addrs returns every node's address, masters first: seed addresses for a cluster client.
+func (c *Cluster) Addrs() []string {
+	addrs := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		addrs[i] = n.Addr
+	}
+	return addrs
+}
+
+// Masters returns the nodes started as masters.
+func (c *Cluster) Masters() []*Node {
+	var ms []*Node
+	for _, n := range c.Nodes {
+		if n.Master < 0 {
+			ms = append(ms, n)
+		}
+	}
+	return ms
+}
+
+// ReplicasOf returns the nodes started as replicas of m.
+func (c *Cluster) ReplicasOf(m *Node) []*Node {
+	var rs []*Node
+	for _, n := range c.Nodes {
+		if n.Master >= 0 && c.Nodes[n.Master] == m {
+			rs = append(rs, n)
+		}
+	}
+	return rs
+}
+
+// SlotOwner returns the node that served slot when the cluster started, by the even
+// split StartClusterWithReplicas made.
+func (c *Cluster) SlotOwner(slot int) *Node {
+	ms := c.Masters()
+	i := slot / (16384 / len(ms))
+	if i >= len(ms) {
+		i = len(ms) - 1
+	}
+	return ms[i]
+}
+
+// Client returns a cluster client of c with the options of [StartCluster]'s client,
+// changed by edit if it is not nil, closed when the test ends. It makes no call.
+func (c *Cluster) Client(tb testing.TB, edit func(*redis.ClusterOptions)) *redis.ClusterClient {
+	opt := &redis.ClusterOptions{
+		Addrs:                 c.Addrs(),
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           2 * time.Second,
+		ReadTimeout:           2 * time.Second,
+		WriteTimeout:          2 * time.Second,
+	}
+	if edit != nil {
+		edit(opt)
+	}
+	cc := redis.NewClusterClient(opt)
+	tb.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// Pid returns the node's process ID.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
+// WaitPromoted polls the replica r until it reports itself a master serving slots and
+// the cluster ok, for at most within, and returns when it saw that. The test fails if it
+// never does.
+func (c *Cluster) WaitPromoted(tb testing.TB, r *Node, within time.Duration) time.Time {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	a := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+	defer a.Close()
+	poll(ctx, tb, "the promotion of "+r.Addr, func() (bool, string) {
+		role, err := a.Do(ctx, "ROLE").Slice()
+		if err != nil || len(role) == 0 || role[0] != "master" {
+			return false, fmt.Sprint(role, err)
+		}
+		info, err := a.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok"), fmt.Sprint(info, err)
+	})
+	return time.Now()
+}
+
+// ScriptCalls returns how many times the server has run a script (EVAL and EVALSHA,
+// from INFO commandstats) since it started or since CONFIG RESETSTAT.
+func (s *Server) ScriptCalls(tb testing.TB) int64 {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	a := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer a.Close()
+	stats, err := a.InfoMap(ctx, "commandstats").Result()
+	if err != nil {
+		tb.Fatalf("redistest: INFO commandstats: %v", err)
+	}
+	var total int64
+	for _, name := range []string{"cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall"} {
+		v := stats["Commandstats"][name] // calls=3,usec=...,rejected_calls=0,failed_calls=0
+		for _, f := range strings.Split(v, ",") {
+			if k, num, ok := strings.Cut(f, "="); ok && k == "calls" {
+				c, _ := strconv.ParseInt(num, 10, 64)
+				total += c
+			}
+		}
+	}
+	return total
+}

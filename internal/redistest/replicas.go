@@ -39,9 +39,10 @@ type Node struct {
 // quick and certain: a replica fails over however stale its data
 // (cluster-replica-validity-factor 0), replicas never migrate, and replication is
 // diskless. It returns once every replica is in sync and every node reports the cluster
-// ok with every replica known. Everything stops when the test ends. Like [Start] it
-// skips without a redis-server binary.
-func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nodeTimeout time.Duration) *Cluster {
+// ok with every replica known. args are added to every server's command line (e.g.
+// "--cluster-require-full-coverage", "no"). Everything stops when the test ends. Like
+// [Start] it skips without a redis-server binary.
+func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nodeTimeout time.Duration, args ...string) *Cluster {
 	tb.Helper()
 	if masters < 1 || masters > 16 || replicasPerMaster < 0 || replicasPerMaster > 4 || nodeTimeout < 100*time.Millisecond {
 		tb.Fatalf("redistest: cluster of %d masters, %d replicas each, node timeout %v", masters, replicasPerMaster, nodeTimeout)
@@ -51,12 +52,12 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nod
 	bus := make([]int, n)
 	for i := range n {
 		bus[i] = freePort(tb) // the default bus port (port+10000) may not be free
-		s := Start(tb, "--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus[i]),
+		s := Start(tb, append([]string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus[i]),
 			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
 			"--cluster-replica-validity-factor", "0",
 			"--cluster-allow-replica-migration", "no",
 			"--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
-			"--repl-diskless-load", "on-empty-db")
+			"--repl-diskless-load", "on-empty-db"}, args...)...)
 		master := -1
 		if i >= masters {
 			master = (i - masters) % masters

@@ -21,10 +21,23 @@
 //     *redis.ClusterClient without it): the caller's deadline then bounds the socket, and
 //     Allow returns by it. A context canceled without a deadline is only seen between
 //     commands.
-//   - MaxRetries: -1: go-redis otherwise re-sends a script after a lost reply, which
-//     spends twice.
+//   - MaxRetries: -1, for the limiter's other commands (SCRIPT LOAD). Script calls are
+//     never re-sent once they may have reached the server, whatever MaxRetries and a
+//     ClusterClient's MaxRedirects say: the limiter marks them NoRetry, which every
+//     go-redis client honours, so one request never spends or refunds twice. Another
+//     redis.Scripter gets EVALSHA and EVAL calls and must not retry them itself.
 //   - DialerRetries: 1 and short DialTimeout, ReadTimeout, WriteTimeout and PoolTimeout,
 //     so that a failing Redis fails fast.
+//
+// With a *redis.ClusterClient, MOVED and ASK redirects are followed (New refuses
+// MaxRedirects: -1, which would return them), and an error that may mean the topology
+// moved (a refused or reset connection, a timeout, MOVED, READONLY, CLUSTERDOWN,
+// TRYAGAIN, MASTERDOWN) makes the client reload its slot map in the background, at most
+// once per 100ms: a failed-over master's slots are decided again as soon as the cluster
+// has promoted its replica, instead of after the client's ClusterStateReloadInterval
+// (60 s by default). An *redis.AutoPipeliner given to New cannot be reloaded that way:
+// give the *redis.ClusterClient itself. docs/CLUSTER.md has the recommended settings
+// and what a failover costs.
 //
 // A *redis.Ring is refused: it places keys by its own hash of the whole key, not by hash
 // slot, so checks that the limiter decides in one script, or a budget shared by

@@ -14,9 +14,9 @@ import (
 
 // classify wraps err, returned by a script call that may have reached the server, as a
 // *ratebudget.StoreError. Uncertain is false only when the script surely did not spend:
-// it was never sent, or the server answered with an error. With client retries enabled
-// (go-redis MaxRetries not -1) err is the last attempt's, and an earlier attempt may
-// have spent although this one is definite: the recommended settings disable retries.
+// it was never sent, or the server answered with an error. go-redis clients never
+// re-send a script call (see onceCmd), so err is that of the only attempt that may have
+// run; a redirect followed (MOVED, ASK) had not run.
 func classify(err error) error {
 	se := &ratebudget.StoreError{Class: "other", Uncertain: true, Err: err}
 	var opErr *net.OpError

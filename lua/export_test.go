@@ -27,3 +27,6 @@ func OnSeal(l *Limiter, f func()) { l.coal.sealed = f }
 
 // AllowSource is allow.lua.
 var AllowSource = allowSource
+
+// TopologyError is topologyError, for tests.
+var TopologyError = topologyError

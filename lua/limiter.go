@@ -68,6 +68,9 @@ type core struct {
 	pipeOnce sync.Once
 	pipe     *redis.AutoPipeliner
 	inflight atomic.Int64
+	// reload, for a *redis.ClusterClient, reloads its slot map after errors that say
+	// the topology may have changed.
+	reload *reloader
 }
 
 // Option configures a [Limiter] in [New].
@@ -216,7 +219,11 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 		if !cl.Options().ContextTimeoutEnabled {
 			return nil, noTimeout
 		}
+		if err := checkCluster(cl); err != nil {
+			return nil, err
+		}
 		c.newPipe = cl.AsyncAutoPipeline
+		c.reload = &reloader{c: cl}
 	case *redis.AutoPipeliner:
 		if cl == nil {
 			return nil, &ratebudget.ConfigError{Field: "client", Problem: "must not be nil"}
@@ -547,6 +554,7 @@ func (c *core) run(ctx context.Context, script *redis.Script, src string, keys [
 	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 		v, err = c.send(ctx, "eval", src, keys, args)
 	}
+	c.reload.noteErr(err)
 	return v, err
 }
 
@@ -563,7 +571,8 @@ func (c *core) send(ctx context.Context, verb, body string, keys []string, args 
 			p = c.pipeline()
 		}
 	}
-	if p == nil {
+	proc, _ := c.direct.(processor)
+	if p == nil && proc == nil {
 		if verb == "eval" {
 			return c.direct.Eval(ctx, body, keys, args...).Result()
 		}
@@ -576,7 +585,14 @@ func (c *core) send(ctx context.Context, verb, body string, keys []string, args 
 	}
 	cmdArgs = append(cmdArgs, args...)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
-	if err := c.submit(ctx, p, cmd); err != nil {
+	cmd.SetFirstKeyPos(3)
+	var err error
+	if p == nil {
+		err = proc.Process(ctx, onceCmd{cmd})
+	} else {
+		err = c.submit(ctx, p, onceCmd{cmd})
+	}
+	if err != nil {
 		return nil, err
 	}
 	return cmd.Val(), nil

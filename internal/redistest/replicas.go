@@ -239,6 +239,13 @@ func (c *Cluster) WaitPromoted(tb testing.TB, r *Node, within time.Duration) tim
 // from INFO commandstats) since it started or since CONFIG RESETSTAT.
 func (s *Server) ScriptCalls(tb testing.TB) int64 {
 	tb.Helper()
+	return s.Calls(tb, "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall")
+}
+
+// Calls returns how many times the server has run the named commands (as INFO
+// commandstats names them, e.g. "evalsha" or "cluster|slots"), together.
+func (s *Server) Calls(tb testing.TB, commands ...string) int64 {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	a := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
@@ -248,8 +255,8 @@ func (s *Server) ScriptCalls(tb testing.TB) int64 {
 		tb.Fatalf("redistest: INFO commandstats: %v", err)
 	}
 	var total int64
-	for _, name := range []string{"cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall"} {
-		v := stats["Commandstats"][name] // calls=3,usec=...,rejected_calls=0,failed_calls=0
+	for _, name := range commands {
+		v := stats["Commandstats"]["cmdstat_"+name] // calls=3,usec=...,rejected_calls=0,failed_calls=0
 		for _, f := range strings.Split(v, ",") {
 			if k, num, ok := strings.Cut(f, "="); ok && k == "calls" {
 				c, _ := strconv.ParseInt(num, 10, 64)

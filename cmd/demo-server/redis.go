@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"time"
 
@@ -13,23 +14,48 @@ import (
 	"github.com/ratebudget/ratebudget/lua"
 )
 
-// newRedisClient applies the client settings recommended for a limiter: no retries (a
-// re-sent script may spend twice), socket deadlines that follow the decision's context,
-// and short timeouts, so that a failing Redis costs a request at most the decision
-// deadline.
-func newRedisClient(url string, timeout time.Duration) (*redis.Client, error) {
-	opt, err := redis.ParseURL(url)
+// newRedisClient returns the client -redis names, in go-redis's URL forms:
+//
+//	redis://host:port/db                                  one server
+//	redis://host:port?addr=host2:port2&addr=host3:port3   a Redis Cluster (seed nodes)
+//	redis://host:port?master_name=name&addr=host2:port2   Sentinel (the Sentinels' addresses)
+//
+// It applies the client settings recommended for a limiter: socket deadlines that follow
+// the decision's context, and short timeouts with no retries of a failed dial, so that a
+// failing Redis costs a request at most the decision deadline (the limiter itself never
+// lets the client re-send a script). cluster reports a Redis Cluster.
+func newRedisClient(rawURL string, timeout time.Duration) (client redis.UniversalClient, cluster bool, err error) {
+	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("-redis: %w", err)
+		return nil, false, fmt.Errorf("-redis: %w", err)
 	}
-	opt.MaxRetries = -1
-	opt.DialerRetries = 1 // a refused connection fails at once, as a definite error
-	opt.ContextTimeoutEnabled = true
-	opt.DialTimeout = max(timeout, 100*time.Millisecond)
-	opt.ReadTimeout = max(timeout, 100*time.Millisecond)
-	opt.WriteTimeout = opt.ReadTimeout
-	opt.PoolTimeout = opt.ReadTimeout
-	return redis.NewClient(opt), nil
+	q := u.Query()
+	t := max(timeout, 100*time.Millisecond)
+	switch {
+	case q.Has("master_name"):
+		opt, err := redis.ParseFailoverURL(rawURL)
+		if err != nil {
+			return nil, false, fmt.Errorf("-redis: %w", err)
+		}
+		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
+		return redis.NewFailoverClient(opt), false, nil
+	case q.Has("addr"):
+		opt, err := redis.ParseClusterURL(rawURL)
+		if err != nil {
+			return nil, false, fmt.Errorf("-redis: %w", err)
+		}
+		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
+		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
+		return redis.NewClusterClient(opt), true, nil
+	}
+	opt, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, false, fmt.Errorf("-redis: %w", err)
+	}
+	opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
+	return redis.NewClient(opt), false, nil
 }
 
 // keySecretEnv names the environment variable holding the secret that keys the
@@ -37,9 +63,15 @@ func newRedisClient(url string, timeout time.Duration) (*redis.Client, error) {
 const keySecretEnv = "RATEBUDGET_KEY_SECRET"
 
 func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Limiter, func(), error) {
-	client, err := newRedisClient(o.redisURL, o.storeTimeout)
+	client, cluster, err := newRedisClient(o.redisURL, o.storeTimeout)
 	if err != nil {
 		return nil, nil, err
+	}
+	if cluster && o.oneServer {
+		// A cluster's keys live on several servers: rules of different slots are
+		// decided slot by slot.
+		log.Info("-one-server does not apply to a Redis Cluster; rules of different hash slots are decided slot by slot")
+		o.oneServer = false
 	}
 	opts := []lua.Option{lua.WithPrefix("rb-demo")}
 	if secret := os.Getenv(keySecretEnv); secret != "" {

@@ -221,27 +221,30 @@ func (r *failoverRun) kill(t *testing.T, m *redistest.Node) {
 func TestClusterFailover(t *testing.T) {
 	for _, mode := range []struct {
 		name string
-		opts []lua.Option
 		// fullCoverage is cluster-require-full-coverage: yes, Redis's default, stops
 		// every slot while one is uncovered; no, as docs/CLUSTER.md recommends, only
 		// the uncovered ones.
 		fullCoverage bool
+		// graceful hands the master's slots over with CLUSTER FAILOVER on its replica
+		// instead of killing it: no decision may fail (MOVED is followed).
+		graceful bool
 	}{
-		{"default", nil, false},
-		{"FullCoverage", nil, true},
+		{"default", false, false},
+		{"FullCoverage", true, false},
+		{"Graceful", false, true},
 	} {
-		t.Run(mode.name, func(t *testing.T) { testClusterFailover(t, mode.opts, mode.fullCoverage) })
+		t.Run(mode.name, func(t *testing.T) { testClusterFailover(t, mode.fullCoverage, mode.graceful) })
 	}
 }
 
-func testClusterFailover(t *testing.T, opts []lua.Option, fullCoverage bool) {
+func testClusterFailover(t *testing.T, fullCoverage, graceful bool) {
 	coverage := "no"
 	if fullCoverage {
 		coverage = "yes"
 	}
 	cl := redistest.StartClusterWithReplicas(t, 3, 1, failoverNodeTimeout, "--cluster-require-full-coverage", coverage)
 	c := cl.Client(t, readmeSettings)
-	l, err := lua.New(c, append([]lua.Option{lua.WithPrefix(uniquePrefix(t))}, opts...)...)
+	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +272,17 @@ func testClusterFailover(t *testing.T, opts []lua.Option, fullCoverage bool) {
 		return n
 	}
 	reloadsBefore := slotsCalls()
-	r.kill(t, victim)
+	if graceful {
+		r.mu.Lock()
+		err := cl.ReplicasOf(victim)[0].Client(t).Do(ctxT(t), "CLUSTER", "FAILOVER").Err()
+		r.killed = time.Now()
+		r.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		r.kill(t, victim)
+	}
 	promoted := cl.WaitPromoted(t, cl.ReplicasOf(victim)[0], 10*failoverNodeTimeout)
 	target := failoverNodeTimeout + time.Second
 	// Wait for every identity's first answer after the kill, measuring beyond the target.
@@ -342,13 +355,39 @@ wait:
 	if notRecovered > 0 || worst > target {
 		t.Errorf("decisions on the failed-over slots: %d identities never answered again, slowest answered %v after the promotion; want all within %v", notRecovered, worst, target)
 	}
+	if graceful {
+		if n := sumFailures(failures[true]) + sumFailures(failures[false]); n > 0 {
+			t.Errorf("a graceful failover failed %d decisions (%v, %v); want none", n, failures[true], failures[false])
+		}
+		return
+	}
 	if fullCoverage {
 		return // the other slots stop too until the promotion: Redis refuses them with CLUSTERDOWN
 	}
-	if n := sumFailures(failures[false]); n > 0 {
-		t.Errorf("identities on the other masters' slots failed %d times (%v); want them unaffected", n, failures[false])
+	// The other masters' identities are unaffected: no error says the dead master held
+	// them up, and timeouts stay as rare as a loaded machine makes them anyway (the
+	// 250 ms deadline is tight for a shared 2-core runner); the longest wait for an
+	// answer stays far below the failover.
+	others := 0
+	r.mu.Lock()
+	for _, st := range r.timeline[1] {
+		others += st[0] + st[1]
 	}
-	if g := otherGaps[len(otherGaps)-1]; g > failoverNodeTimeout {
+	r.mu.Unlock()
+	timeouts := 0
+	for k, v := range failures[false] {
+		switch {
+		case strings.HasPrefix(k, "before"):
+		case k == "context deadline exceeded" || k == "i/o timeout":
+			timeouts += v
+		default:
+			t.Errorf("identities on the other masters' slots failed %d times with %s; want them unaffected", v, k)
+		}
+	}
+	if timeouts*100 > others {
+		t.Errorf("identities on the other masters' slots timed out %d times in %d decisions; want them unaffected", timeouts, others)
+	}
+	if g := otherGaps[len(otherGaps)-1]; g > failoverNodeTimeout/2 {
 		t.Errorf("an identity on another master's slots went %v without an answer", g)
 	}
 }

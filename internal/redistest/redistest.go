@@ -43,6 +43,13 @@ func Binary() string {
 // server's command line (e.g. "--cluster-enabled", "yes").
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
+	return startConf(tb, "", args)
+}
+
+// startConf is Start with a configuration file (e.g. a Sentinel's, which it rewrites),
+// if conf is not "", first on the command line as redis-server wants it.
+func startConf(tb testing.TB, conf string, args []string) *Server {
+	tb.Helper()
 	bin := Binary()
 	if bin == "" {
 		if os.Getenv("RATEBUDGET_REQUIRE_REDIS") == "1" {
@@ -52,7 +59,7 @@ func Start(tb testing.TB, args ...string) *Server {
 	}
 	var lastErr error
 	for range 5 { // the free port can be taken between Close and the server's bind
-		s, err := start(tb, bin, args)
+		s, err := start(tb, bin, conf, args)
 		if err == nil {
 			return s
 		}
@@ -62,7 +69,7 @@ func Start(tb testing.TB, args ...string) *Server {
 	return nil
 }
 
-func start(tb testing.TB, bin string, args []string) (*Server, error) {
+func start(tb testing.TB, bin, conf string, args []string) (*Server, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -70,10 +77,14 @@ func start(tb testing.TB, bin string, args []string) (*Server, error) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
 	dir := tb.TempDir()
-	cmd := exec.Command(bin, append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	var line []string
+	if conf != "" {
+		line = append(line, conf)
+	}
+	line = append(line, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
-		"--logfile", filepath.Join(dir, "redis.log")}, args...)...)
+		"--logfile", filepath.Join(dir, "redis.log"))
+	cmd := exec.Command(bin, append(line, args...)...)
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}

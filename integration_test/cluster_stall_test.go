@@ -141,12 +141,14 @@ func TestStallRunsOnce(t *testing.T) {
 			return stallTarget{c, func(key string) *redistest.Server {
 				return cl.SlotOwner(int(c.ClusterKeySlot(context.Background(), key).Val())).Server
 			}, func() bool {
-				full := true
+				var short atomic.Bool // ForEachMaster calls concurrently
 				_ = c.ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error {
-					full = full && n.PoolStats().IdleConns >= minIdle
+					if n.PoolStats().IdleConns < minIdle {
+						short.Store(true)
+					}
 					return nil
 				})
-				return full
+				return !short.Load()
 			}}
 		},
 		// The cluster client's own AutoPipeliner, given to the limiter: every decision

@@ -288,7 +288,13 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		}
 		m.fallback = fb
 	}
-	m.each, _ = lim.(ratebudget.Reporter)
+	if s := m.cfg.style; s != headers.XRateLimit && s != headers.None {
+		// Every rule's outcome is asked for only when the RateLimit fields list them: a
+		// limiter may answer Allow more cheaply (the lua limiter's refusal cache repeats
+		// a refusal to any request that names the refused budget, but its outcomes only
+		// to the same checks).
+		m.each, _ = lim.(ratebudget.Reporter)
+	}
 	m.limKey = lim
 	if !reflect.TypeOf(lim).Comparable() {
 		m.limKey = new(byte) // a func or map limiter: equal only to itself through this layer

@@ -40,6 +40,22 @@ func (b *budget) is(k *memKey) bool {
 // is the lease's expiry and cost the lease's number.
 type rollingEvents struct{ events []event }
 
+// trimRolling drops b's rolling-window events that left the window (now-w, now] and
+// takes their cost off b.count. It returns the events still held.
+func (b *budget) trimRolling(now, w int64) []event {
+	ev := b.rolling.events
+	n := 0
+	for n < len(ev) && ev[n].at <= now-w {
+		b.count -= ev[n].cost
+		n++
+	}
+	if n > 0 {
+		ev = append(ev[:0], ev[n:]...)
+		b.rolling.events = ev
+	}
+	return ev
+}
+
 type event struct{ at, cost int64 }
 
 func ceilDiv(a, b int64) int64 {
@@ -147,18 +163,8 @@ func decideRolling(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 	var sum, last int64
 	var events []event
 	if b != nil && b.rolling != nil {
-		// Drop events that left the window (now-w, now].
-		ev := b.rolling.events
-		n := 0
-		for n < len(ev) && ev[n].at <= now-w {
-			b.count -= ev[n].cost
-			n++
-		}
-		if n > 0 {
-			ev = append(ev[:0], ev[n:]...)
-			b.rolling.events = ev
-		}
-		events, sum = ev, b.count
+		events = b.trimRolling(now, w)
+		sum = b.count
 		if len(events) > 0 {
 			last = events[len(events)-1].at
 		}

@@ -184,15 +184,7 @@ func charge(b *budget, r *Rule, n, now int64) {
 		if b.rolling == nil {
 			b.rolling = &rollingEvents{}
 		}
-		ev := b.rolling.events
-		k := 0
-		for k < len(ev) && ev[k].at <= now-w {
-			b.count -= ev[k].cost
-			k++
-		}
-		if k > 0 {
-			ev = append(ev[:0], ev[k:]...)
-		}
+		ev := b.trimRolling(now, w)
 		if len(ev) > 0 {
 			last = ev[len(ev)-1].at
 		}

@@ -323,23 +323,8 @@ func startTranscriptDemo(t *testing.T, line int, rw *rewriter, flags []string) {
 	for i := range args {
 		args[i] = rw.command(args[i])
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), io.Discard, ready) }()
-	select {
-	case addr := <-ready:
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("README.md:%d: demo-server %s: %v", line, strings.Join(flags, " "), err)
-			}
-		})
-		rw.addrs[user] = addr
-	case err := <-done:
-		cancel()
-		t.Fatalf("README.md:%d: demo-server %s did not start: %v", line, strings.Join(flags, " "), err)
-	}
+	t.Logf("README.md:%d: demo-server %s", line, strings.Join(flags, " "))
+	rw.addrs[user] = strings.TrimPrefix(startDemo(t, args...), "http://")
 	waitHealthy(t, "http://"+rw.addrs[user]+"/healthz")
 }
 

@@ -55,25 +55,19 @@ import (
 	"unsafe"
 )
 
-// Header names, as sent. (net/http canonicalises X-RateLimit-* to X-Ratelimit-*, which is
-// the same header: field names are case-insensitive.)
-const (
-	Limit      = "X-RateLimit-Limit"
-	Remaining  = "X-RateLimit-Remaining"
-	Reset      = "X-RateLimit-Reset"
-	Policy     = "RateLimit-Policy"
-	RateLimit  = "RateLimit"
-	RetryAfter = "Retry-After"
+// Canonical map keys of the fields in the table of the package documentation, so that
+// writing needs no canonicalisation per request. (net/http canonicalises X-RateLimit-*
+// to X-Ratelimit-*, which is the same header: field names are case-insensitive.)
+var (
+	keyLimit     = http.CanonicalHeaderKey("X-RateLimit-Limit")
+	keyRemaining = http.CanonicalHeaderKey("X-RateLimit-Remaining")
+	keyReset     = http.CanonicalHeaderKey("X-RateLimit-Reset")
+	keyPolicy    = http.CanonicalHeaderKey("RateLimit-Policy")
+	keyRateLimit = http.CanonicalHeaderKey("RateLimit")
 )
 
-// Canonical map keys, so that writing needs no canonicalisation per request.
-var (
-	keyLimit     = http.CanonicalHeaderKey(Limit)
-	keyRemaining = http.CanonicalHeaderKey(Remaining)
-	keyReset     = http.CanonicalHeaderKey(Reset)
-	keyPolicy    = http.CanonicalHeaderKey(Policy)
-	keyRateLimit = http.CanonicalHeaderKey(RateLimit)
-)
+// keyRetryAfter is the canonical map key of Retry-After.
+const keyRetryAfter = "Retry-After"
 
 // Style selects which budget metadata headers are written.
 type Style uint8
@@ -116,7 +110,9 @@ func (s Style) String() string {
 	return "Style(" + strconv.Itoa(int(s)) + ")"
 }
 
-// ParseStyle maps the results of [Style.String] to a Style.
+// ParseStyle maps the results of [Style.String] to a Style, and reports false for any
+// other string. ParseStyle(s.String()) reports whether s is one of the defined styles
+// (an undefined one's String is "Style(n)").
 func ParseStyle(s string) (Style, bool) {
 	for st := XRateLimit; st <= BothDraft10; st++ {
 		if st.String() == s {
@@ -126,8 +122,8 @@ func ParseStyle(s string) (Style, bool) {
 	return 0, false
 }
 
-// Valid reports whether s is one of the defined styles.
-func (s Style) Valid() bool { return s <= BothDraft10 }
+// valid reports whether s is one of the defined styles.
+func (s Style) valid() bool { return s <= BothDraft10 }
 
 func (s Style) x() bool       { return s == XRateLimit || s == Both || s == BothDraft10 }
 func (s Style) ietf() bool    { return s == IETF || s == Both || s == IETFDraft10 || s == BothDraft10 }
@@ -202,7 +198,7 @@ func retryAfterSeconds(d time.Duration) int64 {
 // out-of-range reported index writes no X-RateLimit-* fields; style [None], an unknown
 // style or no rules write nothing. Write keeps no reference to rules.
 func Write(h http.Header, s Style, rules []Info, reported int) {
-	if s == None || !s.Valid() || len(rules) == 0 {
+	if s == None || !s.valid() || len(rules) == 0 {
 		return
 	}
 	if len(rules) == 1 && reported == 0 && !rules[0].Unreported {

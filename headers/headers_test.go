@@ -54,6 +54,15 @@ func TestWriteStyles(t *testing.T) {
 	if _, ok := headers.ParseStyle("X"); ok {
 		t.Error("ParseStyle accepted X")
 	}
+	// An undefined style is not parsed back, and writes nothing.
+	undefined := headers.BothDraft10 + 1
+	if st, ok := headers.ParseStyle(undefined.String()); ok {
+		t.Errorf("ParseStyle(%q) = %v, true", undefined.String(), st)
+	}
+	headers.Write(none, undefined, []headers.Info{in}, 0)
+	if len(none) != 0 {
+		t.Errorf("%v wrote %v", undefined, none)
+	}
 }
 
 func TestTooManyRequests(t *testing.T) {
@@ -208,14 +217,14 @@ func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 func TestWriteInvalidNamesThePart(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	headers.WriteInvalid(rec, httptest.NewRequest("GET", "/", nil), headers.PartCost, "cost must be a positive integer")
+	headers.WriteInvalid(rec, httptest.NewRequest("GET", "/", nil), "cost", "cost must be a positive integer")
 	if rec.Code != 400 || rec.Body.String() != "Bad Request: rate-limit cost: cost must be a positive integer\n" || rec.Header().Get("Cache-Control") != "no-store" {
 		t.Fatalf("%d %q %v", rec.Code, rec.Body, rec.Header())
 	}
 	rec = httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/", nil)
 	req.Header.Set("Accept", "application/problem+json")
-	headers.WriteInvalid(rec, req, headers.PartIdentity, "identity could not be determined")
+	headers.WriteInvalid(rec, req, "identity", "identity could not be determined")
 	var p problem.Problem
 	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Invalid != "identity" || p.Status != 400 || p.Detail != "rate-limit identity: identity could not be determined" {
 		t.Fatalf("%+v %v", p, err)

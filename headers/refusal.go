@@ -8,13 +8,6 @@ import (
 	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
-// Parts of a request's budget that can fail to be determined, for [WriteInvalid].
-const (
-	PartIdentity = "identity"
-	PartScope    = "scope"
-	PartCost     = "cost"
-)
-
 // WriteTooManyRequests writes the 429 refusal for a caller over its allowance (RFC 6585
 // §4), for a request decided under rules, rules[reported] being the refusing rule with
 // the longest wait (a request under one rule passes a one-element slice and 0):
@@ -30,7 +23,7 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s Style, rules
 	in := &rules[reported]
 	Write(w.Header(), s, rules, reported)
 	secs := retryAfterSeconds(in.RetryAfter)
-	w.Header().Set(RetryAfter, strconv.FormatInt(secs, 10))
+	w.Header().Set(keyRetryAfter, strconv.FormatInt(secs, 10))
 	wait := "; retry in " + strconv.FormatInt(secs, 10) + "s"
 	p := problem.Problem{
 		Type:       problem.QuotaExceeded,
@@ -59,7 +52,9 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s Style, rules
 // rules[reported]: it can never be admitted, so it is answered 413 Content Too Large
 // without Retry-After (a 429 would invite pointless retries). The metadata of style s
 // lists every rule ([Write]); a request under one rule passes a one-element slice and 0.
-// An out-of-range reported index reports rules[0].
+// An out-of-range reported index reports rules[0]. It is the answer to a
+// ratebudget.Decision with Exceeded set, for a caller of the limiter or a custom
+// refusal handler of the middleware.
 func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s Style, rules []Info, reported int, cost int64) {
 	rules, reported = clampReported(rules, reported)
 	in := &rules[reported]
@@ -108,7 +103,7 @@ func violated(rules []Info, reported *Info) []string {
 // is sent as Retry-After.
 func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
 	secs := retryAfterSeconds(retryAfter)
-	w.Header().Set(RetryAfter, strconv.FormatInt(secs, 10))
+	w.Header().Set(keyRetryAfter, strconv.FormatInt(secs, 10))
 	problem.Write(w, r, problem.Problem{
 		Type:       problem.ReducedCapacity,
 		Title:      "Service Unavailable",
@@ -119,11 +114,12 @@ func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Du
 }
 
 // WriteInvalid writes 400 Bad Request for a request whose rate-limit identity, scope or
-// cost (part: [PartIdentity], [PartScope] or [PartCost]) could not be determined, for
-// reason, a client-facing explanation such as "cost must be a positive integer" (never
-// an internal error's text). The body reads "rate-limit <part>: <reason>" and, as JSON,
-// carries part in the member "invalid". Such a request is never counted in a shared
-// budget.
+// cost (part: "identity", "scope" or "cost") could not be determined, for reason, a
+// client-facing explanation such as "cost must be a positive integer" (never an internal
+// error's text). The body reads "rate-limit <part>: <reason>" and, as JSON, carries part
+// in the member "invalid". Such a request is never counted in a shared budget. A custom
+// error handler of the middleware answers as the default does with
+// WriteInvalid(w, r, e.Part, e.Reason) for its *middleware.InputError e.
 func WriteInvalid(w http.ResponseWriter, r *http.Request, part, reason string) {
 	problem.Write(w, r, problem.Problem{
 		Type:    problem.InvalidRequest,

@@ -84,10 +84,10 @@ func TestFixedWindowEndToEnd(t *testing.T) {
 	resets := []string{"10", "9", "7"} // 10s, 8.5s and 7s left, rounded up
 	for i, want := range []string{"2", "1", "0"} {
 		rec := do(h, "GET", "/", me)
-		if rec.Code != 200 || rec.Header().Get(headers.Remaining) != want || rec.Header().Get(headers.Limit) != "3" {
-			t.Fatalf("request %d: %d remaining %q limit %q, want 200 %s 3", i, rec.Code, rec.Header().Get(headers.Remaining), rec.Header().Get(headers.Limit), want)
+		if rec.Code != 200 || rec.Header().Get("X-RateLimit-Remaining") != want || rec.Header().Get("X-RateLimit-Limit") != "3" {
+			t.Fatalf("request %d: %d remaining %q limit %q, want 200 %s 3", i, rec.Code, rec.Header().Get("X-RateLimit-Remaining"), rec.Header().Get("X-RateLimit-Limit"), want)
 		}
-		if got := rec.Header().Get(headers.Reset); got != resets[i] {
+		if got := rec.Header().Get("X-RateLimit-Reset"); got != resets[i] {
 			t.Fatalf("request %d: reset %q, want %s", i, got, resets[i])
 		}
 		clk.Advance(1500 * time.Millisecond)
@@ -112,8 +112,8 @@ func TestFixedWindowEndToEnd(t *testing.T) {
 	}
 	// After the window, a new one opens at the first admission.
 	clk.Advance(6 * time.Second)
-	if rec := do(h, "GET", "/", me); rec.Code != 200 || rec.Header().Get(headers.Remaining) != "2" {
-		t.Errorf("after expiry: %d remaining %q, want 200 2", rec.Code, rec.Header().Get(headers.Remaining))
+	if rec := do(h, "GET", "/", me); rec.Code != 200 || rec.Header().Get("X-RateLimit-Remaining") != "2" {
+		t.Errorf("after expiry: %d remaining %q, want 200 2", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
 	}
 }
 
@@ -146,7 +146,7 @@ func TestHeadLikeGet(t *testing.T) {
 	if head.Body.Len() != 0 {
 		t.Errorf("HEAD body %q", head.Body.String())
 	}
-	for _, k := range []string{"Retry-After", "Cache-Control", headers.Limit, headers.Remaining, headers.Reset, "Content-Type", "Content-Length"} {
+	for _, k := range []string{"Retry-After", "Cache-Control", "X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Content-Type", "Content-Length"} {
 		if head.Header().Get(k) != get2.Header().Get(k) {
 			t.Errorf("%s: HEAD %q, GET %q", k, head.Header().Get(k), get2.Header().Get(k))
 		}
@@ -168,13 +168,13 @@ func TestHeaderStyles(t *testing.T) {
 		t.Run(tc.style.String(), func(t *testing.T) {
 			h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global}}, middleware.WithHeaders(tc.style))(ok)
 			rec := do(h, "GET", "/", nil)
-			if got := rec.Header().Get(headers.Remaining) != ""; got != tc.x {
+			if got := rec.Header().Get("X-RateLimit-Remaining") != ""; got != tc.x {
 				t.Errorf("X-RateLimit present %v, want %v", got, tc.x)
 			}
-			if got := rec.Header().Get(headers.Policy); got != tc.policy {
+			if got := rec.Header().Get("RateLimit-Policy"); got != tc.policy {
 				t.Errorf("RateLimit-Policy %q, want %q", got, tc.policy)
 			}
-			if got := rec.Header().Get(headers.RateLimit); got != tc.rl {
+			if got := rec.Header().Get("RateLimit"); got != tc.rl {
 				t.Errorf("RateLimit %q, want %q", got, tc.rl)
 			}
 		})
@@ -190,8 +190,8 @@ func TestMostRestrictiveAndAllOrNothing(t *testing.T) {
 		{Rule: rule("service", 3, time.Minute), Identity: global},
 	})(ok)
 	rec := do(h, "GET", "/", map[string]string{"X-Client": "a"})
-	if rec.Header().Get(headers.Limit) != "3" || rec.Header().Get(headers.Remaining) != "2" {
-		t.Fatalf("reported limit %q remaining %q, want the service rule 3/2", rec.Header().Get(headers.Limit), rec.Header().Get(headers.Remaining))
+	if rec.Header().Get("X-RateLimit-Limit") != "3" || rec.Header().Get("X-RateLimit-Remaining") != "2" {
+		t.Fatalf("reported limit %q remaining %q, want the service rule 3/2", rec.Header().Get("X-RateLimit-Limit"), rec.Header().Get("X-RateLimit-Remaining"))
 	}
 	do(h, "GET", "/", map[string]string{"X-Client": "b"})
 	do(h, "GET", "/", map[string]string{"X-Client": "c"})
@@ -211,8 +211,8 @@ func TestCostAndExceeded(t *testing.T) {
 		middleware.WithCost(func(r *http.Request) (int64, error) {
 			return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
 		}))(ok)
-	if rec := do(h, "POST", "/?cost=4", nil); rec.Code != 200 || rec.Header().Get(headers.Remaining) != "6" {
-		t.Fatalf("cost 4: %d %q", rec.Code, rec.Header().Get(headers.Remaining))
+	if rec := do(h, "POST", "/?cost=4", nil); rec.Code != 200 || rec.Header().Get("X-RateLimit-Remaining") != "6" {
+		t.Fatalf("cost 4: %d %q", rec.Code, rec.Header().Get("X-RateLimit-Remaining"))
 	}
 	rec := do(h, "POST", "/?cost=11", nil)
 	if rec.Code != http.StatusRequestEntityTooLarge || rec.Header().Get("Retry-After") != "" || rec.Header().Get("Cache-Control") != "no-store" {
@@ -340,6 +340,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"replicas", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithLocalFallback(0)}, "WithLocalFallback"},
 		{"breaker", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithBreaker(middleware.Breaker{FailureRatio: 2})}, "WithBreaker"},
 		{"nil cost", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithCost(nil)}, "WithCost"},
+		{"undefined style", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithHeaders(headers.BothDraft10 + 1)}, "WithHeaders"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := middleware.New(tc.lim, tc.rules, tc.opts...)

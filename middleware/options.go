@@ -54,7 +54,7 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 // layers, the style of the layer whose rule is reported applies.
 func WithHeaders(s headers.Style) Option {
 	return func(c *config) error {
-		if !s.Valid() {
+		if _, ok := headers.ParseStyle(s.String()); !ok {
 			return configErr("WithHeaders", "unknown style "+s.String())
 		}
 		c.style = s

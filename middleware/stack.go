@@ -171,10 +171,10 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 		c, err := m.cfg.cost(r)
 		switch {
 		case err != nil:
-			m.invalid(w, r, st, inputError(headers.PartCost, "", err, "cost could not be determined"))
+			m.invalid(w, r, st, inputError(partCost, "", err, "cost could not be determined"))
 			return false
 		case c < 1:
-			m.invalid(w, r, st, &InputError{Part: headers.PartCost, Reason: "cost must be a positive integer"})
+			m.invalid(w, r, st, &InputError{Part: partCost, Reason: "cost must be a positive integer"})
 			return false
 		}
 		cost = c
@@ -197,7 +197,7 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 		}
 		if err != nil {
 			undo()
-			m.invalid(w, r, st, inputError(headers.PartIdentity, cr.rule.Name, err, "identity could not be determined"))
+			m.invalid(w, r, st, inputError(partIdentity, cr.rule.Name, err, "identity could not be determined"))
 			return false
 		}
 		var scope string
@@ -208,7 +208,7 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 			}
 			if err != nil {
 				undo()
-				m.invalid(w, r, st, inputError(headers.PartScope, cr.rule.Name, err, "scope could not be determined"))
+				m.invalid(w, r, st, inputError(partScope, cr.rule.Name, err, "scope could not be determined"))
 				return false
 			}
 		}
@@ -651,7 +651,7 @@ func (m *mw) decideEach(ctx context.Context, checks []ratebudget.Check, out []ra
 // observers (Event.Err, OutcomeInvalid) for a request whose identity, scope or cost
 // could not be determined. Nothing is counted for such a request, by any layer.
 type InputError struct {
-	// Part is what failed: headers.PartIdentity, headers.PartScope or headers.PartCost.
+	// Part is what failed: "identity", "scope" or "cost".
 	Part string
 	// Rule is the rule whose key function failed; empty for the cost.
 	Rule string
@@ -679,6 +679,13 @@ func (e *InputError) Error() string {
 
 // Unwrap returns Err.
 func (e *InputError) Unwrap() error { return e.Err }
+
+// The parts of an [InputError].
+const (
+	partIdentity = "identity"
+	partScope    = "scope"
+	partCost     = "cost"
+)
 
 func inputError(part, rule string, err error, generic string) *InputError {
 	reason, ok := keyfuncs.Reason(err)

@@ -66,27 +66,27 @@ type Breaker struct {
 	Disabled bool
 }
 
-// Defaults of [Breaker].
+// Defaults of [Breaker], as its field documentation states them.
 const (
-	DefaultBreakerWindow       = 10 * time.Second
-	DefaultBreakerMinCalls     = 20
-	DefaultBreakerFailureRatio = 0.5
-	DefaultBreakerCooldown     = 100 * time.Millisecond
+	defaultBreakerWindow       = 10 * time.Second
+	defaultBreakerMinCalls     = 20
+	defaultBreakerFailureRatio = 0.5
+	defaultBreakerCooldown     = 100 * time.Millisecond
 )
 
 // withDefaults fills b's zero fields and validates the rest.
 func (b Breaker) withDefaults() (Breaker, error) {
 	if b.Window == 0 {
-		b.Window = DefaultBreakerWindow
+		b.Window = defaultBreakerWindow
 	}
 	if b.MinCalls == 0 {
-		b.MinCalls = DefaultBreakerMinCalls
+		b.MinCalls = defaultBreakerMinCalls
 	}
 	if b.FailureRatio == 0 {
-		b.FailureRatio = DefaultBreakerFailureRatio
+		b.FailureRatio = defaultBreakerFailureRatio
 	}
 	if b.Cooldown == 0 {
-		b.Cooldown = DefaultBreakerCooldown
+		b.Cooldown = defaultBreakerCooldown
 	}
 	switch {
 	case b.Window < 10*time.Millisecond:

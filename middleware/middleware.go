@@ -218,7 +218,6 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	m.cfg = config{
 		timeout:    50 * time.Millisecond,
 		retryAfter: time.Second,
-		clock:      time.Now,
 	}
 	m.cfg.breaker, _ = Breaker{}.withDefaults()
 	for _, o := range opts {
@@ -282,7 +281,7 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		m.breaker = newBreaker(m.cfg.breaker, m.cfg.onBreaker)
 	}
 	if m.cfg.policy == LocalFallback {
-		fb, err := ratebudget.NewMemory(ratebudget.WithClock(m.cfg.clock))
+		fb, err := ratebudget.NewMemory()
 		if err != nil {
 			return nil, err
 		}

@@ -26,7 +26,6 @@ type config struct {
 	retryAfter time.Duration
 	breaker    Breaker
 	onBreaker  []func(from, to BreakerState)
-	clock      func() time.Time
 }
 
 func configErr(field, problem string) error {
@@ -149,17 +148,6 @@ func WithUnavailableRetryAfter(d time.Duration) Option {
 			return configErr("WithUnavailableRetryAfter", "must be at least 1s, got "+d.String())
 		}
 		c.retryAfter = d
-		return nil
-	}
-}
-
-// WithClock sets the clock of the local fallback's budgets (default time.Now), for tests.
-func WithClock(now func() time.Time) Option {
-	return func(c *config) error {
-		if now == nil {
-			return configErr("WithClock", "clock must not be nil")
-		}
-		c.clock = now
 		return nil
 	}
 }

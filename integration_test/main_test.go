@@ -144,11 +144,19 @@ func uniquePrefix(tb testing.TB) string {
 
 func newLimiter(tb testing.TB, c redis.Scripter) *lua.Limiter {
 	tb.Helper()
-	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(tb)))
+	l, _ := newPrefixed(tb, c)
+	return l
+}
+
+// newPrefixed is newLimiter, also returning the limiter's key prefix.
+func newPrefixed(tb testing.TB, c redis.Scripter) (*lua.Limiter, string) {
+	tb.Helper()
+	prefix := uniquePrefix(tb)
+	l, err := lua.New(c, lua.WithPrefix(prefix))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return l
+	return l, prefix
 }
 
 func ctxT(tb testing.TB) context.Context {

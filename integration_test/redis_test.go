@@ -311,7 +311,7 @@ func parseDeficit(t *testing.T, v string) int64 {
 func TestTTLAudit(t *testing.T) {
 	c := newClient(t, 8)
 	ctx := ctxT(t)
-	l := newLimiter(t, c)
+	l, prefix := newPrefixed(t, c)
 	windows := map[string]time.Duration{}
 	var all []ratebudget.Check
 	for i, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
@@ -354,7 +354,7 @@ func TestTTLAudit(t *testing.T) {
 	// loaded machine the test takes seconds), even between SCAN and PTTL; those of the
 	// one-minute windows cannot have, and are all audited.
 	seen := map[string]int{}
-	iter := c.Scan(ctx, 0, l.Prefix()+":*", 1000).Iterator()
+	iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
 		_, rest, _ := strings.Cut(key, "}:")
@@ -387,7 +387,7 @@ func TestTTLAudit(t *testing.T) {
 func TestKeysShareSlot(t *testing.T) {
 	c := newClient(t, 4)
 	ctx := ctxT(t)
-	l := newLimiter(t, c)
+	l, prefix := newPrefixed(t, c)
 	// CLUSTER KEYSLOT needs cluster support enabled: ask a private cluster-mode server
 	// (it computes slots without owning any).
 	slots := redistest.Start(t, "--cluster-enabled", "yes").Client(t)
@@ -424,10 +424,10 @@ func TestKeysShareSlot(t *testing.T) {
 			t.Fatalf("identity %.20q: %+v, %v", id, d, err)
 		}
 	}
-	if limit := len(l.Prefix()) + 2*22 + 64; maxLen > limit {
+	if limit := len(prefix) + 2*22 + 64; maxLen > limit {
 		t.Fatalf("longest key %d bytes, want at most %d", maxLen, limit)
 	}
-	t.Logf("longest key: %d bytes (prefix %d bytes)", maxLen, len(l.Prefix()))
+	t.Logf("longest key: %d bytes (prefix %d bytes)", maxLen, len(prefix))
 }
 
 // TestBytesPerKey measures Redis memory per budget: INFO used_memory before and after

@@ -128,6 +128,7 @@ type walk struct {
 	t       *testing.T
 	servers []*redis.Client // every server that holds keys, audited one by one
 	l       *lua.Limiter
+	prefix  string // l's key prefix
 	rules   []ratebudget.Rule
 	ids     []string
 	ruleOf  map[string]ratebudget.Rule
@@ -139,8 +140,9 @@ type walk struct {
 
 // newWalk returns a walk of a limiter on c, whose keys live on servers.
 func newWalk(t *testing.T, c redis.Scripter, servers []*redis.Client, opts ...lua.Option) *walk {
-	w := &walk{t: t, servers: servers, l: newLimiter(t, c, opts...), ids: []string{"ann", "bob", "cy"},
-		ruleOf: map[string]ratebudget.Rule{}, full: map[ratebudget.Algorithm]int{}}
+	prefix := uniquePrefix(t)
+	w := &walk{t: t, servers: servers, l: newLimiter(t, c, append(append([]lua.Option(nil), opts...), lua.WithPrefix(prefix))...), prefix: prefix,
+		ids: []string{"ann", "bob", "cy"}, ruleOf: map[string]ratebudget.Rule{}, full: map[ratebudget.Algorithm]int{}}
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for _, win := range []time.Duration{15 * time.Millisecond, 60 * time.Millisecond, time.Second} {
 			r := ratebudget.Rule{Name: alg.String() + "-" + win.String(), Algorithm: alg, Limit: 6, Window: win}
@@ -194,7 +196,7 @@ func (w *walk) audit() error {
 
 func (w *walk) auditServer(c *redis.Client) error {
 	ctx := context.Background()
-	iter := c.Scan(ctx, 0, w.l.Prefix()+":*", 100).Iterator()
+	iter := c.Scan(ctx, 0, w.prefix+":*", 100).Iterator()
 	for iter.Next(ctx) {
 		key := iter.Val()
 		r, ok := w.ruleOf[key]

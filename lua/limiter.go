@@ -274,11 +274,10 @@ func (l *Limiter) Load(ctx context.Context) error {
 	return nil
 }
 
-// Prefix returns the key prefix ([WithPrefix]).
-func (l *Limiter) Prefix() string { return l.core.keys.prefix }
-
 // Key returns the Redis key that holds c's budget. It is meant for tools and tests;
-// [Limiter.Allow] does not need it.
+// [Limiter.Allow] does not need it. Every key of the limiter starts with its prefix
+// ([WithPrefix], default "rb") and a colon, so SCAN with the pattern prefix+":*" lists
+// them.
 func (l *Limiter) Key(c ratebudget.Check) string {
 	k, _, _ := l.core.keys.appendKey(nil, nil, &c)
 	return string(k)

@@ -163,8 +163,8 @@ func checksValid(checks []Check) bool {
 		c := &checks[i]
 		r := &c.Rule
 		w := r.Window
-		if r.Name == "" || len(r.Name) > MaxNameLen || r.Algorithm > InFlight ||
-			r.Limit <= 0 || r.Limit > MaxLimit || w < time.Millisecond || w > MaxWindow || w%time.Millisecond != 0 ||
+		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > InFlight ||
+			r.Limit <= 0 || r.Limit > MaxLimit || w < time.Millisecond || w > maxWindow || w%time.Millisecond != 0 ||
 			c.Cost <= 0 || c.Cost > MaxLimit || r.Algorithm == InFlight && c.Cost != 1 {
 			return false
 		}

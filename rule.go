@@ -62,10 +62,10 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 const (
 	// MaxLimit is the largest accepted Rule.Limit and Rule.Burst.
 	MaxLimit = 1 << 40
-	// MaxWindow is the longest accepted Rule.Window.
-	MaxWindow = 366 * 24 * time.Hour
-	// MaxNameLen is the longest accepted Rule.Name, in bytes.
-	MaxNameLen = 64
+	// maxWindow is the longest accepted Rule.Window.
+	maxWindow = 366 * 24 * time.Hour
+	// maxNameLen is the longest accepted Rule.Name, in bytes.
+	maxNameLen = 64
 	// maxScaled bounds Burst×Window(ms), the token bucket's internal scale.
 	maxScaled = 1 << 53
 )
@@ -77,8 +77,8 @@ const (
 // The rule's Name identifies the budget in the store: every route and every replica that
 // uses a rule of that name, for the same identity and scope, spends from one budget.
 type Rule struct {
-	// Name names the budget: 1 to MaxNameLen bytes of [A-Za-z0-9_.-]. It appears in store
-	// keys, response bodies, metrics and logs.
+	// Name names the budget: 1 to 64 bytes of [A-Za-z0-9_.-]. It appears in store keys,
+	// response bodies, metrics and logs.
 	Name string
 	// Algorithm is the time rule. The zero value is FixedWindow.
 	Algorithm Algorithm
@@ -87,7 +87,7 @@ type Rule struct {
 	// 1 to MaxLimit.
 	Limit int64
 	// Window is the length of the window, the refill period, or an InFlight lease's time
-	// to live: a whole number of milliseconds, 1ms to MaxWindow.
+	// to live: a whole number of milliseconds, 1ms to 366 days (8784h).
 	Window time.Duration
 	// Burst is the TokenBucket's capacity, in cost units; zero means Limit. Other time rules
 	// require zero.
@@ -112,8 +112,8 @@ func (r Rule) Validate() error {
 	if r.Name == "" {
 		return bad("Name", "must not be empty")
 	}
-	if len(r.Name) > MaxNameLen {
-		return bad("Name", "is %d bytes, longer than %d", len(r.Name), MaxNameLen)
+	if len(r.Name) > maxNameLen {
+		return bad("Name", "is %d bytes, longer than %d", len(r.Name), maxNameLen)
 	}
 	for i := 0; i < len(r.Name); i++ {
 		c := r.Name[i]
@@ -127,8 +127,8 @@ func (r Rule) Validate() error {
 	if r.Limit <= 0 || r.Limit > MaxLimit {
 		return bad("Limit", "must be in 1..%d, got %d", int64(MaxLimit), r.Limit)
 	}
-	if r.Window < time.Millisecond || r.Window > MaxWindow {
-		return bad("Window", "must be in 1ms..%v, got %v", MaxWindow, r.Window)
+	if r.Window < time.Millisecond || r.Window > maxWindow {
+		return bad("Window", "must be in 1ms..%v, got %v", maxWindow, r.Window)
 	}
 	if r.Window%time.Millisecond != 0 {
 		return bad("Window", "must be a whole number of milliseconds, got %v", r.Window)

@@ -36,7 +36,7 @@ func TestSettleDebtBounded(t *testing.T) {
 		{Name: "f", Algorithm: FixedWindow, Limit: 5, Window: time.Minute},
 		{Name: "r", Algorithm: RollingWindow, Limit: 5, Window: time.Minute},
 		{Name: "t", Algorithm: TokenBucket, Limit: 5, Window: time.Minute},
-		{Name: "t-max-window", Algorithm: TokenBucket, Limit: 1, Window: MaxWindow},
+		{Name: "t-max-window", Algorithm: TokenBucket, Limit: 1, Window: maxWindow},
 		{Name: "t-2p53", Algorithm: TokenBucket, Limit: MaxLimit, Window: 8192 * time.Millisecond},
 	}
 	for _, r := range rules {

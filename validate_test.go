@@ -30,6 +30,12 @@ func wantConfigError(t *testing.T, err error, rule, field string) {
 	}
 }
 
+// The longest Rule.Name and Rule.Window, as Rule documents them.
+const (
+	maxNameLen = 64
+	maxWindow  = 366 * 24 * time.Hour
+)
+
 func TestRuleValidate(t *testing.T) {
 	valid := ratebudget.Rule{Name: "r", Limit: 10, Window: time.Second}
 	with := func(f func(*ratebudget.Rule)) ratebudget.Rule {
@@ -51,14 +57,14 @@ func TestRuleValidate(t *testing.T) {
 		{"valid token burst", token(10, time.Second, 50), ""},
 		{"valid inflight", with(func(r *ratebudget.Rule) { r.Algorithm = ratebudget.InFlight }), ""},
 		{"name of every allowed byte", with(func(r *ratebudget.Rule) { r.Name = "AZaz09_.-" }), ""},
-		{"name MaxNameLen", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", ratebudget.MaxNameLen) }), ""},
+		{"name of 64 bytes", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", maxNameLen) }), ""},
 		{"limit MaxLimit", with(func(r *ratebudget.Rule) { r.Limit = ratebudget.MaxLimit }), ""},
 		{"window 1ms", with(func(r *ratebudget.Rule) { r.Window = time.Millisecond }), ""},
-		{"window MaxWindow", with(func(r *ratebudget.Rule) { r.Window = ratebudget.MaxWindow }), ""},
+		{"window 366 days", with(func(r *ratebudget.Rule) { r.Window = maxWindow }), ""},
 		{"token scale exactly 2^53", token(ratebudget.MaxLimit, 8192*time.Millisecond, 0), ""},
 
 		{"name empty", with(func(r *ratebudget.Rule) { r.Name = "" }), "Name"},
-		{"name too long", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", ratebudget.MaxNameLen+1) }), "Name"},
+		{"name too long", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", maxNameLen+1) }), "Name"},
 		{"name with space", with(func(r *ratebudget.Rule) { r.Name = "a b" }), "Name"},
 		{"name with colon", with(func(r *ratebudget.Rule) { r.Name = "a:b" }), "Name"},
 		{"name with brace", with(func(r *ratebudget.Rule) { r.Name = "{a}" }), "Name"},
@@ -74,14 +80,14 @@ func TestRuleValidate(t *testing.T) {
 		{"window negative", with(func(r *ratebudget.Rule) { r.Window = -time.Second }), "Window"},
 		{"window below 1ms", with(func(r *ratebudget.Rule) { r.Window = 999 * time.Microsecond }), "Window"},
 		{"window fractional ms", with(func(r *ratebudget.Rule) { r.Window = 1500 * time.Microsecond }), "Window"},
-		{"window above MaxWindow", with(func(r *ratebudget.Rule) { r.Window = ratebudget.MaxWindow + time.Millisecond }), "Window"},
+		{"window above 366 days", with(func(r *ratebudget.Rule) { r.Window = maxWindow + time.Millisecond }), "Window"},
 		{"burst on fixed", with(func(r *ratebudget.Rule) { r.Burst = 5 }), "Burst"},
 		{"burst on rolling", with(func(r *ratebudget.Rule) { r.Algorithm, r.Burst = ratebudget.RollingWindow, 5 }), "Burst"},
 		{"burst on inflight", with(func(r *ratebudget.Rule) { r.Algorithm, r.Burst = ratebudget.InFlight, 5 }), "Burst"},
 		{"burst negative", token(10, time.Second, -1), "Burst"},
 		{"burst above MaxLimit", token(10, time.Second, ratebudget.MaxLimit+1), "Burst"},
 		{"token scale above 2^53 by limit", token(ratebudget.MaxLimit, 8193*time.Millisecond, 0), "Burst"},
-		{"token scale above 2^53 by burst", token(1, ratebudget.MaxWindow, 1<<30), "Burst"},
+		{"token scale above 2^53 by burst", token(1, maxWindow, 1<<30), "Burst"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -42,6 +42,10 @@ func Header(name string) KeyFunc {
 // several lines the last one wins; a missing or empty header is [ErrEmptyKey]. hmacKey is
 // copied.
 //
+// It is not Hash(Header(name), hmacKey): [Header] refuses values longer than 256 bytes or
+// outside printable ASCII, such as long bearer tokens, which HashedHeader hashes like any
+// other.
+//
 // Hashing does not authenticate: an unknown API key still gets its own budget. Check keys
 // before (or in addition to) limiting by them.
 func HashedHeader(name string, hmacKey []byte) KeyFunc {

@@ -96,6 +96,10 @@ func Global() KeyFunc {
 //
 // Func is for identifiers that are not secret. Hash secrets with [Hash]. A nil fn is
 // [ErrEmptyKey] on every request.
+//
+// A plain conversion, KeyFunc(fn), keeps none of this hygiene: inside [Join] its empty
+// key is encoded as "0:", one budget shared by every request without an identity, and
+// the in-process limiter holds its keys as they are, however long.
 func Func(fn func(r *http.Request) (string, error)) KeyFunc {
 	if fn == nil {
 		return failing(ErrEmptyKey)

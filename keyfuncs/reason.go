@@ -31,7 +31,11 @@ func (e *ClientError) Unwrap() error { return e.Err }
 // ("header X-Api-Key is missing or empty", "the client address could not be
 // determined"). Header names come from the configuration, never from the request. It
 // returns false for [ErrNoRoutePattern] (a mounting mistake, not the client's fault) and
-// for errors it does not know.
+// for errors it does not know. errors.As into a *ClientError finds the reasons of other
+// key and cost functions only: this package's own errors are not ClientErrors, so that
+// their texts stay those of the sentinels they wrap. Callers of KeyFuncs that write
+// their own 400 (headers.WriteInvalid) take its reason from here, as the middleware
+// does.
 func Reason(err error) (string, bool) {
 	if err == nil {
 		return "", false

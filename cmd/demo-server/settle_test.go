@@ -64,7 +64,8 @@ func TestDemoShadow(t *testing.T) {
 		t.Fatalf("statuses %v, want 200 x3", got)
 	}
 	_, body := fetch(t, base+"/metrics")
-	if !strings.Contains(string(body), `ratebudget_shadow_refusals_total{rule="hello"} 2`) {
+	// The whole line: not 20, nor 2.5.
+	if !strings.Contains(string(body), "\n"+`ratebudget_shadow_refusals_total{rule="hello"} 2`+"\n") {
 		t.Fatalf("metrics do not count 2 shadow refusals of hello:\n%s", body)
 	}
 }

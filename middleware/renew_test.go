@@ -227,3 +227,37 @@ func TestInFlightLeaseRenewedOnRedis(t *testing.T) {
 		t.Fatalf("after the long request returned: %d, want 200", c)
 	}
 }
+
+// A lease TTL so short that the first renewal is due at once (1ms, the shortest the
+// demo's -lease-ttl takes): the renewals run and succeed while the handler runs, and the
+// slot is free once it returns. Under -race this also checks that the renewal timer is
+// published to its own callback before the callback can read it: nothing else in this
+// test orders the request's goroutine before the renewals.
+func TestInFlightShortLeaseRenewals(t *testing.T) {
+	t.Parallel()
+	gate := &renewGate{Settler: memory(t, newClock()), renewed: make(chan error, 64)}
+	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Millisecond}
+	release := make(chan struct{})
+	h := mustNew(t, gate, []middleware.Rule{{Rule: slots, Identity: global}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+	}))
+	done := make(chan int, 1)
+	go func() { done <- do(h, "GET", "/", nil).Code }()
+	for i := 1; i <= 3; i++ {
+		select {
+		case err := <-gate.renewed:
+			if err != nil { // the fake clock stands still: no lease can expire
+				t.Fatalf("renewal %d: %v", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d renewals within 10s; one is due every 500µs", i-1)
+		}
+	}
+	close(release)
+	if c := <-done; c != http.StatusOK {
+		t.Fatalf("the long request answered %d", c)
+	}
+	if c := do(h, "GET", "/", nil).Code; c != http.StatusOK {
+		t.Fatalf("after the request returned: %d, want 200 (its lease released)", c)
+	}
+}

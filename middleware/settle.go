@@ -77,7 +77,11 @@ func serveSettled(w http.ResponseWriter, r *http.Request, se *settlement, next h
 	}
 	ctx := context.WithoutCancel(r.Context())
 	if se.ttl > 0 {
+		// Under mu: a short TTL's first renewal can run before AfterFunc has returned,
+		// and it reads se.timer (to schedule the next one) under mu.
+		se.mu.Lock()
 		se.timer = time.AfterFunc(se.ttl/2, func() { se.renew(ctx) })
+		se.mu.Unlock()
 	}
 	returned := false
 	defer func() {

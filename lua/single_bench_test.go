@@ -43,6 +43,11 @@ func singleCallerTransports(b *testing.B, c *redis.Client) []struct {
 // (ping-p50-ns, evalsha-p50-ns, script-p50-ns, p50-ns) and the decision's median as a
 // multiple of the others (x-ping, x-evalsha, x-script; 1 = as fast). x-script is the
 // limiter's own cost in the client; script over evalsha is the script's on the server.
+//
+// For one fixed window it also times the floor of any fixed-window script: EVALSHA of a
+// script that only makes the three commands a fixed window needs (GET, PTTL, INCRBY)
+// and replies six integers, with the decision's key and arguments (floor-p50-ns,
+// floor-x-evalsha: the floor over the bare EVALSHA).
 func BenchmarkSingleCaller(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
@@ -54,6 +59,13 @@ func BenchmarkSingleCaller(b *testing.B) {
 	}
 	allow := redis.NewScript(lua.AllowSource)
 	if err := allow.Load(ctx, c).Err(); err != nil {
+		b.Fatal(err)
+	}
+	floor := redis.NewScript(`local v = redis.call('GET', KEYS[1])
+local p = redis.call('PTTL', KEYS[1])
+redis.call('INCRBY', KEYS[1], ARGV[6])
+return {1, 0, 0, p, 0, 0}`)
+	if err := floor.Load(ctx, c).Err(); err != nil {
 		b.Fatal(err)
 	}
 	rule := func(name string, alg ratebudget.Algorithm) ratebudget.Rule {
@@ -96,6 +108,9 @@ func BenchmarkSingleCaller(b *testing.B) {
 				evals := make([]time.Duration, 0, b.N)
 				scripts := make([]time.Duration, 0, b.N)
 				decs := make([]time.Duration, 0, b.N)
+				floors := make([]time.Duration, 0, b.N)
+				withFloor := rs.name == "fixed"
+				floorKeys := []string{"floor:" + strconv.Itoa(seq)}
 				b.ResetTimer()
 				for range b.N {
 					t0 := time.Now()
@@ -117,6 +132,12 @@ func BenchmarkSingleCaller(b *testing.B) {
 						b.Fatal(err)
 					}
 					t4 := time.Now()
+					if withFloor {
+						if err := floor.EvalSha(ctx, tr.base, floorKeys, args...).Err(); err != nil {
+							b.Fatal(err)
+						}
+						floors = append(floors, time.Since(t4))
+					}
 					pings = append(pings, t1.Sub(t0))
 					evals = append(evals, t2.Sub(t1))
 					scripts = append(scripts, t3.Sub(t2))
@@ -131,6 +152,10 @@ func BenchmarkSingleCaller(b *testing.B) {
 					b.ReportMetric(float64(d)/float64(e), "x-evalsha")
 					b.ReportMetric(float64(d)/float64(p), "x-ping")
 					b.ReportMetric(float64(d)/float64(s), "x-script")
+				}
+				if f := median(floors); withFloor && e > 0 {
+					b.ReportMetric(float64(f), "floor-p50-ns")
+					b.ReportMetric(float64(f)/float64(e), "floor-x-evalsha")
 				}
 			})
 		}

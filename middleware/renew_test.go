@@ -150,7 +150,7 @@ func TestInFlightLeaseRenewedWhileHandlerRuns(t *testing.T) {
 // admission, and the lease is gone once the handler has returned.
 //
 // Redis's clock cannot be moved, so this test runs for about 1.5 TTLs of wall time
-// (renewals every TTL/2 = 1s). Every check is made against the server's clock: it ends
+// (renewals every TTL/2 = 2s). Every check is made against the server's clock: it ends
 // with a refusal that started a quarter TTL after the admission's lease would have
 // expired.
 func TestInFlightLeaseRenewedOnRedis(t *testing.T) {
@@ -162,7 +162,7 @@ func TestInFlightLeaseRenewedOnRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	gate := &renewGate{Settler: lim, renewed: make(chan error, 16)}
-	const ttl = 2 * time.Second
+	const ttl = 4 * time.Second // renewals due every 2 s: one must run 2 s late to lose the lease
 	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: ttl}
 	key := lim.Key(ratebudget.Check{Rule: slots, Identity: keyfuncs.GlobalKey, Cost: 1})
 	running, release := make(chan struct{}, 1), make(chan struct{})

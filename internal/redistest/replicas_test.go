@@ -26,6 +26,10 @@ func TestClusterFailover(t *testing.T) {
 	if got := m.Client(t).Get(ctx, key).Val(); got != "v" {
 		t.Fatalf("slot %d's key not on the node SlotOwner names (%q)", slot, got)
 	}
+	// Replication is asynchronous: wait until the replica has the write before the kill.
+	if n, err := m.Client(t).Wait(ctx, 1, 5*time.Second).Result(); err != nil || n < 1 {
+		t.Fatalf("WAIT 1: %d replicas acknowledged, %v", n, err)
+	}
 	r := cl.ReplicasOf(m)[0]
 	m.Kill(t)
 	killed := time.Now()

@@ -13,8 +13,12 @@ import (
 )
 
 // BenchmarkSettle measures, one caller at a time on one server: two PINGs (two round
-// trips), an Allow of a fixed window, a Reserve and Settle of it (5xx given back), and a
-// lease taken and released (an InFlight rule), each as one sub-benchmark.
+// trips), an Allow of a fixed window, a Reserve and Settle of it (5xx given back), the
+// same settled above its reservation (the extra charged), a lease taken and released (an
+// InFlight rule), and two settles that mix a give-back or a release with an extra in one
+// slot group: a fixed window given back next to a token bucket charged above its
+// reservation, and a lease released next to a fixed window of bytes charged above its
+// estimate. Each is one sub-benchmark.
 func BenchmarkSettle(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
@@ -27,10 +31,20 @@ func BenchmarkSettle(b *testing.B) {
 	if err := l.Load(ctx); err != nil {
 		b.Fatal(err)
 	}
-	fixed := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "f", Limit: 1 << 30, Window: time.Minute}, Identity: "bench", Cost: 1}}
+	// Limits far above what a run spends, so that every reservation is admitted and the
+	// extras never reach the debt bound.
+	fixedRule := ratebudget.Rule{Name: "f", Limit: 1 << 30, Window: time.Minute}
+	fixed := []ratebudget.Check{{Rule: fixedRule, Identity: "bench", Cost: 1}}
 	lease := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "l", Algorithm: ratebudget.InFlight, Limit: 1 << 20, Window: time.Minute}, Identity: "bench", Cost: 1}}
-	tickets := make([]ratebudget.Ticket, 1)
-	zero := []int64{0}
+	mixed := []ratebudget.Check{
+		{Rule: fixedRule, Identity: "bench-mixed", Cost: 2},
+		{Rule: ratebudget.Rule{Name: "t", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Second}, Identity: "bench-mixed", Cost: 1},
+	}
+	leaseBytes := []ratebudget.Check{
+		{Rule: ratebudget.Rule{Name: "l", Algorithm: ratebudget.InFlight, Limit: 1 << 20, Window: time.Minute}, Identity: "bench-bytes", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "bytes", Limit: 1 << 40, Window: time.Second}, Identity: "bench-bytes", Cost: 1},
+	}
+	tickets := make([]ratebudget.Ticket, 2)
 	b.Run("ping-x2", func(b *testing.B) {
 		for b.Loop() {
 			if err := c.Ping(ctx).Err(); err != nil {
@@ -51,13 +65,20 @@ func BenchmarkSettle(b *testing.B) {
 	for _, bc := range []struct {
 		name   string
 		checks []ratebudget.Check
-	}{{"reserve+settle", fixed}, {"lease+release", lease}} {
+		costs  []int64
+	}{
+		{"reserve+settle", fixed, []int64{0}},
+		{"reserve+settle-extra", fixed, []int64{3}},
+		{"lease+release", lease, []int64{0}},
+		{"reserve+settle-mixed", mixed, []int64{0, 3}},
+		{"lease+release+extra", leaseBytes, []int64{1, 4096}},
+	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for b.Loop() {
 				if d, err := l.Reserve(ctx, bc.checks, tickets, nil); err != nil || !d.Allowed {
 					b.Fatal(d, err)
 				}
-				if err := l.Settle(ctx, bc.checks, tickets, zero); err != nil {
+				if err := l.Settle(ctx, bc.checks, tickets, bc.costs); err != nil {
 					b.Fatal(err)
 				}
 			}

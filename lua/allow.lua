@@ -78,7 +78,8 @@ end
 -- a rolling-window event's or a lease's time, else 0); '3' force: spend every check
 -- without refusing it, its cost cut so that a fixed or rolling window counts at most
 -- twice its limit and a token bucket's deficit stays within 2 x full and 2^53 (the
--- extra of a settle above its reservation; never for in-flight checks).
+-- extra of a settle above its reservation, run by settle.lua, which calls this script as
+-- a function; never for in-flight checks).
 local mode = ARGV[1]
 local write, tickets, force = mode ~= '0', mode == '2', mode == '3'
 if not (write or mode == '0') or write and not (mode == '1' or tickets or force) then

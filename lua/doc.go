@@ -102,9 +102,11 @@
 // allow.lua in a mode that also replies each check's ticket (a fixed window's
 // PEXPIRETIME, a rolling-window event's time and cumulative sum, a lease's number); it
 // never goes through the refusal cache or coalescing, nor does any decision with an
-// in-flight check. Settle is one settle.lua call per slot group for what is given back
-// and the leases released, and one allow.lua call (mode '3', spend without refusing, into
-// debt of at most one capacity) for what is charged above the reservation. A fixed
+// in-flight check. Settle is one settle.lua call per slot group (one in all with
+// [WithOneServer]): in one execution it gives back what was reserved above the actual
+// cost, releases the leases and charges what was used above the reservation, with
+// allow.lua's own code (mode '3': spend without refusing, into debt of at most one
+// capacity), which the Go side puts in front of settle.lua as a function. A fixed
 // window is given back only while it is the reserved window; a rolling-window event only
 // while it is the newest (an older event's refund is skipped: an overcount); a token
 // bucket always, up to full. Settle drops this process's cached refusals of the settled

@@ -30,3 +30,6 @@ var AllowSource = allowSource
 
 // TopologyError is topologyError, for tests.
 var TopologyError = topologyError
+
+// SettleSource is settle.lua as it is run: after allow.lua as a function.
+var SettleSource = settleSource

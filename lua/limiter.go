@@ -21,7 +21,10 @@ var (
 	//go:embed refund.lua
 	refundSource string
 	//go:embed settle.lua
-	settleSource string
+	settleBody string
+	// settleSource is settle.lua after allow.lua as a function, whose mode '3' charges a
+	// settle's extras (see settle.lua).
+	settleSource = "local function allow(KEYS, ARGV)\n" + allowSource + "\nend\n" + settleBody
 
 	allowScript  = redis.NewScript(allowSource)
 	refundScript = redis.NewScript(refundSource)

@@ -64,17 +64,17 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 }
 
 // Settle adjusts a reserved decision's spend to the actual costs (see
-// [ratebudget.Settler]): per slot group one settle.lua call for what is given back and
-// the leases released, and one allow.lua call (mode '3') for what is spent above the
-// reservation. Each call is atomic; across slot groups and between the two calls of a
-// group it is not. A failure leaves the reservation in place (an overcount) and the
-// leases to expire; it is a *[ratebudget.StoreError]. The tickets are cleared whatever
-// the outcome: a settle is never retried.
+// [ratebudget.Settler]): one settle.lua call per slot group (one in all with
+// [WithOneServer]) gives back what was reserved above the actual cost, charges what was
+// used above the reservation and releases the leases. Each call is atomic; across slot
+// groups it is not. A failure leaves that group's reservation in place (an overcount),
+// its extras uncharged and its leases to expire; it is a *[ratebudget.StoreError]. The
+// tickets are cleared whatever the outcome: a settle is never retried.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
 		return err
 	}
-	err := l.core.settle(ctx, checks, tickets, costs, false)
+	err := l.core.settle(ctx, checks, tickets, costs, nil, nil, false)
 	if l.refusals != nil {
 		// Budget given back may admit sooner than a cached refusal's wait. Other
 		// processes' caches still refuse for at most their cached wait.
@@ -89,19 +89,25 @@ func (l *Limiter) Renew(ctx context.Context, checks []ratebudget.Check, tickets 
 	if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
 		return err
 	}
-	return l.core.settle(ctx, checks, tickets, nil, true)
+	return l.core.settle(ctx, checks, tickets, nil, nil, nil, true)
 }
 
-func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64, renewing bool) error {
+// settle settles, or with renewing renews the leases of, the checks whose tickets are
+// not zero, at costs (nil: 0 for every check): one settle.lua call per slot group. keys
+// and slots are the checks' keys and hash slots, or nil to compute them. Unless renewing,
+// it clears the tickets.
+func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64, keys []string, slots []uint16, renewing bool) error {
 	n := len(checks)
-	keys := make([]string, n)
-	slots := make([]uint16, n)
-	for i := range checks {
-		k, s, _ := c.keys.appendKey(nil, nil, &checks[i])
-		keys[i], slots[i] = string(k), s
-		if c.oneServer {
-			slots[i] = 0
+	if keys == nil {
+		keys, slots = make([]string, n), make([]uint16, n)
+		for i := range checks {
+			k, s, _ := c.keys.appendKey(nil, nil, &checks[i])
+			keys[i], slots[i] = string(k), s
 		}
+	}
+	mode := "settle"
+	if renewing {
+		mode = "renew"
 	}
 	var firstErr error
 	lost := false
@@ -110,14 +116,10 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 		if seen[first] {
 			continue
 		}
-		var skeys, fkeys []string
-		sargs := []any{"settle"}
-		if renewing {
-			sargs[0] = "renew"
-		}
-		fargs := []any{"3"}
+		var gkeys []string
+		args := []any{mode}
 		for i := first; i < n; i++ {
-			if seen[i] || slots[i] != slots[first] {
+			if seen[i] || !c.oneServer && slots[i] != slots[first] {
 				continue
 			}
 			seen[i] = true
@@ -126,54 +128,41 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 				continue
 			}
 			r := &ch.Rule
-			lease := r.Algorithm == ratebudget.InFlight
 			member := "-"
-			if lease {
-				member = leaseMember(t.ID)
-			}
-			var give int64
+			var give, extra, aux int64
 			switch {
+			case r.Algorithm == ratebudget.InFlight:
+				member = leaseMember(t.ID) // released, or renewed
 			case renewing:
-				if !lease {
-					continue
-				}
-			case lease:
-			case costs != nil && costs[i] > ch.Cost:
-				fkeys = append(fkeys, keys[i])
-				fargs = append(fargs, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), costs[i]-ch.Cost)
 				continue
-			case costs != nil && costs[i] == ch.Cost:
-				continue
-			default:
+			case costs == nil:
 				give = ch.Cost
-				if costs != nil {
-					give -= costs[i]
-				}
+			case costs[i] < ch.Cost:
+				give = ch.Cost - costs[i]
+			case costs[i] > ch.Cost:
+				extra = costs[i] - ch.Cost
+			default:
+				continue // settled at the reserved cost: nothing to change
 			}
-			aux := int64(0)
 			if r.Algorithm == ratebudget.RollingWindow {
 				aux = t.ID
 			}
-			skeys = append(skeys, keys[i])
-			sargs = append(sargs, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), give, aux, t.At, member)
+			gkeys = append(gkeys, keys[i])
+			args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), give, extra, aux, t.At, member)
 		}
-		if len(skeys) > 0 {
-			v, err := c.run(ctx, settleScript, settleSource, skeys, sargs)
-			if err != nil {
-				firstErr = firstOf(firstErr, classify(err))
-			} else if vals, ok := v.([]any); !ok || len(vals) != len(skeys) {
-				firstErr = firstOf(firstErr, badReply(fmt.Sprintf("settle: %v", v)))
-			} else if renewing {
-				for _, x := range vals {
-					if x != int64(1) {
-						lost = true
-					}
+		if len(gkeys) == 0 {
+			continue
+		}
+		v, err := c.run(ctx, settleScript, settleSource, gkeys, args)
+		if err != nil {
+			firstErr = firstOf(firstErr, classify(err))
+		} else if vals, ok := v.([]any); !ok || len(vals) != len(gkeys) {
+			firstErr = firstOf(firstErr, badReply(fmt.Sprintf("settle: %v", v)))
+		} else if renewing {
+			for _, x := range vals {
+				if x != int64(1) {
+					lost = true
 				}
-			}
-		}
-		if len(fkeys) > 0 {
-			if _, err := c.run(ctx, allowScript, allowSource, fkeys, fargs); err != nil {
-				firstErr = firstOf(firstErr, classify(err))
 			}
 		}
 	}

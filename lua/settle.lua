@@ -1,31 +1,49 @@
--- settle.lua: give back what allow.lua spent for a group of admitted checks, as far as
--- that spend still counts, and release or renew their in-flight leases (docs/SETTLING.md).
--- The extra of a settle above its reservation is spent by allow.lua in mode '3'.
+-- settle.lua: settle a group of admitted checks in one execution (docs/SETTLING.md):
+-- give back what allow.lua spent, as far as that spend still counts, charge what was used
+-- above the reservation, and release or renew in-flight leases.
+--
+-- The Go side runs this file after allow.lua wrapped as a function,
+--   local function allow(KEYS, ARGV) <allow.lua> end
+-- so that an extra above a reservation is spent by allow.lua's own code in mode '3'
+-- (force: no refusal, cut at the debt bound) and every state format has one author.
+-- Line numbers in Lua errors count allow.lua's lines first.
 --
 -- KEYS[i]  the budget key of check i; all keys hash to one slot (or live on one server).
--- ARGV[1]  'settle' (give back and release) or 'renew' (renew leases, nothing else).
--- ARGV[2+8(i-1) .. 9+8(i-1)], for check i:
---          algorithm (0 fixed, 1 token, 2 rolling, 3 in-flight), limit, window (ms),
---          capacity, the units to give back (0: none), and the ticket allow.lua gave in
---          mode '2': the rolling event's cumulative sum (else 0), the window's
---          PEXPIRETIME, the event's or the lease's time (ms; 0 for a token bucket), and
---          the lease member for an in-flight check (else '-').
--- Reply: one integer per check: 1 if it was given back, released or renewed, 0 if the
---          state no longer allowed it (the window closed, the event is no longer the
---          newest or left the window, the lease expired); nothing is written then.
+-- ARGV[1]  'settle' (give back, charge and release) or 'renew' (renew leases, nothing else).
+-- ARGV[2+9(i-1) .. 10+9(i-1)], for check i:
+--          algorithm (0 fixed, 1 token, 2 rolling, 3 in-flight), limit, window (ms) and
+--          capacity, as allow.lua takes them; the units to give back (0: none); the units
+--          to charge above the reservation (0: none; never with units to give back, nor
+--          for an in-flight check); and the ticket allow.lua gave in mode '2': the
+--          rolling event's cumulative sum (else 0), the window's PEXPIRETIME, the event's
+--          or the lease's time (ms; 0 for a token bucket), and the lease member for an
+--          in-flight check (else '-').
+-- Reply: one integer per check: 1 if it was given back, charged, released or renewed,
+--          0 if the state no longer allowed it (the window closed, the event is no longer
+--          the newest or left the window, the lease expired); nothing is written then.
+--          An error reply (bad arguments, or a corrupt counter, bucket or log of a
+--          charged check: allow.lua's replies, whose check numbers count the charged
+--          checks only) comes before any write but allow.lua's trims of aged events.
 --
--- A fixed window is given back only while its PEXPIRETIME is the ticket's (the same
--- window); a count back to 0 deletes the key, so that the next admission opens its own
--- window. A token bucket's deficit (read with PTTL as allow.lua reads it, up to 2 x
--- full in debt) is lowered, never below a full bucket. A rolling-window event is given
--- back only while it is the newest and has the ticket's time and sum (as refund.lua).
+-- The extras are charged first, all in one call of allow in mode '3', so that its checks
+-- of arguments and state come before any give-back is written; the keys of a decision
+-- are distinct, so the order changes no result. A fixed window is given back only while
+-- its PEXPIRETIME is the ticket's (the same window); a count back to 0 deletes the key,
+-- so that the next admission opens its own window. A token bucket's deficit (read with
+-- PTTL as allow.lua reads it, up to 2 x full in debt) is lowered, never below a full
+-- bucket. A rolling-window event is given back only while it is the newest, in the
+-- window, and has the ticket's time and sum: it is removed, or rewritten in allow.lua's
+-- member form when it merged other admissions; the event that becomes the newest loses
+-- its name of the window only if the given-back admission trimmed events; and the key
+-- expires again when its newest event leaves the window (PEXPIREAT, from that event's
+-- own time).
 
 local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
 local MAXWINDOW = 31622400000       -- 366 days in ms
 
 local n = #KEYS
-if n == 0 or #ARGV ~= 1 + 8 * n then
+if n == 0 or #ARGV ~= 1 + 9 * n then
   return redis.error_reply('ERR ratebudget: bad argument count')
 end
 local renewing = ARGV[1] == 'renew'
@@ -47,16 +65,25 @@ local function ceildiv(a, b)
 end
 
 local args = {}
+local xkeys, xargv = {}, {'3'} -- the checks charged above their reservation, for allow
 for i = 1, n do
-  local b = 1 + 8 * (i - 1)
+  local b = 1 + 9 * (i - 1)
   local a = {
     algo = int(ARGV[b + 1], 0, 3), limit = int(ARGV[b + 2], 1, MAXLIMIT),
     win = int(ARGV[b + 3], 1, MAXWINDOW), cap = int(ARGV[b + 4], 1, MAXLIMIT),
-    give = int(ARGV[b + 5], 0, MAXLIMIT), aux = int(ARGV[b + 6], 0, MAXSCALED),
-    at = int(ARGV[b + 7], 0, MAXSCALED), member = ARGV[b + 8],
+    give = int(ARGV[b + 5], 0, MAXLIMIT), extra = int(ARGV[b + 6], 0, MAXLIMIT),
+    aux = int(ARGV[b + 7], 0, MAXSCALED), at = int(ARGV[b + 8], 0, MAXSCALED),
+    member = ARGV[b + 9],
   }
-  if not (a.algo and a.limit and a.win and a.cap and a.give and a.aux and a.at) then
+  if not (a.algo and a.limit and a.win and a.cap and a.give and a.extra and a.aux and a.at)
+    or a.extra > 0 and (a.give > 0 or a.algo == 3) then
     return redis.error_reply('ERR ratebudget: bad argument for check ' .. i)
+  end
+  if a.extra > 0 and not renewing then
+    -- allow.lua's own arguments, as this call's strings: it checks their form again.
+    xkeys[#xkeys + 1] = KEYS[i]
+    for j = 1, 4 do xargv[#xargv + 1] = ARGV[b + j] end
+    xargv[#xargv + 1] = ARGV[b + 6]
   end
   if a.algo == 1 and a.cap > MAXSCALED / a.win then
     return redis.error_reply('ERR ratebudget: capacity x window exceeds 2^53 for check ' .. i)
@@ -76,11 +103,18 @@ local function clock()
   return now
 end
 
+if #xkeys > 0 then
+  local r = allow(xkeys, xargv)
+  if r.err then return r end
+end
+
 local reply = {}
 for i = 1, n do
   local a, key = args[i], KEYS[i]
   local done = 0
-  if a.algo == 3 then
+  if a.extra > 0 and not renewing then
+    done = 1 -- charged by allow above
+  elseif a.algo == 3 then
     if renewing then
       local s = call('ZSCORE', key, a.member)
       if s and tonumber(s) > clock() then

@@ -1,0 +1,175 @@
+package lua_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
+)
+
+// settleGroup is a decision of one identity (one slot) under every time rule: a fixed
+// window reserved at 4, a token bucket at 2, a rolling window at 3 and a lease, to be
+// settled at 0, 5, 8 and 1: a give-back, two extras and a release in one group.
+func settleGroup(id string) ([]ratebudget.Check, []int64) {
+	rule := func(name string, alg ratebudget.Algorithm, limit int64) ratebudget.Rule {
+		return ratebudget.Rule{Name: name, Algorithm: alg, Limit: limit, Window: time.Hour}
+	}
+	return []ratebudget.Check{
+		{Rule: rule("f", ratebudget.FixedWindow, 10), Identity: id, Cost: 4},
+		{Rule: rule("t", ratebudget.TokenBucket, 10), Identity: id, Cost: 2},
+		{Rule: rule("r", ratebudget.RollingWindow, 10), Identity: id, Cost: 3},
+		{Rule: rule("l", ratebudget.InFlight, 1), Identity: id, Cost: 1},
+	}, []int64{0, 5, 8, 1}
+}
+
+// expectSettled fails unless checks (of settleGroup) hold what their settle left: the
+// fixed window nothing, the token bucket 5 tokens spent, the rolling window 8 and the
+// lease released.
+func expectSettled(t *testing.T, l *lua.Limiter, checks []ratebudget.Check) {
+	t.Helper()
+	for i, cost := range []int64{10, 5, 2, 1} {
+		c := checks[i]
+		c.Cost = cost
+		if d, err := l.Allow(context.Background(), []ratebudget.Check{c}); err != nil || !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("%s after the settle, cost %d: %+v, %v; want admitted with 0 remaining", c.Rule.Name, cost, d, err)
+		}
+	}
+}
+
+// TestSettleOneCallPerGroup: a settle that gives back, charges above the reservation and
+// releases a lease in one slot group is one script call, with every effect applied;
+// with two identities it is one call per slot, and one in all with WithOneServer.
+func TestSettleOneCallPerGroup(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		ids   []string
+		opts  []lua.Option
+		calls int
+	}{
+		{"one-slot", []string{"ann"}, nil, 1},
+		{"two-slots", []string{"ann", "bob"}, nil, 2},
+		{"two-slots-one-server", []string{"ann", "bob"}, []lua.Option{lua.WithOneServer()}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := srv.Client(t)
+			hook := countCommands(c)
+			l := newLimiter(t, c, append([]lua.Option{lua.WithRefusalCache(0)}, tc.opts...)...)
+			if err := l.Load(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var checks []ratebudget.Check
+			var costs []int64
+			for _, id := range tc.ids {
+				ch, co := settleGroup(id)
+				checks, costs = append(checks, ch...), append(costs, co...)
+			}
+			tickets := make([]ratebudget.Ticket, len(checks))
+			if d, err := l.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
+				t.Fatalf("Reserve: %+v, %v", d, err)
+			}
+			hook.take()
+			if err := l.Settle(ctx, checks, tickets, costs); err != nil {
+				t.Fatalf("Settle: %v", err)
+			}
+			if got := hook.take(); got["evalsha"] != tc.calls || len(got) != 1 {
+				t.Fatalf("Settle sent %v, want %d evalsha and nothing else", got, tc.calls)
+			}
+			for i := range tc.ids {
+				expectSettled(t, l, checks[4*i:4*i+4])
+			}
+		})
+	}
+}
+
+// TestSettleErrorWritesNothing: when a check charged above its reservation finds a
+// corrupt counter, the settle fails with a server error and gives nothing back to the
+// other checks of its group: the extras are charged, and the state checked, before any
+// give-back is written.
+func TestSettleErrorWritesNothing(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	w := ratebudget.Rule{Name: "w", Limit: 10, Window: time.Hour}
+	checks := []ratebudget.Check{
+		{Rule: w, Identity: "ann", Cost: 4},
+		{Rule: ratebudget.Rule{Name: "x", Limit: 10, Window: time.Hour}, Identity: "ann", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "l", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Hour}, Identity: "ann", Cost: 1},
+	}
+	tickets := make([]ratebudget.Ticket, len(checks))
+	if d, err := l.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
+		t.Fatalf("Reserve: %+v, %v", d, err)
+	}
+	if err := c.Set(ctx, l.Key(checks[1]), "corrupt", redis.KeepTTL).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err := l.Settle(ctx, checks, tickets, []int64{0, 3, 1})
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) || se.Class != "server" || !strings.Contains(err.Error(), "corrupt counter") {
+		t.Fatalf("Settle: %v, want a server error naming the corrupt counter", err)
+	}
+	for i, tk := range tickets {
+		if !tk.IsZero() {
+			t.Fatalf("ticket %d left as %+v, want it cleared", i, tk)
+		}
+	}
+	if v := c.Get(ctx, l.Key(checks[0])).Val(); v != "4" {
+		t.Fatalf("counter %q after the failed settle, want \"4\": nothing given back", v)
+	}
+	if n := c.ZCard(ctx, l.Key(checks[2])).Val(); n != 1 {
+		t.Fatalf("%d leases after the failed settle, want 1: none released", n)
+	}
+}
+
+// TestSettleScriptArguments: settle.lua refuses, before writing anything, a check both
+// given back and charged, an in-flight check charged, and a charged check whose
+// arguments allow.lua would refuse (a capacity other than the limit of a fixed window).
+func TestSettleScriptArguments(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	key := "{k}:f:fixed"
+	if err := c.Set(ctx, key, "4", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	exp := c.PExpireTime(ctx, key).Val().Milliseconds()
+	giveBack := []any{0, 10, 3600000, 10, 4, 0, 0, exp, "-"} // would delete the counter
+	for _, tc := range []struct {
+		name string
+		keys []string
+		args []any
+		want string
+	}{
+		{"given back and charged", []string{key}, []any{0, 10, 3600000, 10, 1, 1, 0, exp, "-"}, "bad argument for check 1"},
+		{"lease charged", []string{key, "{k}:l:inflight"}, append(giveBack[:9:9], 3, 1, 3600000, 1, 0, 1, 0, 1, "00ff"), "bad argument for check 2"},
+		{"charged with a capacity", []string{key, "{k}:g:fixed"}, append(giveBack[:9:9], 0, 10, 3600000, 11, 0, 1, 0, 0, "-"), "capacity differs from limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := c.Eval(ctx, lua.SettleSource, tc.keys, append([]any{"settle"}, tc.args...)...).Err()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("settle.lua: %v, want an error reply naming %q", err, tc.want)
+			}
+			if v := c.Get(ctx, key).Val(); v != "4" {
+				t.Fatalf("counter %q, want \"4\": nothing written", v)
+			}
+			if n := c.Exists(ctx, "{k}:g:fixed", "{k}:l:inflight").Val(); n != 0 {
+				t.Fatalf("%d keys created, want none", n)
+			}
+		})
+	}
+	// The same give-back alone is applied, and replied 1.
+	v, err := c.Eval(ctx, lua.SettleSource, []string{key}, append([]any{"settle"}, giveBack...)...).Result()
+	if err != nil || len(v.([]any)) != 1 || v.([]any)[0] != int64(1) {
+		t.Fatalf("settle.lua: %v, %v; want [1]", v, err)
+	}
+	if n := c.Exists(ctx, key).Val(); n != 0 {
+		t.Fatal("the counter given back to 0 was not deleted")
+	}
+}

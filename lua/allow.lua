@@ -16,7 +16,7 @@
 --          allowed (0/1), exceeded (0/1, cost > capacity), remaining (units, may be
 --          negative if the limit was lowered), reset after (ms), retry after (ms),
 --          and for an admitted rolling-window check the cumulative sum that names its log
---          entry (used by refund.lua), else 0.
+--          entry (a ticket's ID, used by settle.lua), else 0.
 --
 -- State:
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY.

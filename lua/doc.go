@@ -116,17 +116,19 @@
 // A refusal writes nothing. A check whose cost exceeds its rule's capacity is refused
 // with Decision.Exceeded. Arguments are validated in Go before anything is sent, and
 // again in the script before its first write, since Redis cannot roll a script back.
-// The scripts, allow.lua, refund.lua and settle.lua, document their KEYS, ARGV and
-// replies.
+// The scripts, allow.lua and settle.lua, document their KEYS, ARGV and replies.
 //
 // # Several rules in one decision
 //
 // Checks whose keys share a hash slot, in particular all checks of one identity, are one
 // script call: all-or-nothing. Checks of several slots (a service-wide rule next to a
 // per-client rule) are decided slot group by slot group; if a later group refuses or
-// fails, the groups already admitted are refunded. The refund is best effort: meanwhile
-// another caller may see less budget than there is, and a refund after a transport error
-// is itself uncertain; it never gives back more than the decision spent. When every key
+// fails, the groups already admitted are refunded: each admitted group records tickets,
+// as Reserve does, and the refund is a settle at cost 0 of them (one settle.lua call per
+// group). The refund is best effort: meanwhile another caller may see less budget than
+// there is, and a refund after a transport error is itself uncertain; it never gives
+// back more than the decision spent, nor to a window other than the one it spent in.
+// When every key
 // lives on one server (a *redis.Client on a standalone server or a failover primary),
 // [WithOneServer] decides checks of every slot in one call, with no refunds.
 //

@@ -231,9 +231,9 @@ func (w *walk) auditServer(c *redis.Client) error {
 
 // covered fails the test unless the walk saw at least the given number of refusals,
 // refunds given back to fixed windows and to rolling windows (none at all when refunds
-// is 0) (the server ran refund.lua's
-// DECRBY and PEXPIREAT, which allow.lua never sends) and every time rule's budget spent
-// in full: the audits were not vacuous.
+// is 0) (the server ran settle.lua's DECRBY and PEXPIREAT, which allow.lua never sends
+// for these rules) and every time rule's budget spent in full: the audits were not
+// vacuous.
 func (w *walk) covered(refusals, refunds int) {
 	w.t.Helper()
 	w.mu.Lock()
@@ -249,8 +249,9 @@ func (w *walk) covered(refusals, refunds int) {
 	}
 }
 
-// refundCounter counts the refunds that servers ran since it was made: refund.lua's
-// DECRBY (fixed windows) and PEXPIREAT (rolling windows), which allow.lua never sends.
+// refundCounter counts the refunds that servers ran since it was made: settle.lua's
+// DECRBY (fixed windows) and PEXPIREAT (rolling windows), which allow.lua never sends
+// for these rules (it sends PEXPIREAT for in-flight leases only).
 // It reads INFO commandstats, so it sees the dedicated connection too.
 type refundCounter struct {
 	servers []*redis.Client

@@ -18,8 +18,6 @@ import (
 var (
 	//go:embed allow.lua
 	allowSource string
-	//go:embed refund.lua
-	refundSource string
 	//go:embed settle.lua
 	settleBody string
 	// settleSource is settle.lua after allow.lua as a function, whose mode '3' charges a
@@ -27,7 +25,6 @@ var (
 	settleSource = "local function allow(KEYS, ARGV)\n" + allowSource + "\nend\n" + settleBody
 
 	allowScript  = redis.NewScript(allowSource)
-	refundScript = redis.NewScript(refundSource)
 	settleScript = redis.NewScript(settleSource)
 )
 
@@ -264,7 +261,7 @@ func (l *Limiter) Load(ctx context.Context) error {
 	if s == nil {
 		s = c.pipe
 	}
-	for _, sc := range []*redis.Script{allowScript, refundScript, settleScript} {
+	for _, sc := range []*redis.Script{allowScript, settleScript} {
 		if err := sc.Load(ctx, s).Err(); err != nil {
 			return classify(err)
 		}
@@ -332,10 +329,11 @@ type decision struct {
 	keys   []string
 	slots  []uint16
 	outs   []ratebudget.Outcome
-	aux    []int64 // per check: allow.lua's sixth value, which refund.lua needs
-	done   [][]int // groups admitted, to refund if a later one refuses
+	aux    []int64 // per check: allow.lua's sixth value, a rolling window's ticket ID
+	spent  bool    // a group was admitted: to refund if a later one refuses
 	// members holds each in-flight check's lease member (nil when the decision has
-	// none), leases its number; tickets, when not nil, receives each check's ticket.
+	// none), leases its number; tickets, when not nil, receives each check's ticket
+	// (always for checks of several slots, which a refund settles).
 	members []string
 	leases  []int64
 	tickets []ratebudget.Ticket
@@ -399,6 +397,11 @@ func (c *core) decide(ctx context.Context, checks []ratebudget.Check, tickets []
 		d.keys[i] = string(k)
 		single = single && (c.oneServer || d.slots[i] == d.slots[0])
 	}
+	if !single && tickets == nil {
+		// A refund is a settle at cost 0 of the groups already admitted: their tickets
+		// name exactly the spend to give back.
+		d.tickets = make([]ratebudget.Ticket, n)
+	}
 	if single {
 		all := idx[:0]
 		for i := range n {
@@ -438,6 +441,7 @@ func (d *decision) group(first int) []int {
 
 // allowGroups decides checks of several slots, slot group by slot group in order of
 // first appearance, and refunds the groups admitted when a later one refuses or fails.
+// d.tickets is not nil: each admitted group's tickets are written there.
 func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decision, error) {
 	refused := false
 	for i := range d.checks {
@@ -466,15 +470,17 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 			c.refund(ctx, d)
 			continue
 		}
-		d.done = append(d.done, g)
+		d.spent = true
 	}
 	return ratebudget.Combine(d.checks, d.outs), nil
 }
 
-// refund gives back the spend of the groups in d.done, best effort: errors are
-// ignored (the decision is a refusal or an error either way).
+// refund gives back the spend of the groups admitted so far, best effort: a settle at
+// cost 0 of their tickets (the groups not admitted have none), one settle.lua call per
+// group. Errors are ignored (the decision is a refusal or an error either way); the
+// tickets are cleared.
 func (c *core) refund(ctx context.Context, d *decision) {
-	if len(d.done) == 0 {
+	if !d.spent {
 		return
 	}
 	// The refund outlives a canceled caller, but not its deadline: a refund cut short
@@ -485,36 +491,8 @@ func (c *core) refund(ctx context.Context, d *decision) {
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
-	for _, g := range d.done {
-		keys := make([]string, 0, len(g))
-		args := make([]any, 0, 6*len(g))
-		var lkeys []string
-		largs := []any{"settle"}
-		for _, j := range g {
-			ch := &d.checks[j]
-			if ch.Rule.Algorithm == ratebudget.InFlight {
-				lkeys = append(lkeys, d.keys[j])
-				largs = append(largs, int64(ch.Rule.Algorithm), ch.Rule.Limit, ch.Rule.Window.Milliseconds(),
-					ch.Rule.Capacity(), 0, 0, 0, d.members[j])
-				continue
-			}
-			keys = append(keys, d.keys[j])
-			args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, ch.Rule.Window.Milliseconds(),
-				ch.Rule.Capacity(), ch.Cost, d.aux[j])
-		}
-		if len(keys) > 0 {
-			_, _ = c.run(ctx, refundScript, refundSource, keys, args)
-		}
-		if len(lkeys) > 0 {
-			_, _ = c.run(ctx, settleScript, settleSource, lkeys, largs) // release the leases
-		}
-		if d.tickets != nil {
-			for _, j := range g {
-				d.tickets[j] = ratebudget.Ticket{}
-			}
-		}
-	}
-	d.done = nil
+	_ = c.settle(ctx, d.checks, d.tickets, nil, d.keys, d.slots, false)
+	d.spent = false
 }
 
 // allow runs allow.lua for the checks g of d (spending them if write and all are

@@ -51,8 +51,8 @@ func TestLoad(t *testing.T) {
 		if err := l.Load(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if n := scriptsLoaded(t, control); n != 3 {
-			t.Fatalf("%d scripts cached after Load, want 3 (allow.lua, refund.lua and settle.lua)", n)
+		if n := scriptsLoaded(t, control); n != 2 {
+			t.Fatalf("%d scripts cached after Load, want 2 (allow.lua and settle.lua)", n)
 		}
 		before := commandStats(t, control)
 		chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute}, Identity: "ann", Cost: 1}}
@@ -70,8 +70,8 @@ func TestLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, m := range masters(t, nodes) {
-			if n := scriptsLoaded(t, m); n != 3 {
-				t.Fatalf("master %d holds %d scripts after Load, want 3", i, n)
+			if n := scriptsLoaded(t, m); n != 2 {
+				t.Fatalf("master %d holds %d scripts after Load, want 2", i, n)
 			}
 		}
 	})

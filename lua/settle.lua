@@ -1,6 +1,8 @@
 -- settle.lua: settle a group of admitted checks in one execution (docs/SETTLING.md):
 -- give back what allow.lua spent, as far as that spend still counts, charge what was used
--- above the reservation, and release or renew in-flight leases.
+-- above the reservation, and release or renew in-flight leases. A decision of several
+-- slot groups whose later group refused gives the earlier groups back with it too: a
+-- settle at cost 0 of their tickets.
 --
 -- The Go side runs this file after allow.lua wrapped as a function,
 --   local function allow(KEYS, ARGV) <allow.lua> end

@@ -675,6 +675,57 @@ func TestRefusalCacheAfterAdmission(t *testing.T) {
 	}
 }
 
+// TestRefusalCacheAfterLeaseAdmission: a decision that takes an in-flight lease is never
+// answered from the refusal cache, and when it admits, its spend of the other checks'
+// budgets drops their cached refusals, as any admission does, through Allow and
+// AllowEach alike.
+func TestRefusalCacheAfterLeaseAdmission(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	hook := countCommands(c)
+	l := newLimiter(t, c)
+	ctx := context.Background()
+	lease := ratebudget.Check{Rule: ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 10, Window: time.Hour}, Identity: "olga", Cost: 1}
+	for _, each := range []bool{false, true} {
+		t.Run(map[bool]string{false: "allow", true: "each"}[each], func(t *testing.T) {
+			r := ratebudget.Rule{Name: "stale-" + strconv.FormatBool(each), Limit: 3, Window: time.Hour}
+			allow := func(checks ...ratebudget.Check) ratebudget.Decision {
+				t.Helper()
+				var d ratebudget.Decision
+				var err error
+				if each {
+					d, err = l.AllowEach(ctx, checks, make([]ratebudget.Outcome, len(checks)))
+				} else {
+					d, err = l.Allow(ctx, checks)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			spend := func(cost int64) ratebudget.Check { return ratebudget.Check{Rule: r, Identity: "olga", Cost: cost} }
+			if d := allow(spend(2)); !d.Allowed {
+				t.Fatalf("cost 2 of 3: %+v", d)
+			}
+			allow(spend(3)) // refused, and cached
+			hook.take()
+			if d := allow(spend(3)); d.Allowed || d.Remaining != 1 || hook.total() != 0 {
+				t.Fatalf("cost 3 again: %+v after %v; want the cached refusal, 1 remaining", d, hook.take())
+			}
+			if d := allow(spend(1), lease); !d.Allowed {
+				t.Fatalf("cost 1 with a lease: %+v; want admitted", d)
+			}
+			hook.take()
+			d := allow(spend(3))
+			if calls := hook.take(); calls["evalsha"] != 1 {
+				t.Fatalf("cost 3 after the admission with a lease: Redis saw %v, want one call", calls)
+			}
+			if d.Allowed || d.Remaining != 0 {
+				t.Fatalf("cost 3 after the admission with a lease: %+v; want refused with 0 remaining", d)
+			}
+		})
+	}
+}
+
 // TestRefusalCacheExceeded: a request with a check whose cost exceeds its rule's capacity
 // is reported Exceeded (waiting will not help), as the store reports it, even when
 // another of its checks has a cached refusal.

@@ -293,7 +293,9 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 	if hasLease(checks) {
 		// A lease is taken per request, and frees before any refusal's RetryAfter: no
 		// coalescing, no refusal cache.
-		return l.core.decide(ctx, checks, nil, nil)
+		d, err := l.core.decide(ctx, checks, nil, nil)
+		l.admitted(checks, d, err)
+		return d, err
 	}
 	return l.top.Allow(ctx, checks)
 }
@@ -309,9 +311,20 @@ func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outc
 		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
 	}
 	if hasLease(checks) {
-		return l.core.decide(ctx, checks, nil, outcomes)
+		d, err := l.core.decide(ctx, checks, nil, outcomes)
+		l.admitted(checks, d, err)
+		return d, err
 	}
 	return l.top.AllowEach(ctx, checks, outcomes)
+}
+
+// admitted is told of a decision of checks made without the refusal cache (a lease's,
+// a reservation's): when it admitted, the spend makes refusals and outcomes cached for
+// their budgets stale reports, as an admission through the cache does.
+func (l *Limiter) admitted(checks []ratebudget.Check, d ratebudget.Decision, err error) {
+	if err == nil && d.Allowed && l.refusals != nil {
+		l.refusals.ForgetChecks(checks)
+	}
 }
 
 func hasLease(checks []ratebudget.Check) bool {

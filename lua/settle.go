@@ -55,11 +55,7 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
 	}
 	d, err := l.core.decide(ctx, checks, tickets[:len(checks)], outcomes)
-	if err == nil && d.Allowed && l.refusals != nil {
-		// The spend makes refusals and outcomes cached for these budgets stale reports,
-		// as an admission through Allow does.
-		l.refusals.ForgetChecks(checks)
-	}
+	l.admitted(checks, d, err)
 	return d, err
 }
 

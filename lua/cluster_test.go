@@ -41,7 +41,7 @@ func TestCluster(t *testing.T) {
 
 	// Slot by slot across masters, with refunds: the answers of TestSameDecisionsAsMemory.
 	t.Run("SameDecisionsAsMemory", func(t *testing.T) {
-		sameDecisions(t, false, masters(t, nodes), []namedLimiter{{"cluster", newLimiter(t, c, lua.WithRefusalCache(0))}})
+		sameDecisions(t, walkOptions{}, masters(t, nodes), []namedLimiter{{"cluster", newLimiter(t, c, lua.WithRefusalCache(0))}})
 	})
 
 	t.Run("ContentionAcrossMasters", func(t *testing.T) {

@@ -2,8 +2,11 @@ package lua_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,7 +37,7 @@ type namedLimiter struct {
 func TestSameDecisionsAsMemory(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	opts := []lua.Option{lua.WithRefusalCache(0)}
-	sameDecisions(t, false, []*redis.Client{c}, []namedLimiter{
+	sameDecisions(t, walkOptions{}, []*redis.Client{c}, []namedLimiter{
 		{"pool", newLimiter(t, c, opts...)},
 		{"coalesced", newLimiter(t, c, append(opts, lua.WithCoalescing(64))...)},
 		{"one-server", newLimiter(t, c, append(opts, lua.WithOneServer())...)},
@@ -61,7 +64,7 @@ func TestSameOutcomesAsMemory(t *testing.T) {
 		return cl
 	}
 	opts := []lua.Option{lua.WithRefusalCache(0)}
-	sameDecisions(t, true, []*redis.Client{c}, []namedLimiter{
+	sameDecisions(t, walkOptions{each: true}, []*redis.Client{c}, []namedLimiter{
 		{"pool", newLimiter(t, client("pool"), opts...)},
 		{"coalesced", newLimiter(t, client("coalesced"), append(opts, lua.WithCoalescing(64))...)},
 		{"one-server", newLimiter(t, client("one-server"), append(opts, lua.WithOneServer())...)},
@@ -99,14 +102,72 @@ func (h *scriptCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	}
 }
 
-// sameDecisions runs 1,500 random decisions on a stopped-clock ratebudget.Memory and on
-// each of limiters, whose keys live on servers, and fails on the first answer that differs: admitted or not,
-// exceeded or not, and the remaining units whenever both report the same rule. (Which
-// rule is reported may differ: among equal candidates it depends on waits, which move
-// with Redis's clock and not with the stopped one.) With each, every limiter decides
-// through AllowEach, every check's outcome is compared, and a third of the decisions
-// repeat one of the last eight.
-func sameDecisions(t *testing.T, each bool, servers []*redis.Client, limiters []namedLimiter) {
+// TestSameSettlesAsMemory is the walk of TestSameDecisionsAsMemory (subtest decisions)
+// and of TestSameOutcomesAsMemory (outcomes) with settles and leases between the
+// decisions: a third of the decisions are reservations, which are then settled (every
+// check at 0, below, at or above its reservation, or all cancelled) or renewed in random
+// order, and two in-flight rules join the time rules: one whose leases outlive the walk
+// and one whose leases expire while it runs (see shortLease). Every settle and renewal
+// result is Memory's, and so is every decision after them, but for the differences
+// sameDecisions documents.
+func TestSameSettlesAsMemory(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, each := range []bool{false, true} {
+		t.Run(map[bool]string{false: "decisions", true: "outcomes"}[each], func(t *testing.T) {
+			t.Parallel() // each limiter has keys of its own; the walks mostly wait for leases to expire
+			c := srv.Client(t)
+			opts := []lua.Option{lua.WithRefusalCache(0)}
+			sameDecisions(t, walkOptions{each: each, settles: true}, []*redis.Client{c}, []namedLimiter{
+				{"pool", newLimiter(t, c, opts...)},
+				{"coalesced", newLimiter(t, c, append(opts, lua.WithCoalescing(64))...)},
+				{"one-server", newLimiter(t, c, append(opts, lua.WithOneServer())...)},
+				{"one-server-refusal-cache", newLimiter(t, c, lua.WithOneServer())},
+				{"demo", newLimiter(t, c, lua.WithOneServer(), lua.WithCoalescing(256))},
+			})
+		})
+	}
+}
+
+// walkOptions selects what sameDecisions does besides deciding.
+type walkOptions struct {
+	// each decides through AllowEach (and Reserve with outcomes) and compares every
+	// check's outcome, not only the decision; a third of the decisions repeat one of the
+	// last eight.
+	each bool
+	// settles reserves, settles and renews between the decisions, with in-flight rules;
+	// the limiters must implement ratebudget.Settler and live on servers[0].
+	settles bool
+}
+
+// shortLease is the TTL of the walk's short in-flight rule. Its leases are taken only in
+// hot phases of at most 40 decisions and shortLease/4 of the server's time; after each,
+// the walk waits until the server's clock has passed the phase's end by shortLease, so
+// that every lease of the phase has expired on the server, then advances Memory's clock
+// by as much as the server's moved since the phase began, so that they have expired in
+// Memory too. Within a phase, a lease would expire on the server first only if one
+// decision stalled for 3/4 of shortLease.
+const shortLease = time.Second
+
+// sameDecisions runs 1,500 random decisions on a ratebudget.Memory whose clock is driven
+// by the walk (stopped, but for the steps of walkOptions.settles) and on each of
+// limiters, whose keys live on servers, and fails on the first answer that differs:
+// admitted or not, exceeded or not, and the remaining units whenever both report the
+// same rule. (Which rule is reported may differ: among equal candidates it depends on
+// waits, which move with Redis's clock and not with the stopped one.) Windows are hours
+// long, so the seconds the walk takes on the server's clock move no budget: a token
+// bucket refills less than one unit in that time. With walkOptions.settles, the walk also
+// reserves, settles and renews (see TestSameSettlesAsMemory). Where the two limiters
+// legitimately differ, the walk compares what must agree:
+//   - A token bucket in debt (settled above its reservation) reports its level in whole
+//     units, truncated toward zero, and the server's bucket has refilled by the
+//     milliseconds the walk took on its clock (less than a unit), Memory's by the steps
+//     of its own: a negative Remaining may differ by one unit.
+//   - The lua limiter gives a rolling-window event back only while it is the budget's
+//     newest (an overcount, docs/SETTLING.md 4.4); Memory gives back any event still in
+//     the window. Before each settle below the reservation the walk reads each limiter's
+//     newest event: all must agree, and where the event is no longer the newest, Memory
+//     is settled at the reserved cost for that check.
+func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiters []namedLimiter) {
 	t.Helper()
 	refunds := countRefunds(t, servers)
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
@@ -128,89 +189,434 @@ func sameDecisions(t *testing.T, each bool, servers []*redis.Client, limiters []
 		burst,
 		rule(ratebudget.FixedWindow, 8, 2), // a cost of 3 exceeds it: Exceeded
 	}
+	hotRules := rules
+	if o.settles {
+		rules = append(rules, rule(ratebudget.InFlight, 9, 3)) // leases outlive the walk
+		short := ratebudget.Rule{Name: "inflight-short", Algorithm: ratebudget.InFlight, Limit: 2, Window: shortLease}
+		hotRules = append(rules[:len(rules):len(rules)], short)
+	}
+	w := &diffWalk{t: t, o: o, srv: servers[0], clock: clock, mem: mem, limiters: limiters,
+		rng: rand.New(rand.NewPCG(3, 4)), cold: 260}
 	scopes := []string{"", "/reports"}
-	rng := rand.New(rand.NewPCG(3, 4))
-	ctx := context.Background()
-	var admitted, refused, exceeded, compared int
+	rng := w.rng
 	var recent [][]ratebudget.Check
 	for i := range 1500 {
 		n := 1 + rng.IntN(4)
 		checks := make([]ratebudget.Check, 0, n)
 		seen := map[[3]int]bool{}
-		if each && len(recent) > 0 && rng.IntN(3) == 0 {
+		if o.each && len(recent) > 0 && rng.IntN(3) == 0 {
 			checks = recent[rng.IntN(len(recent))] // a repeat: not extended below
-			n = len(checks)
+			if !w.hot && hasRule(checks, "inflight-short") {
+				checks = checks[:0:0] // its leases are taken in hot phases only
+			}
+			n = max(len(checks), 1)
+		}
+		pool := rules
+		if w.hot {
+			pool = hotRules
 		}
 		for len(checks) < n {
-			r, id, sc := rng.IntN(len(rules)), rng.IntN(30), rng.IntN(len(scopes))
+			r, id, sc := rng.IntN(len(pool)), rng.IntN(30), rng.IntN(len(scopes))
+			if w.hot && rng.IntN(4) == 0 {
+				r = len(pool) - 1 // the short in-flight rule, a quarter of the checks
+			}
 			if seen[[3]int{r, id, sc}] {
 				continue
 			}
 			seen[[3]int{r, id, sc}] = true
-			checks = append(checks, ratebudget.Check{
-				Rule: rules[r], Identity: fmt.Sprintf("id-%d", id), Scope: scopes[sc], Cost: 1 + rng.Int64N(3),
-			})
+			c := ratebudget.Check{Rule: pool[r], Identity: fmt.Sprintf("id-%d", id), Scope: scopes[sc], Cost: 1 + rng.Int64N(3)}
+			if c.Rule.Algorithm == ratebudget.InFlight {
+				c.Cost = 1
+			}
+			checks = append(checks, c)
 		}
-		if each {
+		if o.each {
 			recent = append(recent, checks)
 			if len(recent) > 8 {
 				recent = recent[1:]
 			}
 		}
-		wantOuts := make([]ratebudget.Outcome, len(checks))
-		var want ratebudget.Decision
-		var err error
-		if each {
-			want, err = mem.AllowEach(ctx, checks, wantOuts)
-		} else {
-			want, err = mem.Allow(ctx, checks)
+		if !o.settles {
+			w.decide(i, checks, false)
+			continue
 		}
-		if err != nil {
-			t.Fatal(err)
+		if res := w.decide(i, checks, rng.IntN(3) == 0); res != nil {
+			w.pending = append(w.pending, res)
 		}
-		switch {
-		case want.Allowed:
-			admitted++
-		case want.Exceeded:
-			exceeded++
-		default:
-			refused++
-		}
-		for _, nl := range limiters {
-			var got ratebudget.Decision
-			var err error
-			outs := make([]ratebudget.Outcome, len(checks))
-			if each {
-				got, err = nl.l.(ratebudget.Reporter).AllowEach(ctx, checks, outs)
-			} else {
-				got, err = nl.l.Allow(ctx, checks)
-			}
-			if err != nil {
-				t.Fatalf("decision %d, %s: %v", i, nl.name, err)
-			}
-			for j := range outs {
-				if !each {
-					break
-				}
-				g, w := outs[j], wantOuts[j]
-				if g.Allowed != w.Allowed || g.Exceeded != w.Exceeded || g.Remaining != w.Remaining || (g.RetryAfter > 0) != (w.RetryAfter > 0) {
-					t.Fatalf("decision %d of %+v, check %d:\n%s: %+v\nmemory: %+v", i, checks, j, nl.name, g, w)
-				}
-			}
-			if got.Allowed != want.Allowed || got.Exceeded != want.Exceeded ||
-				got.Index == want.Index && got.Remaining != want.Remaining {
-				t.Fatalf("decision %d of %+v:\n%s: %+v\nmemory: %+v", i, checks, nl.name, got, want)
-			}
-			if got.Index == want.Index {
-				compared++
+		if len(w.pending) > 24 || len(w.pending) > 0 && rng.IntN(3) == 0 {
+			// A short lease is kept through the hot phase, to be lost after it.
+			if k := rng.IntN(len(w.pending)); !w.hot || !hasRule(w.pending[k].checks, "inflight-short") || len(w.pending) > 24 {
+				w.settle(i, w.take(k))
 			}
 		}
+		if len(w.pending) > 0 && rng.IntN(6) == 0 {
+			w.renew(i, w.pending[rng.IntN(len(w.pending))])
+		}
+		w.tick()
+	}
+	for len(w.pending) > 0 {
+		w.settle(1500, w.take(0))
 	}
 	fixed, rolling := refunds.since(t)
 	t.Logf("%d admitted, %d refused, %d exceeded; remaining compared %d times; refunds: %d to fixed windows, %d to rolling windows",
-		admitted, refused, exceeded, compared, fixed, rolling)
-	if admitted < 300 || refused < 300 || exceeded < 50 || compared < 900*len(limiters) || fixed < 20 || rolling < 20 {
-		t.Fatalf("want at least 300 admitted, 300 refused, 50 exceeded, remaining compared %d times and 20 refunds of each kind",
-			900*len(limiters))
+		w.admitted, w.refused, w.exceeded, w.compared, fixed, rolling)
+	if w.admitted < 300 || w.refused < 300 || w.exceeded < 50 || w.compared < 900*len(limiters) {
+		t.Fatalf("want at least 300 admitted, 300 refused, 50 exceeded and remaining compared %d times", 900*len(limiters))
+	}
+	if !o.settles {
+		// (With settles, give-backs send the same commands: the count says nothing.)
+		if fixed < 20 || rolling < 20 {
+			t.Fatal("want at least 20 refunds of each kind")
+		}
+		return
+	}
+	st := &w.st
+	t.Logf("%d reservations admitted; checks settled: %d at 0, %d below, %d at, %d above the reservation, %d leases released; "+
+		"rolling-window give-backs: %d applied, %d skipped (not the newest); %d renewals, %d with a lease lost; "+
+		"%d in-flight refusals; %d hot phases (longest %v); %d remaining within one unit of a bucket in debt",
+		st.reserved, st.cancels, st.below, st.equal, st.above, st.released, st.givenBack, st.skipped,
+		st.renewed, st.lost, st.leaseRefused, st.phases, st.longest, st.debtSlack)
+	if st.reserved < 150 || st.cancels < 50 || st.below < 30 || st.equal < 50 || st.above < 50 || st.released < 50 ||
+		st.givenBack < 10 || st.renewed < 50 || st.lost < 3 || st.leaseRefused < 20 || st.phases < 3 {
+		t.Fatal("want at least 150 reservations; 50 checks settled at 0, 30 below, 50 at and 50 above the reservation; " +
+			"50 leases released; 10 rolling-window give-backs; 50 renewals, 3 with a lease lost; 20 in-flight refusals; 3 hot phases")
+	}
+}
+
+func hasRule(checks []ratebudget.Check, name string) bool {
+	for _, c := range checks {
+		if c.Rule.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// diffWalk is the state of sameDecisions: the limiters, the reservations not settled
+// yet, the hot phase and what the walk covered.
+type diffWalk struct {
+	t        *testing.T
+	o        walkOptions
+	srv      *redis.Client // holds every limiter's keys (with settles): its clock, its events
+	clock    *limitertest.FakeClock
+	mem      *ratebudget.Memory
+	limiters []namedLimiter
+	rng      *rand.Rand
+	pending  []*reservation
+	// hot is set in a hot phase (see shortLease), which began at hotStart on the
+	// server's clock and has hotLeft decisions to go; else cold decisions are left
+	// before the next.
+	hot           bool
+	hotStart      time.Time
+	hotLeft, cold int
+	admitted      int
+	refused       int
+	exceeded      int
+	compared      int
+	st            settleStats
+}
+
+// settleStats is what the settles of a walk covered.
+type settleStats struct {
+	reserved, cancels, below, equal, above, released int
+	givenBack, skipped, renewed, lost, leaseRefused  int
+	phases, debtSlack                                int
+	longest                                          time.Duration
+}
+
+// reservation is a decision reserved on Memory and on every limiter, with each one's
+// tickets.
+type reservation struct {
+	checks []ratebudget.Check
+	mem    []ratebudget.Ticket
+	lua    [][]ratebudget.Ticket // per limiter
+}
+
+// take removes the pending reservation k and returns it.
+func (w *diffWalk) take(k int) *reservation {
+	p := w.pending[k]
+	w.pending = append(w.pending[:k], w.pending[k+1:]...)
+	return p
+}
+
+// decide makes decision i of checks on Memory and on every limiter, reserving it when
+// reserve is set, and fails on the first answer that differs. It returns the
+// reservation, if admitted.
+func (w *diffWalk) decide(i int, checks []ratebudget.Check, reserve bool) *reservation {
+	t := w.t
+	t.Helper()
+	ctx := context.Background()
+	var res *reservation
+	wantOuts := make([]ratebudget.Outcome, len(checks))
+	var want ratebudget.Decision
+	var err error
+	switch {
+	case reserve:
+		res = &reservation{checks: checks, mem: make([]ratebudget.Ticket, len(checks)), lua: make([][]ratebudget.Ticket, len(w.limiters))}
+		want, err = w.mem.Reserve(ctx, checks, res.mem, w.outs(wantOuts))
+	case w.o.each:
+		want, err = w.mem.AllowEach(ctx, checks, wantOuts)
+	default:
+		want, err = w.mem.Allow(ctx, checks)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case want.Allowed:
+		w.admitted++
+		if reserve {
+			w.st.reserved++
+		}
+	case want.Exceeded:
+		w.exceeded++
+	default:
+		w.refused++
+		if want.Index < len(checks) && checks[want.Index].Rule.Algorithm == ratebudget.InFlight {
+			w.st.leaseRefused++
+		}
+	}
+	for k, nl := range w.limiters {
+		var got ratebudget.Decision
+		outs := make([]ratebudget.Outcome, len(checks))
+		switch {
+		case reserve:
+			res.lua[k] = make([]ratebudget.Ticket, len(checks))
+			got, err = nl.l.(ratebudget.Settler).Reserve(ctx, checks, res.lua[k], w.outs(outs))
+		case w.o.each:
+			got, err = nl.l.(ratebudget.Reporter).AllowEach(ctx, checks, outs)
+		default:
+			got, err = nl.l.Allow(ctx, checks)
+		}
+		if err != nil {
+			t.Fatalf("decision %d, %s: %v", i, nl.name, err)
+		}
+		for j := range outs {
+			if !w.o.each {
+				break
+			}
+			g, m := outs[j], wantOuts[j]
+			if g.Allowed != m.Allowed || g.Exceeded != m.Exceeded || !w.sameRemaining(g.Remaining, m.Remaining, checks[j].Rule) ||
+				(g.RetryAfter > 0) != (m.RetryAfter > 0) {
+				t.Fatalf("decision %d (reserve %v) of %+v, check %d:\n%s: %+v\nmemory: %+v", i, reserve, checks, j, nl.name, g, m)
+			}
+		}
+		if got.Allowed != want.Allowed || got.Exceeded != want.Exceeded ||
+			got.Index == want.Index && !w.sameRemaining(got.Remaining, want.Remaining, checks[want.Index].Rule) {
+			t.Fatalf("decision %d (reserve %v) of %+v:\n%s: %+v\nmemory: %+v", i, reserve, checks, nl.name, got, want)
+		}
+		if got.Index == want.Index {
+			w.compared++
+		}
+		if reserve {
+			for j, tk := range res.lua[k] {
+				if tk.IsZero() == got.Allowed {
+					t.Fatalf("decision %d, %s: reserved %+v with ticket %d %+v: want tickets set exactly on admission", i, nl.name, got, j, tk)
+				}
+			}
+		}
+	}
+	if res != nil && want.Allowed {
+		return res
+	}
+	return nil
+}
+
+// outs is outs when the walk compares every check's outcome, else nil.
+func (w *diffWalk) outs(outs []ratebudget.Outcome) []ratebudget.Outcome {
+	if w.o.each {
+		return outs
+	}
+	return nil
+}
+
+// sameRemaining reports whether got and want, the Remaining of a check of r, agree: equal,
+// or within one unit for a token bucket in debt (see sameDecisions).
+func (w *diffWalk) sameRemaining(got, want int64, r ratebudget.Rule) bool {
+	if got == want {
+		return true
+	}
+	if r.Algorithm == ratebudget.TokenBucket && (got < 0 || want < 0) && got-want <= 1 && want-got <= 1 {
+		w.st.debtSlack++
+		return true
+	}
+	return false
+}
+
+// settle settles reservation p (taken before decision i) on Memory and on every limiter,
+// at random costs, and fails unless every settle succeeds. Half the time the checks that
+// are not in-flight are then decided again at cost 1, so that their budgets are
+// compared at once.
+func (w *diffWalk) settle(i int, p *reservation) {
+	t := w.t
+	t.Helper()
+	ctx := context.Background()
+	rng := w.rng
+	var costs []int64
+	if rng.IntN(8) > 0 { // else cancelled
+		costs = make([]int64, len(p.checks))
+		for j, c := range p.checks {
+			switch rng.IntN(5) {
+			case 0:
+			case 1, 2:
+				costs[j] = rng.Int64N(c.Cost) // below (0 for a cost of 1)
+			case 3:
+				costs[j] = c.Cost
+			default:
+				costs[j] = c.Cost + 1 + rng.Int64N(5)
+				if rng.IntN(10) == 0 {
+					costs[j] += 1000 // past every debt bound
+				}
+			}
+		}
+	}
+	memCosts, copied := costs, false
+	for j, c := range p.checks {
+		actual := int64(0)
+		if costs != nil {
+			actual = costs[j]
+		}
+		switch {
+		case c.Rule.Algorithm == ratebudget.InFlight:
+			w.st.released++
+			continue
+		case actual == 0:
+			w.st.cancels++
+		case actual < c.Cost:
+			w.st.below++
+		case actual == c.Cost:
+			w.st.equal++
+		default:
+			w.st.above++
+		}
+		if c.Rule.Algorithm != ratebudget.RollingWindow || actual >= c.Cost {
+			continue
+		}
+		if w.rollingNewest(i, p, j) {
+			w.st.givenBack++
+			continue
+		}
+		// The lua limiters skip this give-back: so does Memory, for the comparison.
+		w.st.skipped++
+		if !copied {
+			memCosts, copied = make([]int64, len(p.checks)), true
+			copy(memCosts, costs)
+		}
+		memCosts[j] = c.Cost
+	}
+	if err := w.mem.Settle(ctx, p.checks, p.mem, memCosts); err != nil {
+		t.Fatalf("before decision %d: Memory's settle of %+v at %v: %v", i, p.checks, memCosts, err)
+	}
+	for k, nl := range w.limiters {
+		if err := nl.l.(ratebudget.Settler).Settle(ctx, p.checks, p.lua[k], costs); err != nil {
+			t.Fatalf("before decision %d, %s: settle of %+v at %v: %v", i, nl.name, p.checks, costs, err)
+		}
+	}
+	if rng.IntN(2) == 0 {
+		probe := make([]ratebudget.Check, 0, len(p.checks))
+		for _, c := range p.checks {
+			if c.Rule.Algorithm != ratebudget.InFlight {
+				c.Cost = 1
+				probe = append(probe, c)
+			}
+		}
+		if len(probe) > 0 {
+			w.decide(i, probe, false)
+		}
+	}
+}
+
+// rollingNewest reports whether the rolling-window event that check j of p spent is its
+// budget's newest for every limiter (the lua limiter gives it back only then), and fails
+// if the limiters disagree.
+func (w *diffWalk) rollingNewest(i int, p *reservation, j int) bool {
+	t := w.t
+	t.Helper()
+	var newest []bool
+	for k, nl := range w.limiters {
+		key := nl.l.(*lua.Limiter).Key(p.checks[j])
+		zs, err := w.srv.ZRangeWithScores(context.Background(), key, -1, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tk := p.lua[k][j]
+		ok := len(zs) == 1 && int64(zs[0].Score) == tk.At &&
+			strings.HasPrefix(zs[0].Member.(string), strconv.FormatInt(tk.ID, 10)+":")
+		newest = append(newest, ok)
+		if newest[0] != ok {
+			t.Fatalf("before decision %d: the event of %+v is the newest for %s but not for %s (%v, ticket %+v)",
+				i, p.checks[j], map[bool]string{true: nl.name, false: w.limiters[0].name}[ok],
+				map[bool]string{false: nl.name, true: w.limiters[0].name}[ok], zs, tk)
+		}
+	}
+	return newest[0]
+}
+
+// renew renews reservation p's leases on Memory and on every limiter and fails unless
+// all report the same: nil, or ratebudget.ErrLeaseLost.
+func (w *diffWalk) renew(i int, p *reservation) {
+	t := w.t
+	t.Helper()
+	ctx := context.Background()
+	want := w.mem.Renew(ctx, p.checks, p.mem)
+	if want != nil && !errors.Is(want, ratebudget.ErrLeaseLost) {
+		t.Fatalf("before decision %d: Memory's renewal of %+v: %v", i, p.checks, want)
+	}
+	w.st.renewed++
+	if want != nil {
+		w.st.lost++
+	}
+	for k, nl := range w.limiters {
+		got := nl.l.(ratebudget.Settler).Renew(ctx, p.checks, p.lua[k])
+		if errors.Is(got, ratebudget.ErrLeaseLost) != errors.Is(want, ratebudget.ErrLeaseLost) || got != nil && !errors.Is(got, ratebudget.ErrLeaseLost) {
+			t.Fatalf("before decision %d, %s: renewal of %+v: %v; Memory's: %v", i, nl.name, p.checks, got, want)
+		}
+	}
+}
+
+// serverNow is the server's clock.
+func (w *diffWalk) serverNow() time.Time {
+	w.t.Helper()
+	now, err := w.srv.Time(context.Background()).Result()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return now
+}
+
+// tick counts one decision of the walk's phases and ends a hot phase (see shortLease).
+func (w *diffWalk) tick() {
+	t := w.t
+	t.Helper()
+	if !w.hot {
+		if w.cold--; w.cold == 0 {
+			w.hot, w.hotStart, w.hotLeft = true, w.serverNow(), 40
+		}
+		return
+	}
+	w.hotLeft--
+	end := w.serverNow()
+	if w.hotLeft > 0 && end.Sub(w.hotStart) < shortLease/4 {
+		return
+	}
+	w.st.phases++
+	w.st.longest = max(w.st.longest, end.Sub(w.hotStart))
+	// Poll the server's clock (TIME), with a deadline, until every lease the phase took
+	// or renewed has expired there.
+	deadline := time.Now().Add(10 * shortLease)
+	now := w.serverNow()
+	for ; !now.After(end.Add(shortLease + time.Millisecond)); now = w.serverNow() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server's clock did not pass %v within %v", end.Add(shortLease), 10*shortLease)
+		}
+		time.Sleep(shortLease / 50)
+	}
+	w.clock.Advance(now.Sub(w.hotStart))
+	w.hot, w.cold = false, 260
+	// Every short lease is lost now, on both sides.
+	for _, p := range w.pending {
+		if hasRule(p.checks, "inflight-short") {
+			w.renew(-1, p)
+		}
 	}
 }

@@ -8,10 +8,11 @@ import (
 )
 
 // LogStoreErrors returns an observer ([WithObserver]) that logs budget-store failures at
-// level Warn, at most once per every: a failing store would otherwise write a line per
-// request. Each line carries the outcome the policy produced, the error (for operators,
-// never for clients) and how many failures were suppressed since the previous line. A
-// non-positive every logs every failure.
+// level Warn, failed settles and lease renewals ([OutcomeSettleFailed]) included, at most
+// once per every: a failing store would otherwise write a line per request. Each line
+// carries the outcome the policy produced, the error (for operators, never for clients)
+// and how many failures were suppressed since the previous line. A non-positive every
+// logs every failure.
 func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
 	var mu sync.Mutex
 	var last time.Time

@@ -116,12 +116,24 @@ const (
 	OutcomeInvalid
 	// OutcomeCanceled: the request's context ended before the decision; nothing written.
 	OutcomeCanceled
+	// OutcomeSettleFailed: not a decision, but the store failing to settle an admitted
+	// request's reservation once its handler returned (or to give it back because a
+	// later limiter refused the request), or to renew its in-flight leases while the
+	// handler ran. It comes in an event of its own, after the decision's, with Err the
+	// store error (a *ratebudget.StoreError), Latency the failed call's time and
+	// Decision zero. The reservation stays spent as reserved (an overcount, and an
+	// extra above it is not charged), and leases not released or renewed expire after
+	// their rule's Window. A renewal's event is observed on the renewal timer's
+	// goroutine, while the handler runs. A lease found expired when renewed
+	// (ratebudget.ErrLeaseLost) is not a failure of the store and is not reported. Such
+	// failures do not count toward the breaker.
+	OutcomeSettleFailed
 )
 
-var outcomeNames = [...]string{"allowed", "denied", "exceeded", "degraded", "unavailable", "invalid", "canceled"}
+var outcomeNames = [...]string{"allowed", "denied", "exceeded", "degraded", "unavailable", "invalid", "canceled", "settle_failed"}
 
 // String returns the outcome's metric label: "allowed", "denied", "exceeded", "degraded",
-// "unavailable", "invalid" or "canceled".
+// "unavailable", "invalid", "canceled" or "settle_failed".
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) {
 		return outcomeNames[o]
@@ -129,7 +141,8 @@ func (o Outcome) String() string {
 	return "unknown"
 }
 
-// Event describes one decision, for observers ([WithObserver]).
+// Event describes one decision, or one failed settle of an admitted request
+// ([OutcomeSettleFailed]), for observers ([WithObserver]).
 type Event struct {
 	// Request is the request decided on. Observers must not retain it.
 	Request *http.Request
@@ -141,8 +154,9 @@ type Event struct {
 	// Fallback is true when the local fallback decided because the store could not.
 	Fallback bool
 	// Err is the store error (a *ratebudget.StoreError, for OutcomeDegraded,
-	// OutcomeUnavailable and fallback decisions) or the key-function error
-	// (OutcomeInvalid). Its text may hold internal details: log it, do not send it.
+	// OutcomeUnavailable, OutcomeSettleFailed and fallback decisions) or the
+	// key-function error (OutcomeInvalid). Its text may hold internal details: log it,
+	// do not send it.
 	Err error
 	// Latency is the time the limiter took to answer, error or not (zero when it was not
 	// asked, e.g. with the breaker open). For a fallback decision it is the failed store

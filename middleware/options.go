@@ -112,8 +112,10 @@ func WithErrorHandler(f func(http.ResponseWriter, *http.Request, error)) Option 
 }
 
 // WithObserver adds a function that sees every decision, allowed and denied alike, with
-// its latency (see [Event]). Observers run synchronously on the request path, in the
-// order added: keep them fast and non-blocking.
+// its latency (see [Event]), and every failed settle or lease renewal of an admitted
+// request ([OutcomeSettleFailed]). Observers run synchronously on the request path (a
+// renewal's, on its timer's goroutine), in the order added, and concurrently for
+// concurrent requests: keep them fast, non-blocking and safe for concurrent use.
 func WithObserver(f func(Event)) Option {
 	return func(c *config) error {
 		if f == nil {

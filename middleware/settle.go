@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync"
 	"time"
@@ -15,29 +16,33 @@ import (
 type settlement struct {
 	mu      sync.Mutex
 	done    bool
+	req     *http.Request // the request, for the events of failed settles
 	targets []target
 	ttl     time.Duration // the shortest lease TTL of the targets; 0 when none holds a lease
 	timer   *time.Timer
 	body    bool // a rule counts the bytes read from a body without a length
 }
 
-// target is one reserved decision: its checks, tickets and each check's rule.
+// target is one reserved decision: its checks, tickets and each check's rule, and the
+// layers whose observers see its failures.
 type target struct {
 	s       ratebudget.Settler
 	m       *mw // whose timeout bounds the settle
 	checks  []ratebudget.Check
 	tickets []ratebudget.Ticket
 	rules   []*compiledRule
+	parts   []part
 }
 
-// addTarget records a reserved decision to settle once the handler returns. checks
-// must stay valid until then (the stack's own, or a copy).
-func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule) {
+// addTarget records a reserved decision to settle once the handler returns. checks and
+// parts (the layers of its checks) must stay valid until then (the stack's own, or a
+// copy).
+func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule, parts []part) {
 	if st.settle == nil {
-		st.settle = &settlement{}
+		st.settle = &settlement{req: st.req}
 	}
 	se := st.settle
-	se.targets = append(se.targets, target{s: s, m: m, checks: checks, tickets: tickets, rules: rules})
+	se.targets = append(se.targets, target{s: s, m: m, checks: checks, tickets: tickets, rules: rules, parts: parts})
 	for i, cr := range rules {
 		if cr.rule.Algorithm == ratebudget.InFlight && (se.ttl == 0 || checks[i].Rule.Window < se.ttl) {
 			se.ttl = checks[i].Rule.Window
@@ -106,8 +111,12 @@ func (se *settlement) renew(ctx context.Context) {
 			continue
 		}
 		tctx, cancel := t.m.settleContext(ctx)
-		_ = t.s.Renew(tctx, t.checks, t.tickets) // a lost lease cannot be taken back
+		start := time.Now()
+		err := t.s.Renew(tctx, t.checks, t.tickets)
 		cancel()
+		if err != nil && !errors.Is(err, ratebudget.ErrLeaseLost) { // a lost lease cannot be taken back
+			se.failed(t, err, time.Since(start))
+		}
 	}
 	se.timer.Reset(se.ttl / 2)
 }
@@ -122,7 +131,8 @@ func (t *target) holdsLease() bool {
 }
 
 // finish settles every target at the costs of its rules' contracts. A failed settle
-// leaves the reserved spend in place (an overcount) and lets leases expire.
+// leaves the reserved spend in place (an overcount) and lets leases expire; it is
+// reported to the observers (OutcomeSettleFailed).
 func (se *settlement) finish(ctx context.Context, r *http.Request, rec *recorder) {
 	se.mu.Lock()
 	defer se.mu.Unlock()
@@ -145,9 +155,7 @@ func (se *settlement) finish(ctx context.Context, r *http.Request, rec *recorder
 		if !some {
 			continue
 		}
-		tctx, cancel := t.m.settleContext(ctx)
-		_ = t.s.Settle(tctx, t.checks, t.tickets, costs)
-		cancel()
+		se.settle(ctx, t, costs)
 	}
 }
 
@@ -155,12 +163,34 @@ func (se *settlement) finish(ctx context.Context, r *http.Request, rec *recorder
 func (se *settlement) cancelAll(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
 	for i := range se.targets {
-		t := &se.targets[i]
-		tctx, cancel := t.m.settleContext(ctx)
-		_ = t.s.Settle(tctx, t.checks, t.tickets, nil)
-		cancel()
+		se.settle(ctx, &se.targets[i], nil)
 	}
 	se.targets = se.targets[:0]
+}
+
+// settle settles t at costs (nil: cancelled) under its layer's timeout, and reports a
+// failure to the observers.
+func (se *settlement) settle(ctx context.Context, t *target, costs []int64) {
+	tctx, cancel := t.m.settleContext(ctx)
+	start := time.Now()
+	err := t.s.Settle(tctx, t.checks, t.tickets, costs)
+	cancel()
+	if err != nil {
+		se.failed(t, err, time.Since(start))
+	}
+}
+
+// failed shows the observers of t's layers that settling or renewing t failed with err
+// after latency: an event of its own (OutcomeSettleFailed), after the decision's.
+func (se *settlement) failed(t *target, err error, latency time.Duration) {
+	var sErr *ratebudget.StoreError
+	if !errors.As(err, &sErr) {
+		err = &ratebudget.StoreError{Class: "other", Err: err}
+	}
+	ev := Event{Request: se.req, Outcome: OutcomeSettleFailed, Err: err, Latency: latency}
+	for i := range t.parts {
+		t.parts[i].m.observe(&ev)
+	}
 }
 
 // settleContext bounds a settle by the layer's timeout when its limiter does I/O.
@@ -199,7 +229,7 @@ func decideShadow(ctx context.Context, st *stack) ratebudget.Decision {
 				return p.m.settler.Reserve(ctx, checks, tickets, nil)
 			})
 			if err == nil && d.Allowed {
-				st.addTarget(p.m, p.m.settler, checks, tickets, p.shadowRules())
+				st.addTarget(p.m, p.m.settler, checks, tickets, p.shadowRules(), st.shadowParts[i:i+1])
 			}
 		} else {
 			d, _, err = p.m.decide(ctx, checks)

@@ -63,7 +63,8 @@ type stack struct {
 	settles     bool
 	shadow      []ratebudget.Check
 	shadowParts []part
-	settle      *settlement // what the handler's return settles, once admitted
+	settle      *settlement   // what the handler's return settles, once admitted
+	req         *http.Request // the request being decided (set by decideStack)
 }
 
 // part is one layer's share of a stack: its checks are checks[from:to].
@@ -82,7 +83,7 @@ func (st *stack) reset() {
 	clear(st.shadowParts)
 	st.decided, st.answered, st.settles = false, false, false
 	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
-	st.shadow, st.shadowParts, st.settle = st.shadow[:0], st.shadowParts[:0], nil
+	st.shadow, st.shadowParts, st.settle, st.req = st.shadow[:0], st.shadowParts[:0], nil, nil
 }
 
 // rule returns the rule of the part's k-th check (of its enforced checks, or with shadow
@@ -275,7 +276,7 @@ type group struct {
 
 // decideStack decides every check of st and answers or calls next.
 func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Handler) {
-	st.decided = true
+	st.decided, st.req = true, r
 	ctx := r.Context()
 	innermost := st.parts[len(st.parts)-1].m
 	var ev Event
@@ -304,7 +305,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			tickets := make([]ratebudget.Ticket, len(st.checks))
 			ev.Decision, outcomes, ev.Latency, err = g.m.reserveEach(ctx, st.checks, out[:len(st.checks)], tickets)
 			if err == nil && ev.Decision.Allowed {
-				st.addTarget(g.m, g.m.settler, st.checks, tickets, st.enforcedRules(0, len(st.checks)))
+				st.addTarget(g.m, g.m.settler, st.checks, tickets, st.enforcedRules(0, len(st.checks)), st.parts)
 			}
 		} else {
 			ev.Decision, outcomes, ev.Latency, err = g.m.decideEach(ctx, st.checks, out[:len(st.checks)])
@@ -513,7 +514,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 					p := st.partOf(k)
 					rules[i] = p.rule(k-p.from, false)
 				}
-				st.addTarget(g.m, g.m.settler, g.checks, tickets, rules)
+				st.addTarget(g.m, g.m.settler, g.checks, tickets, rules, g.parts)
 			}
 		} else {
 			gd, gout, lat, gerr = g.m.decideEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)))
@@ -571,7 +572,7 @@ func strictest(parts []part) Policy {
 // admit.
 func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []ratebudget.Outcome) {
 	d := ratebudget.Decision{Allowed: true, Index: -1}
-	for _, p := range g.parts {
+	for k, p := range g.parts {
 		if p.m.fallback == nil {
 			continue
 		}
@@ -588,7 +589,7 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 			tickets := make([]ratebudget.Ticket, len(checks))
 			pd, _ = p.m.fallback.Reserve(ctx, checks, tickets, nil)
 			if pd.Allowed {
-				st.addTarget(p.m, p.m.fallback, checks, tickets, rules)
+				st.addTarget(p.m, p.m.fallback, checks, tickets, rules, g.parts[k:k+1])
 			}
 		} else {
 			checks := st.checks[p.from:p.to]

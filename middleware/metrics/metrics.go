@@ -7,10 +7,14 @@
 //	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open
 //	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
 //	ratebudget_shadow_refusals_total{rule}          counter    requests that rules in shadow mode would have refused
+//	ratebudget_settle_failures_total                counter    admitted requests whose settle or lease renewal failed
 //
 // The rule label is the rule the decision reported ("none" when no limiter decided:
 // degraded, unavailable, invalid and canceled requests). Label values are bounded: rule
-// names, outcome names and error classes.
+// names, outcome names and error classes. A failed settle or renewal
+// (middleware.OutcomeSettleFailed) is no decision: it is counted by
+// ratebudget_settle_failures_total and, by its class, ratebudget_store_errors_total, and
+// in neither ratebudget_decisions_total nor the decision latency.
 package metrics
 
 import (
@@ -42,6 +46,7 @@ type Collector struct {
 	breaker     prometheus.Gauge
 	transitions *prometheus.CounterVec
 	shadow      *prometheus.CounterVec
+	settles     prometheus.Counter
 
 	counters sync.Map // counterKey -> prometheus.Counter
 	ok       prometheus.Observer
@@ -81,14 +86,26 @@ func New() *Collector {
 			Name: "ratebudget_shadow_refusals_total",
 			Help: "Requests served that rules in shadow mode would have refused, by the rule that would have refused.",
 		}, []string{"rule"}),
+		settles: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ratebudget_settle_failures_total",
+			Help: "Admitted requests whose settle (or in-flight lease renewal) failed in the budget store: their reservation stayed spent as reserved.",
+		}),
 	}
 	c.ok = c.latency.WithLabelValues("ok")
 	c.failed = c.latency.WithLabelValues("error")
 	return c
 }
 
-// Observe counts one decision; pass it to middleware.WithObserver.
+// Observe counts one decision, or one failed settle; pass it to middleware.WithObserver.
 func (c *Collector) Observe(e middleware.Event) {
+	var se *ratebudget.StoreError
+	if e.Outcome == middleware.OutcomeSettleFailed {
+		c.settles.Inc()
+		if errors.As(e.Err, &se) {
+			c.storeErrors.WithLabelValues(se.Class, strconv.FormatBool(se.Uncertain)).Inc()
+		}
+		return
+	}
 	rule := e.Decision.Rule
 	if rule == "" {
 		rule = "none"
@@ -109,7 +126,6 @@ func (c *Collector) Observe(e middleware.Event) {
 	if e.ShadowRefused() {
 		c.shadow.WithLabelValues(e.Shadow.Rule).Inc()
 	}
-	var se *ratebudget.StoreError
 	if errors.As(e.Err, &se) {
 		c.storeErrors.WithLabelValues(se.Class, strconv.FormatBool(se.Uncertain)).Inc()
 	}
@@ -130,6 +146,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.breaker.Describe(ch)
 	c.transitions.Describe(ch)
 	c.shadow.Describe(ch)
+	c.settles.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -140,4 +157,5 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.breaker.Collect(ch)
 	c.transitions.Collect(ch)
 	c.shadow.Collect(ch)
+	c.settles.Collect(ch)
 }

@@ -124,3 +124,61 @@ ratebudget_shadow_refusals_total{rule="hello"} 2
 		t.Fatal(err)
 	}
 }
+
+// settleDown is an in-process limiter whose settles fail with a store error.
+type settleDown struct{ *ratebudget.Memory }
+
+func (s settleDown) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, _ []int64) error {
+	clear(tickets[:len(checks)])
+	return &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: context.DeadlineExceeded}
+}
+
+// A failed settle is counted as a settle failure and a store error, and neither as a
+// decision nor in the decision latency.
+func TestSettleFailuresCounted(t *testing.T) {
+	mem, _ := ratebudget.NewMemory()
+	m := metrics.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	mw, err := middleware.New(settleDown{mem}, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute},
+		Identity: keyfuncs.Global(),
+		Counts:   middleware.CountSuccesses(nil),
+	}}, middleware.WithObserver(m.Observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) }))
+	for range 2 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	}
+	want := `
+# HELP ratebudget_decisions_total Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).
+# TYPE ratebudget_decisions_total counter
+ratebudget_decisions_total{outcome="allowed",rule="api"} 2
+# HELP ratebudget_settle_failures_total Admitted requests whose settle (or in-flight lease renewal) failed in the budget store: their reservation stayed spent as reserved.
+# TYPE ratebudget_settle_failures_total counter
+ratebudget_settle_failures_total 2
+# HELP ratebudget_store_errors_total Budget-store failures by class; uncertain=true when budget may have been spent before the failure.
+# TYPE ratebudget_store_errors_total counter
+ratebudget_store_errors_total{class="timeout",uncertain="true"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"ratebudget_decisions_total", "ratebudget_settle_failures_total", "ratebudget_store_errors_total"); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "ratebudget_decision_duration_seconds" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			if l, n := s.GetLabel()[0].GetValue(), s.GetHistogram().GetSampleCount(); l == "ok" && n != 2 || l == "error" && n != 0 {
+				t.Fatalf("latency samples %q: %d, want ok 2 and error 0: the decisions alone", l, n)
+			}
+		}
+	}
+}

@@ -106,7 +106,8 @@
 // [WithOneServer]): in one execution it gives back what was reserved above the actual
 // cost, releases the leases and charges what was used above the reservation, with
 // allow.lua's own code (mode '3': spend without refusing, into debt of at most one
-// capacity), which the Go side puts in front of settle.lua as a function. A fixed
+// capacity), which the Go side puts in front of settle.lua as a function; a group whose
+// checks are all charged above is that allow.lua call alone. A fixed
 // window is given back only while it is the reserved window; a rolling-window event only
 // while it is the newest (an older event's refund is skipped: an overcount); a token
 // bucket always, up to full. Settle drops this process's cached refusals of the settled

@@ -62,8 +62,9 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 // Settle adjusts a reserved decision's spend to the actual costs (see
 // [ratebudget.Settler]): one settle.lua call per slot group (one in all with
 // [WithOneServer]) gives back what was reserved above the actual cost, charges what was
-// used above the reservation and releases the leases. Each call is atomic; across slot
-// groups it is not. A failure leaves that group's reservation in place (an overcount),
+// used above the reservation and releases the leases; a group whose checks are all
+// charged above is one allow.lua call in mode '3', the code settle.lua runs for them.
+// Each call is atomic; across slot groups it is not. A failure leaves that group's reservation in place (an overcount),
 // its extras uncharged and its leases to expire; it is a *[ratebudget.StoreError]. The
 // tickets are cleared whatever the outcome: a settle is never retried.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
@@ -114,6 +115,7 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 		}
 		var gkeys []string
 		args := []any{mode}
+		extras := []any{"3"} // allow.lua's arguments, while every check is charged above
 		for i := first; i < n; i++ {
 			if seen[i] || !c.oneServer && slots[i] != slots[first] {
 				continue
@@ -145,8 +147,24 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 			}
 			gkeys = append(gkeys, keys[i])
 			args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), give, extra, aux, t.At, member)
+			if extras != nil && extra > 0 {
+				extras = append(extras, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), extra)
+			} else {
+				extras = nil
+			}
 		}
 		if len(gkeys) == 0 {
+			continue
+		}
+		if extras != nil {
+			// Only extras: allow.lua's mode '3' itself, the code settle.lua would run for
+			// them, without settle.lua's own work.
+			v, err := c.run(ctx, allowScript, allowSource, gkeys, extras)
+			if err != nil {
+				firstErr = firstOf(firstErr, classify(err))
+			} else if vals, ok := v.([]any); !ok || len(vals) != 6*len(gkeys) {
+				firstErr = firstOf(firstErr, badReply(fmt.Sprintf("charge: %v", v)))
+			}
 			continue
 		}
 		v, err := c.run(ctx, settleScript, settleSource, gkeys, args)

@@ -7,7 +7,8 @@
 -- The Go side runs this file after allow.lua wrapped as a function,
 --   local function allow(KEYS, ARGV) <allow.lua> end
 -- so that an extra above a reservation is spent by allow.lua's own code in mode '3'
--- (force: no refusal, cut at the debt bound) and every state format has one author.
+-- (force: no refusal, cut at the debt bound) and every state format has one author. (A
+-- group whose checks are all charged above is sent to allow.lua in mode '3' itself.)
 -- Line numbers in Lua errors count allow.lua's lines first.
 --
 -- KEYS[i]  the budget key of check i; all keys hash to one slot (or live on one server).

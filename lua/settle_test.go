@@ -88,6 +88,34 @@ func TestSettleOneCallPerGroup(t *testing.T) {
 			}
 		})
 	}
+	// A group whose checks are all charged above their reservation is one call too.
+	c := srv.Client(t)
+	hook := countCommands(c)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	all, _ := settleGroup("cy")
+	checks := all[:2] // the fixed window and the token bucket, reserved at 4 and 2
+	tickets := make([]ratebudget.Ticket, len(checks))
+	if d, err := l.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
+		t.Fatalf("Reserve: %+v, %v", d, err)
+	}
+	hook.take()
+	if err := l.Settle(ctx, checks, tickets, []int64{10, 5}); err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if got := hook.take(); got["evalsha"]+got["eval"] != 1 || len(got) != 1 {
+		t.Fatalf("Settle of extras alone sent %v, want one script call and nothing else", got)
+	}
+	// 10 of the fixed window's 10 spent, 5 of the bucket's 10.
+	for i, want := range []struct {
+		cost    int64
+		allowed bool
+	}{{1, false}, {5, true}} {
+		c := checks[i]
+		c.Cost = want.cost
+		if d, err := l.Allow(ctx, []ratebudget.Check{c}); err != nil || d.Allowed != want.allowed || d.Remaining != 0 {
+			t.Fatalf("%s after the settle, cost %d: %+v, %v; want allowed %v, 0 remaining", c.Rule.Name, want.cost, d, err, want.allowed)
+		}
+	}
 }
 
 // TestSettleErrorWritesNothing: when a check charged above its reservation finds a

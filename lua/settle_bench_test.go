@@ -18,11 +18,14 @@ import (
 // InFlight rule), and two settles that mix a give-back or a release with an extra in one
 // slot group: a fixed window given back next to a token bucket charged above its
 // reservation, and a lease released next to a fixed window of bytes charged above its
-// estimate. Each is one sub-benchmark.
+// estimate. Each is one sub-benchmark, and reports its script calls per operation
+// (calls/op): round trips, whatever the machine's noise.
 func BenchmarkSettle(b *testing.B) {
 	srv := redistest.Start(b)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
 	b.Cleanup(func() { c.Close() })
+	calls := &scriptCalls{}
+	c.AddHook(calls)
 	l, err := lua.New(c, lua.WithPrefix("benchsettle"))
 	if err != nil {
 		b.Fatal(err)
@@ -74,6 +77,7 @@ func BenchmarkSettle(b *testing.B) {
 		{"lease+release+extra", leaseBytes, []int64{1, 4096}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
+			before := calls.n.Load()
 			for b.Loop() {
 				if d, err := l.Reserve(ctx, bc.checks, tickets, nil); err != nil || !d.Allowed {
 					b.Fatal(d, err)
@@ -82,6 +86,7 @@ func BenchmarkSettle(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			b.ReportMetric(float64(calls.n.Load()-before)/float64(b.N), "calls/op")
 		})
 	}
 }

@@ -177,44 +177,55 @@ func TestOneCommandPerDecision(t *testing.T) {
 // TestHookSeesEveryCommand: with 64 concurrent callers, whose decisions are pipelined
 // while others are in flight, every command the server runs for the limiter passed
 // through the client's hooks: the hook's EVALSHA and EVAL count equals the server's, one
-// per decision once the script is loaded, and some went through the pipeline.
+// per decision once the script is loaded. It runs with the limiter's default pipeline
+// (full duplex: go-redis runs the process hooks of each pipelined command) and with
+// the client's own AutoPipelineOptions (half duplex, go-redis's default: pipelined
+// commands pass the pipeline hooks, so the test also sees that some were pipelined).
 func TestHookSeesEveryCommand(t *testing.T) {
 	srv := redistest.Start(t)
-	c := srv.Client(t)
-	control := srv.Client(t)
-	hook := countCommands(c)
-	l := newLimiter(t, c, lua.WithRefusalCache(0))
-	ctx := context.Background()
-	if err := l.Load(ctx); err != nil {
-		t.Fatal(err)
-	}
-	hook.take()
-	before := commandStats(t, control)
-	const callers, each = 64, 50
-	rule := ratebudget.Rule{Name: "api", Limit: 1 << 20, Window: time.Minute}
-	var wg sync.WaitGroup
-	for i := range callers {
-		wg.Go(func() {
-			chk := []ratebudget.Check{{Rule: rule, Identity: "c" + strconv.Itoa(i), Cost: 1}}
-			for range each {
-				if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed {
-					t.Errorf("Allow: %+v, %v", d, err)
-					return
-				}
+	for _, tc := range []struct {
+		name string
+		opts *redis.AutoPipelineOptions
+	}{{"full-duplex", nil}, {"half-duplex", &redis.AutoPipelineOptions{}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true, AutoPipelineOptions: tc.opts})
+			t.Cleanup(func() { c.Close() })
+			control := srv.Client(t)
+			hook := countCommands(c)
+			l := newLimiter(t, c, lua.WithRefusalCache(0))
+			ctx := context.Background()
+			if err := l.Load(ctx); err != nil {
+				t.Fatal(err)
 			}
+			hook.take()
+			before := commandStats(t, control)
+			const callers, each = 64, 50
+			rule := ratebudget.Rule{Name: "api-" + tc.name, Limit: 1 << 20, Window: time.Minute}
+			var wg sync.WaitGroup
+			for i := range callers {
+				wg.Go(func() {
+					chk := []ratebudget.Check{{Rule: rule, Identity: "c" + strconv.Itoa(i), Cost: 1}}
+					for range each {
+						if d, err := l.Allow(ctx, chk); err != nil || !d.Allowed {
+							t.Errorf("Allow: %+v, %v", d, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			got := hook.take()
+			delta := commandStats(t, control).sub(before)
+			server := int(delta.calls["evalsha"] + delta.calls["eval"])
+			if sent := got["evalsha"] + got["eval"]; sent != callers*each || server != sent {
+				t.Fatalf("hook saw %v; server ran %d scripts; want %d each", got, server, callers*each)
+			}
+			if tc.opts != nil && got["(pipelined)"] == 0 {
+				t.Fatalf("hook saw %v: no decision was pipelined among %d concurrent callers", got, callers)
+			}
+			t.Logf("%d of %d decisions through the pipeline hooks", got["(pipelined)"], callers*each)
 		})
 	}
-	wg.Wait()
-	got := hook.take()
-	delta := commandStats(t, control).sub(before)
-	server := int(delta.calls["evalsha"] + delta.calls["eval"])
-	if sent := got["evalsha"] + got["eval"]; sent != callers*each || server != sent {
-		t.Fatalf("hook saw %v; server ran %d scripts; want %d each", got, server, callers*each)
-	}
-	if got["(pipelined)"] == 0 {
-		t.Fatalf("hook saw %v: no decision was pipelined among %d concurrent callers", got, callers)
-	}
-	t.Logf("%d of %d decisions pipelined", got["(pipelined)"], callers*each)
 }
 
 // TestConformanceAutoPipeliner runs the shared suite with an *redis.AutoPipeliner as

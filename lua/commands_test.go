@@ -177,16 +177,16 @@ func TestOneCommandPerDecision(t *testing.T) {
 // TestHookSeesEveryCommand: with 64 concurrent callers, whose decisions are pipelined
 // while others are in flight, every command the server runs for the limiter passed
 // through the client's hooks: the hook's EVALSHA and EVAL count equals the server's, one
-// per decision once the script is loaded. It runs with the limiter's default pipeline
-// (full duplex: go-redis runs the process hooks of each pipelined command) and with
-// the client's own AutoPipelineOptions (half duplex, go-redis's default: pipelined
-// commands pass the pipeline hooks, so the test also sees that some were pipelined).
+// per decision once the script is loaded. It runs with go-redis's default pipeline
+// (half duplex: pipelined commands pass the pipeline hooks, so the test also sees that
+// some were pipelined) and with a full-duplex one (AutoPipelineOptions{FullDuplex:
+// true}: go-redis runs each pipelined command's process hooks).
 func TestHookSeesEveryCommand(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		name string
 		opts *redis.AutoPipelineOptions
-	}{{"full-duplex", nil}, {"half-duplex", &redis.AutoPipelineOptions{}}} {
+	}{{"half-duplex", nil}, {"full-duplex", &redis.AutoPipelineOptions{FullDuplex: true}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true, AutoPipelineOptions: tc.opts})
 			t.Cleanup(func() { c.Close() })
@@ -220,7 +220,7 @@ func TestHookSeesEveryCommand(t *testing.T) {
 			if sent := got["evalsha"] + got["eval"]; sent != callers*each || server != sent {
 				t.Fatalf("hook saw %v; server ran %d scripts; want %d each", got, server, callers*each)
 			}
-			if tc.opts != nil && got["(pipelined)"] == 0 {
+			if tc.opts == nil && got["(pipelined)"] == 0 {
 				t.Fatalf("hook saw %v: no decision was pipelined among %d concurrent callers", got, callers)
 			}
 			t.Logf("%d of %d decisions through the pipeline hooks", got["(pipelined)"], callers*each)

@@ -50,14 +50,11 @@
 // Decisions that start while others are in flight go through the client's
 // AsyncAutoPipeline, which writes them together: one round trip and one pair of system
 // calls serve many. Each is still its own script call with its own reply, so this
-// changes no outcome. Unless the *redis.Client's Options.AutoPipelineOptions is set,
-// the limiter asks for a full-duplex one (AutoPipelineOptions{FullDuplex: true}: one
-// held connection, a writer and a reader; faster than go-redis's default at every
-// concurrency measured, see docs/PERFORMANCE.md). go-redis keeps one instance per
-// client: it is also what the client's own AsyncAutoPipeline returns afterwards. A
-// *redis.ClusterClient's follows its own options. Given an *redis.AutoPipeliner, every
-// decision goes through it; use the asynchronous face (AsyncAutoPipeline), since the
-// blocking one does not let a decision return at its deadline.
+// changes no outcome. go-redis's default AutoPipelineOptions suit this (set
+// Options.AutoPipelineOptions to change them: FullDuplex was faster in some benchmark
+// runs here and not in others, with no gain end to end, see docs/PERFORMANCE.md). Given an *redis.AutoPipeliner, every decision goes through it; use
+// the asynchronous face (AsyncAutoPipeline), since the blocking one does not let a
+// decision return at its deadline.
 //
 // # Start-up
 //

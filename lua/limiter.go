@@ -212,14 +212,6 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 			return nil, noTimeout
 		}
 		c.newPipe = cl.AsyncAutoPipeline
-		if cl.Options().AutoPipelineOptions == nil {
-			// Unless the client says otherwise, concurrent decisions share one held
-			// connection with a writer and a reader (docs/PERFORMANCE.md: 1.1 to 1.3x
-			// the throughput of the default at 2 to 64 callers).
-			c.newPipe = func() (*redis.AutoPipeliner, error) {
-				return cl.AsyncAutoPipelineWithOptions(&redis.AutoPipelineOptions{FullDuplex: true})
-			}
-		}
 	case *redis.ClusterClient:
 		if cl == nil {
 			return nil, &ratebudget.ConfigError{Field: "client", Problem: "must not be nil"}

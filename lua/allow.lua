@@ -421,6 +421,9 @@ for i = 1, n do
     call('ZADD', key, x1, ARGV[1 + 5 * n + i])
     call('PEXPIREAT', key, x1)
     tk = x1
+  elseif force and k == 0 then
+    -- A forced extra cut to nothing (the window already counts twice its limit): no
+    -- event, which would only move the window's end and the key's TTL.
   else
     tk = x1
     local at, base, nacc, ncost, mergeat, newest, oms = x1, x2, x3, x4, x5, x6, x7

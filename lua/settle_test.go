@@ -201,3 +201,40 @@ func TestSettleScriptArguments(t *testing.T) {
 		t.Fatal("the counter given back to 0 was not deleted")
 	}
 }
+
+// TestRollingExtraCutToNothingWritesNoEvent: a rolling window already counting twice its
+// limit takes no more debt, and a settle whose extra is cut to nothing leaves the log as
+// it was: no zero-cost event moves the window's end or the key's TTL.
+func TestRollingExtraCutToNothingWritesNoEvent(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	ctx := context.Background()
+	chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 2, Window: time.Hour}, Identity: "debtor", Cost: 1}}
+	key := l.Key(chk[0])
+	var tickets [2][]ratebudget.Ticket
+	for i := range tickets {
+		tickets[i] = make([]ratebudget.Ticket, 1)
+		if d, err := l.Reserve(ctx, chk, tickets[i], nil); err != nil || !d.Allowed {
+			t.Fatalf("reservation %d: %+v, %v", i, d, err)
+		}
+	}
+	// The first settle's extra is cut to 2 (the window then counts 4, twice its limit).
+	if err := l.Settle(ctx, chk, tickets[0], []int64{100}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := c.ZRange(ctx, key, 0, -1).Result()
+	if err != nil || len(before) == 0 {
+		t.Fatalf("log after the first settle: %v, %v", before, err)
+	}
+	// The second's extra is cut to nothing.
+	if err := l.Settle(ctx, chk, tickets[1], []int64{100}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := c.ZRange(ctx, key, 0, -1).Result()
+	if err != nil || strings.Join(after, " ") != strings.Join(before, " ") {
+		t.Fatalf("log after a settle whose extra was cut to nothing: %v, %v; want it unchanged: %v", after, err, before)
+	}
+	if d, err := l.Allow(ctx, chk); err != nil || d.Allowed || d.Remaining != 0 {
+		t.Fatalf("after the settles: %+v, %v; want refused with nothing remaining", d, err)
+	}
+}

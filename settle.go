@@ -19,8 +19,9 @@ import (
 //   - a == c changes nothing (apart from releasing an InFlight lease).
 //   - a < c gives c-a units back to the spend the admission made, as long as that spend
 //     still counts: while the fixed window it landed in is open, while its rolling-window
-//     event is in the window; a token bucket gets its tokens back, never above its
-//     capacity. A spend that no longer counts gives nothing back: a refund never creates
+//     event is in the window (the Redis limiter: while that event is also the budget's
+//     newest; otherwise nothing is given back, an over-count); a token bucket gets its
+//     tokens back, never above its capacity. A spend that no longer counts gives nothing back: a refund never creates
 //     budget in a later window. a == 0 cancels: the budget is as if the check had not
 //     been admitted (a fixed window all of whose admissions were given back is closed,
 //     and the next admission opens a new one).
@@ -44,7 +45,8 @@ import (
 // its spend, and its leases expire after their rule's Window.
 //
 // Implementations must be safe for concurrent use. Settle and Renew return a
-// *[ConfigError] for invalid arguments, and otherwise only store failures ([StoreError]).
+// *[ConfigError] for invalid arguments, Renew [ErrLeaseLost] for a lease that had
+// expired, and otherwise only store failures ([StoreError]).
 type Settler interface {
 	Limiter
 	// Reserve decides as Allow does. When it admits, tickets[i] records check i's spend;

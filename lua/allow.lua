@@ -13,8 +13,9 @@
 --          limit (units per window; refill per window for the token bucket),
 --          window (ms), capacity (units; equal to limit except for a token bucket), cost (units).
 -- Reply: 6 integers per check, in KEYS order:
---          allowed (0/1), exceeded (0/1, cost > capacity), remaining (units, may be
---          negative if the limit was lowered), reset after (ms), retry after (ms),
+--          allowed (0/1), exceeded (0/1, cost > capacity), remaining (units, negative
+--          if the limit was lowered or a settle put the budget in debt), reset after
+--          (ms), retry after (ms),
 --          and for an admitted rolling-window check the cumulative sum that names its log
 --          entry (a ticket's ID, used by settle.lua), else 0.
 --

@@ -502,7 +502,8 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 // TestTokenBucketState: a token bucket is one string, its deficit (full - level, in
 // tokens x window ms) as a decimal integer, whose TTL is the time until full; the time
 // since it was written is ceil(deficit / rate) - PTTL. A bucket found without a TTL is
-// read as written now and given its TTL back; a deficit above full is an empty bucket; a
+// read as written now and given its TTL back; a deficit above full is debt (refused,
+// Remaining reported as 0, the decision's floor); a
 // value that is not a decimal integer below 2^53 is an error reply and is left as it was.
 func TestTokenBucketState(t *testing.T) {
 	srv := redistest.Start(t)
@@ -591,8 +592,8 @@ func TestTokenBucketState(t *testing.T) {
 			t.Errorf("bucket %q became %q", bad, got)
 		}
 	}
-	// An empty bucket (deficit = full) refuses, and so does a deficit above full (the
-	// capacity was lowered under the same name): it is an empty bucket, not an error.
+	// An empty bucket (deficit = full) refuses, and so does a deficit above full (debt
+	// from a settle, or a capacity lowered under the same name): not an error.
 	for _, empty := range []string{"100000", "100001", "5000000"} {
 		if err := c.Set(ctx, key, empty, time.Minute).Err(); err != nil {
 			t.Fatal(err)

@@ -163,7 +163,7 @@ const shortLease = time.Second
 //     milliseconds the walk took on its clock (less than a unit), Memory's by the steps
 //     of its own: a negative Remaining may differ by one unit.
 //   - The lua limiter gives a rolling-window event back only while it is the budget's
-//     newest (an overcount, docs/SETTLING.md 4.4); Memory gives back any event still in
+//     newest (an overcount, docs/SETTLING.md, "How exact it is"); Memory gives back any event still in
 //     the window. Before each settle below the reservation the walk reads each limiter's
 //     newest event: all must agree, and where the event is no longer the newest, Memory
 //     is settled at the reserved cost for that check.

@@ -4,6 +4,9 @@
 //
 // # Construction
 //
+// The server must be Redis 7.0 or later: tickets for settling (and the refund of a
+// decision spread over several slot groups) read PEXPIRETIME.
+//
 //	rdb := redis.NewClient(&redis.Options{
 //		Addr: "localhost:6379", MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1,
 //		DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond,

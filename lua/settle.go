@@ -64,8 +64,10 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 // [WithOneServer]) gives back what was reserved above the actual cost, charges what was
 // used above the reservation and releases the leases; a group whose checks are all
 // charged above is one allow.lua call in mode '3', the code settle.lua runs for them.
-// Each call is atomic; across slot groups it is not. A failure leaves that group's reservation in place (an overcount),
-// its extras uncharged and its leases to expire; it is a *[ratebudget.StoreError]. The
+// Each call is atomic; across slot groups it is not. A failure is a
+// *[ratebudget.StoreError]: when certain, that group's reservation stays in place (an
+// overcount), its extras uncharged and its leases left to expire; when uncertain
+// (StoreError.Uncertain: the reply was lost) the call may also have run. The
 // tickets are cleared whatever the outcome: a settle is never retried.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {

@@ -19,7 +19,7 @@
 --          to charge above the reservation (0: none; never with units to give back, nor
 --          for an in-flight check); and the ticket allow.lua gave in mode '2': the
 --          rolling event's cumulative sum (else 0), the window's PEXPIRETIME, the event's
---          or the lease's time (ms; 0 for a token bucket), and the lease member for an
+--          or the lease's time (ms; ignored for a token bucket), and the lease member for an
 --          in-flight check (else '-').
 -- Reply: one integer per check: 1 if it was given back, charged, released or renewed,
 --          0 if the state no longer allowed it (the window closed, the event is no longer

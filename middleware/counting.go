@@ -28,8 +28,8 @@ import (
 // A settled cost above the reserved one spends the difference without refusing it: the
 // budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
 // that panics is treated as a response with status 500. An InFlight rule holds one lease
-// per request, whatever its contract, released when the handler returns; its Counts must
-// be the zero value.
+// per request, released when the handler returns; it has no other contract, so its
+// Counts must be the zero value.
 type Counting struct {
 	kind     countKind
 	charged  func(status int) bool

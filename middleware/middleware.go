@@ -123,7 +123,8 @@ const (
 	// store error (a *ratebudget.StoreError), Latency the failed call's time and
 	// Decision zero. The reservation stays spent as reserved (an overcount, and an
 	// extra above it is not charged), and leases not released or renewed expire after
-	// their rule's Window. A renewal's event is observed on the renewal timer's
+	// their rule's Window; after an uncertain error (StoreError.Uncertain) the settle may
+	// also have been applied. A renewal's event is observed on the renewal timer's
 	// goroutine, while the handler runs. A lease found expired when renewed
 	// (ratebudget.ErrLeaseLost) is not a failure of the store and is not reported. Such
 	// failures do not count toward the breaker.
@@ -163,8 +164,9 @@ type Event struct {
 	// call's time; the local decision itself takes well under a microsecond.
 	Latency time.Duration
 	// Shadow is the decision of the rules in shadow mode ([Rule.Shadow]), made once the
-	// enforced rules admitted the request: all-or-nothing among them, as if they were
-	// enforced. Zero when the request has no shadow rule, or the enforced rules did not
+	// enforced rules admitted the request: all-or-nothing among a layer's shadow rules,
+	// as if they were enforced (stacked layers decide their shadow rules layer by
+	// layer). Zero when the request has no shadow rule, or the enforced rules did not
 	// admit it. Shadow.Allowed false with Shadow.Rule set is a request the shadow rules
 	// would have refused ([Event.ShadowRefused]); it was served all the same. A store
 	// failure of a shadow decision leaves Shadow zero: shadow rules never change a

@@ -88,7 +88,7 @@ func New() *Collector {
 		}, []string{"rule"}),
 		settles: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratebudget_settle_failures_total",
-			Help: "Admitted requests whose settle (or in-flight lease renewal) failed in the budget store: their reservation stayed spent as reserved.",
+			Help: "Admitted requests whose settle (or in-flight lease renewal) failed in the budget store: their reservation stayed spent as reserved (unless the error was uncertain).",
 		}),
 	}
 	c.ok = c.latency.WithLabelValues("ok")

@@ -156,7 +156,7 @@ func TestSettleFailuresCounted(t *testing.T) {
 # HELP ratebudget_decisions_total Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).
 # TYPE ratebudget_decisions_total counter
 ratebudget_decisions_total{outcome="allowed",rule="api"} 2
-# HELP ratebudget_settle_failures_total Admitted requests whose settle (or in-flight lease renewal) failed in the budget store: their reservation stayed spent as reserved.
+# HELP ratebudget_settle_failures_total Admitted requests whose settle (or in-flight lease renewal) failed in the budget store: their reservation stayed spent as reserved (unless the error was uncertain).
 # TYPE ratebudget_settle_failures_total counter
 ratebudget_settle_failures_total 2
 # HELP ratebudget_store_errors_total Budget-store failures by class; uncertain=true when budget may have been spent before the failure.

@@ -399,13 +399,8 @@ func (s *memShard) lease(r *Rule) int64 {
 	return s.leases
 }
 
-func (m *Memory) allowMany(checks []Check, now int64, out []Outcome, tickets []Ticket) Decision {
-	var kbuf [8]memKey
-	var hbuf [8]uint64
-	var sbuf [8]int
-	var obuf [8]Outcome
-	var bbuf [8]*budget
-	keys, hashes, shards, outs, found := kbuf[:0], hbuf[:0], sbuf[:0], obuf[:0], bbuf[:0]
+// locate appends each check's key, its hash and its shard to keys, hashes and shards.
+func (m *Memory) locate(checks []Check, keys []memKey, hashes []uint64, shards []int) ([]memKey, []uint64, []int) {
 	for i := range checks {
 		c := &checks[i]
 		k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
@@ -413,6 +408,19 @@ func (m *Memory) allowMany(checks []Check, now int64, out []Outcome, tickets []T
 		keys = append(keys, k)
 		hashes = append(hashes, h)
 		shards = append(shards, int(h%memShards))
+	}
+	return keys, hashes, shards
+}
+
+func (m *Memory) allowMany(checks []Check, now int64, out []Outcome, tickets []Ticket) Decision {
+	var kbuf [8]memKey
+	var hbuf [8]uint64
+	var sbuf [8]int
+	var obuf [8]Outcome
+	var bbuf [8]*budget
+	keys, hashes, shards := m.locate(checks, kbuf[:0], hbuf[:0], sbuf[:0])
+	outs, found := obuf[:0], bbuf[:0]
+	for range checks {
 		outs = append(outs, Outcome{})
 		found = append(found, nil)
 	}

@@ -71,15 +71,8 @@ func (m *Memory) each(checks []Check, tickets []Ticket, fn func(s *memShard, i i
 	var hbuf [8]uint64
 	var sbuf [8]int
 	var bbuf [8]*budget
-	keys, hashes, shards, kept := kbuf[:0], hbuf[:0], sbuf[:0], bbuf[:0]
-	for i := range checks {
-		c := &checks[i]
-		k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
-		h := m.hashOf(&k)
-		keys = append(keys, k)
-		hashes = append(hashes, h)
-		shards = append(shards, int(h%memShards))
-	}
+	keys, hashes, shards := m.locate(checks, kbuf[:0], hbuf[:0], sbuf[:0])
+	kept := bbuf[:0]
 	now := m.now()
 	locked := m.lock(shards, now)
 	for i := range checks {

@@ -1,0 +1,192 @@
+package middleware_test
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+// refusalRecorder is a refusal handler that answers 418 and keeps what it was given.
+type refusalRecorder struct {
+	calls     int
+	d         ratebudget.Decision
+	limitSeen string // X-RateLimit-Limit as set on w when the handler ran
+}
+
+func (rr *refusalRecorder) handle(w http.ResponseWriter, _ *http.Request, d ratebudget.Decision) {
+	rr.calls++
+	rr.d = d
+	rr.limitSeen = w.Header().Get("X-RateLimit-Limit")
+	w.WriteHeader(http.StatusTeapot)
+}
+
+func TestRefusalHandlerAnswersRefusals(t *testing.T) {
+	t.Parallel()
+	var rr refusalRecorder
+	reached := 0
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached++ })
+	cost := middleware.WithCost(func(r *http.Request) (int64, error) {
+		return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
+	})
+	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("api", 3, time.Minute), Identity: keyfuncs.Global()}},
+		middleware.WithRefusalHandler(rr.handle), middleware.WithHeaders(headers.XRateLimit), cost)(next)
+
+	for i := range 2 {
+		if rec := do(h, "GET", "/?cost=1", nil); rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d, want 200", i, rec.Code)
+		}
+	}
+	if rr.calls != 0 {
+		t.Fatalf("refusal handler called %d times for admitted requests", rr.calls)
+	}
+
+	// 2 units spent, 1 left: a cost of 2 is refused, and the handler answers.
+	rec := do(h, "GET", "/?cost=2", nil)
+	if rec.Code != http.StatusTeapot || rr.calls != 1 {
+		t.Fatalf("refusal: status %d, handler calls %d; want 418 from the handler, once", rec.Code, rr.calls)
+	}
+	if reached != 2 {
+		t.Fatalf("next handler reached %d times, want 2 (not on the refusal)", reached)
+	}
+	if rr.d.Allowed || rr.d.Exceeded || rr.d.Rule != "api" || rr.d.Remaining != 1 || rr.d.RetryAfter <= 0 {
+		t.Fatalf("decision given to the handler: %+v; want refused by api with 1 left and a retry time", rr.d)
+	}
+	if rr.limitSeen != "3" {
+		t.Fatalf("X-RateLimit-Limit on w when the handler ran: %q, want 3 (metadata set before it)", rr.limitSeen)
+	}
+	if got := rec.Header().Get("Retry-After"); got != "" {
+		t.Fatalf("Retry-After %q: the default refusal's headers were written too", got)
+	}
+
+	// A cost above the capacity can never be admitted: the handler answers it too, with
+	// Exceeded set, instead of the default 413.
+	rec = do(h, "GET", "/?cost=4", nil)
+	if rec.Code != http.StatusTeapot || rr.calls != 2 || !rr.d.Exceeded || rr.d.Allowed {
+		t.Fatalf("cost over capacity: status %d, calls %d, decision %+v; want 418 with Exceeded", rec.Code, rr.calls, rr.d)
+	}
+	// Refusals spent nothing: the unit left still admits a cost of 1.
+	if rec := do(h, "GET", "/?cost=1", nil); rec.Code != http.StatusOK {
+		t.Fatalf("after the refusals: %d, want 200 (a refusal spends nothing)", rec.Code)
+	}
+}
+
+// With stacked layers the handler of the layer whose rule refused answers, and the
+// decision's Index counts the checks of every layer, outermost first.
+func TestRefusalHandlerOfTheRefusingLayer(t *testing.T) {
+	t.Parallel()
+	var outerRR, innerRR refusalRecorder
+	lim := memory(t, newClock())
+	id := keyfuncs.Header("X-Client")
+	outer := mustNew(t, lim, []middleware.Rule{
+		{Rule: rule("outer-a", 10, time.Minute), Identity: id},
+		{Rule: rule("outer-b", 10, time.Minute), Identity: id},
+	}, middleware.WithRefusalHandler(outerRR.handle))
+	inner := mustNew(t, lim, []middleware.Rule{{Rule: rule("inner", 1, time.Minute), Identity: id}},
+		middleware.WithRefusalHandler(innerRR.handle))
+	h := outer(inner(ok))
+	alice := map[string]string{"X-Client": "alice"}
+
+	if rec := do(h, "GET", "/", alice); rec.Code != http.StatusOK {
+		t.Fatalf("first request: %d, want 200", rec.Code)
+	}
+	rec := do(h, "GET", "/", alice)
+	if rec.Code != http.StatusTeapot || innerRR.calls != 1 || outerRR.calls != 0 {
+		t.Fatalf("inner refusal: status %d, inner handler %d, outer handler %d; want 418 from the inner handler only",
+			rec.Code, innerRR.calls, outerRR.calls)
+	}
+	if innerRR.d.Rule != "inner" || innerRR.d.Index != 2 {
+		t.Fatalf("decision: rule %q index %d; want inner at index 2 (after the outer layer's two checks)", innerRR.d.Rule, innerRR.d.Index)
+	}
+	// The refusal spent nothing in the outer layer either: 9 of its 10 are left.
+	if n := left(t, lim, rule("outer-a", 10, time.Minute), "alice"); n != 9 {
+		t.Fatalf("outer-a has %d left, want 9", n)
+	}
+}
+
+func TestErrorHandlerAnswersInputErrors(t *testing.T) {
+	t.Parallel()
+	var got []error
+	reached := 0
+	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached++ })
+	lim := memory(t, newClock())
+	outerRule := rule("outer", 5, time.Minute)
+	outer := mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: keyfuncs.Global()}})
+	inner := mustNew(t, lim, []middleware.Rule{{Rule: rule("keyed", 5, time.Minute), Identity: keyfuncs.Header("X-Api-Key")}},
+		middleware.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			got = append(got, err)
+			w.WriteHeader(http.StatusUnauthorized)
+		}),
+		middleware.WithCost(func(r *http.Request) (int64, error) {
+			if r.URL.Query().Get("cost") == "0" {
+				return 0, nil
+			}
+			return 1, nil
+		}))
+	h := outer(inner(next))
+
+	rec := do(h, "GET", "/", nil) // no X-Api-Key
+	if rec.Code != http.StatusUnauthorized || len(got) != 1 {
+		t.Fatalf("missing key: status %d, handler calls %d; want 401 from the handler, once", rec.Code, len(got))
+	}
+	var ie *middleware.InputError
+	if !errors.As(got[0], &ie) || ie.Part != "identity" || ie.Rule != "keyed" || ie.Reason == "" {
+		t.Fatalf("error given to the handler: %#v; want an *InputError for the identity of rule keyed, with a reason", got[0])
+	}
+	if !errors.Is(got[0], keyfuncs.ErrEmptyKey) && !errors.Is(got[0], keyfuncs.ErrInvalidHeader) {
+		t.Fatalf("error %v does not wrap the key function's error", got[0])
+	}
+
+	rec = do(h, "GET", "/?cost=0", map[string]string{"X-Api-Key": "k1"})
+	if rec.Code != http.StatusUnauthorized || len(got) != 2 {
+		t.Fatalf("cost 0: status %d, handler calls %d; want 401 from the handler", rec.Code, len(got))
+	}
+	if !errors.As(got[1], &ie) || ie.Part != "cost" {
+		t.Fatalf("error given to the handler: %#v; want an *InputError for the cost", got[1])
+	}
+	if reached != 0 {
+		t.Fatalf("next handler reached %d times, want 0", reached)
+	}
+	// Neither request was counted, by this layer or the one stacked around it.
+	if n := left(t, lim, outerRule, keyfuncs.GlobalKey); n != 5 {
+		t.Fatalf("outer has %d left, want 5 (input errors are never counted)", n)
+	}
+}
+
+func TestHandlerOptionsRefuseNil(t *testing.T) {
+	t.Parallel()
+	rules := []middleware.Rule{{Rule: rule("api", 1, time.Minute), Identity: keyfuncs.Global()}}
+	for name, opt := range map[string]middleware.Option{
+		"WithRefusalHandler": middleware.WithRefusalHandler(nil),
+		"WithErrorHandler":   middleware.WithErrorHandler(nil),
+	} {
+		_, err := middleware.New(memory(t, newClock()), rules, opt)
+		var ce *ratebudget.ConfigError
+		if !errors.As(err, &ce) || ce.Field != name {
+			t.Errorf("%s(nil): %v; want a ConfigError naming %s", name, err, name)
+		}
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]middleware.Policy{"closed": middleware.FailClosed, "open": middleware.FailOpen, "local": middleware.LocalFallback} {
+		p, err := middleware.ParsePolicy(s)
+		if err != nil || p != want || p.String() != s {
+			t.Errorf("ParsePolicy(%q) = %v (%q), %v; want %v", s, p, p.String(), err, want)
+		}
+	}
+	for _, s := range []string{"", "Closed", "fail-open", "local "} {
+		_, err := middleware.ParsePolicy(s)
+		var ce *ratebudget.ConfigError
+		if !errors.As(err, &ce) || !errors.Is(err, ratebudget.ErrInvalidConfig) {
+			t.Errorf("ParsePolicy(%q): %v; want a ConfigError", s, err)
+		}
+	}
+}

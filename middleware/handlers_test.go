@@ -190,3 +190,85 @@ func TestParsePolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestCountActual: the callback sees the request, the status the handler wrote (500 for
+// a panic) and the header it left; its result is the settled cost, a negative one keeps
+// the estimate.
+func TestCountActual(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	work := ratebudget.Rule{Name: "work", Limit: 100, Window: time.Minute}
+	type seen struct {
+		status int
+		header string
+	}
+	var got []seen
+	counts := middleware.CountActual(10, func(r *http.Request, status int, h http.Header) int64 {
+		got = append(got, seen{status, h.Get("X-Units")})
+		n, err := strconv.ParseInt(r.URL.Query().Get("units"), 10, 64)
+		if err != nil {
+			return -1
+		}
+		return n
+	})
+	h := mustNew(t, lim, []middleware.Rule{{Rule: work, Identity: global, Counts: counts}})(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Query().Get("panic") != "" {
+				panic(http.ErrAbortHandler)
+			}
+			w.Header().Set("X-Units", r.URL.Query().Get("units"))
+			w.WriteHeader(http.StatusCreated)
+		}))
+	do(h, "GET", "/?units=3", nil) // settled at 3
+	do(h, "GET", "/", nil)         // -1: the estimate, 10, stays
+	func() {
+		defer func() { _ = recover() }()
+		do(h, "GET", "/?units=0&panic=1", nil) // settled at 0 after a panic
+	}()
+	want := []seen{{201, "3"}, {201, ""}, {500, ""}}
+	if len(got) != len(want) {
+		t.Fatalf("callback saw %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("callback call %d saw %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if n := left(t, lim, work, keyfuncs.GlobalKey); n != 100-3-10-0 {
+		t.Fatalf("%d left, want %d", n, 100-3-10)
+	}
+
+	for name, c := range map[string]middleware.Counting{
+		"nil function":         middleware.CountActual(10, nil),
+		"estimate 0":           middleware.CountActual(0, func(*http.Request, int, http.Header) int64 { return 1 }),
+		"estimate over limit":  middleware.CountActual(101, func(*http.Request, int, http.Header) int64 { return 1 }),
+		"bytes estimate over":  middleware.CountResponseBytes(101),
+		"header estimate zero": middleware.CountResponseHeader(0, "X-Units"),
+	} {
+		_, err := middleware.New(lim, []middleware.Rule{{Rule: work, Identity: global, Counts: c}})
+		var ce *ratebudget.ConfigError
+		if !errors.As(err, &ce) || ce.Field != "Counts" || ce.Rule != "work" {
+			t.Errorf("%s: %v; want a ConfigError naming rule work's Counts", name, err)
+		}
+	}
+}
+
+// TestCountAttemptsIsTheDefault: every admitted request is charged its cost, whatever
+// its status, with CountAttempts as with the zero Counting.
+func TestCountAttemptsIsTheDefault(t *testing.T) {
+	t.Parallel()
+	fail := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
+	for name, c := range map[string]middleware.Counting{"CountAttempts": middleware.CountAttempts(), "zero": {}} {
+		lim := memory(t, newClock())
+		r := rule("api", 5, time.Minute)
+		h := mustNew(t, lim, []middleware.Rule{{Rule: r, Identity: global, Counts: c}})(fail)
+		for range 2 {
+			if code := do(h, "GET", "/", nil).Code; code != 500 {
+				t.Fatalf("%s: %d, want the handler's 500", name, code)
+			}
+		}
+		if n := left(t, lim, r, keyfuncs.GlobalKey); n != 3 {
+			t.Errorf("%s: %d left, want 3 (both 500s charged)", name, n)
+		}
+	}
+}

@@ -20,7 +20,8 @@
 --          entry (a ticket's ID, used by settle.lua), else 0.
 --
 -- State:
---   fixed window:   string counter, created with SET key cost PX window, then INCRBY.
+--   fixed window:   string counter, created with SET key cost PX window, then INCRBY; a
+--                   value not in INCRBY's decimal form, or beyond 2^53, is an error reply.
 --   token bucket:   string integer d, the deficit (full - level, in tokens x window ms;
 --                   rate = limit per ms, full = capacity x window) at the time of the
 --                   write, written with SET key d PX lag + ceil(d / rate): the key expires
@@ -173,8 +174,12 @@ for i = 1, n do
     local v = call('GET', key)
     x1 = true
     if v then
-      local cnt = tonumber(v)
-      if cnt == nil then return redis.error_reply('ERR ratebudget: corrupt counter in check ' .. i) end
+      -- INCRBY's own form, exact below 2^53: tonumber also reads '1.5', '05', ' 5', '0x5'
+      -- or 'nan', which INCRBY would refuse after the group's earlier writes.
+      local cnt = (v == '0' or find(v, '^%-?[1-9]%d*$')) and tonumber(v)
+      if not cnt or cnt > MAXSCALED or cnt < -MAXSCALED then
+        return redis.error_reply('ERR ratebudget: corrupt counter in check ' .. i)
+      end
       local pttl = call('PTTL', key)
       if pttl == -1 then
         count, x1, x2 = cnt, false, true -- immortal counter: its window starts now

@@ -23,7 +23,8 @@
 --          in-flight check (else '-').
 -- Reply: one integer per check: 1 if it was given back, charged, released or renewed,
 --          0 if the state no longer allowed it (the window closed, the event is no longer
---          the newest or left the window, the lease expired); nothing is written then.
+--          the newest or left the window, the lease expired, a counter or bucket given
+--          back is corrupt); nothing is written then.
 --          An error reply (bad arguments, or a corrupt counter, bucket or log of a
 --          charged check: allow.lua's replies, whose check numbers count the charged
 --          checks only) comes before any write but allow.lua's trims of aged events.
@@ -135,7 +136,11 @@ for i = 1, n do
     done = 0
   elseif a.algo == 0 then
     if call('PEXPIRETIME', key) == a.at then
-      local v = tonumber(call('GET', key))
+      -- A counter not in DECRBY's form (see allow.lua) is not given back: DECRBY would
+      -- fail after the group's earlier writes.
+      local v = call('GET', key)
+      v = v and (v == '0' or string.find(v, '^%-?[1-9]%d*$')) and tonumber(v)
+      if v and (v > MAXSCALED or v < -MAXSCALED) then v = nil end
       if v and v <= a.give then
         call('DEL', key)
         done = 1

@@ -170,6 +170,7 @@
 // Failures of the store are *[ratebudget.StoreError] with a Class: "server" for an error
 // reply (OOM, BUSY, ...; nothing was spent), "reply" for a reply of an unexpected shape,
 // "timeout" and "canceled" for the caller's context, "connection" for transport errors.
-// Uncertain is set when the script may have run although its reply was lost. The limiter
-// never retries a spend itself.
+// Uncertain is set when the script may have run although its reply was lost, and when a
+// decision of several slot groups failed and the refund of its groups already admitted
+// failed too (their spend may stay). The limiter never retries a spend itself.
 package lua

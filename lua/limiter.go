@@ -475,12 +475,18 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 		}
 		ok, err := c.allow(ctx, d, g, true)
 		if err != nil {
-			c.refund(ctx, d)
+			if c.refund(ctx, d) != nil {
+				// The earlier groups' spend may stay: the decision's outcome is
+				// uncertain, even when this group's error is not.
+				if se, isStore := err.(*ratebudget.StoreError); isStore {
+					se.Uncertain = true
+				}
+			}
 			return ratebudget.Decision{}, err
 		}
 		if !ok {
 			refused = true
-			c.refund(ctx, d)
+			_ = c.refund(ctx, d) // a refusal either way; a failure leaves an over-count
 			continue
 		}
 		d.spent = true
@@ -490,11 +496,11 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 
 // refund gives back the spend of the groups admitted so far, best effort: a settle at
 // cost 0 of their tickets (the groups not admitted have none), one settle.lua call per
-// group. Errors are ignored (the decision is a refusal or an error either way); the
-// tickets are cleared.
-func (c *core) refund(ctx context.Context, d *decision) {
+// group. It returns the settle's error, after which the spend may stay; the tickets
+// are cleared.
+func (c *core) refund(ctx context.Context, d *decision) error {
 	if !d.spent {
-		return
+		return nil
 	}
 	// The refund outlives a canceled caller, but not its deadline: a refund cut short
 	// leaves the spend in place (an over-count, never an under-count).
@@ -504,8 +510,9 @@ func (c *core) refund(ctx context.Context, d *decision) {
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
-	_ = c.settle(ctx, d.checks, d.tickets, nil, d.keys, d.slots, false)
+	err := c.settle(ctx, d.checks, d.tickets, nil, d.keys, d.slots, false)
 	d.spent = false
+	return err
 }
 
 // allow runs allow.lua for the checks g of d (spending them if write and all are

@@ -77,7 +77,7 @@ func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets
 	if l.refusals != nil {
 		// Budget given back may admit sooner than a cached refusal's wait. Other
 		// processes' caches still refuse for at most their cached wait.
-		l.refusals.ForgetChecks(checks)
+		l.refusals.GaveBack(checks)
 	}
 	return err
 }

@@ -27,6 +27,11 @@ type Limiter struct {
 	cache  *Cache
 	s1, s2 maphash.Seed
 	gens   [genSlots]atomic.Uint64
+	// backs counts give-backs ([Limiter.GaveBack]); backAt holds, per slot of gens, the
+	// count at the slot's latest give-back, so that a refusal decided before a give-back
+	// of its budget is not cached once that give-back has dropped the budget's refusals.
+	backs  atomic.Uint64
+	backAt [genSlots]atomic.Uint64
 }
 
 // genSlots is the size of a Limiter's table of generations.
@@ -70,7 +75,7 @@ func (l *Limiter) key(dst, buf []byte, c *ratebudget.Check) ([]byte, []byte) {
 // its refusal. An invalid request is never answered from the cache.
 func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	var keys, buf []byte
-	sent := l.cache.Now()
+	sent, backs := l.cache.Now(), l.backs.Load()
 	if !l.cache.Empty() {
 		keys = make([]byte, 0, keyLen*len(checks))
 		found, exceeded := false, false
@@ -115,13 +120,14 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 		} else {
 			k, _ = l.key(nil, buf, &checks[d.Index])
 		}
-		l.cache.Store(k, checks[d.Index].Cost, sent, d)
+		l.cache.StoreIf(k, checks[d.Index].Cost, sent, d, nil, l.noBackSince(k, backs))
 	}
 	return d, nil
 }
 
-// ForgetChecks drops the refusals cached for the budgets of checks: budget was given
-// back to them (a settled decision), so that a cached wait may no longer hold.
+// ForgetChecks drops the refusals cached for the budgets of checks: they were spent by
+// an admission decided without the cache (a reservation's, a lease's), so that a cached
+// refusal no longer reports them as they are. After a give-back, call GaveBack.
 func (l *Limiter) ForgetChecks(checks []ratebudget.Check) {
 	if l.cache.Empty() {
 		return
@@ -131,6 +137,37 @@ func (l *Limiter) ForgetChecks(checks []ratebudget.Check) {
 		key, buf = l.key(key[:0], buf, &checks[i])
 		l.spent(key)
 	}
+}
+
+// GaveBack drops the refusals cached for the budgets of checks, as ForgetChecks does,
+// when budget was given back to them (a settle): a refusal that Redis decided before the
+// give-back and that reaches the cache after it is not cached either, since its wait
+// may no longer hold.
+func (l *Limiter) GaveBack(checks []ratebudget.Check) {
+	var key, buf []byte
+	for i := range checks {
+		key, buf = l.key(key[:0], buf, &checks[i])
+		// The count is raised before the refusal is dropped (under its shard's lock,
+		// even when the cache looks empty), and a refusal is stored only while its
+		// slot's count is the one read before its request was sent, under that lock:
+		// it is either dropped or never stored.
+		at := &l.backAt[genSlot(key)]
+		for v := l.backs.Add(1); ; {
+			old := at.Load()
+			if old >= v || at.CompareAndSwap(old, v) {
+				break
+			}
+		}
+		l.cache.forget(key)
+		l.gens[genSlot(key)].Add(1)
+	}
+}
+
+// noBackSince returns whether no budget of key's slot was given back since the count of
+// give-backs was backs.
+func (l *Limiter) noBackSince(key []byte, backs uint64) func() bool {
+	at := &l.backAt[genSlot(key)]
+	return func() bool { return at.Load() <= backs }
 }
 
 // spent records that the budget of key was spent or given back: its refusal, if any,
@@ -148,7 +185,7 @@ func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outs
 	if len(outs) != len(checks) || len(checks) == 0 {
 		return l.inner.AllowEach(ctx, checks, outs) // it reports the error
 	}
-	sent := l.cache.Now()
+	sent, backs := l.cache.Now(), l.backs.Load()
 	// The checks' keys, then their costs: the snapshot's Checks.
 	var kb [4 * (keyLen + 8)]byte
 	sig, buf := kb[:0], []byte(nil)
@@ -191,7 +228,8 @@ func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outs
 		}
 	case !d.Exceeded && d.RetryAfter > 0 && d.Index >= 0 && d.Index < len(checks):
 		snap := &Snapshot{Checks: string(sig), Outs: append([]ratebudget.Outcome(nil), outs...), Sent: sent, Gens: append([]uint64(nil), gens...)}
-		l.cache.StoreEach(keys[keyLen*d.Index:keyLen*(d.Index+1)], checks[d.Index].Cost, sent, d, snap)
+		k := keys[keyLen*d.Index : keyLen*(d.Index+1)]
+		l.cache.StoreIf(k, checks[d.Index].Cost, sent, d, snap, l.noBackSince(k, backs))
 	}
 	return d, nil
 }

@@ -164,6 +164,13 @@ func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision)
 // StoreEach is Store, keeping snap (which may be nil) with the refusal, to be returned
 // by LookupEach while the refusal is held.
 func (c *Cache) StoreEach(key []byte, cost int64, sent int64, d ratebudget.Decision, snap *Snapshot) {
+	c.StoreIf(key, cost, sent, d, snap, nil)
+}
+
+// StoreIf is StoreEach when fresh is nil or reports true, called with key's shard
+// locked (the lock Forget takes): a caller that forgets key after making fresh report
+// false knows that the refusal is either dropped or never stored.
+func (c *Cache) StoreIf(key []byte, cost int64, sent int64, d ratebudget.Decision, snap *Snapshot, fresh func() bool) {
 	if d.Allowed || d.Exceeded || d.RetryAfter <= 0 {
 		return
 	}
@@ -171,6 +178,9 @@ func (c *Cache) StoreEach(key []byte, cost int64, sent int64, d ratebudget.Decis
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if fresh != nil && !fresh() {
+		return
+	}
 	if old, ok := s.m[string(key)]; ok {
 		// Keep the entry that refuses more requests: a live one of lower cost stays (it
 		// ends a little earlier at worst, and the next refusal renews it), and of equal
@@ -210,6 +220,12 @@ func (c *Cache) Forget(key []byte) {
 	if c.Empty() {
 		return
 	}
+	c.forget(key)
+}
+
+// forget is Forget without its check that the cache is empty, which a concurrent
+// StoreIf may be about to change.
+func (c *Cache) forget(key []byte) {
 	s := c.shard(key)
 	s.mu.Lock()
 	if _, ok := s.m[string(key)]; ok {

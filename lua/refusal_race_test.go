@@ -1,0 +1,88 @@
+package lua_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+)
+
+// afterReply is a go-redis hook that runs fn once, when armed, after a command's reply
+// came back and before the caller sees it.
+type afterReply struct {
+	armed atomic.Bool
+	fn    func()
+}
+
+func (h *afterReply) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *afterReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *afterReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.armed.CompareAndSwap(true, false) {
+			h.fn()
+		}
+		return err
+	}
+}
+
+// TestRefusalCachedAfterSettle: a refusal whose reply is on its way back while a settle
+// of this limiter gives its budget back is not cached: the settle dropped the budget's
+// cached refusals before that refusal reached the cache, which would then refuse for
+// its whole wait what Redis admits.
+func TestRefusalCachedAfterSettle(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	hook := &afterReply{}
+	c.AddHook(hook)
+	l := newLimiter(t, c)
+	ctx := context.Background()
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
+		for _, each := range []bool{false, true} {
+			t.Run(fmt.Sprint(alg, each), func(t *testing.T) {
+				chk := ratebudget.Check{Rule: ratebudget.Rule{Name: fmt.Sprint("r", each), Algorithm: alg, Limit: 3, Window: time.Hour}, Identity: "uma", Cost: 3}
+				allow := func(cost int64) ratebudget.Decision {
+					t.Helper()
+					ch := chk
+					ch.Cost = cost
+					var d ratebudget.Decision
+					var err error
+					if each {
+						d, err = l.AllowEach(ctx, []ratebudget.Check{ch}, make([]ratebudget.Outcome, 1))
+					} else {
+						d, err = l.Allow(ctx, []ratebudget.Check{ch})
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					return d
+				}
+				tickets := make([]ratebudget.Ticket, 1)
+				if d, err := l.Reserve(ctx, []ratebudget.Check{chk}, tickets, nil); err != nil || !d.Allowed {
+					t.Fatalf("Reserve: %+v, %v", d, err)
+				}
+				// Redis refuses; before the refusal reaches the cache, the reservation is
+				// given back.
+				var settleErr error
+				hook.fn = func() { settleErr = l.Settle(ctx, []ratebudget.Check{chk}, tickets, nil) }
+				hook.armed.Store(true)
+				if d := allow(1); d.Allowed {
+					t.Fatalf("cost 1 with the budget reserved: %+v, want refused", d)
+				}
+				if hook.armed.Load() || settleErr != nil {
+					t.Fatalf("the settle did not run after the refusal: %v", settleErr)
+				}
+				if d := allow(1); !d.Allowed {
+					t.Fatalf("cost 1 after the reservation was given back: %+v; want admitted, as Redis admits", d)
+				}
+			})
+		}
+	}
+}

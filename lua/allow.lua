@@ -21,7 +21,8 @@
 --
 -- State:
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY; a
---                   value not in INCRBY's decimal form, or beyond 2^53, is an error reply.
+--                   value not in INCRBY's decimal form, or beyond 2^53, is an error reply
+--                   before any write (for a single check, INCRBY's own).
 --   token bucket:   string integer d, the deficit (full - level, in tokens x window ms;
 --                   rate = limit per ms, full = capacity x window) at the time of the
 --                   write, written with SET key d PX lag + ceil(d / rate): the key expires
@@ -174,9 +175,12 @@ for i = 1, n do
     local v = call('GET', key)
     x1 = true
     if v then
-      -- INCRBY's own form, exact below 2^53: tonumber also reads '1.5', '05', ' 5', '0x5'
-      -- or 'nan', which INCRBY would refuse after the group's earlier writes.
-      local cnt = (v == '0' or find(v, '^%-?[1-9]%d*$')) and tonumber(v)
+      -- tonumber also reads '1.5', '05', ' 5', '0x5' or 'nan', which INCRBY refuses: in a
+      -- group, after the earlier checks' writes, so a group's counters must be in INCRBY's
+      -- own form. A single check's INCRBY is its first write and refuses such a value
+      -- itself, so its path is spared the pattern match (a C call, as costly as a command).
+      local cnt = tonumber(v)
+      if n > 1 and not (v == '0' or find(v, '^%-?[1-9]%d*$')) then cnt = nil end
       if not cnt or cnt > MAXSCALED or cnt < -MAXSCALED then
         return redis.error_reply('ERR ratebudget: corrupt counter in check ' .. i)
       end

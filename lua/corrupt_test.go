@@ -89,3 +89,26 @@ func TestCorruptCounterNotGivenBack(t *testing.T) {
 		}
 	}
 }
+
+// TestCorruptCounterSingleCheck: a single check's counter in a form INCRBY refuses is a
+// certain server error (INCRBY's own refusal, its only write), and the value is left as
+// it was.
+func TestCorruptCounterSingleCheck(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	l := newLimiter(t, c)
+	for _, form := range counterForms {
+		a := ratebudget.Check{Rule: ratebudget.Rule{Name: "a", Limit: 10, Window: time.Hour}, Identity: "single" + form, Cost: 1}
+		if err := c.Set(ctx, l.Key(a), form, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		d, err := l.Allow(ctx, []ratebudget.Check{a})
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se.Class != "server" || se.Uncertain {
+			t.Errorf("counter %q: Allow = %+v, %v; want a certain server error", form, d, err)
+		}
+		if v := c.Get(ctx, l.Key(a)).Val(); v != form {
+			t.Errorf("counter %q became %q", form, v)
+		}
+	}
+}

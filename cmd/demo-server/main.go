@@ -6,7 +6,8 @@
 //	curl -i http://127.0.0.1:8080/api/hello
 //
 // GET / lists the routes and their limits; HEAD is answered on every GET route and
-// spends the same budget. The server's connection limits (-read-header-timeout,
+// spends the same budget. On SIGINT or SIGTERM it stops accepting connections and lets
+// running requests finish, for up to 15 s. The server's connection limits (-read-header-timeout,
 // -read-timeout, -write-timeout, -idle-timeout, -max-header-bytes) default to values
 // for a service exposed to untrusted clients; -h lists every flag.
 package main
@@ -313,7 +314,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return err
@@ -458,6 +459,10 @@ const (
 	maxSlow     = 10 * time.Second
 	maxDownload = 64 << 20
 )
+
+// shutdownGrace is how long a stopping server lets running requests finish: longer than
+// the longest GET /api/slow, so that none is cut (and its lease left to expire).
+const shutdownGrace = maxSlow + 5*time.Second
 
 // slowHandler sleeps ?ms=N milliseconds (at most 10 s), or until the client goes away.
 func slowHandler(w http.ResponseWriter, r *http.Request) {

@@ -231,6 +231,34 @@ func TestBadFlagValuesNameTheFlag(t *testing.T) {
 	}
 }
 
+// Shutdown is graceful for every request the demo serves: a GET /api/slow in flight when
+// the server is told to stop (here 6 s, longer than a 5 s grace, within its 10 s cap)
+// gets its whole answer, and run returns no error.
+func TestShutdownLetsSlowRequestFinish(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-addr", "127.0.0.1:0"}, io.Discard, ready) }()
+	base := "http://" + <-ready
+	resp, err := http.Get(base + "/api/slow?ms=6000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "sleeping 6000 ms\n" {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	cancel() // the request is running: its lease is held
+	if err := <-done; err != nil {
+		t.Errorf("run: %v, want a clean shutdown", err)
+	}
+	if rest, err := io.ReadAll(br); err != nil || string(rest) != "slept 6000 ms\n" {
+		t.Errorf("rest of the answer %q, %v; want it whole", rest, err)
+	}
+}
+
 func TestMetricsCountAllowedAndDenied(t *testing.T) {
 	base := startDemo(t, "-limit", "1", "-window", "1m")
 	get(t, "GET", base+"/api/hello", nil)

@@ -181,7 +181,20 @@ func seconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second) // not (d + time.Second - 1) / time.Second: that overflows
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+// maxSFInteger is the largest RFC 9651 sf-integer (15 digits). A larger value would make
+// the whole field invalid, so the IETF fields send this one instead.
+const maxSFInteger = 999_999_999_999_999
+
+// appendSFInteger appends n, clamped to 0..maxSFInteger, as an sf-integer.
+func appendSFInteger(b []byte, n int64) []byte {
+	return strconv.AppendInt(b, min(max(n, 0), maxSFInteger), 10)
 }
 
 // retryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least 1.
@@ -300,14 +313,14 @@ func (v *values3) str(b []byte, i, j int) string {
 func appendPolicy(b []byte, in *Info, draft10 bool) []byte {
 	b = appendSFString(b, in.Policy)
 	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, max(in.Limit, 0), 10)
+	b = appendSFInteger(b, in.Limit)
 	if !draft10 && in.Unit != "" && in.Unit != UnitRequests && validUnit(in.Unit) {
 		b = append(b, ";qu="...)
 		b = appendSFString(b, in.Unit)
 	}
 	if in.Window > 0 {
 		b = append(b, ";w="...)
-		b = strconv.AppendInt(b, max(seconds(in.Window), 1), 10)
+		b = appendSFInteger(b, max(seconds(in.Window), 1))
 	}
 	if !draft10 && in.PartitionKey != "" {
 		b = appendPK(b, in.PartitionKey)
@@ -318,15 +331,15 @@ func appendPolicy(b []byte, in *Info, draft10 bool) []byte {
 func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
 	b = appendSFString(b, in.Policy)
 	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, max(in.Remaining, 0), 10)
+	b = appendSFInteger(b, in.Remaining)
 	switch {
 	case draft10:
 		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, seconds(in.Reset), 10)
+		b = appendSFInteger(b, seconds(in.Reset))
 	case in.Available > 0:
 		// Rounded down: within the rounded-up value the client could use more.
 		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, int64(in.Available/time.Second), 10)
+		b = appendSFInteger(b, int64(in.Available/time.Second))
 	}
 	if !draft10 && in.PartitionKey != "" {
 		b = appendPK(b, in.PartitionKey)

@@ -1,6 +1,7 @@
 package headers
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -34,6 +35,44 @@ func TestStructuredFieldValues(t *testing.T) {
 	}
 	rl := appendRateLimit(nil, &Info{Policy: "api", Remaining: -1}, true)
 	if got, want := string(rl), `"api";r=0;t=0`; got != want {
+		t.Errorf("draft-10 RateLimit item = %s, want %s", got, want)
+	}
+}
+
+// A duration near its maximum (time.Duration(math.MaxInt64) is a common "forever") is
+// rounded up without overflow: Retry-After is never 1 for a wait of centuries, and no
+// seconds value is negative.
+func TestSecondsHuge(t *testing.T) {
+	t.Parallel()
+	const most = time.Duration(math.MaxInt64)
+	want := int64(most/time.Second) + 1 // 9223372036.854775807 s, rounded up
+	for _, d := range []time.Duration{most, most - time.Second/2, most - 1} {
+		if got := seconds(d); got != want {
+			t.Errorf("seconds(%d) = %d, want %d", d, got, want)
+		}
+		if got := retryAfterSeconds(d); got != want {
+			t.Errorf("retryAfterSeconds(%d) = %d, want %d", d, got, want)
+		}
+	}
+	if got := seconds(most - most%time.Second); got != want-1 {
+		t.Errorf("seconds of a whole number of seconds: %d, want %d", got, want-1)
+	}
+}
+
+// The IETF fields are RFC 9651 structured fields, whose integers have at most 15 digits:
+// a larger q or r would make a recipient discard the whole field, so they are clamped
+// to the largest sf-integer.
+func TestStructuredFieldIntegerRange(t *testing.T) {
+	t.Parallel()
+	in := &Info{Policy: "p", Limit: math.MaxInt64, Remaining: 1e15, Window: time.Duration(math.MaxInt64), Available: time.Duration(math.MaxInt64)}
+	if got, want := string(appendPolicy(nil, in, false)), `"p";q=999999999999999;w=9223372037`; got != want {
+		t.Errorf("policy item = %s, want %s", got, want)
+	}
+	if got, want := string(appendRateLimit(nil, in, false)), `"p";r=999999999999999;t=9223372036`; got != want {
+		t.Errorf("RateLimit item = %s, want %s", got, want)
+	}
+	in.Remaining, in.Reset = 999999999999999, time.Duration(math.MaxInt64)
+	if got, want := string(appendRateLimit(nil, in, true)), `"p";r=999999999999999;t=9223372037`; got != want {
 		t.Errorf("draft-10 RateLimit item = %s, want %s", got, want)
 	}
 }

@@ -46,8 +46,8 @@ func RoutePattern() KeyFunc {
 
 // MethodAndRoutePattern is [RoutePattern] prefixed with the request method and a space:
 // "GET /users/{id}", so that each method of a route has its own scope. HEAD is reported
-// as GET when the pattern was registered for GET (ServeMux patterns "GET /x" match HEAD
-// requests too), and any method outside the RFC 9110 and RFC 5789 set (GET, HEAD, POST,
+// as GET when it runs a route registered for GET (ServeMux patterns "GET /x" match HEAD
+// requests too, and chi's middleware.GetHead routes HEAD to GET routes), and any method outside the RFC 9110 and RFC 5789 set (GET, HEAD, POST,
 // PUT, PATCH, DELETE, CONNECT, OPTIONS, TRACE) is reported as "OTHER", so that clients
 // cannot mint new scopes by inventing methods.
 func MethodAndRoutePattern() KeyFunc {
@@ -57,11 +57,21 @@ func MethodAndRoutePattern() KeyFunc {
 			return "", ErrNoRoutePattern
 		}
 		m := method(r.Method)
-		if m == http.MethodHead && strings.HasPrefix(r.Pattern, "GET ") {
+		if m == http.MethodHead && headRoutedAsGet(r) {
 			m = http.MethodGet
 		}
 		return m + " " + p, nil
 	}
+}
+
+// headRoutedAsGet reports whether a HEAD request runs a route registered for GET: under
+// chi, when chi routes it as GET (chi's middleware.GetHead sets rctx.RouteMethod for a
+// HEAD request without a HEAD route); otherwise, when the ServeMux pattern is a GET one.
+func headRoutedAsGet(r *http.Request) bool {
+	if rctx := chi.RouteContext(r.Context()); rctx != nil {
+		return rctx.RouteMethod == http.MethodGet
+	}
+	return strings.HasPrefix(r.Pattern, "GET ")
 }
 
 // unmatchedRoute is the key [RoutePattern] and [MethodAndRoutePattern] give a request
@@ -100,7 +110,7 @@ func method(m string) string {
 }
 
 // patternAhead looks up, before the top-level chi router routes r, the pattern of the
-// route it will run: chi's own Find, on the path chi will route.
+// route it will run: chi's own Find, on the path and with the method chi will route by.
 func patternAhead(r *http.Request, rctx *chi.Context) string {
 	if rctx.Routes == nil {
 		return ""
@@ -115,7 +125,13 @@ func patternAhead(r *http.Request, rctx *chi.Context) string {
 			path = "/"
 		}
 	}
-	if p := rctx.Routes.Find(chi.NewRouteContext(), r.Method, path); p != "" {
+	// chi routes by rctx.RouteMethod when a middleware set it (GetHead routes a HEAD
+	// request without a HEAD route as GET), by r.Method otherwise.
+	method := rctx.RouteMethod
+	if method == "" {
+		method = r.Method
+	}
+	if p := rctx.Routes.Find(chi.NewRouteContext(), method, path); p != "" {
 		return p
 	}
 	return unmatchedRoute

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/go-chi/chi/v5"
+	chimw "github.com/go-chi/chi/v5/middleware"
 
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
@@ -264,6 +265,48 @@ func TestMethodAndRoutePattern_Chi(t *testing.T) {
 	rec = &recorder{fn: keyfuncs.MethodAndRoutePattern()}
 	serve(rec.mw(http.HandlerFunc(ok)), http.MethodGet, "/")
 	checkRec(t, rec, "", keyfuncs.ErrNoRoutePattern)
+}
+
+// chi's GetHead middleware routes a HEAD request without a HEAD route to the GET route
+// (rctx.RouteMethod = "GET"). The scope is then that GET route's, as for GET, wherever
+// the KeyFunc runs after GetHead: not "~unmatched" before routing, and not a HEAD scope
+// of its own (which would give a client a second budget by alternating HEAD and GET).
+func TestRoutePattern_ChiGetHead(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		fn     keyfuncs.KeyFunc
+		method string
+		target string
+		want   string
+	}{
+		{"pattern_get", keyfuncs.RoutePattern(), http.MethodGet, "/users/42", "/users/{id}"},
+		{"pattern_head", keyfuncs.RoutePattern(), http.MethodHead, "/users/42", "/users/{id}"},
+		{"pattern_head_subrouter", keyfuncs.RoutePattern(), http.MethodHead, "/api/items/7", "/api/items/{id}"},
+		{"pattern_head_route", keyfuncs.RoutePattern(), http.MethodHead, "/files/x", "/files/{name}"},
+		{"pattern_head_nowhere", keyfuncs.RoutePattern(), http.MethodHead, "/nowhere", keyfuncs.UnmatchedRoute},
+		{"method_get", keyfuncs.MethodAndRoutePattern(), http.MethodGet, "/users/42", "GET /users/{id}"},
+		{"method_head", keyfuncs.MethodAndRoutePattern(), http.MethodHead, "/users/42", "GET /users/{id}"},
+		{"method_head_subrouter", keyfuncs.MethodAndRoutePattern(), http.MethodHead, "/api/items/7", "GET /api/items/{id}"},
+		{"method_head_route", keyfuncs.MethodAndRoutePattern(), http.MethodHead, "/files/x", "HEAD /files/{name}"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			top := &recorder{fn: tc.fn}
+			with := &recorder{fn: tc.fn}
+			r := chi.NewRouter()
+			r.Use(chimw.GetHead)
+			r.Use(top.mw)
+			r.With(with.mw).Get("/users/{id}", ok)
+			r.Route("/api", func(r chi.Router) { r.With(with.mw).Get("/items/{id}", ok) })
+			r.With(with.mw).Get("/files/{name}", ok)
+			r.With(with.mw).Head("/files/{name}", ok)
+			serve(r, tc.method, tc.target)
+			checkRec(t, top, tc.want, nil)
+			if tc.want != keyfuncs.UnmatchedRoute {
+				checkRec(t, with, tc.want, nil)
+			}
+		})
+	}
 }
 
 func TestURLPath(t *testing.T) {

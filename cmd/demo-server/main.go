@@ -6,7 +6,8 @@
 //	curl -i http://127.0.0.1:8080/api/hello
 //
 // GET / lists the routes and their limits; HEAD is answered on every GET route and
-// spends the same budget. The server's connection limits (-read-header-timeout,
+// spends the same budget. On SIGINT or SIGTERM it stops accepting connections and lets
+// running requests finish, for up to 15 s. The server's connection limits (-read-header-timeout,
 // -read-timeout, -write-timeout, -idle-timeout, -max-header-bytes) default to values
 // for a service exposed to untrusted clients; -h lists every flag.
 package main
@@ -202,19 +203,49 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if o.server.maxHeaderBytes < 1 {
 		return o, fmt.Errorf("-max-header-bytes: must be positive, got %d", o.server.maxHeaderBytes)
 	}
+	if o.limit < 1 || o.limit > ratebudget.MaxLimit/5 {
+		// The route-wide rule of /api/accounts/{id}/report admits 5×-limit.
+		return o, fmt.Errorf("-limit: must be from 1 to %d (5×-limit must be at most %d), got %d", int64(ratebudget.MaxLimit/5), int64(ratebudget.MaxLimit), o.limit)
+	}
+	if o.storeTimeout <= 0 {
+		return o, fmt.Errorf("-store-timeout: must be positive, got %v", o.storeTimeout)
+	}
+	if o.replicas < 1 {
+		return o, fmt.Errorf("-replicas: must be at least 1, got %d", o.replicas)
+	}
+	if o.ipv6Prefix < 1 || o.ipv6Prefix > 128 {
+		return o, fmt.Errorf("-ipv6-prefix: must be from 1 to 128 bits, got %d", o.ipv6Prefix)
+	}
 	var err error
+	if _, err = ratebudget.NewMemory(ratebudget.WithMaxBudgets(o.maxBudgets)); err != nil {
+		return o, fmt.Errorf("-max-budgets: %w", err)
+	}
 	if o.algorithm, err = ratebudget.ParseAlgorithm(*algo); err != nil {
-		return o, err
+		return o, fmt.Errorf("-algorithm: %w", err)
 	}
 	if o.algorithm == ratebudget.InFlight {
 		return o, fmt.Errorf("-algorithm: inflight limits requests running at once, not a rate: use -inflight for /api/slow")
+	}
+	// The rules the flags make, checked here so that an error names the flags; the
+	// route-wide report-route (5×-limit) is the largest of the -limit rules.
+	for _, c := range []struct {
+		limitFlag, windowFlag string
+		rule                  ratebudget.Rule
+	}{
+		{"-limit", "-window", ratebudget.Rule{Name: "report-route", Algorithm: o.algorithm, Limit: 5 * o.limit, Window: o.window}},
+		{"-byte-limit", "-window", ratebudget.Rule{Name: "download", Algorithm: o.algorithm, Limit: o.byteLimit, Window: o.window}},
+		{"-inflight", "-lease-ttl", ratebudget.Rule{Name: "slow", Algorithm: ratebudget.InFlight, Limit: o.inflight, Window: o.leaseTTL}},
+	} {
+		if err := c.rule.Validate(); err != nil {
+			return o, flagError(err, c.limitFlag, c.windowFlag)
+		}
 	}
 	var ok bool
 	if o.style, ok = headers.ParseStyle(*style); !ok {
 		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, both or none)", *style)
 	}
 	if o.storeError, err = middleware.ParsePolicy(*policy); err != nil {
-		return o, err
+		return o, fmt.Errorf("-store-error: %w", err)
 	}
 	if o.coalesce != 0 && (o.coalesce < 2 || o.coalesce > 4096) {
 		return o, fmt.Errorf("-coalesce: must be 0 (off) or 2 to 4096 requests, got %d", o.coalesce)
@@ -223,8 +254,27 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		for _, p := range strings.Split(*proxies, ",") {
 			o.trustedProxies = append(o.trustedProxies, strings.TrimSpace(p))
 		}
+		if _, err := keyfuncs.ClientIP(keyfuncs.TrustedProxies(o.trustedProxies...), keyfuncs.XForwardedFor()); err != nil {
+			return o, fmt.Errorf("-trusted-proxies: %w", err)
+		}
 	}
 	return o, nil
+}
+
+// flagError names the flag behind a rule's invalid field: limitFlag for its Limit,
+// windowFlag for its Window, both for a product of the two (a token bucket's scale).
+func flagError(err error, limitFlag, windowFlag string) error {
+	var ce *ratebudget.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	switch ce.Field {
+	case "Limit":
+		return fmt.Errorf("%s: %s", limitFlag, ce.Problem)
+	case "Window":
+		return fmt.Errorf("%s: %s", windowFlag, ce.Problem)
+	}
+	return fmt.Errorf("%s and %s: rule %q: %s", limitFlag, windowFlag, ce.Rule, ce.Problem)
 }
 
 // run serves until ctx ends. When ready is not nil it receives the listening address.
@@ -245,7 +295,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	}
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("-addr: %w", err)
 	}
 	srv := newServer(h, o.server)
 	errc := make(chan error, 1)
@@ -264,7 +314,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return err
@@ -409,6 +459,10 @@ const (
 	maxSlow     = 10 * time.Second
 	maxDownload = 64 << 20
 )
+
+// shutdownGrace is how long a stopping server lets running requests finish: longer than
+// the longest GET /api/slow, so that none is cut (and its lease left to expire).
+const shutdownGrace = maxSlow + 5*time.Second
 
 // slowHandler sleeps ?ms=N milliseconds (at most 10 s), or until the client goes away.
 func slowHandler(w http.ResponseWriter, r *http.Request) {

@@ -169,6 +169,96 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
+// Every invalid flag value stops the server before it serves, with a message that starts
+// with the flag at fault, whichever part of the demo would have refused the value (the
+// rules, the client-IP options, the middleware, the listener), and also when another flag
+// (-no-limit, -redis) means the value would not be used.
+func TestBadFlagValuesNameTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"-limit", "0"}, "-limit"},
+		{[]string{"-limit", "-3"}, "-limit"},
+		{[]string{"-limit", "300000000000"}, "-limit"}, // the route-wide rule is 5×-limit
+		{[]string{"-window", "0"}, "-window"},
+		{[]string{"-window", "-1s"}, "-window"},
+		{[]string{"-window", "1500us"}, "-window"},
+		{[]string{"-window", "9000h"}, "-window"},
+		{[]string{"-algorithm", "token", "-limit", "100000000000", "-window", "8000h"}, "-limit"},
+		{[]string{"-algorithm", "token", "-byte-limit", "1099511627776"}, "-byte-limit"},
+		{[]string{"-algorithm", "sliding"}, "-algorithm"},
+		{[]string{"-store-error", "maybe"}, "-store-error"},
+		{[]string{"-replicas", "0"}, "-replicas"},
+		{[]string{"-store-error", "local", "-replicas", "-1"}, "-replicas"},
+		{[]string{"-store-timeout", "0"}, "-store-timeout"},
+		{[]string{"-store-timeout", "-1s"}, "-store-timeout"},
+		{[]string{"-trusted-proxies", "10.0.0.0/33"}, "-trusted-proxies"},
+		{[]string{"-trusted-proxies", "10.0.0.0/8,"}, "-trusted-proxies"},
+		{[]string{"-trusted-proxies", "0.0.0.0/0"}, "-trusted-proxies"},
+		{[]string{"-ipv6-prefix", "0"}, "-ipv6-prefix"},
+		{[]string{"-ipv6-prefix", "129"}, "-ipv6-prefix"},
+		{[]string{"-lease-ttl", "100000h"}, "-lease-ttl"},
+		{[]string{"-max-budgets", "0"}, "-max-budgets"},
+		{[]string{"-redis", "redis://127.0.0.1:1/0", "-max-budgets", "-5"}, "-max-budgets"},
+		{[]string{"-no-limit", "-limit", "-5"}, "-limit"},
+		{[]string{"-no-limit", "-window", "-5s"}, "-window"},
+		{[]string{"-addr", "nope"}, "-addr"},
+	} {
+		args := tc.args
+		if args[0] != "-addr" {
+			args = append([]string{"-addr", "127.0.0.1:0"}, args...)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ready := make(chan string, 1)
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, args, io.Discard, ready) }()
+		var err error
+		select {
+		case err = <-done:
+		case addr := <-ready:
+			cancel()
+			<-done
+			t.Errorf("%v: started on %s", tc.args, addr)
+		}
+		cancel()
+		if err == nil {
+			continue
+		}
+		if !strings.HasPrefix(err.Error(), tc.flag+": ") && !strings.HasPrefix(err.Error(), tc.flag+" and -") {
+			t.Errorf("%v: error %q, want one starting with %q", tc.args, err, tc.flag)
+		}
+	}
+}
+
+// Shutdown is graceful for every request the demo serves: a GET /api/slow in flight when
+// the server is told to stop (here 6 s, longer than a 5 s grace, within its 10 s cap)
+// gets its whole answer, and run returns no error.
+func TestShutdownLetsSlowRequestFinish(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-addr", "127.0.0.1:0"}, io.Discard, ready) }()
+	base := "http://" + <-ready
+	resp, err := http.Get(base + "/api/slow?ms=6000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "sleeping 6000 ms\n" {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	cancel() // the request is running: its lease is held
+	if err := <-done; err != nil {
+		t.Errorf("run: %v, want a clean shutdown", err)
+	}
+	if rest, err := io.ReadAll(br); err != nil || string(rest) != "slept 6000 ms\n" {
+		t.Errorf("rest of the answer %q, %v; want it whole", rest, err)
+	}
+}
+
 func TestMetricsCountAllowedAndDenied(t *testing.T) {
 	base := startDemo(t, "-limit", "1", "-window", "1m")
 	get(t, "GET", base+"/api/hello", nil)

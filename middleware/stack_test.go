@@ -417,3 +417,105 @@ func TestDraftMeaningsOfT(t *testing.T) {
 		}
 	}
 }
+
+// A refusal by the first limiter leaves the later limiters unasked: their rules are
+// listed but not reported, and never named as violated.
+func TestUnaskedLimiterIsNotReportedViolated(t *testing.T) {
+	t.Parallel()
+	a, b := memory(t, newClock()), memory(t, newClock())
+	outer, _, _ := layers(t, a, false)
+	_, inner, _ := layers(t, b, false)
+	h := outer(inner(ok))
+	bob := map[string]string{"X-Client": "bob", "Accept": "application/json"}
+	for range 5 {
+		do(outer(ok), "GET", "/", bob)
+	}
+	rec := do(h, "GET", "/", bob)
+	if rec.Code != 429 {
+		t.Fatalf("outer exhausted: %d", rec.Code)
+	}
+	var p problem.Problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || strings.Join(p.ViolatedPolicies, ",") != "outer" {
+		t.Errorf("problem %+v %v, want only outer violated: inner was never asked", p, err)
+	}
+	if got := rec.Header().Get("RateLimit"); got != `"outer";r=0;t=60` {
+		t.Errorf("RateLimit %s, want the outer rule's state only", got)
+	}
+	if got := rec.Header().Get("RateLimit-Policy"); got != `"outer";q=5;w=60, "inner";q=1;w=60` {
+		t.Errorf("RateLimit-Policy %s, want both rules", got)
+	}
+	if n := left(t, b, innerRule, "bob"); n != 1 {
+		t.Errorf("inner has %d left, want 1", n)
+	}
+}
+
+// A limiter whose store fails under FailOpen or LocalFallback does not switch off the
+// layers of a limiter that can decide: their rules are still enforced.
+func TestStoreFailureKeepsOtherLimitersEnforced(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		policy middleware.Option
+	}{
+		{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen)},
+		{"local", middleware.WithLocalFallback(1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := &flaky{next: memory(t, newClock())}
+			f.down.Store(true)
+			var evs events
+			outer := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: keyfuncs.Header("X-Client")}}, tc.policy,
+				middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe))
+			b := memory(t, newClock())
+			_, inner, _ := layers(t, b, false)
+			h := outer(inner(ok))
+			bob := map[string]string{"X-Client": "bob"}
+			for i, want := range []int{200, 429, 429} {
+				if rec := do(h, "GET", "/", bob); rec.Code != want {
+					t.Fatalf("request %d: %d, want %d: the inner limiter (limit 1) can decide", i, rec.Code, want)
+				}
+			}
+			outcomes, all := evs.take()
+			if len(outcomes) != 3 || outcomes[1] != middleware.OutcomeDenied || all[1].Decision.Rule != "inner" || all[1].Err == nil {
+				t.Errorf("events %v, want the inner rule's refusals with the outer store's error", all)
+			}
+			if tc.name == "local" {
+				if outcomes[0] != middleware.OutcomeAllowed || !all[0].Fallback {
+					t.Errorf("first event %+v, want a fallback admission", all[0])
+				}
+			} else if outcomes[0] != middleware.OutcomeDegraded {
+				t.Errorf("first event %v, want degraded", outcomes[0])
+			}
+		})
+	}
+}
+
+// A limiter that rejects its checks as invalid after an earlier limiter admitted gives
+// the earlier limiter's reservation back, and every layer sees the event.
+func TestConfigErrorOfALaterLimiterSpendsNothing(t *testing.T) {
+	t.Parallel()
+	a := memory(t, newClock())
+	var outerEvs, innerEvs events
+	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
+	outer := mustNew(t, a, []middleware.Rule{{Rule: lease, Identity: global}}, middleware.WithObserver(outerEvs.observe))
+	bad := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "Identity", Problem: "too long"}
+	})
+	inner := mustNew(t, bad, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(innerEvs.observe))
+	h := outer(inner(ok))
+	for i := range 2 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 500 {
+			t.Fatalf("request %d: %d, want 500", i, rec.Code)
+		}
+	}
+	d, err := a.Allow(context.Background(), []ratebudget.Check{{Rule: lease, Identity: keyfuncs.GlobalKey, Cost: 1}})
+	if err != nil || !d.Allowed {
+		t.Errorf("the outer lease is still held after a 500: %+v %v", d, err)
+	}
+	for name, e := range map[string]*events{"outer": &outerEvs, "inner": &innerEvs} {
+		if outcomes, _ := e.take(); len(outcomes) != 2 || outcomes[0] != middleware.OutcomeInvalid {
+			t.Errorf("%s layer saw %v, want two invalid events", name, outcomes)
+		}
+	}
+}

@@ -653,6 +653,13 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 			}
 		}
 		pd.Index += p.from
+		if pd.Exceeded {
+			// The cost fits the rule (a cost that does not is refused before any limiter
+			// is asked), only not its per-replica share: a 429 until the store answers
+			// again, not a 413 that says it can never be admitted.
+			pd.Exceeded = false
+			pd.RetryAfter = max(pd.RetryAfter, p.m.cfg.retryAfter)
+		}
 		if !pd.Allowed {
 			if st.settle != nil {
 				st.settle.cancelAll(ctx) // the earlier layers' local spend

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -517,5 +518,36 @@ func TestConfigErrorOfALaterLimiterSpendsNothing(t *testing.T) {
 		if outcomes, _ := e.take(); len(outcomes) != 2 || outcomes[0] != middleware.OutcomeInvalid {
 			t.Errorf("%s layer saw %v, want two invalid events", name, outcomes)
 		}
+	}
+}
+
+// A request whose context ends after the outer layer handed its checks on is answered by
+// the inner layer without a decision; every layer's observers see that.
+func TestCanceledAtAnInnerLayerIsObservedByEveryLayer(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	var outerEvs, innerEvs events
+	var cancel context.CancelFunc
+	outerID := func(*http.Request) (string, error) {
+		cancel() // the client goes away while the outer layer computes its checks
+		return "alice", nil
+	}
+	outer := mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: outerID}}, middleware.WithObserver(outerEvs.observe))
+	inner := mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(innerEvs.observe))
+	h := outer(inner(ok))
+	ctx, c := context.WithCancel(context.Background())
+	cancel = c
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+	if rec.Code != 200 || rec.Body.Len() != 0 {
+		t.Fatalf("answered %d %q, want nothing written", rec.Code, rec.Body)
+	}
+	for name, e := range map[string]*events{"outer": &outerEvs, "inner": &innerEvs} {
+		if outcomes, _ := e.take(); len(outcomes) != 1 || outcomes[0] != middleware.OutcomeCanceled {
+			t.Errorf("%s layer saw %v, want one canceled event", name, outcomes)
+		}
+	}
+	if n := left(t, lim, outerRule, "alice"); n != 5 {
+		t.Errorf("outer has %d left, want 5", n)
 	}
 }

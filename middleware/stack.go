@@ -501,6 +501,9 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 	var groups []*group
 	for i := range st.parts {
 		p := st.parts[i]
+		if p.from == p.to {
+			continue // every rule of the layer is in shadow mode: nothing to ask its limiter
+		}
 		var g *group
 		for _, x := range groups {
 			if x.key == p.m.limKey {

@@ -551,3 +551,25 @@ func TestCanceledAtAnInnerLayerIsObservedByEveryLayer(t *testing.T) {
 		t.Errorf("outer has %d left, want 5", n)
 	}
 }
+
+// A layer whose rules are all in shadow mode, on another limiter than the layer around
+// it, enforces nothing: the request is decided by the other layer alone.
+func TestShadowOnlyLayerOnAnotherLimiter(t *testing.T) {
+	t.Parallel()
+	a, b := memory(t, newClock()), memory(t, newClock())
+	var evs events
+	outer := mustNew(t, a, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(evs.observe))
+	shadow := mustNew(t, b, []middleware.Rule{{Rule: outerRule, Identity: global, Shadow: true}}, middleware.WithObserver(evs.observe))
+	h := outer(shadow(ok))
+	for i, want := range []int{200, 429} {
+		if rec := do(h, "GET", "/", nil); rec.Code != want {
+			t.Fatalf("request %d: %d %s, want %d", i, rec.Code, rec.Body, want)
+		}
+	}
+	if _, all := evs.take(); len(all) != 4 || all[0].Outcome != middleware.OutcomeAllowed || all[0].Shadow.Rule != "outer" || !all[0].Shadow.Allowed {
+		t.Errorf("events %+v, want the admission with the shadow rule's decision", all)
+	}
+	if n := left(t, b, outerRule, keyfuncs.GlobalKey); n != 4 {
+		t.Errorf("shadow budget has %d left, want 4: spent by the admitted request only", n)
+	}
+}

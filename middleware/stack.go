@@ -584,6 +584,9 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 			d, best = gd, gd.Index
 		}
 	}
+	if best < 0 {
+		d.Allowed = true // every group failed under FailOpen: degraded
+	}
 	if known {
 		outcomes = all
 	}

@@ -573,3 +573,25 @@ func TestShadowOnlyLayerOnAnotherLimiter(t *testing.T) {
 		t.Errorf("shadow budget has %d left, want 4: spent by the admitted request only", n)
 	}
 }
+// Layers on two limiters whose stores both fail under FailOpen admit, degraded.
+func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
+	t.Parallel()
+	var evs events
+	var layers []func(http.Handler) http.Handler
+	for _, r := range []ratebudget.Rule{outerRule, innerRule} {
+		f := &flaky{next: memory(t, newClock())}
+		f.down.Store(true)
+		layers = append(layers, mustNew(t, f, []middleware.Rule{{Rule: r, Identity: global}}, middleware.WithStoreErrorPolicy(middleware.FailOpen),
+			middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe)))
+	}
+	h := layers[0](layers[1](ok))
+	for i := range 3 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+			t.Fatalf("request %d: %d, want 200", i, rec.Code)
+		}
+	}
+	if outcomes, all := evs.take(); len(outcomes) != 6 || outcomes[0] != middleware.OutcomeDegraded || all[0].Err == nil {
+		t.Errorf("events %v, want degraded ones with the store error", outcomes)
+	}
+}
+

@@ -573,6 +573,7 @@ func TestShadowOnlyLayerOnAnotherLimiter(t *testing.T) {
 		t.Errorf("shadow budget has %d left, want 4: spent by the admitted request only", n)
 	}
 }
+
 // Layers on two limiters whose stores both fail under FailOpen admit, degraded.
 func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
 	t.Parallel()
@@ -594,4 +595,3 @@ func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
 		t.Errorf("events %v, want degraded ones with the store error", outcomes)
 	}
 }
-

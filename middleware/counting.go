@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"bufio"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -219,19 +218,21 @@ func (rec *recorder) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// Flush passes a flush on when the writer can.
+// Flush passes a flush on when the writer can, directly or through Unwrap.
 func (rec *recorder) Flush() {
-	if f, ok := rec.ResponseWriter.(http.Flusher); ok {
-		f.Flush()
-	}
+	_ = rec.FlushError()
 }
 
-// Hijack passes a hijack on when the writer can.
+// FlushError passes a flush on, as http.ResponseController does: through the wrapped
+// writers' Unwrap, with http.ErrNotSupported when none can flush.
+func (rec *recorder) FlushError() error {
+	return http.NewResponseController(rec.ResponseWriter).Flush()
+}
+
+// Hijack passes a hijack on, as http.ResponseController does: through the wrapped
+// writers' Unwrap, with http.ErrNotSupported when none can hijack.
 func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	if h, ok := rec.ResponseWriter.(http.Hijacker); ok {
-		return h.Hijack()
-	}
-	return nil, nil, errors.New("ratebudget: the response writer cannot be hijacked")
+	return http.NewResponseController(rec.ResponseWriter).Hijack()
 }
 
 // Unwrap returns the wrapped writer, for http.ResponseController.

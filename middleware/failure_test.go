@@ -356,3 +356,23 @@ func TestLimiterConfigErrorIs500(t *testing.T) {
 		}
 	}
 }
+
+// A cost that fits the rule but not the per-replica budget of the local fallback is
+// refused with 429 (the store may answer again), never with 413 (never admissible).
+func TestLocalFallbackRefusesACostAboveItsBudgetWith429(t *testing.T) {
+	t.Parallel()
+	lim := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("down")}
+	})
+	var evs events
+	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}}, middleware.WithLocalFallback(4),
+		middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe),
+		middleware.WithCost(func(*http.Request) (int64, error) { return 5, nil }))(ok)
+	rec := do(h, "GET", "/", nil)
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("%d %v, want 429 with Retry-After: the local budget is 10/4 = 2", rec.Code, rec.Header())
+	}
+	if outcomes, all := evs.take(); len(outcomes) != 1 || outcomes[0] != middleware.OutcomeDenied || !all[0].Fallback || all[0].Decision.Exceeded {
+		t.Errorf("events %+v, want one fallback denial", all)
+	}
+}

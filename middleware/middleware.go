@@ -43,7 +43,8 @@
 // walk, so later limiters spend nothing; earlier limiters' spend is given back when they
 // implement ratebudget.Settler (their decisions are then reserved), and stays spent
 // otherwise. On a store failure the strictest policy of the
-// failed limiter's layers applies (FailClosed, then LocalFallback, then FailOpen).
+// failed limiter's layers applies (FailClosed, then LocalFallback, then FailOpen); under
+// FailOpen and LocalFallback the other limiters still decide their layers' rules.
 //
 // # Failure handling
 //
@@ -391,9 +392,10 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 }
 
 // misconfigured answers 500 for a limiter that rejected the request's checks: a
-// configuration mistake, not the client's and not the store's.
-func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, err error) {
-	m.observe(&Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+// configuration mistake, not the client's and not the store's. Every layer of st sees
+// the event.
+func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, st *stack, err error) {
+	observeAll(st, &Event{Request: r, Outcome: OutcomeInvalid, Err: err})
 	problem.Write(w, r, problem.Problem{
 		Type:   problem.InvalidRequest,
 		Title:  "Internal Server Error",

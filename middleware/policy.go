@@ -29,6 +29,8 @@ const (
 	// configured number of replicas, rounded down but at least 1. The sum over replicas
 	// never exceeds the global limit unless a limit is below the replica count; it is wrong
 	// (too strict for some clients) when the load balancer spreads one client unevenly.
+	// A cost above a rule's share is refused with 429 (Retry-After from
+	// [WithUnavailableRetryAfter]), not 413: the store may answer again.
 	LocalFallback
 )
 

@@ -281,3 +281,51 @@ type limiterOnly struct{}
 func (limiterOnly) Allow(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
 	return ratebudget.Decision{Allowed: true}, nil
 }
+
+// unwrapOnly is a response writer of another middleware that reaches the writer it wraps
+// only through Unwrap, as http.ResponseController expects.
+type unwrapOnly struct{ http.ResponseWriter }
+
+func (u unwrapOnly) Unwrap() http.ResponseWriter { return u.ResponseWriter }
+
+// A handler of a settled rule flushes and hijacks through http.ResponseController as it
+// would without the middleware: the writers wrapped below reach it through Unwrap.
+func TestSettledResponseControllerReachesWrappedWriter(t *testing.T) {
+	t.Parallel()
+	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute}
+	mw := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: lease, Identity: global}})
+	var flushErr error
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("part"))
+		flushErr = http.NewResponseController(w).Flush()
+	}))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(unwrapOnly{rec}, httptest.NewRequest("GET", "/", nil))
+	if flushErr != nil || !rec.Flushed {
+		t.Errorf("flush: %v, flushed %v: want the writer below flushed", flushErr, rec.Flushed)
+	}
+
+	hijacked := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusTeapot)
+			return
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nhijacked")
+		_ = buf.Flush()
+	}))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hijacked.ServeHTTP(unwrapOnly{w}, r)
+	}))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "hijacked" {
+		t.Errorf("hijack: %d %q, want the connection hijacked through Unwrap", resp.StatusCode, body)
+	}
+}

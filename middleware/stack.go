@@ -65,6 +65,9 @@ type stack struct {
 	shadowParts []part
 	settle      *settlement   // what the handler's return settles, once admitted
 	req         *http.Request // the request being decided (set by decideStack)
+	// unasked marks the checks of limiters that a refusal left unasked (nil when every
+	// limiter was asked): their state is not known.
+	unasked []bool
 }
 
 // part is one layer's share of a stack: its checks are checks[from:to].
@@ -83,7 +86,7 @@ func (st *stack) reset() {
 	clear(st.shadowParts)
 	st.decided, st.answered, st.settles = false, false, false
 	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
-	st.shadow, st.shadowParts, st.settle, st.req = st.shadow[:0], st.shadowParts[:0], nil, nil
+	st.shadow, st.shadowParts, st.settle, st.req, st.unasked = st.shadow[:0], st.shadowParts[:0], nil, nil, nil
 }
 
 // rule returns the rule of the part's k-th check (of its enforced checks, or with shadow
@@ -108,10 +111,13 @@ func (l *layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st = nil // reached again after a decision (through another handler): decide alone
 	}
 	if ctx.Err() != nil {
+		ev := Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()}
 		if st != nil {
 			st.answered = true
+			observeOuter(st, m, &ev) // the layers that handed their checks on, too
+			return
 		}
-		m.observe(&Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()})
+		m.observe(&ev)
 		return
 	}
 	ahead := !l.inner && m.layerAhead(l.next, r)
@@ -314,11 +320,14 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			failed = &g
 		}
 	default:
-		ev.Decision, outcomes, ev.Latency, failed, err = decideGroups(ctx, st)
+		ev.Decision, outcomes, ev.Latency, failed, ev.Fallback, err = decideGroups(ctx, st)
 	}
 	if err != nil {
 		if errors.Is(err, ratebudget.ErrInvalidConfig) {
-			innermost.misconfigured(w, r, err)
+			if st.settle != nil {
+				st.settle.cancelAll(ctx) // an earlier limiter's reservation
+			}
+			innermost.misconfigured(w, r, st, err)
 			return
 		}
 		var se *ratebudget.StoreError
@@ -334,9 +343,15 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			}
 			return
 		}
-		switch strictest(failed.parts) {
-		case FailOpen:
+		policy := strictest(failed.parts)
+		// decideGroups applies a policy other than FailClosed itself and goes on with the
+		// other limiters, whose refusal refuses: the request was decided unless nothing
+		// but FailOpen admitted it.
+		decided := !single && policy != FailClosed
+		switch {
+		case policy == FailOpen && !decided, decided && ev.Decision.Allowed && !ev.Fallback:
 			ev.Outcome = OutcomeDegraded
+			ev.Decision = ratebudget.Decision{}
 			observeAll(st, &ev)
 			if st.settle != nil {
 				serveSettled(w, r, st.settle, next) // the limiters that did decide
@@ -344,7 +359,8 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			}
 			next.ServeHTTP(w, r)
 			return
-		case LocalFallback:
+		case decided:
+		case policy == LocalFallback:
 			ev.Decision, outcomes = fallback(ctx, st, failed)
 			ev.Fallback = true
 		default:
@@ -425,6 +441,8 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 		in.Window = 0 // a lease's TTL is not a window
 	}
 	switch {
+	case st.unasked != nil && st.unasked[i]:
+		in.Unreported = true
 	case outcomes != nil:
 		o := &outcomes[i]
 		in.Remaining, in.Reset, in.RetryAfter = max(o.Remaining, 0), o.ResetAfter, o.RetryAfter
@@ -471,14 +489,21 @@ func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duratio
 
 // decideGroups decides a stack whose layers use different limiters: one all-or-nothing
 // call per limiter, in the order the layers were mounted (outermost first). A group's
-// refusal or failure stops the walk: later groups spend nothing; earlier groups' spend
-// is given back when their limiter implements ratebudget.Settler (it was reserved), and
-// stays spent otherwise. The decision reported is the
-// refusing group's, or when all admit the most restrictive rule of all.
-func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, failed *group, err error) {
+// refusal stops the walk: later groups spend nothing; earlier groups' spend is given
+// back when their limiter implements ratebudget.Settler (it was reserved), and stays
+// spent otherwise. A group's store failure under FailOpen or LocalFallback is decided
+// by that policy (fellBack reports a local decision) and the walk goes on, so that the
+// other limiters' rules still apply; failed and err are then the last failure. Any
+// other failure (FailClosed, a configuration error, a canceled request) stops the walk
+// with the earlier groups' reservations standing: decideStack answers it. The decision
+// reported is the refusing group's, or when all admit the most restrictive rule of all.
+func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, failed *group, fellBack bool, err error) {
 	var groups []*group
 	for i := range st.parts {
 		p := st.parts[i]
+		if p.from == p.to {
+			continue // every rule of the layer is in shadow mode: nothing to ask its limiter
+		}
 		var g *group
 		for _, x := range groups {
 			if x.key == p.m.limKey {
@@ -524,32 +549,67 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 			st.settle.cancelAll(ctx)
 		}
 		if gerr != nil {
-			// The earlier groups' reservations stand for now: the failure policy decides
-			// whether the request is served (see decideStack).
-			return ratebudget.Decision{}, nil, latency, g, gerr
-		}
-		if gout == nil {
-			known = false
-		} else {
-			for i, k := range g.index {
-				all[k] = gout[i]
+			policy := strictest(g.parts)
+			if policy == FailClosed || ctx.Err() != nil || errors.Is(gerr, ratebudget.ErrInvalidConfig) {
+				return ratebudget.Decision{}, nil, latency, g, false, gerr
 			}
+			failed, err = g, gerr
+			known = false // the failed group's state is not known
+			if policy == FailOpen {
+				continue
+			}
+			gd, _ = fallback(ctx, st, g) // its Index is the stack's already
+			fellBack = true
+			if !gd.Allowed {
+				return gd, nil, latency, failed, true, err
+			}
+		} else {
+			if gout == nil {
+				known = false
+			} else {
+				for i, k := range g.index {
+					all[k] = gout[i]
+				}
+			}
+			gd.Index = g.index[gd.Index]
 		}
-		gd.Index = g.index[gd.Index]
 		if !gd.Allowed {
 			if known {
 				outcomes = all
+				st.unasked = unasked(st, groups, g)
 			}
-			return gd, outcomes, latency, nil, nil
+			return gd, outcomes, latency, failed, fellBack, err
 		}
 		if best < 0 || gd.Remaining < d.Remaining || gd.Remaining == d.Remaining && gd.ResetAfter > d.ResetAfter {
 			d, best = gd, gd.Index
 		}
 	}
+	if best < 0 {
+		d.Allowed = true // every group failed under FailOpen: degraded
+	}
 	if known {
 		outcomes = all
 	}
-	return d, outcomes, latency, nil, nil
+	return d, outcomes, latency, failed, fellBack, err
+}
+
+// unasked marks the checks of the groups after refused, which a refusal left unasked;
+// nil when refused is the last group.
+func unasked(st *stack, groups []*group, refused *group) []bool {
+	var marks []bool
+	after := false
+	for _, g := range groups {
+		if after {
+			if marks == nil {
+				marks = make([]bool, len(st.checks))
+			}
+			for _, k := range g.index {
+				marks[k] = true
+			}
+		}
+		after = after || g == refused
+	}
+	return marks
 }
 
 // strictest returns the strictest store-error policy of parts: FailClosed, then
@@ -602,6 +662,13 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 			}
 		}
 		pd.Index += p.from
+		if pd.Exceeded {
+			// The cost fits the rule (a cost that does not is refused before any limiter
+			// is asked), only not its per-replica share: a 429 until the store answers
+			// again, not a 413 that says it can never be admitted.
+			pd.Exceeded = false
+			pd.RetryAfter = max(pd.RetryAfter, p.m.cfg.retryAfter)
+		}
 		if !pd.Allowed {
 			if st.settle != nil {
 				st.settle.cancelAll(ctx) // the earlier layers' local spend

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -415,5 +416,182 @@ func TestDraftMeaningsOfT(t *testing.T) {
 		if got := do(h, "GET", "/", nil).Header().Get("RateLimit"); got != tc.want {
 			t.Errorf("%v: RateLimit %s, want %s", tc.style, got, tc.want)
 		}
+	}
+}
+
+// A refusal by the first limiter leaves the later limiters unasked: their rules are
+// listed but not reported, and never named as violated.
+func TestUnaskedLimiterIsNotReportedViolated(t *testing.T) {
+	t.Parallel()
+	a, b := memory(t, newClock()), memory(t, newClock())
+	outer, _, _ := layers(t, a, false)
+	_, inner, _ := layers(t, b, false)
+	h := outer(inner(ok))
+	bob := map[string]string{"X-Client": "bob", "Accept": "application/json"}
+	for range 5 {
+		do(outer(ok), "GET", "/", bob)
+	}
+	rec := do(h, "GET", "/", bob)
+	if rec.Code != 429 {
+		t.Fatalf("outer exhausted: %d", rec.Code)
+	}
+	var p problem.Problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || strings.Join(p.ViolatedPolicies, ",") != "outer" {
+		t.Errorf("problem %+v %v, want only outer violated: inner was never asked", p, err)
+	}
+	if got := rec.Header().Get("RateLimit"); got != `"outer";r=0;t=60` {
+		t.Errorf("RateLimit %s, want the outer rule's state only", got)
+	}
+	if got := rec.Header().Get("RateLimit-Policy"); got != `"outer";q=5;w=60, "inner";q=1;w=60` {
+		t.Errorf("RateLimit-Policy %s, want both rules", got)
+	}
+	if n := left(t, b, innerRule, "bob"); n != 1 {
+		t.Errorf("inner has %d left, want 1", n)
+	}
+}
+
+// A limiter whose store fails under FailOpen or LocalFallback does not switch off the
+// layers of a limiter that can decide: their rules are still enforced.
+func TestStoreFailureKeepsOtherLimitersEnforced(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		policy middleware.Option
+	}{
+		{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen)},
+		{"local", middleware.WithLocalFallback(1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := &flaky{next: memory(t, newClock())}
+			f.down.Store(true)
+			var evs events
+			outer := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: keyfuncs.Header("X-Client")}}, tc.policy,
+				middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe))
+			b := memory(t, newClock())
+			_, inner, _ := layers(t, b, false)
+			h := outer(inner(ok))
+			bob := map[string]string{"X-Client": "bob"}
+			for i, want := range []int{200, 429, 429} {
+				if rec := do(h, "GET", "/", bob); rec.Code != want {
+					t.Fatalf("request %d: %d, want %d: the inner limiter (limit 1) can decide", i, rec.Code, want)
+				}
+			}
+			outcomes, all := evs.take()
+			if len(outcomes) != 3 || outcomes[1] != middleware.OutcomeDenied || all[1].Decision.Rule != "inner" || all[1].Err == nil {
+				t.Errorf("events %v, want the inner rule's refusals with the outer store's error", all)
+			}
+			if tc.name == "local" {
+				if outcomes[0] != middleware.OutcomeAllowed || !all[0].Fallback {
+					t.Errorf("first event %+v, want a fallback admission", all[0])
+				}
+			} else if outcomes[0] != middleware.OutcomeDegraded {
+				t.Errorf("first event %v, want degraded", outcomes[0])
+			}
+		})
+	}
+}
+
+// A limiter that rejects its checks as invalid after an earlier limiter admitted gives
+// the earlier limiter's reservation back, and every layer sees the event.
+func TestConfigErrorOfALaterLimiterSpendsNothing(t *testing.T) {
+	t.Parallel()
+	a := memory(t, newClock())
+	var outerEvs, innerEvs events
+	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
+	outer := mustNew(t, a, []middleware.Rule{{Rule: lease, Identity: global}}, middleware.WithObserver(outerEvs.observe))
+	bad := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "Identity", Problem: "too long"}
+	})
+	inner := mustNew(t, bad, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(innerEvs.observe))
+	h := outer(inner(ok))
+	for i := range 2 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 500 {
+			t.Fatalf("request %d: %d, want 500", i, rec.Code)
+		}
+	}
+	d, err := a.Allow(context.Background(), []ratebudget.Check{{Rule: lease, Identity: keyfuncs.GlobalKey, Cost: 1}})
+	if err != nil || !d.Allowed {
+		t.Errorf("the outer lease is still held after a 500: %+v %v", d, err)
+	}
+	for name, e := range map[string]*events{"outer": &outerEvs, "inner": &innerEvs} {
+		if outcomes, _ := e.take(); len(outcomes) != 2 || outcomes[0] != middleware.OutcomeInvalid {
+			t.Errorf("%s layer saw %v, want two invalid events", name, outcomes)
+		}
+	}
+}
+
+// A request whose context ends after the outer layer handed its checks on is answered by
+// the inner layer without a decision; every layer's observers see that.
+func TestCanceledAtAnInnerLayerIsObservedByEveryLayer(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	var outerEvs, innerEvs events
+	var cancel context.CancelFunc
+	outerID := func(*http.Request) (string, error) {
+		cancel() // the client goes away while the outer layer computes its checks
+		return "alice", nil
+	}
+	outer := mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: outerID}}, middleware.WithObserver(outerEvs.observe))
+	inner := mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(innerEvs.observe))
+	h := outer(inner(ok))
+	ctx, c := context.WithCancel(context.Background())
+	cancel = c
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+	if rec.Code != 200 || rec.Body.Len() != 0 {
+		t.Fatalf("answered %d %q, want nothing written", rec.Code, rec.Body)
+	}
+	for name, e := range map[string]*events{"outer": &outerEvs, "inner": &innerEvs} {
+		if outcomes, _ := e.take(); len(outcomes) != 1 || outcomes[0] != middleware.OutcomeCanceled {
+			t.Errorf("%s layer saw %v, want one canceled event", name, outcomes)
+		}
+	}
+	if n := left(t, lim, outerRule, "alice"); n != 5 {
+		t.Errorf("outer has %d left, want 5", n)
+	}
+}
+
+// A layer whose rules are all in shadow mode, on another limiter than the layer around
+// it, enforces nothing: the request is decided by the other layer alone.
+func TestShadowOnlyLayerOnAnotherLimiter(t *testing.T) {
+	t.Parallel()
+	a, b := memory(t, newClock()), memory(t, newClock())
+	var evs events
+	outer := mustNew(t, a, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(evs.observe))
+	shadow := mustNew(t, b, []middleware.Rule{{Rule: outerRule, Identity: global, Shadow: true}}, middleware.WithObserver(evs.observe))
+	h := outer(shadow(ok))
+	for i, want := range []int{200, 429} {
+		if rec := do(h, "GET", "/", nil); rec.Code != want {
+			t.Fatalf("request %d: %d %s, want %d", i, rec.Code, rec.Body, want)
+		}
+	}
+	if _, all := evs.take(); len(all) != 4 || all[0].Outcome != middleware.OutcomeAllowed || all[0].Shadow.Rule != "outer" || !all[0].Shadow.Allowed {
+		t.Errorf("events %+v, want the admission with the shadow rule's decision", all)
+	}
+	if n := left(t, b, outerRule, keyfuncs.GlobalKey); n != 4 {
+		t.Errorf("shadow budget has %d left, want 4: spent by the admitted request only", n)
+	}
+}
+
+// Layers on two limiters whose stores both fail under FailOpen admit, degraded.
+func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
+	t.Parallel()
+	var evs events
+	var layers []func(http.Handler) http.Handler
+	for _, r := range []ratebudget.Rule{outerRule, innerRule} {
+		f := &flaky{next: memory(t, newClock())}
+		f.down.Store(true)
+		layers = append(layers, mustNew(t, f, []middleware.Rule{{Rule: r, Identity: global}}, middleware.WithStoreErrorPolicy(middleware.FailOpen),
+			middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe)))
+	}
+	h := layers[0](layers[1](ok))
+	for i := range 3 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+			t.Fatalf("request %d: %d, want 200", i, rec.Code)
+		}
+	}
+	if outcomes, all := evs.take(); len(outcomes) != 6 || outcomes[0] != middleware.OutcomeDegraded || all[0].Err == nil {
+		t.Errorf("events %v, want degraded ones with the store error", outcomes)
 	}
 }

@@ -47,9 +47,10 @@ func RoutePattern() KeyFunc {
 // MethodAndRoutePattern is [RoutePattern] prefixed with the request method and a space:
 // "GET /users/{id}", so that each method of a route has its own scope. HEAD is reported
 // as GET when it runs a route registered for GET (ServeMux patterns "GET /x" match HEAD
-// requests too, and chi's middleware.GetHead routes HEAD to GET routes), and any method outside the RFC 9110 and RFC 5789 set (GET, HEAD, POST,
-// PUT, PATCH, DELETE, CONNECT, OPTIONS, TRACE) is reported as "OTHER", so that clients
-// cannot mint new scopes by inventing methods.
+// requests too, and chi's middleware.GetHead routes HEAD to GET routes), and any method
+// outside the RFC 9110 and RFC 5789 set (GET, HEAD, POST, PUT, PATCH, DELETE, CONNECT,
+// OPTIONS, TRACE) is reported as "OTHER", so that clients cannot mint new scopes by
+// inventing methods.
 func MethodAndRoutePattern() KeyFunc {
 	return func(r *http.Request) (string, error) {
 		p := routePattern(r)

@@ -150,7 +150,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.Int64Var(&o.limit, "limit", 10, "budget per window, in cost units, for each limited route")
 	fs.DurationVar(&o.window, "window", time.Minute, "window, or token-bucket refill period")
 	algo := fs.String("algorithm", "fixed", "time rule of the rate limits: fixed | token | rolling")
-	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both | none")
+	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both | none; ietf10, both10: draft-10 fields")
 	fs.StringVar(&o.redisURL, "redis", "", "Redis URL: redis://127.0.0.1:6379/0; a Redis Cluster: redis://host:port?addr=host2:port2&addr=...; Sentinel: redis://sentinel:26379?master_name=mymaster&addr=sentinel2:26379 (default: budgets in process)")
 	policy := fs.String("store-error", "closed", "when Redis cannot decide: closed (503) | open (admit) | local (limit/replicas in process)")
 	fs.IntVar(&o.replicas, "replicas", 1, "number of demo-server processes sharing the budget (for -store-error local)")
@@ -242,7 +242,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	var ok bool
 	if o.style, ok = headers.ParseStyle(*style); !ok {
-		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, both or none)", *style)
+		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, both, none, ietf10 or both10)", *style)
 	}
 	if o.storeError, err = middleware.ParsePolicy(*policy); err != nil {
 		return o, fmt.Errorf("-store-error: %w", err)

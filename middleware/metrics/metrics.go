@@ -14,7 +14,13 @@
 // names, outcome names and error classes. A failed settle or renewal
 // (middleware.OutcomeSettleFailed) is no decision: it is counted by
 // ratebudget_settle_failures_total and, by its class, ratebudget_store_errors_total, and
-// in neither ratebudget_decisions_total nor the decision latency.
+// in neither ratebudget_decisions_total nor the decision latency. A request whose client
+// went away during its decision counts as canceled in ratebudget_decisions_total only:
+// the store neither failed nor answered.
+//
+// Stacked layers make one decision, and every layer's observers see its one event: pass
+// a Collector's Observe to one layer of a stack (the outermost), or each request is
+// counted once per layer that has it.
 package metrics
 
 import (
@@ -116,6 +122,9 @@ func (c *Collector) Observe(e middleware.Event) {
 		ctr, _ = c.counters.LoadOrStore(k, c.decisions.WithLabelValues(rule, e.Outcome.String()))
 	}
 	ctr.(prometheus.Counter).Inc()
+	if e.Outcome == middleware.OutcomeCanceled {
+		return // the client went away: the store neither failed nor answered
+	}
 	if e.Latency > 0 {
 		if e.Err != nil {
 			c.failed.Observe(e.Latency.Seconds())

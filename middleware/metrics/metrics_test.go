@@ -182,3 +182,54 @@ ratebudget_store_errors_total{class="timeout",uncertain="true"} 2
 		}
 	}
 }
+
+// goneClient is a limiter whose caller goes away while it decides: it cancels the
+// request's context and answers with the error a store call cut short returns.
+type goneClient struct{ cancel context.CancelFunc }
+
+func (g goneClient) Allow(ctx context.Context, _ []ratebudget.Check) (ratebudget.Decision, error) {
+	g.cancel()
+	<-ctx.Done()
+	return ratebudget.Decision{}, &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: ctx.Err()}
+}
+
+// A request whose client went away during the decision is counted as canceled, and
+// neither as a store error nor in the store's latency: the store did not fail.
+func TestCanceledIsNoStoreError(t *testing.T) {
+	m := metrics.New()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mw, err := middleware.New(goneClient{cancel}, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute},
+		Identity: keyfuncs.Global(),
+	}}, middleware.WithObserver(m.Observe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw(http.NotFoundHandler()).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+	want := `
+# HELP ratebudget_decisions_total Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).
+# TYPE ratebudget_decisions_total counter
+ratebudget_decisions_total{outcome="canceled",rule="none"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"ratebudget_decisions_total", "ratebudget_store_errors_total"); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "ratebudget_decision_duration_seconds" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			if n := s.GetHistogram().GetSampleCount(); n != 0 {
+				t.Fatalf("latency samples %q: %d, want none", s.GetLabel()[0].GetValue(), n)
+			}
+		}
+	}
+}

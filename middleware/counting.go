@@ -26,7 +26,9 @@ import (
 //
 // A settled cost above the reserved one spends the difference without refusing it: the
 // budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
-// that panics is treated as a response with status 500. An InFlight rule holds one lease
+// that panics is treated as a response with status 500. A handler that hijacks the
+// connection (a WebSocket upgrade) is charged its reservation: what it then reads and
+// writes on the raw connection is not seen. An InFlight rule holds one lease
 // per request, released when the handler returns; it has no other contract, so its
 // Counts must be the zero value.
 type Counting struct {
@@ -157,6 +159,10 @@ func (cr *compiledRule) actual(r *http.Request, c *ratebudget.Check, rec *record
 		return c.Cost // the lease is released whatever the cost
 	}
 	a := c.Cost
+	if rec.hijacked {
+		// What the handler does on the raw connection is not seen: the reservation stands.
+		return c.Cost
+	}
 	switch cr.counts.kind {
 	case countSuccesses:
 		if !cr.counts.charged(rec.status()) {
@@ -188,6 +194,7 @@ type recorder struct {
 	written  int64
 	read     int64
 	panicked bool
+	hijacked bool // the handler took the connection over
 }
 
 func (rec *recorder) status() int {
@@ -232,7 +239,11 @@ func (rec *recorder) FlushError() error {
 // Hijack passes a hijack on, as http.ResponseController does: through the wrapped
 // writers' Unwrap, with http.ErrNotSupported when none can hijack.
 func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	return http.NewResponseController(rec.ResponseWriter).Hijack()
+	conn, rw, err := http.NewResponseController(rec.ResponseWriter).Hijack()
+	if err == nil {
+		rec.hijacked = true
+	}
+	return conn, rw, err
 }
 
 // Unwrap returns the wrapped writer, for http.ResponseController.

@@ -2,8 +2,12 @@ package middleware_test
 
 import (
 	"errors"
+	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -270,5 +274,53 @@ func TestCountAttemptsIsTheDefault(t *testing.T) {
 		if n := left(t, lim, r, keyfuncs.GlobalKey); n != 3 {
 			t.Errorf("%s: %d left, want 3 (both 500s charged)", name, n)
 		}
+	}
+}
+
+// TestHijackedIsChargedItsReservation: a handler that takes the connection over is
+// charged what was reserved, whatever the contract: its bytes on the raw connection are
+// not seen, so settling at the bytes written through the ResponseWriter (none) would
+// let every upgraded connection go free.
+func TestHijackedIsChargedItsReservation(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	bytesRule := ratebudget.Rule{Name: "bytes", Limit: 1000, Window: time.Minute}
+	okRule := ratebudget.Rule{Name: "ok", Limit: 10, Window: time.Minute}
+	mw := mustNew(t, lim, []middleware.Rule{
+		{Rule: bytesRule, Identity: global, Counts: middleware.CountResponseBytes(100)},
+		{Rule: okRule, Identity: global, Counts: middleware.CountSuccesses(func(status int) bool { return status < 300 })},
+	})
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusTeapot)
+			return
+		}
+		defer conn.Close()
+		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: close\r\n\r\n" + strings.Repeat("x", 500))
+		_ = buf.Flush()
+	}))
+	served := make(chan struct{}) // closed once the middleware has returned, settled
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(served)
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\n")
+	got, _ := io.ReadAll(conn) // until the handler closes the connection
+	conn.Close()
+	if !strings.HasPrefix(string(got), "HTTP/1.1 101 ") || !strings.HasSuffix(string(got), strings.Repeat("x", 500)) {
+		t.Fatalf("hijacked response: %q", got)
+	}
+	<-served
+	if n := left(t, lim, bytesRule, keyfuncs.GlobalKey); n != 900 {
+		t.Errorf("bytes: %d left, want 900 (the 100 reserved, not the 0 written through the ResponseWriter)", n)
+	}
+	if n := left(t, lim, okRule, keyfuncs.GlobalKey); n != 9 {
+		t.Errorf("ok: %d left, want 9 (a hijacked request is charged, its status not seen)", n)
 	}
 }

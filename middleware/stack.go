@@ -369,7 +369,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			if st.settle != nil {
 				st.settle.cancelAll(ctx)
 			}
-			headers.WriteUnavailable(w, r, innermost.cfg.retryAfter)
+			headers.WriteUnavailable(w, r, failed.m.cfg.retryAfter) // the failed limiter's layers' setting
 			return
 		}
 	}

@@ -167,19 +167,8 @@ ratebudget_store_errors_total{class="timeout",uncertain="true"} 2
 		"ratebudget_decisions_total", "ratebudget_settle_failures_total", "ratebudget_store_errors_total"); err != nil {
 		t.Fatal(err)
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "ratebudget_decision_duration_seconds" {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			if l, n := s.GetLabel()[0].GetValue(), s.GetHistogram().GetSampleCount(); l == "ok" && n != 2 || l == "error" && n != 0 {
-				t.Fatalf("latency samples %q: %d, want ok 2 and error 0: the decisions alone", l, n)
-			}
-		}
+	if got := latencySamples(t, reg); got["ok"] != 2 || got["error"] != 0 {
+		t.Fatalf("latency samples %v, want ok 2 and error 0: the decisions alone", got)
 	}
 }
 
@@ -218,18 +207,25 @@ ratebudget_decisions_total{outcome="canceled",rule="none"} 1
 		"ratebudget_decisions_total", "ratebudget_store_errors_total"); err != nil {
 		t.Fatal(err)
 	}
+	if got := latencySamples(t, reg); got["ok"] != 0 || got["error"] != 0 {
+		t.Fatalf("latency samples %v, want none", got)
+	}
+}
+
+// latencySamples returns the decision latency histogram's sample count by result.
+func latencySamples(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	n := map[string]uint64{}
 	for _, mf := range mfs {
-		if mf.GetName() != "ratebudget_decision_duration_seconds" {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			if n := s.GetHistogram().GetSampleCount(); n != 0 {
-				t.Fatalf("latency samples %q: %d, want none", s.GetLabel()[0].GetValue(), n)
+		if mf.GetName() == "ratebudget_decision_duration_seconds" {
+			for _, s := range mf.GetMetric() {
+				n[s.GetLabel()[0].GetValue()] = s.GetHistogram().GetSampleCount()
 			}
 		}
 	}
+	return n
 }

@@ -69,7 +69,8 @@ func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
 
 // decide computes the outcome of spending cost under r at now (Unix ms) from state b
 // (nil: none). When commit is true and the outcome is an admission it writes the new
-// state into *b, which must then be non-nil; an InFlight admission takes lease as its
+// state into *b, which must then be non-nil (a budget just created must first be given
+// the state of no state at all, see freshState); an InFlight admission takes lease as its
 // lease's number. A refusal never writes, apart from dropping rolling-window events and
 // leases that have expired, which changes no outcome.
 func decide(b *budget, r *Rule, cost, now int64, commit bool, lease int64) Outcome {

@@ -372,6 +372,7 @@ func (m *Memory) allow(checks []Check, out []Outcome, tickets []Ticket) (Decisio
 			// State is created only for an admission: refusals leave nothing behind.
 			spare := s.makeRoom(now, nil)
 			b = s.insert(h, &k, collides, spare)
+			freshState(b, &c.Rule, now)
 			o[0] = decide(b, &c.Rule, c.Cost, now, true, lease)
 		}
 		if tickets != nil {
@@ -440,6 +441,7 @@ func (m *Memory) allowMany(checks []Check, now int64, out []Outcome, tickets []T
 				// this request's other budgets, whose outcomes are already decided. The
 				// map is read again: an earlier check of this request may share h.
 				b = s.insert(hashes[i], &keys[i], true, s.makeRoom(now, found))
+				freshState(b, &checks[i].Rule, now)
 				found[i] = b
 			}
 			lease := s.lease(&checks[i].Rule)

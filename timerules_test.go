@@ -319,3 +319,48 @@ func TestWaitsAreExact(t *testing.T) {
 		})
 	}
 }
+
+// TestTokenBucketStartsFull: a new identity's bucket holds its whole capacity whatever the
+// clock reads and however long the bucket takes to refill: a bucket that refills in more
+// time than has passed since the Unix epoch (capacity 100 refilled 1 per 366 days), and a
+// simulation clock at the epoch itself. Its first request may take the whole capacity,
+// in a decision of one check or of several.
+func TestTokenBucketStartsFull(t *testing.T) {
+	slow := ratebudget.Rule{Name: "slow", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: 100, Window: 8784 * time.Hour}
+	minute := ratebudget.Rule{Name: "minute", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: time.Minute}
+	other := ratebudget.Rule{Name: "other", Limit: 5, Window: time.Second}
+	for _, tc := range []struct {
+		name  string
+		start time.Time
+		rule  ratebudget.Rule
+	}{
+		{"slow refill", t0, slow},
+		{"epoch clock", time.UnixMilli(0), minute},
+		{"just after the epoch", time.UnixMilli(1000), minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			clk.Advance(tc.start.Sub(clk.Now()))
+			m, err := ratebudget.NewMemory(ratebudget.WithClock(clk.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			capacity := tc.rule.Capacity()
+			refill := time.Duration(capacity) * tc.rule.Window / time.Duration(tc.rule.Limit)
+			whole := allow(t, m, ratebudget.Check{Rule: tc.rule, Identity: "whole", Cost: capacity})
+			if !whole.Allowed || whole.Remaining != 0 || whole.ResetAfter != refill {
+				t.Errorf("a new bucket's whole capacity: %+v, want admitted, 0 remaining, reset %v", whole, refill)
+			}
+			one := allow(t, m, ratebudget.Check{Rule: tc.rule, Identity: "one", Cost: 1})
+			if !one.Allowed || one.Remaining != capacity-1 {
+				t.Errorf("one token of a new bucket: %+v, want admitted, %d remaining", one, capacity-1)
+			}
+			many := allow(t, m,
+				ratebudget.Check{Rule: tc.rule, Identity: "many", Cost: capacity},
+				ratebudget.Check{Rule: other, Identity: "many", Cost: 1})
+			if !many.Allowed || many.Rule != tc.rule.Name || many.Remaining != 0 {
+				t.Errorf("a new bucket's whole capacity next to another rule: %+v, want admitted, %s with 0 remaining", many, tc.rule.Name)
+			}
+		})
+	}
+}

@@ -1,6 +1,9 @@
 package ratebudget
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // budget is one budget's in-process state. Which fields are used depends on the rule's
 // algorithm; all times are Unix milliseconds. It is kept small (112 bytes on 64-bit
@@ -65,7 +68,14 @@ func ceilDiv(a, b int64) int64 {
 	return (a + b - 1) / b
 }
 
-func ms(n int64) time.Duration { return time.Duration(n) * time.Millisecond }
+// ms converts n milliseconds to a Duration, saturating at the longest Duration (about 292
+// years): a token bucket of a large capacity and a slow refill may take longer to fill.
+func ms(n int64) time.Duration {
+	if n > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(n) * time.Millisecond
+}
 
 // decide computes the outcome of spending cost under r at now (Unix ms) from state b
 // (nil: none). When commit is true and the outcome is an admission it writes the new

@@ -2,6 +2,7 @@ package ratebudget_test
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -360,6 +361,33 @@ func TestTokenBucketStartsFull(t *testing.T) {
 				ratebudget.Check{Rule: other, Identity: "many", Cost: 1})
 			if !many.Allowed || many.Rule != tc.rule.Name || many.Remaining != 0 {
 				t.Errorf("a new bucket's whole capacity next to another rule: %+v, want admitted, %s with 0 remaining", many, tc.rule.Name)
+			}
+		})
+	}
+}
+
+// TestLongWaitsSaturate: a token bucket may take longer to fill than a time.Duration
+// holds (capacity MaxLimit refilled 1 per 8 s: about 279,000 years). Its waits are then the
+// longest Duration, never a wrapped (negative or short) one; shorter waits stay exact.
+func TestLongWaitsSaturate(t *testing.T) {
+	const longest = time.Duration(math.MaxInt64)
+	for _, r := range []ratebudget.Rule{
+		{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: ratebudget.MaxLimit, Window: 8 * time.Second},
+		{Name: "daily", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: 100_000_000, Window: 24 * time.Hour},
+	} {
+		t.Run(r.Name, func(t *testing.T) {
+			if err := r.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			m, clk := newMemory(t)
+			c := ratebudget.Check{Rule: r, Identity: "id", Cost: r.Capacity()}
+			if d := allow(t, m, c); !d.Allowed || d.ResetAfter != longest {
+				t.Fatalf("the whole capacity: %+v, want admitted with ResetAfter %v", d, longest)
+			}
+			clk.Advance(time.Millisecond)
+			c.Cost = 1
+			if d := allow(t, m, c); d.Allowed || d.ResetAfter != longest || d.RetryAfter != r.Window-time.Millisecond {
+				t.Fatalf("one more unit: %+v, want refused, ResetAfter %v, RetryAfter %v", d, longest, r.Window-time.Millisecond)
 			}
 		})
 	}

@@ -72,23 +72,27 @@ func (m *Memory) each(checks []Check, tickets []Ticket, fn func(s *memShard, i i
 	var sbuf [8]int
 	var bbuf [8]*budget
 	keys, hashes, shards := m.locate(checks, kbuf[:0], hbuf[:0], sbuf[:0])
-	kept := bbuf[:0]
 	now := m.now()
 	locked := m.lock(shards, now)
+	// Every budget of the call is looked up before any is created, so that room is never
+	// made at the expense of this call's other budgets, later checks' included.
+	found := bbuf[:0]
+	for i := range checks {
+		var b *budget
+		if !tickets[i].IsZero() {
+			b = m.shards[shards[i]].get(hashes[i], &keys[i])
+		}
+		found = append(found, b)
+	}
 	for i := range checks {
 		if tickets[i].IsZero() {
 			continue
 		}
 		s := &m.shards[shards[i]]
-		b := s.get(hashes[i], &keys[i])
-		if b = fn(s, i, b, now); b == nil && create != nil && create(i) {
-			// Room is never made at the expense of this call's other budgets.
-			b = s.insert(hashes[i], &keys[i], true, s.makeRoom(now, kept))
+		if b := fn(s, i, found[i], now); b == nil && create != nil && create(i) {
+			b = s.insert(hashes[i], &keys[i], true, s.makeRoom(now, found))
 			freshState(b, &checks[i].Rule, now)
-			b = fn(s, i, b, now)
-		}
-		if b != nil {
-			kept = append(kept, b)
+			found[i] = fn(s, i, b, now)
 		}
 	}
 	m.unlock(&locked)

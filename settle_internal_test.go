@@ -2,6 +2,7 @@ package ratebudget
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -187,5 +188,39 @@ func TestReserveOutcomes(t *testing.T) {
 	}
 	if d, _ := m.Reserve(context.Background(), checks, tk, out); d.Allowed || !out[0].Allowed || out[1].Allowed {
 		t.Fatalf("second reserve: %+v, outcomes %+v: want refused by the lease alone", d, out)
+	}
+}
+
+// TestSettleKeepsItsOwnBudgets: a settle that creates a budget again for an extra (the
+// one the decision spent in was swept) never evicts another budget of the same
+// decision, whichever check comes first. With one budget per shard, a decision spends in
+// two budgets of one shard; the first expires and is swept, and the settle charges it an
+// extra: the second budget keeps its spend, and nothing is evicted.
+func TestSettleKeepsItsOwnBudgets(t *testing.T) {
+	m, clk := newTestMemory(t, WithMaxBudgets(memShards), WithSweepInterval(time.Millisecond))
+	short := Rule{Name: "short", Limit: 5, Window: time.Second}
+	long := Rule{Name: "long", Limit: 5, Window: time.Hour}
+	a := Check{Rule: short, Identity: "a", Cost: 1}
+	b := Check{Rule: long, Cost: 1}
+	for i := 0; m.shardOf(&memKey{long.Name, b.Identity, "", long.Algorithm}) != m.shardOf(&memKey{short.Name, a.Identity, "", short.Algorithm}); i++ {
+		b.Identity = fmt.Sprint("b-", i)
+	}
+	checks := []Check{a, b}
+	tk := make([]Ticket, 2)
+	if d, err := m.Reserve(context.Background(), checks, tk, nil); err != nil || !d.Allowed {
+		t.Fatalf("Reserve: %+v, %v", d, err)
+	}
+	clk.advance(2 * time.Second)
+	if err := m.Settle(context.Background(), checks, tk, []int64{3, 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.Evictions(); n != 0 {
+		t.Errorf("%d evictions, want none", n)
+	}
+	if bb := m.budgetOf(b); bb == nil || bb.count != 1 {
+		t.Errorf("the decision's other budget after the settle: %+v, want it held, counting 1", bb)
+	}
+	if ab := m.budgetOf(a); ab == nil || ab.count != 2 {
+		t.Errorf("the budget charged again: %+v, want a new window counting 2", ab)
 	}
 }

@@ -324,3 +324,62 @@ func TestHijackedIsChargedItsReservation(t *testing.T) {
 		t.Errorf("ok: %d left, want 9 (a hijacked request is charged, its status not seen)", n)
 	}
 }
+
+// A cost above a rule's capacity is refused before the limiter is asked, by the layer
+// whose rule it exceeds; the decision's Index still counts the checks of every layer,
+// outermost first (outer layers' checks, then this layer's enforced checks before the
+// rule), for the refusal handler and for every layer's observers. Two paths: the layer's
+// cost (WithCost) and a reservation of the rule's own (a Content-Length above a byte
+// rule's capacity).
+func TestExceededIndexCountsEveryLayer(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	id := keyfuncs.Header("X-Client")
+	var observed []int
+	observe := middleware.WithObserver(func(e middleware.Event) {
+		if e.Outcome == middleware.OutcomeExceeded {
+			observed = append(observed, e.Decision.Index)
+		}
+	})
+	outer := mustNew(t, lim, []middleware.Rule{
+		{Rule: rule("outer-a", 10, time.Minute), Identity: id},
+		{Rule: rule("outer-b", 10, time.Minute), Identity: id},
+	}, observe)
+	cases := []struct {
+		name  string
+		inner []middleware.Rule
+		opts  []middleware.Option
+		body  int
+		want  string
+	}{
+		{"layer cost", []middleware.Rule{
+			{Rule: rule("inner-shadow", 10, time.Minute), Identity: id, Shadow: true},
+			{Rule: rule("inner-wide", 10, time.Minute), Identity: id},
+			{Rule: rule("inner-narrow", 3, time.Minute), Identity: id},
+		}, []middleware.Option{middleware.WithCost(func(*http.Request) (int64, error) { return 5, nil })}, 0, "inner-narrow"},
+		{"reserved bytes", []middleware.Rule{
+			{Rule: rule("inner-shadow", 10, time.Minute), Identity: id, Shadow: true},
+			{Rule: rule("inner-wide", 10, time.Minute), Identity: id},
+			{Rule: rule("inner-bytes", 10, time.Minute), Identity: id, Counts: middleware.CountRequestBytes()},
+		}, nil, 100, "inner-bytes"},
+	}
+	for _, c := range cases {
+		observed = nil
+		var rr refusalRecorder
+		inner := mustNew(t, lim, c.inner, append(c.opts, observe, middleware.WithRefusalHandler(rr.handle))...)
+		req := httptest.NewRequest("POST", "/", strings.NewReader(strings.Repeat("x", c.body)))
+		req.Header.Set("X-Client", "alice")
+		rec := httptest.NewRecorder()
+		outer(inner(ok)).ServeHTTP(rec, req)
+		if rec.Code != http.StatusTeapot || !rr.d.Exceeded || rr.d.Rule != c.want {
+			t.Fatalf("%s: status %d, decision %+v; want 418 from the refusal handler, Exceeded by %s", c.name, rec.Code, rr.d, c.want)
+		}
+		// outer-a, outer-b, inner-wide come before it (the shadow rule is no check).
+		if rr.d.Index != 3 {
+			t.Errorf("%s: refusal handler's Index %d, want 3 (two outer checks, then inner-wide)", c.name, rr.d.Index)
+		}
+		if len(observed) != 2 || observed[0] != 3 || observed[1] != 3 {
+			t.Errorf("%s: observed indexes %v, want [3 3] (inner and outer layer)", c.name, observed)
+		}
+	}
+}

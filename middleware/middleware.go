@@ -380,9 +380,17 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 // exceeded answers a request whose cost exceeds the capacity of rule i: 413, decided
 // without the limiter (for the layer's cost, rule i is the one of smallest capacity). No
 // budget metadata is sent: the store was not asked, so nothing is known of what remains.
+// st.checks holds the outer layers' checks only; the decision's Index counts them, then
+// this layer's enforced rules before rule i, as the limiter's decisions count checks.
 func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64, i int) {
 	cr := &m.rules[i]
-	d := ratebudget.Decision{Exceeded: true, Rule: cr.rule.Name, Index: i, Limit: cr.limit, Window: cr.rule.Window}
+	index := len(st.checks)
+	for j := range i {
+		if !m.rules[j].shadow {
+			index++
+		}
+	}
+	d := ratebudget.Decision{Exceeded: true, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
 	observeOuter(st, m, &Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
 		m.cfg.onRefusal(w, r, d)

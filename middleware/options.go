@@ -79,9 +79,11 @@ func WithQuotaUnit(unit string) Option {
 
 // WithRefusalHandler replaces the default refusal response (429 from
 // headers.WriteTooManyRequests, or 413 from headers.WriteCostExceeded when the cost can
-// never be admitted). Metadata headers are already set on w when it is called. For
-// stacked layers the handler of the layer whose rule is reported answers, and
-// Decision.Index counts the checks of every layer, outermost first.
+// never be admitted). For a refusal the limiter decided, metadata headers are already set
+// on w when it is called; a cost above a rule's capacity (Decision.Exceeded) is refused
+// before the limiter is asked, and w has none. For stacked layers the handler of the
+// layer whose rule is reported answers, and Decision.Index counts the checks of every
+// layer, outermost first.
 func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.Decision)) Option {
 	return func(c *config) error {
 		if f == nil {

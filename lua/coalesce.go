@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/maphash"
+	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -300,8 +302,15 @@ func memberOutcome(r *ratebudget.Rule, o ratebudget.Outcome, more int64) ratebud
 	o.Remaining += more
 	if r.Algorithm == ratebudget.TokenBucket {
 		// The deficit is counted in tokens × window ms and refills at Limit per ms.
-		refill := time.Duration(more*r.Window.Milliseconds()/r.Limit) * time.Millisecond
-		o.ResetAfter = max(o.ResetAfter-refill, 0)
+		// more x window ms may exceed 64 bits (more <= 2^40, a window up to 2^35 ms).
+		hi, lo := bits.Mul64(uint64(more), uint64(r.Window.Milliseconds()))
+		if hi >= uint64(r.Limit) {
+			o.ResetAfter = 0 // the quotient itself needs more than 64 bits
+		} else if q, _ := bits.Div64(hi, lo, uint64(r.Limit)); q > math.MaxInt64 {
+			o.ResetAfter = 0
+		} else {
+			o.ResetAfter = max(o.ResetAfter-msDuration(int64(q)), 0)
+		}
 	}
 	return o
 }

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -622,6 +623,15 @@ func (c *core) submit(ctx context.Context, p *redis.AutoPipeliner, cmd redis.Cmd
 
 // parseAllow checks allow.lua's reply for the checks g and stores it in d.outs and
 // d.aux.
+// msDuration converts n ms, at least 0, to a Duration, saturating at the longest one
+// (about 292 years): a token bucket may take up to 2^53 ms to fill.
+func msDuration(n int64) time.Duration {
+	if n > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(n) * time.Millisecond
+}
+
 func parseAllow(v any, d *decision, g []int) (bool, error) {
 	vals, ok := v.([]any)
 	if !ok {
@@ -647,8 +657,8 @@ func parseAllow(v any, d *decision, g []int) (bool, error) {
 			Allowed:    f[0] == 1,
 			Exceeded:   f[1] == 1,
 			Remaining:  f[2],
-			ResetAfter: time.Duration(f[3]) * time.Millisecond,
-			RetryAfter: time.Duration(f[4]) * time.Millisecond,
+			ResetAfter: msDuration(f[3]),
+			RetryAfter: msDuration(f[4]),
 		}
 		if o.Allowed && o.Exceeded {
 			return false, badReply(fmt.Sprintf("check %d: both allowed and exceeded", k))

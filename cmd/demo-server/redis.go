@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,11 +25,21 @@ import (
 // It applies the client settings recommended for a limiter: socket deadlines that follow
 // the decision's context, and short timeouts with no retries of a failed dial, so that a
 // failing Redis costs a request at most the decision deadline (the limiter itself never
-// lets the client re-send a script). cluster reports a Redis Cluster.
+// lets the client re-send a script). cluster reports a Redis Cluster. Its errors start
+// with -redis and never show the URL's user name or password.
 func newRedisClient(rawURL string, timeout time.Duration) (client redis.UniversalClient, cluster bool, err error) {
+	newClient, cluster, err := parseRedisURL(rawURL, timeout)
+	if err != nil {
+		return nil, false, fmt.Errorf("-redis: %w", hideCredentials(rawURL, timeout, err))
+	}
+	return newClient(), cluster, nil
+}
+
+// parseRedisURL checks rawURL and returns how to make its client.
+func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis.UniversalClient, cluster bool, err error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, false, fmt.Errorf("-redis: %w", err)
+		return nil, false, err
 	}
 	q := u.Query()
 	t := max(timeout, 100*time.Millisecond)
@@ -35,27 +47,52 @@ func newRedisClient(rawURL string, timeout time.Duration) (client redis.Universa
 	case q.Has("master_name"):
 		opt, err := redis.ParseFailoverURL(rawURL)
 		if err != nil {
-			return nil, false, fmt.Errorf("-redis: %w", err)
+			return nil, false, err
 		}
 		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
-		return redis.NewFailoverClient(opt), false, nil
+		return func() redis.UniversalClient { return redis.NewFailoverClient(opt) }, false, nil
 	case q.Has("addr"):
 		opt, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
-			return nil, false, fmt.Errorf("-redis: %w", err)
+			return nil, false, err
 		}
 		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
-		return redis.NewClusterClient(opt), true, nil
+		return func() redis.UniversalClient { return redis.NewClusterClient(opt) }, true, nil
 	}
 	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
-		return nil, false, fmt.Errorf("-redis: %w", err)
+		return nil, false, err
 	}
 	opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
-	return redis.NewClient(opt), false, nil
+	return func() redis.UniversalClient { return redis.NewClient(opt) }, false, nil
+}
+
+// hideCredentials returns parseRedisURL's error err for rawURL, made without the
+// URL's user name and password. A parse error quotes the URL, and a password with an
+// unescaped '/', '?' or '#' is read as part of the host, the port or the path, which
+// the errors of go-redis quote. So when rawURL has an '@', the error is that of rawURL
+// with everything before its last '@' (after the scheme) masked; if that URL is valid,
+// the fault was in the masked part.
+func hideCredentials(rawURL string, timeout time.Duration, err error) error {
+	if at := strings.LastIndex(rawURL, "@"); at >= 0 {
+		start := 0
+		if i := strings.Index(rawURL, "://"); i >= 0 && i < at {
+			start = i + len("://")
+		}
+		masked := rawURL[:start] + "xxxxx" + rawURL[at:]
+		if _, _, err = parseRedisURL(masked, timeout); err == nil {
+			return errors.New("the user name or password is not valid in a URL: percent-encode the characters / ? # @ % and spaces in them")
+		}
+	}
+	// The URL itself may still hold a password in its query (password=).
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("not a valid URL (want redis://host:port/db, rediss://..., unix:///path, or a cluster's or Sentinel's form): %w", ue.Err)
+	}
+	return err
 }
 
 // keySecretEnv names the environment variable holding the secret that keys the

@@ -201,6 +201,15 @@ func TestBadFlagValuesNameTheFlag(t *testing.T) {
 		{[]string{"-lease-ttl", "100000h"}, "-lease-ttl"},
 		{[]string{"-max-budgets", "0"}, "-max-budgets"},
 		{[]string{"-redis", "redis://127.0.0.1:1/0", "-max-budgets", "-5"}, "-max-budgets"},
+		{[]string{"-redis", "127.0.0.1:6379"}, "-redis"},
+		// go-redis's failover client panics on these; the limiter needs the primary.
+		{[]string{"-redis", "redis://127.0.0.1:1?master_name=m&route_randomly=true"}, "-redis"},
+		{[]string{"-redis", "redis://127.0.0.1:1?master_name=m&route_by_latency=true"}, "-redis"},
+		{[]string{"-redis", "redis://127.0.0.1:1?master_name=m&replica_only=true"}, "-redis"},
+		{[]string{"-redis", "redis://127.0.0.1:1?master_name="}, "-redis"},
+		// lua.New refuses it: the error must still name the flag.
+		{[]string{"-redis", "redis://127.0.0.1:1?addr=127.0.0.1:2&max_redirects=-1"}, "-redis"},
+		{[]string{"-redis", "redis://127.0.0.1:1/3?addr=127.0.0.1:2"}, "-redis"},
 		{[]string{"-no-limit", "-limit", "-5"}, "-limit"},
 		{[]string{"-no-limit", "-window", "-5s"}, "-window"},
 		{[]string{"-addr", "nope"}, "-addr"},

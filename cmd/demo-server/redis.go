@@ -49,6 +49,15 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 		if err != nil {
 			return nil, false, err
 		}
+		switch {
+		case opt.MasterName == "":
+			return nil, false, errors.New("master_name must not be empty")
+		case opt.ReplicaOnly:
+			return nil, false, errors.New("replica_only does not apply: the limiter's scripts write, so they run on the primary")
+		case opt.RouteByLatency || opt.RouteRandomly:
+			// NewFailoverClient panics on them.
+			return nil, false, errors.New("route_by_latency and route_randomly do not apply to Sentinel: the limiter's scripts run on the primary")
+		}
 		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
 		return func() redis.UniversalClient { return redis.NewFailoverClient(opt) }, false, nil
@@ -56,6 +65,10 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 		opt, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
 			return nil, false, err
+		}
+		if db := strings.Trim(u.Path, "/"); db != "" && db != "0" {
+			// ParseClusterURL ignores the path.
+			return nil, false, fmt.Errorf("a Redis Cluster has only database 0, got path %q", u.Path)
 		}
 		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
@@ -123,7 +136,13 @@ func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudg
 	lim, err := lua.New(client, opts...)
 	if err != nil {
 		client.Close()
-		return nil, nil, err
+		// The limiter refuses options by their lua or go-redis name: say where they
+		// came from.
+		var ce *ratebudget.ConfigError
+		if errors.As(err, &ce) && ce.Field == "WithKeySecret" {
+			return nil, nil, fmt.Errorf("%s: %w", keySecretEnv, err)
+		}
+		return nil, nil, fmt.Errorf("-redis: %w", err)
 	}
 	if !lim.Keyed() {
 		log.Warn("budget keys are not keyed by a secret: anyone can compute which Redis Cluster slot an identity lands in; set " + keySecretEnv + " (16 to 1024 bytes, the same on every replica)")

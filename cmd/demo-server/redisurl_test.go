@@ -22,6 +22,7 @@ func TestRedisURLErrorsHideCredentials(t *testing.T) {
 		"redis://user:s3 cret@127.0.0.1:6379",
 		"user:s3cret@127.0.0.1:6379",
 		"redis://user:s3cret@127.0.0.1:6379/0?addr=127.0.0.1:1&bogus=1",
+		"redis://user:s3cret@127.0.0.1:6379?master_name=m&route_randomly=true",
 		"redis://127.0.0.1:6379?password=s3cret&x=\x7f",
 	} {
 		var out bytes.Buffer
@@ -50,5 +51,28 @@ func TestRedisURLErrorsHideCredentials(t *testing.T) {
 		if strings.Contains(out.String(), "s3") {
 			t.Errorf("%q: the log shows the password: %s", u, out.String())
 		}
+	}
+}
+
+// A key secret of the wrong length is refused with an error naming the environment
+// variable it came from.
+func TestBadKeySecretNamesTheVariable(t *testing.T) {
+	t.Setenv(keySecretEnv, "short")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-redis", "redis://127.0.0.1:1/0"}, &bytes.Buffer{}, ready)
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.HasPrefix(err.Error(), keySecretEnv+": ") {
+			t.Fatalf("error %v, want one starting with %s", err, keySecretEnv)
+		}
+	case addr := <-ready:
+		cancel()
+		<-done
+		t.Fatalf("started on %s with a 5-byte key secret", addr)
 	}
 }

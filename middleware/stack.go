@@ -302,7 +302,10 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		// Every rule is in shadow mode: nothing is enforced.
 		ev.Decision = ratebudget.Decision{Allowed: true}
 	case single:
-		g := group{key: innermost.limKey, parts: st.parts, m: innermost, checks: st.checks}
+		// The group's parts are the layers with enforced rules: a layer whose rules are
+		// all in shadow mode never changes a response, so neither its policy nor its
+		// local fallback applies.
+		g := group{key: innermost.limKey, parts: enforcing(st.parts), m: innermost, checks: st.checks}
 		out := st.obuf[:0]
 		if len(st.checks) > len(st.obuf) {
 			out = make([]ratebudget.Outcome, 0, len(st.checks))
@@ -610,6 +613,23 @@ func unasked(st *stack, groups []*group, refused *group) []bool {
 		after = after || g == refused
 	}
 	return marks
+}
+
+// enforcing returns the parts that have enforced checks: parts itself when every part
+// has some.
+func enforcing(parts []part) []part {
+	for i := range parts {
+		if parts[i].from == parts[i].to {
+			var some []part
+			for _, p := range parts {
+				if p.from < p.to {
+					some = append(some, p)
+				}
+			}
+			return some
+		}
+	}
+	return parts
 }
 
 // strictest returns the strictest store-error policy of parts: FailClosed, then

@@ -213,3 +213,44 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 		})
 	}
 }
+
+// A layer whose rules are all in shadow mode never changes a response, also when it
+// shares its limiter with an enforced layer and that limiter's store fails: its policy
+// does not apply (the enforced layer's FailOpen admits, degraded) and, under
+// LocalFallback, it has no local decision to refuse with.
+func TestShadowOnlyLayerOnAFailedLimiter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		shadow, main middleware.Option
+		outcome      middleware.Outcome
+	}{
+		{"closed shadow, open enforced", policyOpt("closed"), policyOpt("open"), middleware.OutcomeDegraded},
+		{"local shadow, open enforced", policyOpt("local"), policyOpt("open"), middleware.OutcomeDegraded},
+		{"local shadow, local enforced", policyOpt("local"), policyOpt("local"), middleware.OutcomeAllowed},
+		{"open shadow, local enforced", policyOpt("open"), policyOpt("local"), middleware.OutcomeAllowed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := &flaky{next: memory(t, newClock())}
+			f.down.Store(true)
+			var evs events
+			noBreaker := middleware.WithBreaker(middleware.Breaker{Disabled: true})
+			shadow := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: global, Shadow: true}}, tc.shadow, noBreaker, middleware.WithObserver(evs.observe))
+			enforced := mustNew(t, f, []middleware.Rule{{Rule: ruleB, Identity: global}}, tc.main, noBreaker, middleware.WithObserver(evs.observe))
+			for _, order := range []string{"shadow outer", "shadow inner"} {
+				h := shadow(enforced(ok))
+				if order == "shadow inner" {
+					h = enforced(shadow(ok))
+				}
+				if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+					t.Fatalf("%s: %d %s, want 200: a shadow rule never changes a response", order, rec.Code, rec.Body)
+				}
+				if _, all := evs.take(); len(all) != 2 || all[0].Outcome != tc.outcome {
+					t.Errorf("%s: events %+v, want %v", order, all, tc.outcome)
+				}
+			}
+		})
+	}
+}
+

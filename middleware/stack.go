@@ -372,7 +372,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			if st.settle != nil {
 				st.settle.cancelAll(ctx)
 			}
-			headers.WriteUnavailable(w, r, failed.m.cfg.retryAfter) // the failed limiter's layers' setting
+			headers.WriteUnavailable(w, r, unavailableRetryAfter(failed.parts))
 			return
 		}
 	}
@@ -630,6 +630,17 @@ func enforcing(parts []part) []part {
 		}
 	}
 	return parts
+}
+
+// unavailableRetryAfter is the Retry-After of a 503 for a failed limiter's parts: the
+// setting of its innermost layer under FailClosed, whose policy refuses.
+func unavailableRetryAfter(parts []part) time.Duration {
+	for i := len(parts) - 1; i >= 0; i-- {
+		if parts[i].m.cfg.policy == FailClosed {
+			return parts[i].m.cfg.retryAfter
+		}
+	}
+	return parts[len(parts)-1].m.cfg.retryAfter
 }
 
 // strictest returns the strictest store-error policy of parts: FailClosed, then

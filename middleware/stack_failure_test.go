@@ -254,3 +254,25 @@ func TestShadowOnlyLayerOnAFailedLimiter(t *testing.T) {
 	}
 }
 
+// Layers on one limiter under different policies: a 503 (the strictest, FailClosed, of
+// one layer) carries the Retry-After of that FailClosed layer, not the innermost layer's.
+func TestUnavailableRetryAfterOfTheFailClosedLayer(t *testing.T) {
+	t.Parallel()
+	f := &flaky{next: memory(t, newClock())}
+	f.down.Store(true)
+	noBreaker := middleware.WithBreaker(middleware.Breaker{Disabled: true})
+	closed := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: global}}, middleware.WithUnavailableRetryAfter(7*time.Second), noBreaker)
+	open := mustNew(t, f, []middleware.Rule{{Rule: innerRule, Identity: global}}, policyOpt("open"), noBreaker)
+	local := mustNew(t, f, []middleware.Rule{{Rule: thirdRule, Identity: global}}, policyOpt("local"), middleware.WithUnavailableRetryAfter(3*time.Second), noBreaker)
+	for name, h := range map[string]http.Handler{
+		"closed, open":        closed(open(ok)),
+		"open, closed":        open(closed(ok)),
+		"closed, local":       closed(local(ok)),
+		"local, closed, open": local(closed(open(ok))),
+	} {
+		rec := do(h, "GET", "/", nil)
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "7" {
+			t.Errorf("%s: %d, Retry-After %q; want 503 with the FailClosed layer's 7", name, rec.Code, rec.Header().Get("Retry-After"))
+		}
+	}
+}

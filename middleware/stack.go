@@ -659,38 +659,29 @@ func strictest(parts []part) Policy {
 }
 
 // fallback decides the failed group's checks on each layer's local budget, layer by
-// layer (a degraded mode: all-or-nothing within a layer only). Layers under FailOpen
-// admit.
+// layer (a degraded mode: each layer's local decision is all-or-nothing on its own).
+// Every admission is reserved on the local budget, so that a refusal, by a later layer's
+// local budget or by a later limiter, gives the spend back as it gives a healthy
+// limiter's back. Layers under FailOpen admit.
 func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []ratebudget.Outcome) {
 	d := ratebudget.Decision{Allowed: true, Index: -1}
 	for k, p := range g.parts {
 		if p.m.fallback == nil {
 			continue
 		}
-		var pd ratebudget.Decision
-		if p.m.settles {
-			// Reserved on the local budget, settled there when the handler returns.
-			checks := make([]ratebudget.Check, p.to-p.from)
-			rules := make([]*compiledRule, len(checks))
-			copy(checks, st.checks[p.from:p.to])
-			for i := range checks {
-				rules[i] = p.rule(i, false)
-				checks[i].Rule = rules[i].local
-			}
-			tickets := make([]ratebudget.Ticket, len(checks))
-			pd, _ = p.m.fallback.Reserve(ctx, checks, tickets, nil)
-			if pd.Allowed {
-				st.addTarget(p.m, p.m.fallback, checks, tickets, rules, g.parts[k:k+1])
-			}
-		} else {
-			checks := st.checks[p.from:p.to]
-			for i := range checks {
-				checks[i].Rule = p.rule(i, false).local
-			}
-			pd, _ = p.m.fallback.Allow(ctx, checks)
-			for i := range checks {
-				checks[i].Rule = p.rule(i, false).rule
-			}
+		// Settled on the local budget when the handler returns (rules that count
+		// attempts settle nothing), or given back on a refusal.
+		checks := make([]ratebudget.Check, p.to-p.from)
+		rules := make([]*compiledRule, len(checks))
+		copy(checks, st.checks[p.from:p.to])
+		for i := range checks {
+			rules[i] = p.rule(i, false)
+			checks[i].Rule = rules[i].local
+		}
+		tickets := make([]ratebudget.Ticket, len(checks))
+		pd, _ := p.m.fallback.Reserve(ctx, checks, tickets, nil)
+		if pd.Allowed {
+			st.addTarget(p.m, p.m.fallback, checks, tickets, rules, g.parts[k:k+1])
 		}
 		pd.Index += p.from
 		if pd.Exceeded {

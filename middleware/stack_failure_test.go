@@ -214,6 +214,39 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 	}
 }
 
+// A refusal by a later limiter gives back the local fallback's spend of an earlier
+// limiter whose store failed, as it gives back a healthy limiter's reservation: the
+// client's local budget is spent only by requests that were admitted.
+func TestLaterRefusalGivesTheLocalFallbackSpendBack(t *testing.T) {
+	t.Parallel()
+	f := &flaky{next: memory(t, newClock())}
+	f.down.Store(true)
+	var evs events
+	outer := mustNew(t, f, []middleware.Rule{{Rule: ruleB, Identity: keyfuncs.Header("X-Client")}}, middleware.WithLocalFallback(1),
+		middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe))
+	b := memory(t, newClock())
+	inner := mustNew(t, b, []middleware.Rule{{Rule: innerRule, Identity: keyfuncs.Header("X-Inner")}})
+	h := outer(inner(ok))
+	do(h, "GET", "/", map[string]string{"X-Client": "alice", "X-Inner": "spent"}) // inner's budget for "spent": 0 left
+	evs.take()
+	for i := range 5 {
+		if rec := do(h, "GET", "/", map[string]string{"X-Client": "alice", "X-Inner": "spent"}); rec.Code != 429 {
+			t.Fatalf("refused by inner %d: %d", i, rec.Code)
+		}
+	}
+	if _, all := evs.take(); len(all) != 5 || all[0].Decision.Rule != "inner" {
+		t.Fatalf("events %+v, want inner's refusals", all)
+	}
+	// alice's local budget of b (3) had one admitted request: 2 left, whatever inner
+	// refused.
+	for i, want := range []int{200, 200, 429} {
+		rec := do(h, "GET", "/", map[string]string{"X-Client": "alice", "X-Inner": "fresh" + string(rune('0'+i))})
+		if rec.Code != want {
+			t.Fatalf("request %d with inner's budget whole: %d, want %d (the local budget spent by inner's refusals)", i, rec.Code, want)
+		}
+	}
+}
+
 // A layer whose rules are all in shadow mode never changes a response, also when it
 // shares its limiter with an enforced layer and that limiter's store fails: its policy
 // does not apply (the enforced layer's FailOpen admits, degraded) and, under

@@ -309,3 +309,203 @@ func TestUnavailableRetryAfterOfTheFailClosedLayer(t *testing.T) {
 		}
 	}
 }
+
+// A healthy limiter's lease and settled reservation, stacked with a limiter whose store
+// fails, are settled exactly once whatever the answer: released after the handler of a
+// degraded or fallback admission (which ran while the lease was held), given back at
+// once by a 503 or a refusal. The healthy limiters come before, after and around the
+// failed one.
+func TestStoreFailureSettlesHealthyLimitersOnce(t *testing.T) {
+	t.Parallel()
+	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
+	for _, order := range []string{"LFR", "FLR", "LRF", "RFL", "FRL"} {
+		for _, policy := range []string{"closed", "open", "local"} {
+			for _, refuses := range []bool{false, true} {
+				name := order + "/" + policy
+				if refuses {
+					name += "/refused"
+				}
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					leases, counted := memory(t, newClock()), memory(t, newClock())
+					f := &flaky{next: memory(t, newClock())}
+					f.down.Store(true)
+					layer := map[byte]func(http.Handler) http.Handler{
+						'L': mustNew(t, leases, []middleware.Rule{{Rule: lease, Identity: global}}),
+						'F': mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: global}}, policyOpt(policy),
+							middleware.WithBreaker(middleware.Breaker{Disabled: true})),
+						// Charged only for responses below 500: the handler answers 500.
+						'R': mustNew(t, counted, []middleware.Rule{{Rule: innerRule, Identity: global, Counts: middleware.CountSuccesses(nil)}}),
+					}
+					if refuses {
+						_, _ = counted.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: keyfuncs.GlobalKey, Cost: 1}})
+					}
+					heldDuring := false
+					var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+						d, err := leases.Allow(r.Context(), []ratebudget.Check{{Rule: lease, Identity: keyfuncs.GlobalKey, Cost: 1}})
+						heldDuring = err == nil && !d.Allowed
+						w.WriteHeader(http.StatusInternalServerError)
+					})
+					for i := len(order) - 1; i >= 0; i-- {
+						h = layer[order[i]](h)
+					}
+					want := 500
+					switch {
+					case refuses && strings.IndexByte(order, 'R') < strings.IndexByte(order, 'F'):
+						want = 429 // refused before the failed limiter is asked
+					case policy == "closed":
+						want = 503
+					case refuses:
+						want = 429
+					}
+					rec := do(h, "GET", "/", nil)
+					if rec.Code != want {
+						t.Fatalf("%d, want %d", rec.Code, want)
+					}
+					if want == 500 && !heldDuring {
+						t.Error("the lease was not held while the handler ran")
+					}
+					for i, admitted := range []bool{true, false} {
+						d, err := leases.Allow(context.Background(), []ratebudget.Check{{Rule: lease, Identity: keyfuncs.GlobalKey, Cost: 1}})
+						if err != nil || d.Allowed != admitted {
+							t.Fatalf("lease %d afterwards: %+v %v, want admitted=%v: the request's lease released once", i, d, err, admitted)
+						}
+					}
+					wantLeft := 1
+					if refuses {
+						wantLeft = 0
+					}
+					if n := left(t, counted, innerRule, keyfuncs.GlobalKey); n != wantLeft {
+						t.Errorf("the settled rule has %d left, want %d (a 500 is not charged)", n, wantLeft)
+					}
+				})
+			}
+		}
+	}
+}
+
+// A failed limiter whose layer settles (CountSuccesses and a lease) decides on its local
+// budget under LocalFallback, and settles there: a 500 gives the local spend back, the
+// lease is released when the handler returns, and a later limiter's refusal or
+// configuration error gives both back.
+func TestLocalFallbackSettlesLocally(t *testing.T) {
+	t.Parallel()
+	f := &flakySettler{Memory: memory(t, newClock())}
+	f.down.Store(true)
+	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
+	var evs events
+	failed := mustNew(t, f, []middleware.Rule{
+		{Rule: innerRule, Identity: global, Counts: middleware.CountSuccesses(nil)}, // locally 1
+		{Rule: lease, Identity: global},
+	}, middleware.WithLocalFallback(1), middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe))
+	status := http.StatusInternalServerError
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(status) })
+	for i := range 3 {
+		if rec := do(failed(handler), "GET", "/", nil); rec.Code != 500 {
+			t.Fatalf("request %d: %d, want the handler's 500: a 500 is not charged on the local budget either", i, rec.Code)
+		}
+	}
+	exhausted := memory(t, newClock())
+	_, _ = exhausted.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: keyfuncs.GlobalKey, Cost: 1}})
+	refusing := mustNew(t, exhausted, []middleware.Rule{{Rule: innerRule, Identity: global}})
+	bad := mustNew(t, limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "Identity", Problem: "too long"}
+	}), []middleware.Rule{{Rule: thirdRule, Identity: global}})
+	for i := range 3 {
+		if rec := do(failed(refusing(handler)), "GET", "/", nil); rec.Code != 429 {
+			t.Fatalf("refused by the later limiter %d: %d", i, rec.Code)
+		}
+		if rec := do(failed(bad(handler)), "GET", "/", nil); rec.Code != 500 {
+			t.Fatalf("a later limiter's configuration error %d: %d", i, rec.Code)
+		}
+	}
+	evs.take()
+	status = http.StatusOK
+	for i, want := range []int{200, 429} {
+		if rec := do(failed(handler), "GET", "/", nil); rec.Code != want {
+			t.Fatalf("charged request %d: %d, want %d: the local budget (1) was whole", i, rec.Code, want)
+		}
+	}
+	if _, all := evs.take(); len(all) != 2 || !all[0].Fallback || !all[1].Fallback || all[1].Decision.Rule != "inner" {
+		t.Errorf("events %+v, want two fallback decisions, the second refused by inner", all)
+	}
+	if f.calls.Load() != 11 {
+		t.Errorf("the failed store was asked %d times, want 11 (once per request)", f.calls.Load())
+	}
+}
+
+// Each limiter of a stack has its own breaker: a failing limiter's opens, a healthy one's
+// stays closed and is asked on every request; a limiter that a refusal leaves unasked
+// counts nothing.
+func TestStackedBreakersPerLimiter(t *testing.T) {
+	t.Parallel()
+	var opened [2]atomic.Int64
+	brk := func(i int) []middleware.Option {
+		return []middleware.Option{middleware.WithBreaker(middleware.Breaker{MinCalls: 2, Window: time.Hour, Cooldown: time.Hour}),
+			middleware.WithBreakerObserver(func(_, to middleware.BreakerState) {
+				if to == middleware.BreakerOpen {
+					opened[i].Add(1)
+				}
+			})}
+	}
+	down := &flaky{next: memory(t, newClock())}
+	down.down.Store(true)
+	healthy := &flaky{next: memory(t, newClock())}
+	var evs events
+	outer := mustNew(t, down, []middleware.Rule{{Rule: outerRule, Identity: global}},
+		append(brk(0), policyOpt("open"), middleware.WithObserver(evs.observe))...)
+	inner := mustNew(t, healthy, []middleware.Rule{{Rule: rule("big", 100, time.Minute), Identity: global}}, brk(1)...)
+	h := outer(inner(ok))
+	for i := range 6 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+			t.Fatalf("request %d: %d", i, rec.Code)
+		}
+	}
+	if down.calls.Load() != 2 || opened[0].Load() != 1 {
+		t.Errorf("failing limiter asked %d times, its breaker opened %d times; want 2 and 1", down.calls.Load(), opened[0].Load())
+	}
+	if healthy.calls.Load() != 6 || opened[1].Load() != 0 {
+		t.Errorf("healthy limiter asked %d times, its breaker opened %d times; want 6 and 0", healthy.calls.Load(), opened[1].Load())
+	}
+	_, all := evs.take()
+	var se *ratebudget.StoreError
+	if len(all) != 6 || all[5].Outcome != middleware.OutcomeDegraded || !errors.As(all[5].Err, &se) || se.Class != "breaker_open" {
+		t.Errorf("last event %+v, want degraded with the open breaker's error", all[len(all)-1])
+	}
+	// A refusal by the first limiter leaves the second unasked: its breaker sees nothing.
+	first := memory(t, newClock())
+	_, _ = first.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: keyfuncs.GlobalKey, Cost: 1}})
+	later := &flaky{next: memory(t, newClock())}
+	later.down.Store(true)
+	h = mustNew(t, first, []middleware.Rule{{Rule: innerRule, Identity: global}})(
+		mustNew(t, later, []middleware.Rule{{Rule: outerRule, Identity: global}}, brk(1)...)(ok))
+	for range 4 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 429 {
+			t.Fatalf("%d, want 429 by the first limiter", rec.Code)
+		}
+	}
+	if later.calls.Load() != 0 || opened[1].Load() != 0 {
+		t.Errorf("the unasked limiter was called %d times, its breaker opened %d times", later.calls.Load(), opened[1].Load())
+	}
+}
+
+// The event of a stack whose limiter timed out carries the timeout as an uncertain store
+// error and the time the failed call took.
+func TestStackedTimeoutLatency(t *testing.T) {
+	t.Parallel()
+	f := &flaky{next: memory(t, newClock())}
+	f.hang.Store(true)
+	var evs events
+	const timeout = 20 * time.Millisecond
+	outer := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: global}}, policyOpt("local"), middleware.WithTimeout(timeout),
+		middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe))
+	inner := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(evs.observe))
+	if rec := do(outer(inner(ok)), "GET", "/", nil); rec.Code != 200 {
+		t.Fatalf("%d", rec.Code)
+	}
+	_, all := evs.take()
+	var se *ratebudget.StoreError
+	if len(all) != 2 || !all[0].Fallback || !errors.As(all[0].Err, &se) || se.Class != "timeout" || !se.Uncertain || all[0].Latency < timeout {
+		t.Fatalf("events %+v, want a fallback admission with an uncertain timeout and a latency of at least %v", all, timeout)
+	}
+}

@@ -28,7 +28,8 @@ import (
 // budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
 // that panics is treated as a response with status 500. A handler that hijacks the
 // connection (a WebSocket upgrade) is charged its reservation: what it then reads and
-// writes on the raw connection is not seen. An InFlight rule holds one lease
+// writes on the raw connection is not seen (a request without a body is still charged
+// nothing under CountRequestBytes). An InFlight rule holds one lease
 // per request, released when the handler returns; it has no other contract, so its
 // Counts must be the zero value.
 type Counting struct {
@@ -159,8 +160,10 @@ func (cr *compiledRule) actual(r *http.Request, c *ratebudget.Check, rec *record
 		return c.Cost // the lease is released whatever the cost
 	}
 	a := c.Cost
-	if rec.hijacked {
-		// What the handler does on the raw connection is not seen: the reservation stands.
+	noBody := r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody
+	if rec.hijacked && !(cr.counts.kind == countRequestBytes && noBody) {
+		// What the handler does on the raw connection is not seen: the reservation stands
+		// (a request without a body has none to charge, hijacked or not).
 		return c.Cost
 	}
 	switch cr.counts.kind {
@@ -174,7 +177,7 @@ func (cr *compiledRule) actual(r *http.Request, c *ratebudget.Check, rec *record
 		}
 	case countRequestBytes:
 		switch {
-		case r.ContentLength == 0 || r.Body == nil || r.Body == http.NoBody:
+		case noBody:
 			a = 0
 		case r.ContentLength < 0:
 			a = rec.read

@@ -325,6 +325,45 @@ func TestHijackedIsChargedItsReservation(t *testing.T) {
 	}
 }
 
+// A hijacked request without a body is charged nothing under CountRequestBytes, as
+// such a request is when it is not hijacked: there is no body to charge.
+func TestHijackedWithoutABodyIsNotChargedItsBytes(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	body := ratebudget.Rule{Name: "body", Limit: 10, Window: time.Minute}
+	h := mustNew(t, lim, []middleware.Rule{{Rule: body, Identity: global, Counts: middleware.CountRequestBytes()}})(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusTeapot)
+				return
+			}
+			defer conn.Close()
+			_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: close\r\n\r\n")
+			_ = buf.Flush()
+		}))
+	served := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(served)
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\n")
+	got, _ := io.ReadAll(conn)
+	conn.Close()
+	if !strings.HasPrefix(string(got), "HTTP/1.1 101 ") {
+		t.Fatalf("hijacked response: %q", got)
+	}
+	<-served
+	if n := left(t, lim, body, keyfuncs.GlobalKey); n != 10 {
+		t.Errorf("body: %d left, want 10: a request without a body is charged nothing", n)
+	}
+}
+
 // A cost above a rule's capacity is refused before the limiter is asked, by the layer
 // whose rule it exceeds; the decision's Index still counts the checks of every layer,
 // outermost first (outer layers' checks, then this layer's enforced checks before the

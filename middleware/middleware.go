@@ -43,8 +43,11 @@
 // walk, so later limiters spend nothing; earlier limiters' spend is given back when they
 // implement ratebudget.Settler (their decisions are then reserved), and stays spent
 // otherwise. On a store failure the strictest policy of the
-// failed limiter's layers applies (FailClosed, then LocalFallback, then FailOpen); under
-// FailOpen and LocalFallback the other limiters still decide their layers' rules.
+// failed limiter's layers applies (FailClosed, then LocalFallback, then FailOpen; a
+// layer whose rules are all in shadow mode has no say); under FailOpen and LocalFallback
+// the other limiters still decide their layers' rules, and a refusal gives back the
+// local fallback's spend too. An admission with a limiter failed under FailOpen and no
+// local decision is OutcomeDegraded, without metadata.
 //
 // # Failure handling
 //
@@ -153,16 +156,20 @@ type Event struct {
 	// made. For stacked layers it is the decision of every layer's checks, and every
 	// layer's observers see it; Decision.Index counts their checks, outermost first.
 	Decision ratebudget.Decision
-	// Fallback is true when the local fallback decided because the store could not.
+	// Fallback is true when the local fallback decided because the store could not. For
+	// stacked layers on several limiters, it decided a failed limiter's layers, and
+	// another limiter may have refused.
 	Fallback bool
 	// Err is the store error (a *ratebudget.StoreError, for OutcomeDegraded,
-	// OutcomeUnavailable, OutcomeSettleFailed and fallback decisions) or the
-	// key-function error (OutcomeInvalid). Its text may hold internal details: log it,
-	// do not send it.
+	// OutcomeUnavailable, OutcomeSettleFailed and fallback decisions, and for the
+	// decision of stacked layers' other limiters while one failed; the last one when
+	// several failed) or the key-function error (OutcomeInvalid). Its text may hold
+	// internal details: log it, do not send it.
 	Err error
 	// Latency is the time the limiter took to answer, error or not (zero when it was not
 	// asked, e.g. with the breaker open). For a fallback decision it is the failed store
-	// call's time; the local decision itself takes well under a microsecond.
+	// call's time; the local decision itself takes well under a microsecond. For
+	// stacked layers on several limiters it is the sum of their calls' times.
 	Latency time.Duration
 	// Shadow is the decision of the rules in shadow mode ([Rule.Shadow]), made once the
 	// enforced rules admitted the request: all-or-nothing among a layer's shadow rules,

@@ -302,7 +302,10 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		// Every rule is in shadow mode: nothing is enforced.
 		ev.Decision = ratebudget.Decision{Allowed: true}
 	case single:
-		g := group{key: innermost.limKey, parts: st.parts, m: innermost, checks: st.checks}
+		// The group's parts are the layers with enforced rules: a layer whose rules are
+		// all in shadow mode never changes a response, so neither its policy nor its
+		// local fallback applies.
+		g := group{key: innermost.limKey, parts: enforcing(st.parts), m: innermost, checks: st.checks}
 		out := st.obuf[:0]
 		if len(st.checks) > len(st.obuf) {
 			out = make([]ratebudget.Outcome, 0, len(st.checks))
@@ -369,7 +372,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			if st.settle != nil {
 				st.settle.cancelAll(ctx)
 			}
-			headers.WriteUnavailable(w, r, failed.m.cfg.retryAfter) // the failed limiter's layers' setting
+			headers.WriteUnavailable(w, r, unavailableRetryAfter(failed.parts))
 			return
 		}
 	}
@@ -612,6 +615,34 @@ func unasked(st *stack, groups []*group, refused *group) []bool {
 	return marks
 }
 
+// enforcing returns the parts that have enforced checks: parts itself when every part
+// has some.
+func enforcing(parts []part) []part {
+	for i := range parts {
+		if parts[i].from == parts[i].to {
+			var some []part
+			for _, p := range parts {
+				if p.from < p.to {
+					some = append(some, p)
+				}
+			}
+			return some
+		}
+	}
+	return parts
+}
+
+// unavailableRetryAfter is the Retry-After of a 503 for a failed limiter's parts: the
+// setting of its innermost layer under FailClosed, whose policy refuses.
+func unavailableRetryAfter(parts []part) time.Duration {
+	for i := len(parts) - 1; i >= 0; i-- {
+		if parts[i].m.cfg.policy == FailClosed {
+			return parts[i].m.cfg.retryAfter
+		}
+	}
+	return parts[len(parts)-1].m.cfg.retryAfter
+}
+
 // strictest returns the strictest store-error policy of parts: FailClosed, then
 // LocalFallback, then FailOpen.
 func strictest(parts []part) Policy {
@@ -628,38 +659,29 @@ func strictest(parts []part) Policy {
 }
 
 // fallback decides the failed group's checks on each layer's local budget, layer by
-// layer (a degraded mode: all-or-nothing within a layer only). Layers under FailOpen
-// admit.
+// layer (a degraded mode: each layer's local decision is all-or-nothing on its own).
+// Every admission is reserved on the local budget, so that a refusal, by a later layer's
+// local budget or by a later limiter, gives the spend back as it gives a healthy
+// limiter's back. Layers under FailOpen admit.
 func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []ratebudget.Outcome) {
 	d := ratebudget.Decision{Allowed: true, Index: -1}
 	for k, p := range g.parts {
 		if p.m.fallback == nil {
 			continue
 		}
-		var pd ratebudget.Decision
-		if p.m.settles {
-			// Reserved on the local budget, settled there when the handler returns.
-			checks := make([]ratebudget.Check, p.to-p.from)
-			rules := make([]*compiledRule, len(checks))
-			copy(checks, st.checks[p.from:p.to])
-			for i := range checks {
-				rules[i] = p.rule(i, false)
-				checks[i].Rule = rules[i].local
-			}
-			tickets := make([]ratebudget.Ticket, len(checks))
-			pd, _ = p.m.fallback.Reserve(ctx, checks, tickets, nil)
-			if pd.Allowed {
-				st.addTarget(p.m, p.m.fallback, checks, tickets, rules, g.parts[k:k+1])
-			}
-		} else {
-			checks := st.checks[p.from:p.to]
-			for i := range checks {
-				checks[i].Rule = p.rule(i, false).local
-			}
-			pd, _ = p.m.fallback.Allow(ctx, checks)
-			for i := range checks {
-				checks[i].Rule = p.rule(i, false).rule
-			}
+		// Settled on the local budget when the handler returns (rules that count
+		// attempts settle nothing), or given back on a refusal.
+		checks := make([]ratebudget.Check, p.to-p.from)
+		rules := make([]*compiledRule, len(checks))
+		copy(checks, st.checks[p.from:p.to])
+		for i := range checks {
+			rules[i] = p.rule(i, false)
+			checks[i].Rule = rules[i].local
+		}
+		tickets := make([]ratebudget.Ticket, len(checks))
+		pd, _ := p.m.fallback.Reserve(ctx, checks, tickets, nil)
+		if pd.Allowed {
+			st.addTarget(p.m, p.m.fallback, checks, tickets, rules, g.parts[k:k+1])
 		}
 		pd.Index += p.from
 		if pd.Exceeded {

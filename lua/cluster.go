@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -85,4 +86,15 @@ func topologyError(err error) bool {
 		}
 	}
 	return false
+}
+
+// tryAgain reports whether err is a TRYAGAIN error reply. Redis gives it before running
+// a command (processCommand, clusterRedirectClient), to a call whose keys share a slot
+// being migrated when some of them are on this node and others not. A running script
+// gets no such reply: its cluster errors (an undeclared key of such a slot, a cluster
+// gone down) are ERR replies, and the limiter's scripts reply no TRYAGAIN of their own.
+// So a script call answered TRYAGAIN did not run.
+func tryAgain(err error) bool {
+	var rErr redis.Error
+	return errors.As(err, &rErr) && strings.HasPrefix(rErr.Error(), "TRYAGAIN ")
 }

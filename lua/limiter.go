@@ -548,15 +548,43 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 	return parseAllow(v, d, g)
 }
 
+// Backoff between script calls answered TRYAGAIN: the first wait, and the longest.
+const (
+	tryAgainFirst = time.Millisecond
+	tryAgainMax   = 16 * time.Millisecond
+)
+
 // run runs script with EVALSHA, and with EVAL when the server's script cache does not
 // hold it (NOSCRIPT), as go-redis's Script.Run does.
+//
+// A call answered TRYAGAIN is sent again, after a wait that grows from tryAgainFirst to
+// tryAgainMax, for as long as ctx allows: a Redis Cluster node gives it, before running
+// anything, to a call whose keys share a slot being migrated when some of them have
+// moved and others not, which lasts until the migration of those keys ends. No other
+// reply is sent again: CLUSTERDOWN and MASTERDOWN also come before anything runs, but
+// they last for a failover (seconds), and the failure policy should answer meanwhile.
+// If ctx ends first, or would end before the next try, the last TRYAGAIN is returned.
 func (c *core) run(ctx context.Context, script *redis.Script, src string, keys []string, args []any) (any, error) {
-	v, err := c.send(ctx, "evalsha", script.Hash(), keys, args)
-	if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
-		v, err = c.send(ctx, "eval", src, keys, args)
+	for wait := tryAgainFirst; ; wait = min(2*wait, tryAgainMax) {
+		v, err := c.send(ctx, "evalsha", script.Hash(), keys, args)
+		if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
+			v, err = c.send(ctx, "eval", src, keys, args)
+		}
+		c.reload.noteErr(err)
+		if !tryAgain(err) {
+			return v, err
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+			return nil, err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
 	}
-	c.reload.noteErr(err)
-	return v, err
 }
 
 // send sends one EVALSHA or EVAL: on the caller's goroutine when no other decision is

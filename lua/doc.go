@@ -25,10 +25,10 @@
 //     Allow returns by it. A context canceled without a deadline is only seen between
 //     commands.
 //   - MaxRetries: -1, for the limiter's other commands (SCRIPT LOAD). Script calls are
-//     never re-sent once they may have reached the server, whatever MaxRetries and a
-//     ClusterClient's MaxRedirects say: the limiter marks them NoRetry, which every
-//     go-redis client honours, so one request never spends or refunds twice. Another
-//     redis.Scripter gets EVALSHA and EVAL calls and must not retry them itself.
+//     never re-sent once they may have run, whatever MaxRetries and a ClusterClient's
+//     MaxRedirects say: the limiter marks them NoRetry, which every go-redis client
+//     honours, so one request never spends or refunds twice. Another redis.Scripter
+//     gets EVALSHA and EVAL calls and must not retry them itself.
 //   - DialerRetries: 1 and short DialTimeout, ReadTimeout, WriteTimeout and PoolTimeout,
 //     so that a failing Redis fails fast.
 //
@@ -39,8 +39,11 @@
 // once per 100ms: a failed-over master's slots are decided again as soon as the cluster
 // has promoted its replica, instead of after the client's ClusterStateReloadInterval
 // (60 s by default). An *redis.AutoPipeliner given to New cannot be reloaded that way:
-// give the *redis.ClusterClient itself. docs/CLUSTER.md has the recommended settings
-// and what a failover costs.
+// give the *redis.ClusterClient itself. A script call answered TRYAGAIN (its keys share
+// a slot being migrated, some moved and some not: Redis ran nothing) is sent again
+// after a short wait, growing from 1ms to 16ms, until it is answered otherwise or the
+// caller's context ends (then the TRYAGAIN is returned: a certain error).
+// docs/CLUSTER.md has the recommended settings and what a failover costs.
 //
 // A *redis.Ring is refused: it places keys by its own hash of the whole key, not by hash
 // slot, so checks that the limiter decides in one script, or a budget shared by
@@ -172,5 +175,7 @@
 // "timeout" and "canceled" for the caller's context, "connection" for transport errors.
 // Uncertain is set when the script may have run although its reply was lost, and when a
 // decision of several slot groups failed and the refund of its groups already admitted
-// failed too (their spend may stay). The limiter never retries a spend itself.
+// failed too (their spend may stay). The limiter sends a script call again only after
+// TRYAGAIN, which Redis Cluster replies before running anything; never after an error
+// that leaves the spend uncertain.
 package lua

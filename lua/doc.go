@@ -42,7 +42,8 @@
 // give the *redis.ClusterClient itself. A script call answered TRYAGAIN (its keys share
 // a slot being migrated, some moved and some not: Redis ran nothing) is sent again
 // after a short wait, growing from 1ms to 16ms, until it is answered otherwise or the
-// caller's context ends (then the TRYAGAIN is returned: a certain error).
+// caller's context ends (at most 1s for a context without a deadline; then the
+// TRYAGAIN is returned: a certain error).
 // docs/CLUSTER.md has the recommended settings and what a failover costs.
 //
 // A *redis.Ring is refused: it places keys by its own hash of the whole key, not by hash

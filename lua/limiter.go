@@ -548,10 +548,12 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 	return parseAllow(v, d, g)
 }
 
-// Backoff between script calls answered TRYAGAIN: the first wait, and the longest.
+// Backoff between script calls answered TRYAGAIN: the first wait, and the longest; and
+// how long a call whose context has no deadline keeps trying.
 const (
 	tryAgainFirst = time.Millisecond
 	tryAgainMax   = 16 * time.Millisecond
+	tryAgainFor   = time.Second
 )
 
 // run runs script with EVALSHA, and with EVAL when the server's script cache does not
@@ -563,8 +565,11 @@ const (
 // moved and others not, which lasts until the migration of those keys ends. No other
 // reply is sent again: CLUSTERDOWN and MASTERDOWN also come before anything runs, but
 // they last for a failover (seconds), and the failure policy should answer meanwhile.
-// If ctx ends first, or would end before the next try, the last TRYAGAIN is returned.
+// If ctx ends first, or would end before the next try, the last TRYAGAIN is returned;
+// a ctx without a deadline stops trying after tryAgainFor (a migration left half done
+// would otherwise hold the call until it is canceled).
 func (c *core) run(ctx context.Context, script *redis.Script, src string, keys []string, args []any) (any, error) {
+	var giveUp time.Time // for a ctx without a deadline, set at the first TRYAGAIN
 	for wait := tryAgainFirst; ; wait = min(2*wait, tryAgainMax) {
 		v, err := c.send(ctx, "evalsha", script.Hash(), keys, args)
 		if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
@@ -574,7 +579,14 @@ func (c *core) run(ctx context.Context, script *redis.Script, src string, keys [
 		if !tryAgain(err) {
 			return v, err
 		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
+		dl, ok := ctx.Deadline()
+		if !ok {
+			if giveUp.IsZero() {
+				giveUp = time.Now().Add(tryAgainFor)
+			}
+			dl = giveUp
+		}
+		if time.Until(dl) < wait {
 			return nil, err
 		}
 		t := time.NewTimer(wait)

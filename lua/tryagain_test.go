@@ -204,6 +204,19 @@ func TestTryAgainWhileResharding(t *testing.T) {
 		if got := counters(t, c, keys); got[0] != 3 || got[1] != 3 {
 			t.Fatalf("counters %v, want [3 3]: the failed decision spent", got)
 		}
+		// Without a deadline the call stops trying after a bounded time: a migration
+		// left half done does not hold it until it is canceled.
+		tries = h.tryAgain.Load()
+		_, err = l.Allow(context.Background(), checks)
+		if !errors.As(err, &rErr) || !strings.HasPrefix(rErr.Error(), "TRYAGAIN ") {
+			t.Fatalf("Allow without a deadline = %v; want the last TRYAGAIN", err)
+		}
+		if n := h.tryAgain.Load() - tries; n < 2 {
+			t.Errorf("%d TRYAGAIN replies without a deadline, want the call sent again", n)
+		}
+		if got := counters(t, c, keys); got[0] != 3 || got[1] != 3 {
+			t.Fatalf("counters %v, want [3 3]", got)
+		}
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strconv"
 	"strings"
@@ -86,21 +87,36 @@ func TestStoreErrorPolicies(t *testing.T) {
 	}
 }
 
+// TestDecisionDeadline: a decision has its own deadline, and a limiter error after it
+// passed is an uncertain store timeout, whether the limiter said so (a StoreError) or
+// returned the context's bare error.
 func TestDecisionDeadline(t *testing.T) {
 	t.Parallel()
 	f := &flaky{next: memory(t, newClock())}
 	f.hang.Store(true)
-	var got middleware.Event
-	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
-		middleware.WithTimeout(20*time.Millisecond), middleware.WithBreaker(middleware.Breaker{Disabled: true}),
-		middleware.WithObserver(func(e middleware.Event) { got = e }))(ok)
-	rec := do(h, "GET", "/", nil) // returns only because the decision has its own deadline
-	if rec.Code != 503 {
-		t.Fatalf("hung store: %d, want 503", rec.Code)
-	}
-	var se *ratebudget.StoreError
-	if !errors.As(got.Err, &se) || se.Class != "timeout" || !se.Uncertain {
-		t.Fatalf("event error %v, want an uncertain timeout", got.Err)
+	bare := limiterFunc(func(ctx context.Context, _ []ratebudget.Check) (ratebudget.Decision, error) {
+		<-ctx.Done()
+		return ratebudget.Decision{}, ctx.Err()
+	})
+	for _, tc := range []struct {
+		name string
+		lim  ratebudget.Limiter
+	}{{"store error", f}, {"bare context error", bare}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var got middleware.Event
+			h := mustNew(t, tc.lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
+				middleware.WithTimeout(20*time.Millisecond), middleware.WithBreaker(middleware.Breaker{Disabled: true}),
+				middleware.WithObserver(func(e middleware.Event) { got = e }))(ok)
+			rec := do(h, "GET", "/", nil) // returns only because the decision has its own deadline
+			if rec.Code != 503 {
+				t.Fatalf("hung store: %d, want 503", rec.Code)
+			}
+			var se *ratebudget.StoreError
+			if !errors.As(got.Err, &se) || se.Class != "timeout" || !se.Uncertain || !errors.Is(got.Err, context.DeadlineExceeded) {
+				t.Fatalf("event error %v, want an uncertain timeout wrapping the deadline", got.Err)
+			}
+		})
 	}
 }
 
@@ -213,6 +229,39 @@ func TestBreakerIgnoresNonStoreErrors(t *testing.T) {
 	}
 }
 
+// A store error of a request whose client went away during the decision says nothing
+// about the store: it does not count toward opening the breaker.
+func TestBreakerIgnoresCanceledRequests(t *testing.T) {
+	t.Parallel()
+	next := memory(t, newClock())
+	var calls atomic.Int64
+	var cancelRequest context.CancelFunc // set before each canceled request; the limiter runs on its goroutine
+	lim := limiterFunc(func(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
+		calls.Add(1)
+		if cancelRequest != nil {
+			cancelRequest()
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "canceled", Err: ctx.Err()}
+		}
+		return next.Allow(ctx, checks)
+	})
+	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour}))(ok)
+	for range 20 {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancelRequest = cancel
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil).WithContext(ctx))
+		cancelRequest = nil
+		cancel()
+	}
+	if n := calls.Load(); n != 20 {
+		t.Fatalf("limiter called %d times for 20 requests", n)
+	}
+	// With MinCalls 1, one counted failure would have opened the breaker for an hour.
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 || calls.Load() != 21 {
+		t.Fatalf("after 20 canceled requests: %d, limiter called %d times; want 200 from the store: canceled requests must not open the breaker", rec.Code, calls.Load())
+	}
+}
+
 // A limiter's non-store error must not be read as an admission or an empty budget.
 func TestNonStoreErrorAppliesPolicy(t *testing.T) {
 	t.Parallel()
@@ -259,6 +308,41 @@ func TestLocalFallbackLeavesPooledRulesIntact(t *testing.T) {
 		if r != configured {
 			t.Fatalf("call %d got rule %+v, want the configured %+v", i, r, configured)
 		}
+	}
+}
+
+// TestLocalFallbackShares: the local budget is each rule's Limit and Burst divided by the
+// replica count, rounded down but at least 1.
+func TestLocalFallbackShares(t *testing.T) {
+	t.Parallel()
+	down := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("down")}
+	})
+	for _, tc := range []struct {
+		name     string
+		rule     ratebudget.Rule
+		replicas int
+		admitted int
+	}{
+		{"limit rounded down", rule("r", 11, time.Minute), 2, 5},
+		{"limit below the replicas", rule("r", 3, time.Minute), 4, 1},
+		// A bucket of 40 that refills 2 a minute: 10 locally, not the refill's 1.
+		{"burst", ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 2, Burst: 40, Window: time.Minute}, 4, 10},
+		{"burst below the replicas", ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 8, Burst: 3, Window: time.Minute}, 4, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := mustNew(t, down, []middleware.Rule{{Rule: tc.rule, Identity: global}}, middleware.WithLocalFallback(tc.replicas),
+				middleware.WithBreaker(middleware.Breaker{Disabled: true}))(ok)
+			for i := range tc.admitted {
+				if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+					t.Fatalf("request %d: %d, want 200 (a local budget of %d)", i, rec.Code, tc.admitted)
+				}
+			}
+			if rec := do(h, "GET", "/", nil); rec.Code != 429 {
+				t.Fatalf("request %d: %d, want 429 (a local budget of %d)", tc.admitted, rec.Code, tc.admitted)
+			}
+		})
 	}
 }
 

@@ -133,6 +133,24 @@ func TestInFlight(t *testing.T) {
 	}
 }
 
+// TestInFlightIsNotChargedTheLayerCost: a request holds one lease whatever its cost, so a
+// cost above an InFlight rule's Limit is no 413 when the layer's other rules can admit it.
+func TestInFlightIsNotChargedTheLayerCost(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute}
+	h := mustNew(t, lim, []middleware.Rule{{Rule: slots, Identity: global}, {Rule: rule("r", 10, time.Minute), Identity: global}},
+		middleware.WithCost(func(*http.Request) (int64, error) { return 5, nil }))(ok)
+	for i := range 2 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+			t.Fatalf("request %d of cost 5 under 2 slots and 10 units: %d, want 200", i, rec.Code)
+		}
+	}
+	if rec := do(h, "GET", "/", nil); rec.Code != 429 {
+		t.Fatalf("third request of cost 5 with 10 units spent: %d, want 429", rec.Code)
+	}
+}
+
 // TestCountResponseBytes: a download budget is charged the bytes written; the response
 // that goes over puts the budget into debt, and the next request is refused.
 func TestCountResponseBytes(t *testing.T) {

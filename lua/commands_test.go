@@ -604,6 +604,53 @@ func TestTokenBucketState(t *testing.T) {
 	}
 }
 
+// TestFixedWindowCounterWithoutTTL: a fixed-window counter found without a TTL counts as
+// a window opened now, and is given the window as its TTL back by an admission and by a
+// refusal alike, alone or in a group; a refusal leaves its count as it was.
+func TestFixedWindowCounterWithoutTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	r := ratebudget.Rule{Name: "fw", Limit: 5, Window: time.Hour}
+	for _, tc := range []struct {
+		name    string
+		value   string
+		checks  int
+		allowed bool
+		count   string // after the decision
+	}{
+		{"admitted alone", "2", 1, true, "3"},
+		{"refused alone", "5", 1, false, "5"},
+		{"admitted in a group", "2", 2, true, "3"},
+		{"refused in a group", "5", 2, false, "5"},
+	} {
+		var checks []ratebudget.Check
+		for i := range tc.checks {
+			checks = append(checks, ratebudget.Check{Rule: r, Identity: tc.name, Scope: strconv.Itoa(i), Cost: 1})
+		}
+		for _, chk := range checks {
+			if err := c.Set(ctx, l.Key(chk), tc.value, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		d, err := l.Allow(ctx, checks)
+		if err != nil || d.Allowed != tc.allowed || d.ResetAfter != time.Hour {
+			t.Fatalf("%s: %+v, %v; want allowed %v with the window's reset, 1h", tc.name, d, err, tc.allowed)
+		}
+		for _, chk := range checks {
+			key := l.Key(chk)
+			if v := c.Get(ctx, key).Val(); v != tc.count {
+				t.Errorf("%s: counter %q after the decision, want %q", tc.name, v, tc.count)
+			}
+			if p, slack := c.PTTL(ctx, key).Val(), time.Since(start)+2*time.Millisecond; p > time.Hour || p < time.Hour-slack {
+				t.Errorf("%s: PTTL %v after the decision, want the window, 1h, minus at most %v", tc.name, p, slack)
+			}
+		}
+	}
+}
+
 // TestTokenBucketRefundKeepsLag: a refund (a later slot's group refused) gives the cost
 // back to a bucket whose clock lags, and the TTL it writes keeps the lag.
 func TestTokenBucketRefundKeepsLag(t *testing.T) {

@@ -154,7 +154,7 @@ func TestStoppedRedisPolicies(t *testing.T) {
 // costs no request more than the deadline, with either client configuration; after at
 // most 3 failures (MinCalls 3 and a ratio of 0.7 after the warm-up's one success) the
 // breaker opens and the client sends nothing more (counted with a hook);
-// after unpausing, decisions go back to Redis within the cool-down plus one probe. The
+// after unpausing, decisions go back to Redis after the cool-down through one probe. The
 // scripts of the timed-out requests may still run when the server wakes up (with
 // go-redis's defaults every one that was sent does): a timeout is an uncertain result.
 func TestPausedRedisBreaker(t *testing.T) {
@@ -225,6 +225,9 @@ func TestPausedRedisBreaker(t *testing.T) {
 
 	fr.unpause(t)
 	for _, a := range arms {
+		// The time to recover is logged, not asserted (a loaded machine may take longer
+		// than the cool-down and a probe); that one probe closed the breaker is asserted
+		// by the transitions below. The deadline only stops a breaker that never closes.
 		start := time.Now()
 		tries := 0
 		for {
@@ -233,7 +236,7 @@ func TestPausedRedisBreaker(t *testing.T) {
 			if rec.Code == 200 {
 				break
 			}
-			if time.Since(start) > cooldown+2*faultBound {
+			if time.Since(start) > 30*time.Second {
 				t.Fatalf("%s: no decision from Redis %v after unpausing (cool-down %v)", a.name, time.Since(start), cooldown)
 			}
 			time.Sleep(10 * time.Millisecond) // pacing, not synchronisation: the loop has a deadline

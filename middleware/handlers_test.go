@@ -300,23 +300,9 @@ func TestHijackedIsChargedItsReservation(t *testing.T) {
 		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: close\r\n\r\n" + strings.Repeat("x", 500))
 		_ = buf.Flush()
 	}))
-	served := make(chan struct{}) // closed once the middleware has returned, settled
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer close(served)
-		h.ServeHTTP(w, r)
-	}))
-	defer srv.Close()
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\n")
-	got, _ := io.ReadAll(conn) // until the handler closes the connection
-	conn.Close()
-	if !strings.HasPrefix(string(got), "HTTP/1.1 101 ") || !strings.HasSuffix(string(got), strings.Repeat("x", 500)) {
+	if got := upgrade(t, h); !strings.HasPrefix(got, "HTTP/1.1 101 ") || !strings.HasSuffix(got, strings.Repeat("x", 500)) {
 		t.Fatalf("hijacked response: %q", got)
 	}
-	<-served
 	if n := left(t, lim, bytesRule, keyfuncs.GlobalKey); n != 900 {
 		t.Errorf("bytes: %d left, want 900 (the 100 reserved, not the 0 written through the ResponseWriter)", n)
 	}
@@ -342,23 +328,9 @@ func TestHijackedWithoutABodyIsNotChargedItsBytes(t *testing.T) {
 			_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: close\r\n\r\n")
 			_ = buf.Flush()
 		}))
-	served := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer close(served)
-		h.ServeHTTP(w, r)
-	}))
-	defer srv.Close()
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\n")
-	got, _ := io.ReadAll(conn)
-	conn.Close()
-	if !strings.HasPrefix(string(got), "HTTP/1.1 101 ") {
+	if got := upgrade(t, h); !strings.HasPrefix(got, "HTTP/1.1 101 ") {
 		t.Fatalf("hijacked response: %q", got)
 	}
-	<-served
 	if n := left(t, lim, body, keyfuncs.GlobalKey); n != 10 {
 		t.Errorf("body: %d left, want 10: a request without a body is charged nothing", n)
 	}
@@ -421,4 +393,26 @@ func TestExceededIndexCountsEveryLayer(t *testing.T) {
 			t.Errorf("%s: observed indexes %v, want [3 3] (inner and outer layer)", c.name, observed)
 		}
 	}
+}
+
+// upgrade sends h an upgrade request on a real connection and returns what came back
+// until the handler closed it, once the middleware around the handler has returned
+// (and settled).
+func upgrade(t *testing.T, h http.Handler) string {
+	t.Helper()
+	served := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(served)
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: test\r\n\r\n")
+	got, _ := io.ReadAll(conn)
+	<-served
+	return string(got)
 }

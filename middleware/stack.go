@@ -29,7 +29,8 @@ import (
 //     wrapping all compose middlewares directly around each other), or
 //   - its next handler is a chi router's routing step (the layer is the last r.Use of a
 //     router) and the route the request matches starts with a layer (its first r.With or
-//     the subrouter's first r.Use), found by looking ahead in the router.
+//     the subrouter's first r.Use, which runs also when the subrouter answers 404 or 405),
+//     found by looking ahead in the router, router by router.
 //
 // Any other handler between two layers (a logger, an authentication middleware) may do
 // work or answer on its own, so the outer layer decides before it runs, and the inner
@@ -256,11 +257,12 @@ func (m *mw) layerAhead(next http.Handler, r *http.Request) bool {
 	if mux == nil {
 		return false
 	}
-	pattern := chiroute.Find(mux, method, path)
-	if pattern == "" {
-		return false // chi answers 404 or 405: this layer decides
+	pattern, levels := chiroute.Find(mux, method, path)
+	if len(levels) == 0 {
+		return false // this router answers 404 or 405: this layer decides
 	}
-	mw, h, ok := m.routes.First(mux, method, pattern)
+	// A subrouter that answers 404 or 405 (pattern "") still runs its r.Use layers.
+	mw, h, ok := m.routes.First(mux, method, pattern, levels)
 	if !ok {
 		return false
 	}

@@ -143,10 +143,17 @@ func findSub(mux chi.Routes, pattern string) chi.Routes {
 	return nil
 }
 
-// First is the cached [First].
-func (c *Cache) First(mux chi.Routes, method, pattern string) (mw func(http.Handler) http.Handler, h http.Handler, ok bool) {
+// First is the cached [First]; levels are Find's for pattern.
+func (c *Cache) First(mux chi.Routes, method, pattern string, levels []string) (mw func(http.Handler) http.Handler, h http.Handler, ok bool) {
 	if _, ok := mux.(*chi.Mux); !ok {
-		return First(mux, method, pattern)
+		return First(mux, method, levels)
+	}
+	// chi's tree resolves one method and pattern always through the same routers, so
+	// the pattern stands for its levels.
+	if pattern == "" {
+		// A subrouter answers 404 or 405: its mount patterns (each ending in "/*")
+		// stand for it.
+		pattern = "404 " + strings.Join(levels, "")
 	}
 	k := firstKey{mux, method, pattern}
 	c.mu.RLock()
@@ -155,7 +162,7 @@ func (c *Cache) First(mux chi.Routes, method, pattern string) (mw func(http.Hand
 	if hit {
 		return v.mw, v.h, v.ok
 	}
-	v.mw, v.h, v.ok = First(mux, method, pattern)
+	v.mw, v.h, v.ok = First(mux, method, levels)
 	c.mu.Lock()
 	if c.first == nil {
 		c.first = make(map[firstKey]firstVal)
@@ -167,19 +174,27 @@ func (c *Cache) First(mux chi.Routes, method, pattern string) (mw func(http.Hand
 	return v.mw, v.h, v.ok
 }
 
-// Find returns the pattern below mux that method and path match ("" for none).
-func Find(mux chi.Routes, method, path string) string {
-	return mux.Find(chi.NewRouteContext(), method, path)
+// Find returns the pattern below mux that method and path match ("" for none), and the
+// pattern each router on the way matched: the mount patterns ("/api/*", or a mount's
+// own path "/api"), then the route's.
+func Find(mux chi.Routes, method, path string) (pattern string, levels []string) {
+	rctx := chi.NewRouteContext()
+	pattern = mux.Find(rctx, method, path)
+	return pattern, rctx.RoutePatterns
 }
 
-// First returns what mux runs first for a request matching pattern (a result of Find)
+// First returns what mux runs first for a request whose routers matched levels (Find's)
 // with method: the first middleware of the route's chain, or when it has none the
 // route's handler. It descends through subrouters without middlewares. ok is false when
 // nothing is found.
-func First(mux chi.Routes, method, pattern string) (mw func(http.Handler) http.Handler, h http.Handler, ok bool) {
-	for depth := 0; depth < 16 && mux != nil; depth++ {
-		var next chi.Routes
-		var rest string
+//
+// Routes are matched by their patterns, level by level, never by a prefix of the
+// request's full pattern: a route "/apikeys" is not inside a subrouter mounted at "/api".
+func First(mux chi.Routes, method string, levels []string) (mw func(http.Handler) http.Handler, h http.Handler, ok bool) {
+	for depth := 0; depth < 16 && mux != nil && len(levels) > 0; depth++ {
+		pattern := levels[0]
+		levels = levels[1:]
+		var sub *chi.Route
 		for _, rt := range mux.Routes() {
 			if rt.SubRoutes == nil {
 				if rt.Pattern != pattern {
@@ -189,29 +204,37 @@ func First(mux chi.Routes, method, pattern string) (mw func(http.Handler) http.H
 				if eh == nil {
 					eh = rt.Handlers["*"]
 				}
-				if eh == nil {
-					return nil, nil, false
+				if eh != nil {
+					return firstOf(eh)
 				}
-				return firstOf(eh)
+				continue // the method runs the mount sharing this path, if any
 			}
-			prefix := strings.TrimSuffix(rt.Pattern, "/*")
-			if !strings.HasPrefix(pattern, prefix) || next != nil {
+			switch rt.Pattern {
+			case pattern:
+			case pattern + "*", pattern + "/*":
+				// The mount's own path ("/api", "/api/"): chi runs the subrouter on
+				// "/", which Find does not descend into.
+				if len(levels) == 0 {
+					_, levels = Find(rt.SubRoutes, method, "/")
+				}
+			default:
 				continue
 			}
-			if stub := rt.Handlers["*"]; stub != nil {
-				if ch, ok := stub.(*chi.ChainHandler); ok && len(ch.Middlewares) > 0 {
-					return ch.Middlewares[0], nil, true // With(...) before Mount
-				}
-			}
-			if mws := rt.SubRoutes.Middlewares(); len(mws) > 0 {
-				return mws[0], nil, true
-			}
-			next, rest = rt.SubRoutes, pattern[len(prefix):]
+			rt := rt
+			sub = &rt
 		}
-		if next == nil {
+		if sub == nil {
 			return nil, nil, false
 		}
-		mux, pattern = next, rest
+		if stub := sub.Handlers["*"]; stub != nil {
+			if ch, ok := stub.(*chi.ChainHandler); ok && len(ch.Middlewares) > 0 {
+				return ch.Middlewares[0], nil, true // With(...) before Mount
+			}
+		}
+		if mws := sub.SubRoutes.Middlewares(); len(mws) > 0 {
+			return mws[0], nil, true
+		}
+		mux = sub.SubRoutes
 	}
 	return nil, nil, false
 }

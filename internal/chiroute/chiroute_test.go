@@ -30,9 +30,10 @@ func (s *seen) mw(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.routing = s.probe.IsRouting(next)
 		if mux, method, path := s.cache.Level(r); mux != nil {
-			s.pattern = chiroute.Find(mux, method, path)
+			var levels []string
+			s.pattern, levels = chiroute.Find(mux, method, path)
 			var mw func(http.Handler) http.Handler
-			mw, s.firstH, s.ok = s.cache.First(mux, method, s.pattern)
+			mw, s.firstH, s.ok = s.cache.First(mux, method, s.pattern, levels)
 			s.firstMW = chiroute.FuncPC(mw)
 		}
 		next.ServeHTTP(w, r)
@@ -71,6 +72,25 @@ func TestLookAhead(t *testing.T) {
 			r.Route("/api", func(r chi.Router) { r.With(mark).Get("/y", endpoint) })
 			return r
 		}, "/api/y", "/api/y", chiroute.FuncPC(mark), true},
+		{"route sharing a subrouter's prefix", func(s *seen) http.Handler {
+			r := chi.NewRouter()
+			r.Use(s.mw)
+			r.Route("/api", func(r chi.Router) {
+				r.Use(other)
+				r.Get("/", endpoint)
+			})
+			r.Get("/apikeys", endpoint)
+			return r
+		}, "/apikeys", "/apikeys", 0, true},
+		{"404 in a subrouter", func(s *seen) http.Handler {
+			r := chi.NewRouter()
+			r.Use(s.mw)
+			r.Route("/api", func(r chi.Router) {
+				r.Use(other)
+				r.Get("/y", endpoint)
+			})
+			return r
+		}, "/api/nowhere", "", chiroute.FuncPC(other), true},
 		{"plain route", func(s *seen) http.Handler {
 			r := chi.NewRouter()
 			r.Use(s.mw)

@@ -42,7 +42,6 @@ type flight struct {
 // the first of them sends the group's decision for all.
 type group struct {
 	waiting []*waiter     // in order of arrival; guarded by the shard's lock until sealed
-	each    bool          // a member asked for every check's outcome; as waiting
 	send    chan struct{} // closed when the group is sealed
 	// Set when sealed, before send is closed:
 	sealed bool
@@ -86,7 +85,7 @@ func (c *coalescer) signature(checks []ratebudget.Check) uint64 {
 }
 
 // groupable reports how many decisions for checks one group may hold: all costs
-// equal (so that the rule a group reports is the rule each member would report) and
+// equal (so that a member's place tells how many units more it sees remaining) and
 // the group's cost within every rule's capacity (so that a group is never Exceeded
 // when its members are not). Below 2 the decision is not coalesced.
 func (c *coalescer) groupable(checks []ratebudget.Check) int {
@@ -153,7 +152,6 @@ func (c *coalescer) allow(ctx context.Context, checks []ratebudget.Check, outs [
 	}
 	w := &waiter{ctx: ctx}
 	g.waiting = append(g.waiting, w)
-	g.each = g.each || outs != nil
 	sh.Unlock()
 
 	select {
@@ -230,13 +228,9 @@ func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *gro
 		for i := range many {
 			many[i].Cost *= int64(n)
 		}
-		if g.each {
-			// The group's outcomes, for the members that report every check's.
-			g.outs = make([]ratebudget.Outcome, len(checks))
-			d, err = c.inner.AllowEach(ctx, many, g.outs)
-		} else {
-			d, err = c.inner.Allow(ctx, many)
-		}
+		// The group's outcomes, from which each member's decision is made (see member).
+		g.outs = make([]ratebudget.Outcome, len(checks))
+		d, err = c.inner.AllowEach(ctx, many, g.outs)
 	}
 	c.land(sig, f)
 	g.d, g.err = d, err
@@ -269,23 +263,22 @@ func (c *coalescer) member(ctx context.Context, g *group, checks []ratebudget.Ch
 	if g.err != nil {
 		return ratebudget.Decision{}, copyErr(g.err)
 	}
-	d := g.d
 	// Members are told what they would have seen admitted one after another at one
-	// server time: place i of n sees (n-1-i) × cost more remaining.
+	// server time: place i of n sees (n-1-i) × cost more remaining. Their decision is
+	// combined from their own outcomes, as a decision alone is: the rule it reports may
+	// differ from the group's (a token bucket is full again sooner for a member).
 	i := <-g.places
 	more := int64(len(g.live)-1-i) * checks[0].Cost // all costs are equal (groupable)
-	if d.Allowed && d.Index >= 0 && d.Index < len(checks) {
-		d.Remaining += more
+	var ob [4]ratebudget.Outcome
+	if outs == nil && len(checks) <= len(ob) {
+		outs = ob[:len(checks)]
+	} else if outs == nil {
+		outs = make([]ratebudget.Outcome, len(checks))
 	}
-	if outs != nil && g.outs != nil {
-		for j := range outs {
-			outs[j] = memberOutcome(&checks[j].Rule, g.outs[j], more)
-		}
-		if d.Allowed && d.Index >= 0 && d.Index < len(checks) {
-			d.ResetAfter = outs[d.Index].ResetAfter
-		}
+	for j := range outs {
+		outs[j] = memberOutcome(&checks[j].Rule, g.outs[j], more)
 	}
-	return d, nil
+	return ratebudget.Combine(checks, outs), nil
 }
 
 // memberOutcome is a check's outcome o for its group's cost, as seen by a member that

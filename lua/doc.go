@@ -161,9 +161,9 @@
 // parameters and costs) in flight waits for it; the decisions that gathered meanwhile
 // are then sent as one decision for all of their cost, never more than a rule's
 // capacity. A group admitted in full is its members admitted one after another: each is
-// told the Remaining it would have seen, and through [Limiter.AllowEach] each check's
-// outcome (a token bucket's ResetAfter is rounded against the member: at most 1ms
-// late). A group that does not fit spends nothing, and
+// told the decision it would have seen (its Remaining, ResetAfter and reported rule),
+// and through [Limiter.AllowEach] each check's outcome (a token bucket's ResetAfter is
+// rounded against the member: at most 1ms late). A group that does not fit spends nothing, and
 // its members are decided one by one. Every member waits on its own context: one that
 // gives up before its group is sent gets a certain error; if the member sending the
 // group gives up, the others decide alone and the group's call may still be applied (an

@@ -86,3 +86,36 @@ func TestRefusalCachedAfterSettle(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalCachedAcrossLimits: two rules of one name share their budget in Redis
+// whatever their limits (a changed Limit, or two routes). A settle through one of them
+// gives budget back; the other's cached refusal is dropped too, or this process would
+// refuse for its whole wait what Redis admits.
+func TestRefusalCachedAcrossLimits(t *testing.T) {
+	l := newLimiter(t, redistest.Start(t).Client(t))
+	ctx := context.Background()
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			wide := ratebudget.Check{Rule: ratebudget.Rule{Name: "api", Algorithm: alg, Limit: 3, Window: time.Hour}, Identity: "uma", Cost: 1}
+			narrow := wide
+			narrow.Rule.Limit = 2
+			if d, err := l.Allow(ctx, []ratebudget.Check{narrow}); err != nil || !d.Allowed {
+				t.Fatalf("first unit under the limit of 2: %+v, %v", d, err)
+			}
+			// Reserved last, so that a rolling window's event is the newest: given back.
+			tickets := make([]ratebudget.Ticket, 1)
+			if d, err := l.Reserve(ctx, []ratebudget.Check{wide}, tickets, nil); err != nil || !d.Allowed {
+				t.Fatalf("Reserve: %+v, %v", d, err)
+			}
+			if d, err := l.Allow(ctx, []ratebudget.Check{narrow}); err != nil || d.Allowed {
+				t.Fatalf("third unit under the limit of 2: %+v, %v; want refused", d, err)
+			}
+			if err := l.Settle(ctx, []ratebudget.Check{wide}, tickets, nil); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := l.Allow(ctx, []ratebudget.Check{narrow}); err != nil || !d.Allowed {
+				t.Fatalf("after the reservation was given back: %+v, %v; want admitted, as Redis admits", d, err)
+			}
+		})
+	}
+}

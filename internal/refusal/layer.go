@@ -48,10 +48,12 @@ func Wrap(inner Inner, maxEntries int) *Limiter {
 	return &Limiter{inner: inner, cache: New(maxEntries), s1: maphash.MakeSeed(), s2: maphash.MakeSeed()}
 }
 
-// keyLen is the length of a budget's cache key: two 64-bit seeded hashes of the check's
-// budget (rule parameters, identity and scope), so that a key's size does not depend on
-// the identity's and a collision cannot be searched for without the seeds.
-const keyLen = 16
+// keyLen is the length of a check's cache key: two 64-bit seeded hashes of the check's
+// budget (rule name and algorithm, identity and scope: what names its budget in the
+// store), then one of the rule's parameters (see budgetLen), so that a key's size does
+// not depend on the identity's and a collision cannot be searched for without the
+// seeds.
+const keyLen = budgetLen + 8
 
 // key appends the cache key of c's budget to dst; buf is a reusable buffer, returned
 // grown.
@@ -60,14 +62,15 @@ func (l *Limiter) key(dst, buf []byte, c *ratebudget.Check) ([]byte, []byte) {
 	buf = binary.AppendUvarint(buf[:0], uint64(len(r.Name)))
 	buf = append(buf, r.Name...)
 	buf = binary.AppendUvarint(buf, uint64(r.Algorithm))
-	buf = binary.AppendUvarint(buf, uint64(r.Limit))
-	buf = binary.AppendUvarint(buf, uint64(r.Window))
-	buf = binary.AppendUvarint(buf, uint64(r.Burst))
 	buf = binary.AppendUvarint(buf, uint64(len(c.Identity)))
 	buf = append(buf, c.Identity...)
 	buf = append(buf, c.Scope...)
 	dst = binary.LittleEndian.AppendUint64(dst, maphash.Bytes(l.s1, buf))
 	dst = binary.LittleEndian.AppendUint64(dst, maphash.Bytes(l.s2, buf))
+	buf = binary.AppendUvarint(buf[:0], uint64(r.Limit))
+	buf = binary.AppendUvarint(buf, uint64(r.Window))
+	buf = binary.AppendUvarint(buf, uint64(r.Burst))
+	dst = binary.LittleEndian.AppendUint64(dst, maphash.Bytes(l.s1, buf))
 	return dst, buf
 }
 

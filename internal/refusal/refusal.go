@@ -29,6 +29,7 @@
 package refusal
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -38,6 +39,23 @@ import (
 )
 
 const shards = 32
+
+// budgetLen is how much of a key names its budget. A key's bytes after it, at most 8,
+// name the rule's parameters (a rule of one name keeps its budget in the store whatever
+// its Limit): a lookup of other parameters misses, a store replaces the budget's
+// refusal of other parameters, and Forget drops the budget's refusal whatever its
+// parameters.
+const budgetLen = 16
+
+// split returns the part of key that names its budget and its parameters' tag.
+func split(key []byte) ([]byte, uint64) {
+	if len(key) <= budgetLen {
+		return key, 0
+	}
+	var b [8]byte
+	copy(b[:], key[budgetLen:])
+	return key[:budgetLen], binary.LittleEndian.Uint64(b[:])
+}
 
 // Cache is a bounded, concurrency-safe memory of refusals. The zero value is not usable;
 // call New.
@@ -79,6 +97,7 @@ type entry struct {
 	until   int64 // monotonic ns since base: refuse until then
 	resetAt int64
 	cost    int64
+	tag     uint64 // the rule's parameters (see budgetLen)
 	d       ratebudget.Decision
 	snap    *Snapshot // nil: stored without the other checks' outcomes
 }
@@ -127,6 +146,7 @@ func (c *Cache) LookupEach(key []byte, cost int64, now int64) (ratebudget.Decisi
 	if c.Empty() {
 		return ratebudget.Decision{}, nil, false // a miss is always correct: the store decides
 	}
+	key, tag := split(key)
 	s := c.shard(key)
 	s.mu.Lock()
 	e, ok := s.m[string(key)]
@@ -135,7 +155,7 @@ func (c *Cache) LookupEach(key []byte, cost int64, now int64) (ratebudget.Decisi
 		ok = false
 	}
 	s.mu.Unlock()
-	if !ok || cost < e.cost {
+	if !ok || cost < e.cost || e.tag != tag {
 		return ratebudget.Decision{}, nil, false
 	}
 	d := e.d
@@ -174,7 +194,8 @@ func (c *Cache) StoreIf(key []byte, cost int64, sent int64, d ratebudget.Decisio
 	if d.Allowed || d.Exceeded || d.RetryAfter <= 0 {
 		return
 	}
-	e := entry{until: sent + int64(d.RetryAfter), resetAt: sent + int64(d.ResetAfter), cost: cost, d: d, snap: snap}
+	key, tag := split(key)
+	e := entry{until: sent + int64(d.RetryAfter), resetAt: sent + int64(d.ResetAfter), cost: cost, tag: tag, d: d, snap: snap}
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -187,7 +208,8 @@ func (c *Cache) StoreIf(key []byte, cost int64, sent int64, d ratebudget.Decisio
 		// costs the one that ends later. Both are exact; this keeps the hit rate up when
 		// requests of several costs are refused together.
 		// Of equal costs, one with a snapshot replaces one without.
-		if old.until > sent && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until && (old.snap != nil || snap == nil)) {
+		// A refusal of other parameters is replaced.
+		if old.until > sent && old.tag == tag && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until && (old.snap != nil || snap == nil)) {
 			return
 		}
 		c.set(s, string(key), e)
@@ -226,6 +248,7 @@ func (c *Cache) Forget(key []byte) {
 // forget is Forget without its check that the cache is empty, which a concurrent
 // StoreIf may be about to change.
 func (c *Cache) forget(key []byte) {
+	key, _ = split(key)
 	s := c.shard(key)
 	s.mu.Lock()
 	if _, ok := s.m[string(key)]; ok {

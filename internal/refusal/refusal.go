@@ -103,7 +103,7 @@ type entry struct {
 }
 
 // Snapshot is a refused decision's outcome for each of its checks, stored with the
-// refusal of its reported check ([Cache.StoreEach]). A cache holds it, and never
+// refusal of its reported check ([Cache.StoreIf]). A cache holds it, and never
 // changes it, until the refusal is dropped.
 type Snapshot struct {
 	// Checks names the decision's checks (budgets and costs, in order) so that a
@@ -178,18 +178,13 @@ func Elapsed(o ratebudget.Outcome, sent, now int64) ratebudget.Outcome {
 // reading of Now taken before sending). Admissions, Exceeded refusals and refusals with no
 // wait are not stored.
 func (c *Cache) Store(key []byte, cost int64, sent int64, d ratebudget.Decision) {
-	c.StoreEach(key, cost, sent, d, nil)
+	c.StoreIf(key, cost, sent, d, nil, nil)
 }
 
-// StoreEach is Store, keeping snap (which may be nil) with the refusal, to be returned
-// by LookupEach while the refusal is held.
-func (c *Cache) StoreEach(key []byte, cost int64, sent int64, d ratebudget.Decision, snap *Snapshot) {
-	c.StoreIf(key, cost, sent, d, snap, nil)
-}
-
-// StoreIf is StoreEach when fresh is nil or reports true, called with key's shard
-// locked (the lock Forget takes): a caller that forgets key after making fresh report
-// false knows that the refusal is either dropped or never stored.
+// StoreIf is Store, keeping snap (which may be nil) with the refusal, to be returned by
+// LookupEach while the refusal is held, when fresh is nil or reports true, called with
+// key's shard locked (the lock Forget takes): a caller that forgets key after making
+// fresh report false knows that the refusal is either dropped or never stored.
 func (c *Cache) StoreIf(key []byte, cost int64, sent int64, d ratebudget.Decision, snap *Snapshot, fresh func() bool) {
 	if d.Allowed || d.Exceeded || d.RetryAfter <= 0 {
 		return

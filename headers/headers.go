@@ -23,16 +23,18 @@
 // The X-RateLimit-* names are a convention, not a standard. RateLimit-Policy and
 // RateLimit follow draft-ietf-httpapi-ratelimit-headers-11 ([IETF], [Both]), still an
 // Internet-Draft; draft-10 is kept selectable ([IETFDraft10], [BothDraft10]) because the
-// drafts give t a different meaning:
+// drafts word t differently, and so round it differently:
 //
 //	draft  t means                                                      sent as
 //	11     effective window: within t seconds the client can use no     whole seconds, rounded down ([Info].Available),
 //	       more than r; the time until more quota is made available     omitted when unknown
-//	10     seconds until the quota resets (is whole again)              whole seconds, rounded up ([Info].Reset)
+//	10     seconds until additional quota is made available             whole seconds, rounded up ([Info].Available),
+//	                                                                    omitted when unknown
 //
-// Draft-11's qu (quota unit) is sent when [Info].Unit is set to a unit other than the
-// default "requests"; its pk (partition key) when [Info].PartitionKey is set. Draft-10
-// has neither.
+// Neither is the time until the budget is whole again (X-RateLimit-Reset): for a token
+// bucket that is much later than the next token. The quota unit qu is sent when
+// [Info].Unit is set to a unit other than the default "requests", and the partition key
+// pk when [Info].PartitionKey is set; both drafts define them.
 //
 // # Refusal bodies
 //
@@ -84,8 +86,8 @@ const (
 	// help an attacker). Refusals still carry Retry-After.
 	None
 	// IETFDraft10 writes RateLimit-Policy and RateLimit per
-	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until the quota resets, and
-	// there is no qu nor pk.
+	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until additional quota is
+	// made available ([Info].Available), rounded up.
 	IETFDraft10
 	// BothDraft10 writes X-RateLimit-* and the draft-10 IETF fields.
 	BothDraft10
@@ -129,7 +131,7 @@ func (s Style) x() bool       { return s == XRateLimit || s == Both || s == Both
 func (s Style) ietf() bool    { return s == IETF || s == Both || s == IETFDraft10 || s == BothDraft10 }
 func (s Style) draft10() bool { return s == IETFDraft10 || s == BothDraft10 }
 
-// Quota units of draft-11's qu parameter (its registry's initial entries).
+// Quota units of the qu parameter (the initial entries of the drafts' registry).
 const (
 	UnitRequests           = "requests"
 	UnitContentBytes       = "content-bytes"
@@ -150,15 +152,16 @@ type Info struct {
 	Window time.Duration
 	// RetryAfter is, for a refusal, the earliest time a retry could be admitted.
 	RetryAfter time.Duration
-	// Available is draft-11's effective window: the time within which the client can use
-	// no more than Remaining, that is the time until more quota is made available (the
-	// end of a fixed window, the next token of a token bucket), sent rounded down. Zero
-	// or negative means unknown, and t is omitted (it is optional in draft-11).
+	// Available is the time until more quota is made available (the end of a fixed
+	// window, the next token of a token bucket): draft-11's effective window, within
+	// which the client can use no more than Remaining, sent rounded down; draft-10's t,
+	// sent rounded up. Zero or negative means unknown, and t is omitted (it is optional
+	// in both drafts).
 	Available time.Duration
-	// Unit is draft-11's quota unit (qu): "" or [UnitRequests] (the default, not sent),
+	// Unit is the quota unit (qu): "" or [UnitRequests] (the default, not sent),
 	// [UnitContentBytes] or [UnitConcurrentRequests].
 	Unit string
-	// PartitionKey, when not empty, is sent as draft-11's pk (a byte sequence). Do not
+	// PartitionKey, when not empty, is sent as pk (a byte sequence). Do not
 	// put secrets or personal data in it: clients and intermediaries see it.
 	PartitionKey string
 	// Cost is the cost of the request in this rule's units (zero: unknown). Refusal
@@ -227,7 +230,7 @@ func Write(h http.Header, s Style, rules []Info, reported int) {
 			if i > 0 {
 				b = append(b, ", "...)
 			}
-			b = appendPolicy(b, &rules[i], s.draft10())
+			b = appendPolicy(b, &rules[i])
 		}
 		j := len(b)
 		first := true
@@ -260,7 +263,7 @@ func writeOne(h http.Header, s Style, in *Info) {
 	}
 	if s.ietf() {
 		var buf [2*maxPolicyNameLen + 128]byte
-		b := appendPolicy(buf[:0], in, s.draft10())
+		b := appendPolicy(buf[:0], in)
 		i := len(b)
 		b = appendRateLimit(b, in, s.draft10())
 		all := string(b)
@@ -310,11 +313,11 @@ func (v *values3) str(b []byte, i, j int) string {
 	return unsafe.String(&b[i], j-i)
 }
 
-func appendPolicy(b []byte, in *Info, draft10 bool) []byte {
+func appendPolicy(b []byte, in *Info) []byte {
 	b = appendSFString(b, in.Policy)
 	b = append(b, ";q="...)
 	b = appendSFInteger(b, in.Limit)
-	if !draft10 && in.Unit != "" && in.Unit != UnitRequests && validUnit(in.Unit) {
+	if in.Unit != "" && in.Unit != UnitRequests && validUnit(in.Unit) {
 		b = append(b, ";qu="...)
 		b = appendSFString(b, in.Unit)
 	}
@@ -322,7 +325,7 @@ func appendPolicy(b []byte, in *Info, draft10 bool) []byte {
 		b = append(b, ";w="...)
 		b = appendSFInteger(b, max(seconds(in.Window), 1))
 	}
-	if !draft10 && in.PartitionKey != "" {
+	if in.PartitionKey != "" {
 		b = appendPK(b, in.PartitionKey)
 	}
 	return b
@@ -333,15 +336,17 @@ func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
 	b = append(b, ";r="...)
 	b = appendSFInteger(b, in.Remaining)
 	switch {
+	case in.Available <= 0:
 	case draft10:
+		// Rounded up: more quota is available once t seconds have passed.
 		b = append(b, ";t="...)
-		b = appendSFInteger(b, seconds(in.Reset))
-	case in.Available > 0:
+		b = appendSFInteger(b, seconds(in.Available))
+	default:
 		// Rounded down: within the rounded-up value the client could use more.
 		b = append(b, ";t="...)
 		b = appendSFInteger(b, int64(in.Available/time.Second))
 	}
-	if !draft10 && in.PartitionKey != "" {
+	if in.PartitionKey != "" {
 		b = appendPK(b, in.PartitionKey)
 	}
 	return b

@@ -142,9 +142,11 @@ func TestWriteListsEveryRule(t *testing.T) {
 			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
 			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
 		{headers.BothDraft10, true,
-			`"per-client";q=5;w=60, "expensive";q=100;w=10`,
-			`"per-client";r=3;t=50, "expensive";r=99;t=10`}, // draft-10: reset, rounded up
-		{headers.IETFDraft10, false, `"per-client";q=5;w=60, "expensive";q=100;w=10`, `"per-client";r=3;t=50, "expensive";r=99;t=10`},
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
+			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`}, // draft-10 defines qu and pk too
+		{headers.IETFDraft10, false,
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
+			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
 		{headers.XRateLimit, true, "", ""},
 	} {
 		h := http.Header{}
@@ -228,5 +230,42 @@ func TestWriteInvalidNamesThePart(t *testing.T) {
 	var p problem.Problem
 	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Invalid != "identity" || p.Status != 400 || p.Detail != "rate-limit identity: identity could not be determined" {
 		t.Fatalf("%+v %v", p, err)
+	}
+}
+
+// Draft-10 defines qu and pk as draft-11 does, and its t is the number of seconds until
+// additional quota is made available (not until the budget is whole), which a
+// Retry-After must not precede. A token bucket refusing with one token due in 1s and
+// full in 10s tells draft-10 clients t=1, as its Retry-After does.
+func TestDraft10Fields(t *testing.T) {
+	t.Parallel()
+	in := headers.Info{
+		Policy: "bytes", Limit: 10, Remaining: 0, Window: 10 * time.Second,
+		Reset: 10 * time.Second, Available: 500 * time.Millisecond, RetryAfter: 500 * time.Millisecond,
+		Unit: headers.UnitContentBytes, PartitionKey: "t",
+	}
+	rec := httptest.NewRecorder()
+	headers.WriteTooManyRequests(rec, httptest.NewRequest("GET", "/", nil), headers.IETFDraft10, []headers.Info{in}, 0)
+	h := rec.Header()
+	if got, want := h.Get("RateLimit-Policy"), `"bytes";q=10;qu="content-bytes";w=10;pk=:dA==:`; got != want {
+		t.Errorf("RateLimit-Policy %s, want %s", got, want)
+	}
+	// Rounded up: after t seconds more quota is available.
+	if got, want := h.Get("RateLimit"), `"bytes";r=0;t=1;pk=:dA==:`; got != want {
+		t.Errorf("RateLimit %s, want %s", got, want)
+	}
+	if got := h.Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After %s, want 1", got)
+	}
+	// When the time until more quota is not known (a rolling window), t is omitted: it
+	// is optional, and the time until the budget is whole would overstate it.
+	unknown := headers.Info{Policy: "roll", Limit: 10, Remaining: 3, Window: time.Minute, Reset: time.Minute}
+	h = http.Header{}
+	headers.Write(h, headers.BothDraft10, []headers.Info{unknown}, 0)
+	if got, want := h.Get("RateLimit"), `"roll";r=3`; got != want {
+		t.Errorf("unknown Available: RateLimit %s, want %s", got, want)
+	}
+	if got := h.Get("X-RateLimit-Reset"); got != "60" {
+		t.Errorf("X-RateLimit-Reset %s, want 60", got)
 	}
 }

@@ -48,9 +48,9 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 // WithHeaders selects the budget metadata headers (default headers.XRateLimit):
 // headers.IETF and headers.Both send RateLimit-Policy and RateLimit per
 // draft-ietf-httpapi-ratelimit-headers-11, listing every rule of the request (of every
-// stacked layer); headers.IETFDraft10 and headers.BothDraft10 keep draft-10's meaning of
-// t; headers.None sends none, for routes such as authentication endpoints. With stacked
-// layers, the style of the layer whose rule is reported applies.
+// stacked layer); headers.IETFDraft10 and headers.BothDraft10 send them per draft-10
+// (t rounded up); headers.None sends none, for routes such as authentication endpoints.
+// With stacked layers, the style of the layer whose rule is reported applies.
 func WithHeaders(s headers.Style) Option {
 	return func(c *config) error {
 		if _, ok := headers.ParseStyle(s.String()); !ok {
@@ -61,10 +61,10 @@ func WithHeaders(s headers.Style) Option {
 	}
 }
 
-// WithQuotaUnit names the unit of this layer's costs in draft-11's RateLimit-Policy
-// field (its qu parameter): headers.UnitRequests (the default, not sent),
+// WithQuotaUnit names the unit of this layer's costs in the RateLimit-Policy field (its
+// qu parameter): headers.UnitRequests (the default, not sent),
 // headers.UnitContentBytes (a cost that counts bytes, see WithCost) or
-// headers.UnitConcurrentRequests. The draft allows only the units of its registry.
+// headers.UnitConcurrentRequests. The drafts allow only the units of their registry.
 func WithQuotaUnit(unit string) Option {
 	return func(c *config) error {
 		switch unit {

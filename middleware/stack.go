@@ -472,8 +472,8 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 	return in
 }
 
-// available is draft-11's effective window for a rule's state: the time until more
-// quota is made available, or zero when it cannot be known from the decision (a
+// available is the t of both drafts for a rule's state (draft-11's effective window):
+// the time until more quota is made available, or zero when it cannot be known from the decision (a
 // rolling window, whose oldest event is not reported) or nothing is used.
 func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duration) time.Duration {
 	if reset <= 0 || remaining >= capacity {

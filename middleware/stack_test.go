@@ -399,8 +399,8 @@ func TestQuotaUnit(t *testing.T) {
 	}
 }
 
-// Draft-11's t is the time until more quota is made available; draft-10's the time
-// until the budget is whole. They differ for a token bucket.
+// In both drafts t is the time until more quota is made available, not until the
+// budget is whole: for a token bucket, the next token.
 func TestDraftMeaningsOfT(t *testing.T) {
 	t.Parallel()
 	bucket := ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: 10 * time.Second} // 1 token/s
@@ -409,7 +409,7 @@ func TestDraftMeaningsOfT(t *testing.T) {
 		want  string
 	}{
 		{headers.IETF, `"tb";r=7;t=1`},        // the next token in 1s
-		{headers.IETFDraft10, `"tb";r=7;t=3`}, // full again in 3s
+		{headers.IETFDraft10, `"tb";r=7;t=1`}, // the same (full again in 3s)
 	} {
 		h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: bucket, Identity: global}}, middleware.WithHeaders(tc.style),
 			middleware.WithCost(func(*http.Request) (int64, error) { return 3, nil }))(ok)

@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	stdjson "encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/problem"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -458,5 +461,37 @@ func TestLocalFallbackRefusesACostAboveItsBudgetWith429(t *testing.T) {
 	}
 	if outcomes, all := evs.take(); len(outcomes) != 1 || outcomes[0] != middleware.OutcomeDenied || !all[0].Fallback || all[0].Decision.Exceeded {
 		t.Errorf("events %+v, want one fallback denial", all)
+	}
+}
+
+// The 500s for a server-side mistake carry no problem type of their own (about:blank,
+// RFC 9457 §4.2.1), never the type of the 400 that blames the request: a client that
+// acts on the type must not look for a fault in what it sent.
+func TestServerMistakeProblemType(t *testing.T) {
+	t.Parallel()
+	lim := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
+		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "checks", Problem: "rejected"}
+	})
+	config := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}})(ok)
+	noRoute := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})(ok)
+	invalid := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: keyfuncs.Header("X-Account")}})(ok)
+	json := map[string]string{"Accept": "application/json"}
+	decode := func(name string, rec *httptest.ResponseRecorder, status int) problem.Problem {
+		t.Helper()
+		var p problem.Problem
+		if rec.Code != status {
+			t.Fatalf("%s: %d, want %d", name, rec.Code, status)
+		}
+		if err := stdjson.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+			t.Fatalf("%s: %v in %q", name, err, rec.Body)
+		}
+		return p
+	}
+	blamed := decode("400", do(invalid, "GET", "/", json), 400).Type
+	for name, h := range map[string]http.Handler{"limiter configuration": config, "no route pattern": noRoute} {
+		p := decode(name, do(h, "GET", "/", json), 500)
+		if p.Type != "about:blank" || p.Type == blamed || p.Title != "Internal Server Error" || p.Status != 500 {
+			t.Errorf("%s: %+v, want type about:blank (the 400's is %s)", name, p, blamed)
+		}
 	}
 }

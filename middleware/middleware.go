@@ -412,7 +412,7 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, st *stack, err error) {
 	observeAll(st, &Event{Request: r, Outcome: OutcomeInvalid, Err: err})
 	problem.Write(w, r, problem.Problem{
-		Type:   problem.InvalidRequest,
+		Type:   problem.Blank,
 		Title:  "Internal Server Error",
 		Status: http.StatusInternalServerError,
 		Detail: "the rate limit of this route is misconfigured",

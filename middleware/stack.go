@@ -802,7 +802,7 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *Inp
 				slog.String("rule", err.Rule), slog.String("path", r.URL.Path))
 		}
 		problem.Write(w, r, problem.Problem{
-			Type:   problem.InvalidRequest,
+			Type:   problem.Blank,
 			Title:  "Internal Server Error",
 			Status: http.StatusInternalServerError,
 			Detail: "the rate limit of this route is misconfigured",

@@ -16,6 +16,9 @@ const (
 	ReducedCapacity     = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
 	CostExceedsCapacity = "urn:ratebudget:problem:cost-exceeds-capacity"
 	InvalidRequest      = "urn:ratebudget:problem:unidentified-request"
+	// Blank is the type of a problem with no semantics beyond its status code (RFC 9457
+	// §4.2.1), such as a 500 for a server-side mistake; its title is the status phrase.
+	Blank = "about:blank"
 )
 
 // Problem is an RFC 9457 problem details object, with the extension members the

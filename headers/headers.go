@@ -146,7 +146,7 @@ type Info struct {
 	Limit int64
 	// Remaining is the cost units left after this request; negative values are sent as 0.
 	Remaining int64
-	// Reset is the time until the budget is whole again.
+	// Reset is the time until the budget is whole again, sent as X-RateLimit-Reset.
 	Reset time.Duration
 	// Window is the rule's window or refill period.
 	Window time.Duration

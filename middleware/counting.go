@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
@@ -37,6 +38,9 @@ type Counting struct {
 	charged  func(status int) bool
 	estimate int64
 	actual   func(r *http.Request, status int, header http.Header) int64
+	// header is CountResponseHeader's header name, validated by New (byHeader is set).
+	header   string
+	byHeader bool
 }
 
 type countKind uint8
@@ -74,15 +78,34 @@ func CountActual(estimate int64, actual func(r *http.Request, status int, header
 // CountResponseHeader reserves estimate units at admission and settles at the decimal
 // integer the handler sets in the response header name (a token count, query cost
 // units). A header that is missing or not a non-negative integer keeps the estimate.
+// name must be a valid header field name (New refuses another).
 func CountResponseHeader(estimate int64, name string) Counting {
 	key := http.CanonicalHeaderKey(name)
-	return Counting{kind: countActual, estimate: estimate, actual: func(_ *http.Request, _ int, h http.Header) int64 {
+	return Counting{kind: countActual, estimate: estimate, header: name, byHeader: true, actual: func(_ *http.Request, _ int, h http.Header) int64 {
 		v, err := strconv.ParseInt(h.Get(key), 10, 64)
 		if err != nil || v < 0 {
 			return -1
 		}
 		return v
 	}}
+}
+
+// validFieldName reports whether s is an HTTP field name: a non-empty token of RFC 9110
+// §5.1 (no space, no colon, no control byte).
+func validFieldName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // CountRequestBytes charges the request body's bytes: its Content-Length when it
@@ -127,6 +150,9 @@ func (cr *compiledRule) compileCounts() error {
 	case countActual:
 		if c.actual == nil {
 			return bad("CountActual needs a function")
+		}
+		if c.byHeader && !validFieldName(c.header) {
+			return bad("CountResponseHeader header name " + strconv.Quote(c.header) + " is not a valid header field name")
 		}
 		fallthrough
 	case countResponseBytes:

@@ -248,6 +248,9 @@ func TestCountActual(t *testing.T) {
 		"estimate over limit":  middleware.CountActual(101, func(*http.Request, int, http.Header) int64 { return 1 }),
 		"bytes estimate over":  middleware.CountResponseBytes(101),
 		"header estimate zero": middleware.CountResponseHeader(0, "X-Units"),
+		"header name empty":    middleware.CountResponseHeader(1, ""),
+		"header name invalid":  middleware.CountResponseHeader(1, "X Units"),
+		"header name colon":    middleware.CountResponseHeader(1, "X-Units:"),
 	} {
 		_, err := middleware.New(lim, []middleware.Rule{{Rule: work, Identity: global, Counts: c}})
 		var ce *ratebudget.ConfigError

@@ -15,7 +15,8 @@
 //	  (an empty key included)                         and a reason ("header X-Api-Key is missing or empty")
 //	route scope where no route is known       500     Cache-Control: no-store, one log line on how to mount it
 //	  (outside any router)                            (keyfuncs.ErrNoRoutePattern: a mounting mistake)
-//	the limiter rejects the checks as invalid 500     Cache-Control: no-store (a *ratebudget.ConfigError: never a store failure)
+//	the limiter rejects the checks as invalid 500     Cache-Control: no-store, one log line (a *ratebudget.ConfigError:
+//	  (stacked layers with rules of one name)         never a store failure)
 //	store unavailable, policy FailClosed      503     Retry-After, Cache-Control: no-store
 //	store unavailable, policy FailOpen        handler's  none (the event is OutcomeDegraded)
 //	store unavailable, policy LocalFallback   handler's or 429 from the per-replica budget
@@ -62,6 +63,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -219,8 +221,9 @@ type mw struct {
 	routes             chiroute.Cache // what chi routers run after routing
 	wrapPC             uintptr        // the code pointer of every layer's middleware function
 	// warnedMount is set once the mounting mistake of a route scope has been logged,
-	// warnedAhead once a wrong look-ahead in a router has.
-	warnedMount, warnedAhead atomic.Bool
+	// warnedAhead once a wrong look-ahead in a router has, warnedConfig once a limiter's
+	// rejection of the checks as invalid has.
+	warnedMount, warnedAhead, warnedConfig atomic.Bool
 }
 
 // New returns middleware that spends each request's cost from every rule's budget in lim.
@@ -408,9 +411,16 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 
 // misconfigured answers 500 for a limiter that rejected the request's checks: a
 // configuration mistake, not the client's and not the store's. Every layer of st sees
-// the event.
+// the event, and the first such answer of m logs the error: the response never says
+// what is wrong, and the mistake (stacked layers with rules of one name) is found only
+// when a request stacks them.
 func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, st *stack, err error) {
 	observeAll(st, &Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+	if m.warnedConfig.CompareAndSwap(false, true) {
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: the limiter rejected a request's rate-limit checks as invalid, "+
+			"so the route answers 500; layers stacked on one request decide their rules together and need distinct rule names",
+			slog.String("error", err.Error()), slog.String("path", r.URL.Path))
+	}
 	problem.Write(w, r, problem.Problem{
 		Type:   problem.Blank,
 		Title:  "Internal Server Error",

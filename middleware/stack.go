@@ -323,6 +323,8 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		if err != nil {
 			failed = &g
+		} else if !ev.Decision.Allowed {
+			unspent(st.checks, outcomes) // all-or-nothing: the refusal spent nothing
 		}
 	default:
 		ev.Decision, outcomes, ev.Latency, failed, ev.Fallback, err = decideGroups(ctx, st)
@@ -472,6 +474,31 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 	return in
 }
 
+// unspent turns the outcomes of checks admitted within a decision that refused (another
+// check refused, and the decision spent nothing) into the state of their budgets as it
+// is: a limiter reports them as if their cost had been spent. Remaining gets the cost
+// back; ResetAfter is 0 for a budget that is whole again, and shorter by the cost's
+// refill for a token bucket (for a rolling window or leases it stays an upper bound:
+// the time the budget's newest event or lease would have left).
+func unspent(checks []ratebudget.Check, outcomes []ratebudget.Outcome) {
+	for i := range outcomes {
+		o := &outcomes[i]
+		if !o.Allowed || i >= len(checks) {
+			continue
+		}
+		c := &checks[i]
+		capacity := c.Rule.Capacity()
+		o.Remaining = min(o.Remaining+c.Cost, capacity)
+		switch {
+		case o.Remaining >= capacity:
+			o.ResetAfter = 0
+		case c.Rule.Algorithm == ratebudget.TokenBucket:
+			refill := time.Duration(float64(c.Cost) * float64(c.Rule.Window) / float64(c.Rule.Limit))
+			o.ResetAfter = max(o.ResetAfter-refill, 0)
+		}
+	}
+}
+
 // available is the t of both drafts for a rule's state (draft-11's effective window):
 // the time until more quota is made available, or zero when it cannot be known from the decision (a
 // rolling window, whose oldest event is not reported) or nothing is used.
@@ -579,6 +606,18 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 			gd.Index = g.index[gd.Index]
 		}
 		if !gd.Allowed {
+			// The refusing group spent nothing, and the groups before it that reserved
+			// were given their spend back (cancelAll); the others' spend stands.
+			for _, x := range groups {
+				if x == g || x.m.settler != nil {
+					for _, k := range x.index {
+						unspent(st.checks[k:k+1], all[k:k+1])
+					}
+				}
+				if x == g {
+					break
+				}
+			}
 			if known {
 				outcomes = all
 				st.unasked = unasked(st, groups, g)

@@ -83,11 +83,12 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 		switch {
 		case c.refuser >= 0 && c.refuser < c.failed:
 			// The walk stops at the refusal: the failed limiter is never asked, and the
-			// limiters after the refusing one are not reported. An earlier one reports
-			// what its outcome was, as a single limiter's refusal does (r=4 of 5).
+			// limiters after the refusing one are not reported. An earlier one was given
+			// its reservation back, and reports its budget as it is: untouched (r=5 of
+			// 5, no t), as a single limiter's refusal does.
 			var rl []string
 			for i := 0; i <= c.refuser; i++ {
-				left := map[int]string{0: `"a";r=4;t=60`, 1: `"b";r=2;t=60`}[i]
+				left := map[int]string{0: `"a";r=5`, 1: `"b";r=3`}[i]
 				if i == c.refuser {
 					left = `"` + rules[i].Name + `";r=0;t=60`
 				}

@@ -164,6 +164,13 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 				if rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "1" || rec.Header().Get("Retry-After") == "" {
 					t.Fatalf("refusal %d: %d %v", i, rec.Code, rec.Header())
 				}
+				// The refusal spent nothing: outer still has 4 of 5, as the next
+				// admission will show, not 3.
+				if _, each := lim.(ratebudget.Reporter); each {
+					if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"outer";r=4;t=`) {
+						t.Errorf("refusal %d: RateLimit %s, want outer's 4 left", i, got)
+					}
+				}
 			}
 			if n := left(t, lim, outerRule, "alice"); n != 4 {
 				t.Errorf("outer has %d left after 1 admitted and 3 refused, want 4", n)
@@ -276,6 +283,8 @@ func TestStackedLayersOnDifferentLimiters(t *testing.T) {
 	}
 	if rec := do(h, "GET", "/", alice); rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "1" {
 		t.Fatalf("second: %d %v", rec.Code, rec.Header())
+	} else if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"outer";r=4;t=`) {
+		t.Errorf("second: RateLimit %s, want outer's 4 left (its spend was given back)", got)
 	}
 	if n := left(t, a, outerRule, "alice"); n != 4 {
 		t.Errorf("outer (first limiter) has %d left, want 4: the second limiter's refusal gives its spend back", n)
@@ -293,6 +302,28 @@ func TestStackedLayersOnDifferentLimiters(t *testing.T) {
 	}
 	if n := left(t, b, innerRule, "bob"); n != 1 {
 		t.Errorf("inner (second limiter) has %d left, want 1", n)
+	}
+}
+
+// A refusal by one rule describes the other rules of the request as they are, not as if
+// the refused request had spent from them: a token bucket keeps its units and the time
+// to its next unit.
+func TestRefusalReportsOtherRulesUnspent(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock()) // the clock never moves: nothing refills
+	bucket := ratebudget.Rule{Name: "bucket", Algorithm: ratebudget.TokenBucket, Limit: 60, Window: time.Minute, Burst: 10}
+	outer := mustNew(t, lim, []middleware.Rule{{Rule: bucket, Identity: global}}, middleware.WithHeaders(headers.IETF))
+	inner := mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithHeaders(headers.IETF))
+	h := outer(inner(ok))
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 || rec.Header().Get("RateLimit") != `"bucket";r=9;t=1, "inner";r=0;t=60` {
+		t.Fatalf("first: %d %q", rec.Code, rec.Header().Get("RateLimit"))
+	}
+	rec := do(h, "GET", "/", nil)
+	if got := rec.Header().Get("RateLimit"); rec.Code != 429 || got != `"bucket";r=9;t=1, "inner";r=0;t=60` {
+		t.Errorf("refused: %d RateLimit %s, want the bucket's 9 units with the next in 1s", rec.Code, got)
+	}
+	if n := left(t, lim, bucket, keyfuncs.GlobalKey); n != 9 {
+		t.Errorf("bucket has %d left, want 9", n)
 	}
 }
 

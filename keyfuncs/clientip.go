@@ -58,7 +58,10 @@ type ipConfig struct {
 // return an error naming it.
 //
 // Without options the address is the TCP peer (r.RemoteAddr, "host:port" or a bare IP):
-// it cannot be spoofed, but behind a proxy it is the proxy's address. Behind proxies,
+// it cannot be spoofed, but behind a proxy it is the proxy's address. A middleware that
+// rewrites r.RemoteAddr from request headers before ClientIP runs, such as chi's
+// middleware.RealIP (which believes X-Forwarded-For and X-Real-IP from anyone), makes it
+// whatever the client writes: do not mount one in front of a limit. Behind proxies,
 // name them with [TrustedProxies] and choose one forwarding header with
 // [XForwardedFor], [Forwarded] or [RealIPHeader]; the header is then believed only when
 // the TCP peer is itself a trusted proxy. To reuse the address that chi's

@@ -25,7 +25,9 @@
 // exhaust the victim's budget. So:
 //
 //   - By default the client is the TCP peer (r.RemoteAddr). It cannot be spoofed over TCP,
-//     but behind a proxy it is the proxy, and all clients share its budget.
+//     but behind a proxy it is the proxy, and all clients share its budget. A middleware
+//     that rewrites r.RemoteAddr from headers first (chi's middleware.RealIP) hands the
+//     choice back to the client: use [TrustedProxies] or [ChiClientIP] instead.
 //   - A forwarding header (X-Forwarded-For, Forwarded, X-Real-IP, CF-Connecting-IP, ...)
 //     is read only when the TCP peer is one of the [TrustedProxies]. From any other peer
 //     it is ignored entirely and the peer is the client: a client reaching the server

@@ -11,7 +11,9 @@ import (
 // LimitByIP returns middleware admitting limit requests per window per client address,
 // on lim: the common case in one call, like httprate.LimitByIP. The rule is a fixed
 // window named "per-ip"; the client is the TCP peer (r.RemoteAddr), IPv6 grouped by /64
-// (keyfuncs.ClientIP() without options). Behind a proxy or load balancer every client
+// (keyfuncs.ClientIP() without options; a middleware in front of it that rewrites
+// r.RemoteAddr from headers, such as chi's middleware.RealIP, lets every client choose
+// its address and its budget). Behind a proxy or load balancer every client
 // would share the proxy's budget: build the rule with [New] and keyfuncs.ClientIP's
 // TrustedProxies instead. opts are [New]'s options.
 //

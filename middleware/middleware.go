@@ -255,6 +255,9 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 			return nil, err
 		}
 	}
+	if m.cfg.policy == LocalFallback && m.cfg.replicas == 0 {
+		return nil, configErr("WithStoreErrorPolicy", "LocalFallback needs the number of replicas sharing the budget: use WithLocalFallback(replicas)")
+	}
 	plain := make([]ratebudget.Rule, len(rules))
 	for i, r := range rules {
 		plain[i] = r.Rule

@@ -61,15 +61,14 @@ func ParsePolicy(s string) (Policy, error) {
 }
 
 // WithStoreErrorPolicy sets what is admitted while the store cannot decide (default
-// FailClosed). LocalFallback needs the replica count: use [WithLocalFallback].
+// FailClosed). LocalFallback needs the replica count: use [WithLocalFallback]; New
+// refuses LocalFallback given here alone, which would admit the whole limit in every
+// replica.
 func WithStoreErrorPolicy(p Policy) Option {
 	return func(c *config) error {
 		switch p {
 		case FailClosed, FailOpen:
 		case LocalFallback:
-			if c.replicas == 0 {
-				c.replicas = 1
-			}
 		default:
 			return configErr("WithStoreErrorPolicy", "unknown policy "+p.String())
 		}

@@ -152,7 +152,7 @@ func (r Rule) Validate() error {
 // ValidateRules validates each rule and checks that names are unique.
 func ValidateRules(rules []Rule) error {
 	if len(rules) == 0 {
-		return &ConfigError{Field: "rules", Problem: "at least one rule is required"}
+		return &ConfigError{Field: "rules", Problem: "must contain at least one rule"}
 	}
 	seen := make(map[string]struct{}, len(rules))
 	for _, r := range rules {

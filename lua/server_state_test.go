@@ -1,0 +1,266 @@
+package lua_test
+
+// Server states and settings that make Redis refuse the limiter's scripts, each on a
+// redis-server of its own: what the limiter returns (class, certainty), and that a
+// certain error never spent.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
+)
+
+// stateChecks are one check of each time rule, for one identity (one slot group).
+func stateChecks(id string) []ratebudget.Check {
+	var out []ratebudget.Check
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow, ratebudget.InFlight} {
+		out = append(out, ratebudget.Check{Rule: ratebudget.Rule{Name: "r" + strconv.Itoa(int(alg)), Algorithm: alg, Limit: 5, Window: time.Hour}, Identity: id, Cost: 1})
+	}
+	return out
+}
+
+// wantServerError fails unless err is a certain server StoreError whose reply starts
+// with prefix.
+func wantServerError(t *testing.T, what string, err error, prefix string) {
+	t.Helper()
+	var se *ratebudget.StoreError
+	var re redis.Error
+	if !errors.As(err, &se) || se.Class != "server" || se.Uncertain || !errors.As(err, &re) || !strings.HasPrefix(re.Error(), prefix) {
+		t.Fatalf("%s: %v, want a certain server StoreError %s", what, err, prefix)
+	}
+}
+
+// wantUnspent fails if any of the checks' keys exists.
+func wantUnspent(t *testing.T, control *redis.Client, l *lua.Limiter, checks []ratebudget.Check) {
+	t.Helper()
+	for _, c := range checks {
+		if n := control.Exists(context.Background(), l.Key(c)).Val(); n != 0 {
+			t.Fatalf("%s (%v): key written after a certain error", c.Rule.Name, c.Rule.Algorithm)
+		}
+	}
+}
+
+// TestServerRefusesWrites: Redis checks whether it may write at a script's first write
+// command (maxmemory with noeviction: OOM; a replica: READONLY; min-replicas-to-write
+// not met: NOREPLICAS), and the limiter's scripts validate and read everything before
+// it. Each state gives a certain server error that spent nothing, for every time rule,
+// alone, together in one script, and in a decision of two slot groups; a refusal, which
+// writes nothing, is still answered; a settle of a reservation made before is either
+// applied or refused, never half; and decisions admit again once the state is lifted.
+func TestServerRefusesWrites(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name, prefix string
+		set, lift    func(t *testing.T, control *redis.Client)
+		// trimAdmits: an in-flight check is admitted anyway. Its script first trims
+		// expired leases (ZREMRANGEBYSCORE), a write Redis allows over maxmemory,
+		// and after a script's first write its later writes are allowed too.
+		trimAdmits bool
+	}{
+		{"maxmemory noeviction", "OOM",
+			func(t *testing.T, c *redis.Client) {
+				must(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+				must(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+			},
+			func(t *testing.T, c *redis.Client) { must(t, c.ConfigSet(ctx, "maxmemory", "0").Err()) }, true},
+		{"replica", "READONLY",
+			func(t *testing.T, c *redis.Client) {
+				// A primary demoted while clients still point at it: it replicates a
+				// master (here one that does not answer) and serves stale reads.
+				must(t, c.Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
+			},
+			func(t *testing.T, c *redis.Client) { must(t, c.Do(ctx, "REPLICAOF", "NO", "ONE").Err()) }, false},
+		{"min-replicas-to-write", "NOREPLICAS",
+			func(t *testing.T, c *redis.Client) { must(t, c.ConfigSet(ctx, "min-replicas-to-write", "1").Err()) },
+			func(t *testing.T, c *redis.Client) { must(t, c.ConfigSet(ctx, "min-replicas-to-write", "0").Err()) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			c, control := srv.Client(t), srv.Client(t)
+			l := newLimiter(t, c, lua.WithRefusalCache(0))
+			must(t, l.Load(ctx))
+			// Before: a spent budget (to be refused) and a reservation (to be settled).
+			full := ratebudget.Check{Rule: ratebudget.Rule{Name: "full", Limit: 1, Window: time.Hour}, Identity: "z", Cost: 1}
+			if d, err := l.Allow(ctx, []ratebudget.Check{full}); err != nil || !d.Allowed {
+				t.Fatalf("Allow before: %+v, %v", d, err)
+			}
+			reserved := stateChecks("reserved")
+			tickets := make([]ratebudget.Ticket, len(reserved))
+			if d, err := l.Reserve(ctx, reserved, tickets, nil); err != nil || !d.Allowed {
+				t.Fatalf("Reserve before: %+v, %v", d, err)
+			}
+			before := map[string]keyState{}
+			for _, ch := range reserved {
+				before[l.Key(ch)] = stateOf(t, control, l.Key(ch))
+			}
+
+			tc.set(t, control)
+			all := stateChecks("ann")
+			if tc.trimAdmits {
+				lease := all[3]
+				all = all[:3]
+				d, err := l.Allow(ctx, []ratebudget.Check{lease})
+				if err != nil || !d.Allowed || control.ZCard(ctx, l.Key(lease)).Val() != 1 {
+					t.Fatalf("in-flight Allow: %+v, %v, %d leases; want admitted and counted", d, err, control.ZCard(ctx, l.Key(lease)).Val())
+				}
+			}
+			for _, ch := range all {
+				_, err := l.Allow(ctx, []ratebudget.Check{ch})
+				wantServerError(t, fmt.Sprintf("Allow %v", ch.Rule.Algorithm), err, tc.prefix)
+			}
+			_, err := l.Allow(ctx, all)
+			wantServerError(t, "Allow of every rule", err, tc.prefix)
+			site := ratebudget.Check{Rule: ratebudget.Rule{Name: "site", Limit: 5, Window: time.Hour}, Cost: 1}
+			_, err = l.Allow(ctx, []ratebudget.Check{site, all[0]})
+			wantServerError(t, "Allow of two slot groups", err, tc.prefix)
+			_, err = l.Reserve(ctx, all, make([]ratebudget.Ticket, len(all)), nil)
+			wantServerError(t, "Reserve", err, tc.prefix)
+			wantUnspent(t, control, l, append(all, site))
+			if d, err := l.Allow(ctx, []ratebudget.Check{full}); err != nil || d.Allowed {
+				t.Fatalf("Allow of a spent budget: %+v, %v; want a refusal (it writes nothing)", d, err)
+			}
+			// Settling the reservation at cost 0: gives back and releases, or a certain
+			// error that changed nothing.
+			err = l.Settle(ctx, reserved, tickets, make([]int64, len(reserved)))
+			if err != nil {
+				wantServerError(t, "Settle", err, tc.prefix)
+				for _, ch := range reserved {
+					if got := stateOf(t, control, l.Key(ch)); got.value != before[l.Key(ch)].value {
+						t.Fatalf("Settle failed with a certain error but changed %v: %q, was %q", ch.Rule.Algorithm, got.value, before[l.Key(ch)].value)
+					}
+				}
+			}
+
+			tc.lift(t, control)
+			if d, err := l.Allow(ctx, all); err != nil || !d.Allowed {
+				t.Fatalf("Allow once lifted: %+v, %v", d, err)
+			}
+			if v := control.Get(ctx, l.Key(all[0])).Val(); v != "1" {
+				t.Fatalf("fixed window %q once lifted, want 1: the refused decisions spent nothing", v)
+			}
+		})
+	}
+}
+
+// keyState is a key's type and raw value.
+type keyState struct{ typ, value string }
+
+func stateOf(t *testing.T, c *redis.Client, key string) keyState {
+	t.Helper()
+	ctx := context.Background()
+	s := keyState{typ: c.Type(ctx, key).Val()}
+	switch s.typ {
+	case "string":
+		s.value = c.Get(ctx, key).Val()
+	case "zset":
+		s.value = fmt.Sprint(c.ZRangeWithScores(ctx, key, 0, -1).Val())
+	}
+	return s
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBusyServer: while another client's script runs past busy-reply-threshold, Redis
+// answers BUSY to everything but SCRIPT KILL and SHUTDOWN NOSAVE: a certain error,
+// nothing spent, and no wait for the decision's deadline. Once the script is killed,
+// decisions admit again.
+func TestBusyServer(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t, "--busy-reply-threshold", "20")
+	c, control := srv.Client(t), srv.Client(t)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	must(t, l.Load(ctx))
+	other := srv.Client(t)
+	busy := make(chan error, 1)
+	go func() { busy <- other.Eval(ctx, "while true do end", nil).Err() }()
+	// PING blocks while the script runs below the threshold, then is answered BUSY.
+	for {
+		err := control.Ping(ctx).Err()
+		if redis.HasErrorPrefix(err, "BUSY") {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := stateChecks("ann")
+	dctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	_, err := l.Allow(dctx, all)
+	wantServerError(t, "Allow while busy", err, "BUSY")
+	if dctx.Err() != nil {
+		t.Fatal("the decision waited for its deadline")
+	}
+	_, err = l.Reserve(ctx, all, make([]ratebudget.Ticket, len(all)), nil)
+	wantServerError(t, "Reserve while busy", err, "BUSY")
+	must(t, control.ScriptKill(ctx).Err())
+	if err := <-busy; err == nil {
+		t.Fatal("the endless script returned no error once killed")
+	}
+	wantUnspent(t, control, l, all)
+	if d, err := l.Allow(ctx, all); err != nil || !d.Allowed {
+		t.Fatalf("Allow after SCRIPT KILL: %+v, %v", d, err)
+	}
+}
+
+// TestSlowScriptBelowThreshold: another client's script that runs below
+// busy-reply-threshold holds every client. A decision returns at its deadline with an
+// uncertain timeout, and the uncertainty is real: Redis runs the abandoned call once
+// the other script ends.
+func TestSlowScriptBelowThreshold(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t, "--busy-reply-threshold", "60000")
+	c, control := srv.Client(t), srv.Client(t)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	must(t, l.Load(ctx))
+	other := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ReadTimeout: time.Minute})
+	t.Cleanup(func() { other.Close() })
+	slow := make(chan error, 1)
+	go func() {
+		slow <- other.Eval(ctx, `local t0 = tonumber(redis.call('TIME')[1])
+			while tonumber(redis.call('TIME')[1]) < t0 + 3 do end
+			return 1`, nil).Err()
+	}()
+	// Wait until the script holds the server: a PING with a short deadline times out.
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		err := control.Ping(pctx).Err()
+		cancel()
+		if err != nil {
+			break
+		}
+	}
+	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 5, Window: time.Hour}, Identity: "ann", Cost: 1}
+	dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err := l.Allow(dctx, []ratebudget.Check{fw})
+	cancel()
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) || se.Class != "timeout" || !se.Uncertain {
+		t.Fatalf("Allow while another script runs: %v, want an uncertain timeout", err)
+	}
+	must(t, <-slow)
+	// The abandoned call runs once the server reads its connection again.
+	var spent string
+	for end := time.Now().Add(10 * time.Second); spent != "1" && time.Now().Before(end); {
+		spent = control.Get(ctx, l.Key(fw)).Val()
+		time.Sleep(10 * time.Millisecond) // polling with a deadline
+	}
+	if spent != "1" {
+		t.Fatalf("the budget holds %q after the other script ended, want 1: the abandoned call ran", spent)
+	}
+}

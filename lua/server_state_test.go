@@ -55,8 +55,9 @@ func wantUnspent(t *testing.T, control *redis.Client, l *lua.Limiter, checks []r
 // not met: NOREPLICAS), and the limiter's scripts validate and read everything before
 // it. Each state gives a certain server error that spent nothing, for every time rule,
 // alone, together in one script, and in a decision of two slot groups; a refusal, which
-// writes nothing, is still answered; a settle of a reservation made before is either
-// applied or refused, never half; and decisions admit again once the state is lifted.
+// writes nothing, is still answered; a lease's renewal is refused; a settle of a
+// reservation made before is either applied or refused, never half; and decisions admit
+// again once the state is lifted.
 func TestServerRefusesWrites(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
@@ -129,6 +130,9 @@ func TestServerRefusesWrites(t *testing.T) {
 			if d, err := l.Allow(ctx, []ratebudget.Check{full}); err != nil || d.Allowed {
 				t.Fatalf("Allow of a spent budget: %+v, %v; want a refusal (it writes nothing)", d, err)
 			}
+			// A renewal writes the lease's new expiry: refused too, so the lease keeps
+			// its old one.
+			wantServerError(t, "Renew", l.Renew(ctx, reserved, tickets), tc.prefix)
 			// Settling the reservation at cost 0: gives back and releases, or a certain
 			// error that changed nothing.
 			err = l.Settle(ctx, reserved, tickets, make([]int64, len(reserved)))
@@ -262,5 +266,29 @@ func TestSlowScriptBelowThreshold(t *testing.T) {
 	}
 	if spent != "1" {
 		t.Fatalf("the budget holds %q after the other script ended, want 1: the abandoned call ran", spent)
+	}
+}
+
+// TestClientPauseWrite: while clients are paused for writes (CLIENT PAUSE ... WRITE, as
+// failover tooling does), Redis holds every script that may write: a decision ends at
+// its deadline with an uncertain timeout, and admits again once the pause ends.
+func TestClientPauseWrite(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c, control := srv.Client(t), srv.Client(t)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	must(t, l.Load(ctx))
+	must(t, control.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err())
+	fw := stateChecks("ann")[:1]
+	dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	_, err := l.Allow(dctx, fw)
+	cancel()
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) || se.Class != "timeout" || !se.Uncertain {
+		t.Fatalf("Allow while paused: %v, want an uncertain timeout", err)
+	}
+	must(t, control.Do(ctx, "CLIENT", "UNPAUSE").Err())
+	if d, err := l.Allow(ctx, fw); err != nil || !d.Allowed {
+		t.Fatalf("Allow after the pause: %+v, %v", d, err)
 	}
 }

@@ -1,0 +1,140 @@
+package lua_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
+)
+
+// limiterACL is the ACL rule that docs/FAILURE.md gives for the limiter's Redis user,
+// for keys under the prefix p: the script commands, SCRIPT LOAD and PING for Load, and
+// every command the scripts call.
+func limiterACL(p string) []any {
+	rule := "on >pw resetkeys ~" + p + ":* resetchannels -@all +evalsha +eval +script|load +ping " +
+		"+time +get +set +incrby +decrby +del +pttl +pexpire +pexpireat +pexpiretime " +
+		"+zadd +zrem +zscore +zcard +zcount +zrank +zrange +zrangebyscore +zremrangebyscore"
+	var out []any
+	for _, f := range strings.Fields(rule) {
+		out = append(out, f)
+	}
+	return out
+}
+
+// aclClient sets the ACL user "limiter" to rule on srv and returns a client logged in
+// as that user with password pw.
+func aclClient(t *testing.T, srv *redistest.Server, control *redis.Client, pw string, rule []any) *redis.Client {
+	t.Helper()
+	must(t, control.Do(context.Background(), append([]any{"ACL", "SETUSER", "limiter", "reset"}, rule...)...).Err())
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: pw, MaxRetries: -1,
+		ContextTimeoutEnabled: true, DialerRetries: 1, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestDocumentedACL: a Redis user with exactly the documented permissions can Load and
+// run every kind of call the limiter makes: decisions of every time rule, one and
+// several slot groups (with a refund), Reserve, Settle below and above the
+// reservation, and Renew.
+func TestDocumentedACL(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	control := srv.Client(t)
+	c := aclClient(t, srv, control, "pw", limiterACL("acl"))
+	l, err := lua.New(c, lua.WithPrefix("acl"), lua.WithRefusalCache(0))
+	must(t, err)
+	must(t, l.Load(ctx))
+	all := stateChecks("ann")
+	if d, err := l.Allow(ctx, all); err != nil || !d.Allowed {
+		t.Fatalf("Allow of every rule: %+v, %v", d, err)
+	}
+	site := ratebudget.Check{Rule: ratebudget.Rule{Name: "site", Limit: 1, Window: time.Hour}, Cost: 1}
+	if d, err := l.Allow(ctx, []ratebudget.Check{site, all[0]}); err != nil || !d.Allowed {
+		t.Fatalf("Allow of two slot groups: %+v, %v", d, err)
+	}
+	// The site is spent: a later group refuses, the earlier one is given back.
+	if d, err := l.Allow(ctx, []ratebudget.Check{all[1], site}); err != nil || d.Allowed {
+		t.Fatalf("Allow refused by its second group: %+v, %v", d, err)
+	}
+	for _, extra := range []int64{0, 2} {
+		checks := stateChecks(fmt.Sprint("bob", extra))
+		tickets := make([]ratebudget.Ticket, len(checks))
+		if d, err := l.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
+			t.Fatalf("Reserve: %+v, %v", d, err)
+		}
+		must(t, l.Renew(ctx, checks, tickets))
+		costs := []int64{1 + extra, 1 + extra, 1 + extra, 1}
+		must(t, l.Settle(ctx, checks, tickets, costs))
+	}
+}
+
+// TestAuthAndPermissionErrors: a user refused by Redis (wrong password, none, no
+// permission for EVALSHA, for the keys, or for a command a script calls) gets a certain
+// server error from Load and from decisions, and nothing is spent.
+func TestAuthAndPermissionErrors(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	control := srv.Client(t)
+	acl := limiterACL("acl")
+	without := func(field string) []any {
+		var out []any
+		for _, f := range acl {
+			if f != field {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name    string
+		pw      string
+		rule    []any
+		checks  []ratebudget.Check
+		prefix  string
+		loadErr bool
+	}{
+		{"wrong password", "nope", acl, stateChecks("ann"), "WRONGPASS", true},
+		{"no EVALSHA", "pw", without("+evalsha"), stateChecks("ann"), "NOPERM", false},
+		{"other keys", "pw", append(without("~acl:*"), "~other:*"), stateChecks("ann"), "NOPERM", false},
+		{"read-only keys", "pw", append(without("~acl:*"), "%R~acl:*"), stateChecks("ann"), "NOPERM", false},
+		// TIME is called before any write, by rolling windows and leases only.
+		{"no TIME", "pw", without("+time"), stateChecks("ann")[2:], "ERR", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := aclClient(t, srv, control, tc.pw, tc.rule)
+			l, err := lua.New(c, lua.WithPrefix("acl"), lua.WithRefusalCache(0))
+			must(t, err)
+			if err := l.Load(ctx); tc.loadErr {
+				wantServerError(t, "Load", err, tc.prefix)
+			} else {
+				must(t, err)
+			}
+			for _, ch := range tc.checks {
+				_, err := l.Allow(ctx, []ratebudget.Check{ch})
+				wantServerError(t, fmt.Sprintf("Allow %v", ch.Rule.Algorithm), err, tc.prefix)
+			}
+			_, err = l.Reserve(ctx, tc.checks, make([]ratebudget.Ticket, len(tc.checks)), nil)
+			wantServerError(t, "Reserve", err, tc.prefix)
+			wantUnspent(t, control, l, tc.checks)
+		})
+	}
+	t.Run("no password", func(t *testing.T) {
+		must(t, control.ConfigSet(ctx, "requirepass", "secret").Err())
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1})
+		t.Cleanup(func() { c.Close() })
+		l, err := lua.New(c, lua.WithPrefix("acl"), lua.WithRefusalCache(0))
+		must(t, err)
+		// NOAUTH, or for SCRIPT LOAD (a bulk string longer than an unauthenticated
+		// client may send) a protocol error, after which Redis closes the connection.
+		wantServerError(t, "Load", l.Load(ctx), "")
+		_, err = l.Allow(ctx, stateChecks("ann")[:1])
+		wantServerError(t, "Allow", err, "NOAUTH")
+	})
+}

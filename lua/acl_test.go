@@ -138,3 +138,47 @@ func TestAuthAndPermissionErrors(t *testing.T) {
 		wantServerError(t, "Allow", err, "NOAUTH")
 	})
 }
+
+// TestNoPexpiretimeWritesNothing: settling reads a fixed window's PEXPIRETIME (Redis
+// 7.0), and Reserve and decisions of several slot groups read it after their spend. A
+// server or user without it (Redis before 7.0, or an ACL that does not grant it) gets a
+// certain error that wrote nothing, not a certain error after the spend.
+func TestNoPexpiretimeWritesNothing(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	control := srv.Client(t)
+	acl := limiterACL("acl")
+	var without []any
+	for _, f := range acl {
+		if f != "+pexpiretime" {
+			without = append(without, f)
+		}
+	}
+	c := aclClient(t, srv, control, "pw", acl)
+	l, err := lua.New(c, lua.WithPrefix("acl"), lua.WithRefusalCache(0))
+	must(t, err)
+	// A reservation of a lease and a fixed window, made while the user may.
+	held := stateChecks("held")
+	held = []ratebudget.Check{held[3], held[0]}
+	tickets := make([]ratebudget.Ticket, len(held))
+	if d, err := l.Reserve(ctx, held, tickets, nil); err != nil || !d.Allowed {
+		t.Fatalf("Reserve: %+v, %v", d, err)
+	}
+	before := []keyState{stateOf(t, control, l.Key(held[0])), stateOf(t, control, l.Key(held[1]))}
+	must(t, control.Do(ctx, append([]any{"ACL", "SETUSER", "limiter", "reset"}, without...)...).Err())
+
+	fw := stateChecks("ann")[:1]
+	_, err = l.Reserve(ctx, fw, make([]ratebudget.Ticket, 1), nil)
+	wantServerError(t, "Reserve", err, "ERR")
+	site := ratebudget.Check{Rule: ratebudget.Rule{Name: "site", Limit: 5, Window: time.Hour}, Cost: 1}
+	_, err = l.Allow(ctx, []ratebudget.Check{site, fw[0]})
+	wantServerError(t, "Allow of two slot groups", err, "ERR")
+	wantUnspent(t, control, l, []ratebudget.Check{site, fw[0]})
+	err = l.Settle(ctx, held, tickets, []int64{0, 0})
+	wantServerError(t, "Settle", err, "ERR")
+	for i, ch := range held {
+		if got := stateOf(t, control, l.Key(ch)); got != before[i] {
+			t.Fatalf("a certain Settle error changed %v: %v, was %v", ch.Rule.Algorithm, got, before[i])
+		}
+	}
+}

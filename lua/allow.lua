@@ -63,7 +63,8 @@
 -- the window: the new member is added first, so the set never empties), plus
 -- ZREMRANGEBYSCORE and a read of the oldest event once events have left the window,
 -- and a binary search over ranks for a refusal's retry time. TIME once per call, only
--- when a rolling window is decided. Lua work is kept small next to the
+-- when a rolling window is decided; PEXPIRETIME once per call that replies tickets
+-- (and once more per admitted fixed window). Lua work is kept small next to the
 -- commands: no closure is created, a single check keeps its state in locals and
 -- builds one table (the reply), and a group builds two (the reply and S).
 -- Formatting a number costs about as much as a whole command, so the common paths
@@ -153,6 +154,11 @@ for i = 1, n do
     S[p - 11], S[p - 10], S[p - 9], S[p - 8], S[p - 7] = a, lim, w, capa, k
   end
 end
+
+-- A ticket reads a fixed window's PEXPIRETIME after its spend: read it once now, so
+-- that a server or user without it (Redis before 7.0, an ACL that does not grant it)
+-- fails before any write rather than after the spend.
+if tickets then call('PEXPIRETIME', KEYS[1]) end
 
 local now, nowstr -- server time in ms (and its digits), read on first use
 

@@ -107,6 +107,17 @@ local function clock()
   return now
 end
 
+-- A fixed window's give-back reads its PEXPIRETIME (Redis 7.0) after the earlier
+-- checks' writes: read it once now, so that a server or user without it fails before
+-- any write.
+for i = 1, n do
+  local a = args[i]
+  if a.algo == 0 and a.give > 0 and not renewing then
+    call('PEXPIRETIME', KEYS[1])
+    break
+  end
+end
+
 if #xkeys > 0 then
   local r = allow(xkeys, xargv)
   if r.err then return r end

@@ -292,3 +292,30 @@ func TestClientPauseWrite(t *testing.T) {
 		t.Fatalf("Allow after the pause: %+v, %v", d, err)
 	}
 }
+
+// TestLoadingServer: a server restarting with a dataset answers LOADING until it is
+// loaded: Load and decisions get a certain server error, and nothing is spent.
+func TestLoadingServer(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	first := redistest.Start(t, "--dir", dir)
+	fc := first.Client(t)
+	pipe := fc.Pipeline()
+	for i := range 3000 {
+		pipe.Set(ctx, fmt.Sprint("fill:", i), strings.Repeat("x", 1000), 0)
+	}
+	_, err := pipe.Exec(ctx)
+	must(t, err)
+	must(t, fc.Save(ctx).Err())
+	first.Kill(t)
+	// Loading the 3000 keys takes at least 3s (1ms each); the server answers between keys.
+	srv := redistest.Start(t, "--dir", dir, "--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024")
+	c := srv.Client(t)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	wantServerError(t, "Load", l.Load(ctx), "LOADING")
+	all := stateChecks("ann")
+	_, err = l.Allow(ctx, all)
+	wantServerError(t, "Allow", err, "LOADING")
+	_, err = l.Reserve(ctx, all, make([]ratebudget.Ticket, len(all)), nil)
+	wantServerError(t, "Reserve", err, "LOADING")
+}

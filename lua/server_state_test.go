@@ -319,3 +319,38 @@ func TestLoadingServer(t *testing.T) {
 	_, err = l.Reserve(ctx, all, make([]ratebudget.Ticket, len(all)), nil)
 	wantServerError(t, "Reserve", err, "LOADING")
 }
+
+// TestEvictionResetsBudgets: under an evicting maxmemory-policy, budgets are evicted
+// like any key, and with a volatile-* policy first, being the keys with a TTL. An
+// evicted budget is a silent reset: no error, and the limiter admits again from zero.
+// This is why the limiter's Redis needs noeviction (docs/FAILURE.md).
+func TestEvictionResetsBudgets(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	fw := ratebudget.Check{Rule: ratebudget.Rule{Name: "fw", Limit: 10, Window: time.Hour}, Identity: "ann", Cost: 1}
+	for range 5 {
+		if d, err := l.Allow(ctx, []ratebudget.Check{fw}); err != nil || !d.Allowed {
+			t.Fatalf("Allow: %+v, %v", d, err)
+		}
+	}
+	must(t, c.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err())
+	must(t, c.ConfigSet(ctx, "maxmemory", "3000000").Err())
+	// Keys without a TTL until Redis has nothing left to evict.
+	var err error
+	for i := 0; err == nil; i++ {
+		if i == 100000 {
+			t.Fatal("maxmemory never reached")
+		}
+		err = c.Set(ctx, fmt.Sprint("fill:", i), strings.Repeat("x", 1000), 0).Err()
+	}
+	if !redis.HasErrorPrefix(err, "OOM") {
+		t.Fatal(err)
+	}
+	must(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
+	d, err := l.Allow(ctx, []ratebudget.Check{fw})
+	if err != nil || !d.Allowed || d.Remaining != 9 {
+		t.Fatalf("Allow after eviction: %+v, %v; want admitted with 9 left: the 5 spent were lost", d, err)
+	}
+}

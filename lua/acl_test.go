@@ -75,6 +75,31 @@ func TestDocumentedACL(t *testing.T) {
 	}
 }
 
+// TestDocumentedACLOnACluster: on a Redis Cluster the same user, with +cluster|slots
+// for the client's slot map, can Load and decide.
+func TestDocumentedACLOnACluster(t *testing.T) {
+	ctx := context.Background()
+	_, nodes := redistest.StartCluster(t, 3)
+	var addrs []string
+	for _, n := range nodes {
+		must(t, n.Client(t).Do(ctx, append([]any{"ACL", "SETUSER", "limiter", "reset"}, append(limiterACL("acl"), "+cluster|slots")...)...).Err())
+		addrs = append(addrs, n.Addr)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: "limiter", Password: "pw", MaxRetries: -1,
+		ContextTimeoutEnabled: true, DialerRetries: 1, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+	t.Cleanup(func() { c.Close() })
+	l, err := lua.New(c, lua.WithPrefix("acl"), lua.WithRefusalCache(0))
+	must(t, err)
+	must(t, l.Load(ctx))
+	site := ratebudget.Check{Rule: ratebudget.Rule{Name: "site", Limit: 5, Window: time.Hour}, Cost: 1}
+	for _, id := range []string{"ann", "bob", "cy", "dee"} {
+		checks := append(stateChecks(id), site)
+		if d, err := l.Allow(ctx, checks); err != nil || !d.Allowed {
+			t.Fatalf("Allow for %s: %+v, %v", id, d, err)
+		}
+	}
+}
+
 // TestAuthAndPermissionErrors: a user refused by Redis (wrong password, none, no
 // permission for EVALSHA, for the keys, or for a command a script calls) gets a certain
 // server error from Load and from decisions, and nothing is spent.

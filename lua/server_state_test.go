@@ -354,3 +354,28 @@ func TestEvictionResetsBudgets(t *testing.T) {
 		t.Fatalf("Allow after eviction: %+v, %v; want admitted with 9 left: the 5 spent were lost", d, err)
 	}
 }
+
+// TestMaxClientsReached: a server at maxclients accepts a connection, answers its
+// first command (go-redis's HELLO) with an error and closes it. go-redis takes that
+// error for a server without HELLO and writes on, so the limiter gets a connection
+// error (a broken pipe or EOF), reported uncertain although nothing ran. Nothing is
+// spent.
+func TestMaxClientsReached(t *testing.T) {
+	ctx := context.Background()
+	srv := redistest.Start(t)
+	control := srv.Client(t)
+	must(t, control.ConfigSet(ctx, "maxclients", "1").Err()) // the control connection
+	c := srv.Client(t)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	all := stateChecks("ann")
+	_, err := l.Allow(ctx, all)
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) || (se.Class != "connection" && se.Class != "server") {
+		t.Fatalf("Allow at maxclients: %v, want a connection or server StoreError", err)
+	}
+	must(t, control.ConfigSet(ctx, "maxclients", "100").Err())
+	wantUnspent(t, control, l, all)
+	if d, err := l.Allow(ctx, all); err != nil || !d.Allowed {
+		t.Fatalf("Allow below maxclients: %+v, %v", d, err)
+	}
+}

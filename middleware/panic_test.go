@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
-	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -96,32 +95,12 @@ func TestCallbackPanicReleasesLease(t *testing.T) {
 			}
 			// The shadow rule's lease does not refuse: its decision shows whether it is held.
 			if tc.name == "observer with a shadow rule" {
-				shadowLeft := probeShadow(t, lim, conc)
-				if shadowLeft != 1 {
+				if shadowLeft := freeSlots(t, lim, conc); shadowLeft != 1 {
 					t.Fatalf("shadow lease: %d slots left after the panicking request, want 1", shadowLeft)
 				}
 			}
 		})
 	}
-}
-
-// probeShadow reports how many of r's slots are free for the global identity, taking
-// none.
-func probeShadow(t *testing.T, lim *ratebudget.Memory, r ratebudget.Rule) int64 {
-	t.Helper()
-	tickets := make([]ratebudget.Ticket, 1)
-	checks := []ratebudget.Check{{Rule: r, Identity: keyfuncs.GlobalKey, Cost: 1}}
-	d, err := lim.Reserve(context.Background(), checks, tickets, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !d.Allowed {
-		return 0
-	}
-	if err := lim.Settle(context.Background(), checks, tickets, nil); err != nil {
-		t.Fatal(err)
-	}
-	return d.Remaining + 1
 }
 
 // A limiter that panics while deciding the breaker's half-open probe (a bug in a

@@ -126,3 +126,38 @@ func TestCoalescedSenderPanicAnswersTheMembers(t *testing.T) {
 		t.Errorf("after the decisions: %d waiting, %d in flight; want none", m, f)
 	}
 }
+
+// The decision in flight, whose landing seals the group behind it, is canceled while
+// Redis holds it: the group is sealed all the same, and its members are answered by
+// the group's own call, all admitted. The canceled call may still have been applied.
+func TestCoalescedFlightCanceled(t *testing.T) {
+	srv, control, l := coalescing(t, nil)
+	chk := apiCheck(1000)
+	srv.Freeze(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := make(chan result, 1)
+	go func() {
+		d, err := l.Allow(ctx, chk)
+		first <- result{d, err}
+	}()
+	waitFor(t, "the first decision in flight", func() bool { _, f := lua.Waiting(l); return f == 1 })
+	out := make(chan result, 3)
+	join(t, l, chk, 3, 3, background, out)
+	cancel()
+	if r := <-first; r.err == nil {
+		t.Fatalf("canceled decision: %+v, want an error", r.d)
+	}
+	srv.Thaw(t)
+	for range 3 {
+		if r := <-out; r.err != nil || !r.d.Allowed {
+			t.Fatalf("member: %+v, %v; want admitted", r.d, r.err)
+		}
+	}
+	if v, err := control.Get(context.Background(), l.Key(chk[0])).Int(); err != nil || v < 3 || v > 4 {
+		t.Fatalf("counter in Redis: %d, %v; want the 3 members, and perhaps the canceled call", v, err)
+	}
+	if m, f := lua.Waiting(l); m != 0 || f != 0 {
+		t.Errorf("after the decisions: %d waiting, %d in flight; want none", m, f)
+	}
+}

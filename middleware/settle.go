@@ -186,12 +186,15 @@ func (t *target) costs(r *http.Request, rec *recorder, reserved bool) []int64 {
 }
 
 // cancelAll gives back every target's spend in full: a later limiter refused the request.
+// Each target is removed before it is settled, so that none is settled twice when a
+// settle panics and a deferred cancelAll runs again.
 func (se *settlement) cancelAll(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
-	for i := range se.targets {
-		se.settle(ctx, &se.targets[i], nil)
+	for len(se.targets) > 0 {
+		t := se.targets[0]
+		se.targets = se.targets[1:]
+		se.settle(ctx, &t, nil)
 	}
-	se.targets = se.targets[:0]
 }
 
 // settle settles t at costs (nil: cancelled) under its layer's timeout, and reports a

@@ -118,8 +118,9 @@ func WithErrorHandler(f func(http.ResponseWriter, *http.Request, error)) Option 
 // request ([OutcomeSettleFailed]). Observers run synchronously on the request path (a
 // renewal's, on its timer's goroutine), in the order added, and concurrently for
 // concurrent requests: keep them fast, non-blocking and safe for concurrent use. An
-// observer that panics on the request path gives back what the request reserved, its
-// leases included, and the panic goes on.
+// observer that panics on the request path leaves no lease held: what the request
+// reserved is given back when its handler has not run, and settled at the reservation
+// otherwise; the panic goes on.
 func WithObserver(f func(Event)) Option {
 	return func(c *config) error {
 		if f == nil {

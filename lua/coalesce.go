@@ -137,9 +137,10 @@ func (c *coalescer) allow(ctx context.Context, checks []ratebudget.Check, outs [
 		f = &flight{checks: slices.Clone(checks)}
 		sh.m[sig] = f
 		sh.Unlock()
-		d, err := c.alone(ctx, checks, outs)
-		c.land(sig, f)
-		return d, err
+		// Landed also when the call panics (a client hook's bug): the decisions waiting
+		// behind it would otherwise wait for a flight that never lands.
+		defer c.land(sig, f)
+		return c.alone(ctx, checks, outs)
 	}
 	if !slices.Equal(f.checks, checks) || f.next != nil && len(f.next.waiting) >= limit {
 		sh.Unlock()
@@ -219,6 +220,16 @@ func (c *coalescer) land(sig uint64, f *flight) {
 // result to the members and returns the sender's own.
 func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *group, checks []ratebudget.Check, outs []ratebudget.Outcome) (ratebudget.Decision, error) {
 	n := len(g.live)
+	sent := false
+	defer func() {
+		if !sent {
+			// The call panicked (a client hook's bug): the flight lands, and the other
+			// members decide for themselves, as when the sender gives up.
+			g.alone = true
+			c.land(sig, f)
+			close(g.done)
+		}
+	}()
 	var d ratebudget.Decision
 	var err error
 	if n == 1 {
@@ -232,6 +243,7 @@ func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *gro
 		g.outs = make([]ratebudget.Outcome, len(checks))
 		d, err = c.inner.AllowEach(ctx, many, g.outs)
 	}
+	sent = true
 	c.land(sig, f)
 	g.d, g.err = d, err
 	switch {

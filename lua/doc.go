@@ -176,7 +176,8 @@
 // "timeout" and "canceled" for the caller's context, "connection" for transport errors.
 // Uncertain is set when the script may have run although its reply was lost, and when a
 // decision of several slot groups failed and the refund of its groups already admitted
-// failed too (their spend may stay). The limiter sends a script call again only after
-// TRYAGAIN, which Redis Cluster replies before running anything; never after an error
-// that leaves the spend uncertain.
+// failed too (their spend may stay). An in-flight lease that an uncertain call may have
+// taken is released in the background, best effort: the caller was not admitted. The
+// limiter sends a script call again only after TRYAGAIN, which Redis Cluster replies
+// before running anything; never after an error that leaves the spend uncertain.
 package lua

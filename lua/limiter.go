@@ -422,6 +422,7 @@ func (c *core) decide(ctx context.Context, checks []ratebudget.Check, tickets []
 			all = append(all, i)
 		}
 		if _, err := c.allow(ctx, d, all, true); err != nil {
+			c.releaseLost(ctx, d, all, err)
 			return ratebudget.Decision{}, err
 		}
 		copy(outcomes, d.outs)
@@ -476,6 +477,7 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 		}
 		ok, err := c.allow(ctx, d, g, true)
 		if err != nil {
+			c.releaseLost(ctx, d, g, err)
 			if c.refund(ctx, d) != nil {
 				// The earlier groups' spend may stay: the decision's outcome is
 				// uncertain, even when this group's error is not.
@@ -514,6 +516,42 @@ func (c *core) refund(ctx context.Context, d *decision) error {
 	err := c.settle(ctx, d.checks, d.tickets, nil, d.keys, d.slots, false)
 	d.spent = false
 	return err
+}
+
+// releaseLost releases the in-flight leases of the checks g of d after their script
+// call failed with err, when err is uncertain: the call may have taken the leases
+// although the caller is not admitted, and each would hold a slot until its TTL. A
+// lease's member is drawn before the call, so it is released without a reply (ZREM of a
+// member never added changes nothing). The release runs on a goroutine of its own, so
+// that the decision still returns by its deadline; it is detached from ctx's
+// cancellation and deadline, bounded by refundTimeout, and best effort: it can fail,
+// or run before a delayed call it races with.
+func (c *core) releaseLost(ctx context.Context, d *decision, g []int, err error) {
+	var se *ratebudget.StoreError
+	if d.members == nil || !errors.As(err, &se) || !se.Uncertain {
+		return
+	}
+	var (
+		checks  []ratebudget.Check
+		tickets []ratebudget.Ticket
+		keys    []string
+		slots   []uint16
+	)
+	for _, j := range g {
+		if d.checks[j].Rule.Algorithm == ratebudget.InFlight {
+			checks = append(checks, d.checks[j]) // a copy: the caller's slice is its own again
+			tickets = append(tickets, ratebudget.Ticket{At: 1, ID: d.leases[j]})
+			keys, slots = append(keys, d.keys[j]), append(slots, d.slots[j])
+		}
+	}
+	if len(checks) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	go func() {
+		defer cancel()
+		_ = c.settle(rctx, checks, tickets, nil, keys, slots, false)
+	}()
 }
 
 // allow runs allow.lua for the checks g of d (spending them if write and all are

@@ -27,12 +27,13 @@ import (
 //
 // A settled cost above the reserved one spends the difference without refusing it: the
 // budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
-// that panics is treated as a response with status 500. A handler that hijacks the
-// connection (a WebSocket upgrade) is charged its reservation: what it then reads and
-// writes on the raw connection is not seen (a request without a body is still charged
-// nothing under CountRequestBytes). An InFlight rule holds one lease
-// per request, released when the handler returns; it has no other contract, so its
-// Counts must be the zero value.
+// that panics is treated as a response with status 500; a contract's callback that
+// panics settles the request at its reservation (its leases released) and the panic
+// goes on. A handler that hijacks the connection (a WebSocket upgrade) is charged its
+// reservation: what it then reads and writes on the raw connection is not seen (a
+// request without a body is still charged nothing under CountRequestBytes). An InFlight
+// rule holds one lease per request, released when the handler returns; it has no other
+// contract, so its Counts must be the zero value.
 type Counting struct {
 	kind     countKind
 	charged  func(status int) bool

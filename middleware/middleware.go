@@ -362,6 +362,14 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 		if done, err = m.breaker.allow(); err != nil {
 			return ratebudget.Decision{}, 0, err
 		}
+		defer func() {
+			if done != nil {
+				// allow panicked: a half-open breaker would wait for this probe's result
+				// forever, refusing every other decision. A panic says nothing about the
+				// store.
+				done(errNotCounted)
+			}
+		}()
 	}
 	start := time.Now()
 	dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
@@ -386,6 +394,7 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 		default:
 			done(err)
 		}
+		done = nil
 	}
 	return d, latency, err
 }

@@ -132,7 +132,9 @@ func (t *target) holdsLease() bool {
 
 // finish settles every target at the costs of its rules' contracts. A failed settle
 // leaves the reserved spend in place (an overcount) and lets leases expire; it is
-// reported to the observers (OutcomeSettleFailed).
+// reported to the observers (OutcomeSettleFailed). When a contract's callback panics,
+// the targets not yet settled are settled at their reserved costs, so that their leases
+// are released, and the panic goes on.
 func (se *settlement) finish(ctx context.Context, r *http.Request, rec *recorder) {
 	se.mu.Lock()
 	defer se.mu.Unlock()
@@ -140,32 +142,59 @@ func (se *settlement) finish(ctx context.Context, r *http.Request, rec *recorder
 	if se.timer != nil {
 		se.timer.Stop()
 	}
-	for i := range se.targets {
-		t := &se.targets[i]
-		costs := make([]int64, len(t.checks))
-		some := false
-		for k, cr := range t.rules {
-			if !cr.settles() {
-				t.tickets[k] = ratebudget.Ticket{} // attempts: nothing to settle
-				continue
+	next := 0 // the first target not settled
+	defer func() {
+		for ; next < len(se.targets); next++ { // only after a panic
+			t := &se.targets[next]
+			if costs := t.costs(r, rec, true); costs != nil {
+				se.settle(ctx, t, costs)
 			}
-			costs[k] = cr.actual(r, &t.checks[k], rec)
-			some = true
 		}
-		if !some {
-			continue
+	}()
+	for next < len(se.targets) {
+		t := &se.targets[next]
+		costs := t.costs(r, rec, false)
+		next++
+		if costs != nil {
+			se.settle(ctx, t, costs)
 		}
-		se.settle(ctx, t, costs)
 	}
 }
 
+// costs returns the cost each check of t is settled at, the reserved cost when reserved
+// is set, or nil when none of t's rules settles. The tickets of rules that count
+// attempts are cleared: they have nothing to settle.
+func (t *target) costs(r *http.Request, rec *recorder, reserved bool) []int64 {
+	costs := make([]int64, len(t.checks))
+	some := false
+	for k, cr := range t.rules {
+		if !cr.settles() {
+			t.tickets[k] = ratebudget.Ticket{}
+			continue
+		}
+		some = true
+		if reserved {
+			costs[k] = t.checks[k].Cost
+			continue
+		}
+		costs[k] = cr.actual(r, &t.checks[k], rec)
+	}
+	if !some {
+		return nil
+	}
+	return costs
+}
+
 // cancelAll gives back every target's spend in full: a later limiter refused the request.
+// Each target is removed before it is settled, so that none is settled twice when a
+// settle panics and a deferred cancelAll runs again.
 func (se *settlement) cancelAll(ctx context.Context) {
 	ctx = context.WithoutCancel(ctx)
-	for i := range se.targets {
-		se.settle(ctx, &se.targets[i], nil)
+	for len(se.targets) > 0 {
+		t := se.targets[0]
+		se.targets = se.targets[1:]
+		se.settle(ctx, &t, nil)
 	}
-	se.targets = se.targets[:0]
 }
 
 // settle settles t at costs (nil: cancelled) under its layer's timeout, and reports a

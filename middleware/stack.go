@@ -297,6 +297,17 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			break
 		}
 	}
+	// Once reserved, a decision's spend is settled when the handler returns
+	// (serveSettled) or given back when the request is answered without it. A callback
+	// that panics before the handler runs (an observer, the refusal handler) gives it
+	// back too: http.Server recovers the panic, and a lease left held would refuse the
+	// client until it expired.
+	served := false
+	defer func() {
+		if !served && st.settle != nil {
+			st.settle.cancelAll(ctx)
+		}
+	}()
 	var err error
 	var failed *group
 	switch {
@@ -361,6 +372,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			ev.Decision = ratebudget.Decision{}
 			observeAll(st, &ev)
 			if st.settle != nil {
+				served = true
 				serveSettled(w, r, st.settle, next) // the limiters that did decide
 				return
 			}
@@ -400,6 +412,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			headers.Write(w.Header(), rep.m.cfg.style, infos, d.Index)
 		}
 		if st.settle != nil {
+			served = true
 			serveSettled(w, r, st.settle, next)
 			return
 		}

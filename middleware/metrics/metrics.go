@@ -4,7 +4,7 @@
 //	ratebudget_decisions_total{rule,outcome}        counter    every decision, by reported rule and outcome
 //	ratebudget_decision_duration_seconds{result}    histogram  time the store took to answer: result "ok" or "error"
 //	ratebudget_store_errors_total{class,uncertain}  counter    budget-store failures by class
-//	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open
+//	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open (the worst breaker's)
 //	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
 //	ratebudget_shadow_refusals_total{rule}          counter    requests that rules in shadow mode would have refused
 //	ratebudget_settle_failures_total                counter    admitted requests whose settle or lease renewal failed
@@ -17,6 +17,9 @@
 // in neither ratebudget_decisions_total nor the decision latency. A request whose client
 // went away during its decision counts as canceled in ratebudget_decisions_total only:
 // the store neither failed nor answered.
+//
+// Each middleware has a breaker of its own: with several, ratebudget_breaker_state is
+// open while any of them is open, else half-open while any is half-open, else closed.
 //
 // Stacked layers make one decision, and every layer's observers see its one event: pass
 // a Collector's Observe to one layer of a stack (the outermost), or each request is
@@ -55,8 +58,12 @@ type Collector struct {
 	settles     prometheus.Counter
 
 	counters sync.Map // counterKey -> prometheus.Counter
-	ok       prometheus.Observer
-	failed   prometheus.Observer
+	// mu guards the number of breakers open and half-open, which the state gauge
+	// reports the worst of.
+	mu             sync.Mutex
+	opened, probed int
+	ok             prometheus.Observer
+	failed         prometheus.Observer
 }
 
 type counterKey struct {
@@ -141,9 +148,29 @@ func (c *Collector) Observe(e middleware.Event) {
 }
 
 // BreakerChanged records a breaker transition; pass it to
-// middleware.WithBreakerObserver.
-func (c *Collector) BreakerChanged(_, to middleware.BreakerState) {
-	c.breaker.Set(float64(to))
+// middleware.WithBreakerObserver of every middleware counted (a breaker starts closed).
+func (c *Collector) BreakerChanged(from, to middleware.BreakerState) {
+	c.mu.Lock()
+	for _, s := range [2]struct {
+		state middleware.BreakerState
+		delta int
+	}{{from, -1}, {to, 1}} {
+		switch s.state {
+		case middleware.BreakerOpen:
+			c.opened = max(c.opened+s.delta, 0)
+		case middleware.BreakerHalfOpen:
+			c.probed = max(c.probed+s.delta, 0)
+		}
+	}
+	worst := middleware.BreakerClosed
+	switch {
+	case c.opened > 0:
+		worst = middleware.BreakerOpen
+	case c.probed > 0:
+		worst = middleware.BreakerHalfOpen
+	}
+	c.breaker.Set(float64(worst))
+	c.mu.Unlock()
 	c.transitions.WithLabelValues(to.String()).Inc()
 }
 

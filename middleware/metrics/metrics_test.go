@@ -229,3 +229,46 @@ func latencySamples(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
 	}
 	return n
 }
+
+// One Collector is passed to every middleware, each with its breaker: the state gauge
+// reports the worst of them (open if any is, else half-open if any is), not whichever
+// changed last.
+func TestBreakerStateOfSeveralBreakers(t *testing.T) {
+	m := metrics.New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	state := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "ratebudget_breaker_state" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no ratebudget_breaker_state")
+		return 0
+	}
+	closed, open, half := middleware.BreakerClosed, middleware.BreakerOpen, middleware.BreakerHalfOpen
+	steps := []struct {
+		from, to middleware.BreakerState
+		want     float64
+	}{
+		{closed, open, 1}, // A opens
+		{closed, open, 1}, // B opens
+		{open, half, 1},   // A probes: B is still open
+		{half, closed, 1}, // A closes: B is still open
+		{open, half, 2},   // B probes
+		{half, open, 1},   // B's probe fails
+		{open, half, 2},
+		{half, closed, 0}, // every breaker closed
+	}
+	for i, s := range steps {
+		m.BreakerChanged(s.from, s.to)
+		if got := state(); got != s.want {
+			t.Fatalf("step %d (%v to %v): ratebudget_breaker_state %v, want %v", i, s.from, s.to, got, s.want)
+		}
+	}
+}

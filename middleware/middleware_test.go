@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -389,8 +390,38 @@ func TestRouteScopeAtTopLevel(t *testing.T) { // not parallel: it replaces slog'
 	}
 }
 
-// Two stacked layers with rules of one name (two LimitByIP layers, both named "per-ip")
-// are a configuration mistake the limiter finds only when a request stacks them: the
+// The common setup of a global per-client limit and a stricter one on a route, both
+// built with LimitByIP, enforces both: each limit and window is a budget of its own, and
+// a refusal by one spends nothing from the other.
+func TestStackedLimitByIP(t *testing.T) {
+	t.Parallel()
+	lim, err := ratebudget.NewMemory()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := middleware.LimitByIP(lim, 5, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strict, err := middleware.LimitByIP(lim, 2, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := chi.NewRouter()
+	r.Use(all)
+	r.With(strict).Get("/strict", ok)
+	r.Get("/", ok)
+	var codes []int
+	for _, path := range []string{"/strict", "/strict", "/strict", "/", "/", "/", "/"} {
+		codes = append(codes, do(r, "GET", path, nil).Code)
+	}
+	if want := []int{200, 200, 429, 200, 200, 200, 429}; !slices.Equal(codes, want) {
+		t.Errorf("codes %v, want %v (2 on /strict, 5 in all)", codes, want)
+	}
+}
+
+// Two stacked layers with rules of one name (two LimitByIP layers of the same limit and
+// window, both named "per-ip-3-60s") are a configuration mistake the limiter finds only when a request stacks them: the
 // answer is 500, and the limiter's error is logged once, naming the rule, so that
 // the server's operator is not left with a bare 500.
 func TestStackedConfigErrorIsLoggedOnce(t *testing.T) { // not parallel: it replaces slog's default logger
@@ -402,7 +433,7 @@ func TestStackedConfigErrorIsLoggedOnce(t *testing.T) { // not parallel: it repl
 	if err != nil {
 		t.Fatal(err)
 	}
-	all, err := middleware.LimitByIP(lim, 100, time.Minute)
+	all, err := middleware.LimitByIP(lim, 3, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +450,7 @@ func TestStackedConfigErrorIsLoggedOnce(t *testing.T) { // not parallel: it repl
 		}
 	}
 	out := logged.String()
-	if n := strings.Count(out, "level=ERROR"); n != 1 || !strings.Contains(out, "per-ip") || !strings.Contains(out, "same budget twice") {
-		t.Errorf("logged %d times, want once with the limiter's error naming rule per-ip: %q", n, out)
+	if n := strings.Count(out, "level=ERROR"); n != 1 || !strings.Contains(out, "per-ip-3-60s") || !strings.Contains(out, "same budget twice") {
+		t.Errorf("logged %d times, want once with the limiter's error naming rule per-ip-3-60s: %q", n, out)
 	}
 }

@@ -11,7 +11,8 @@ import (
 // not an identity: a client can rotate it to get fresh budgets.
 //
 // When the header has several lines the last one wins. A missing or empty header is
-// [ErrEmptyKey]. A value longer than 256 bytes, holding bytes outside printable
+// [ErrEmptyKey]; an empty name fails every request with a *[ratebudget.ConfigError]
+// (package middleware answers 500 and logs it). A value longer than 256 bytes, holding bytes outside printable
 // ASCII (0x20-0x7E), a '{' or '}', or starting with '~', is [ErrInvalidHeader]: it is
 // refused, not truncated or hashed, so keys stay short and readable and a Redis Cluster
 // hash tag can never come from a request. For secrets (API keys, tokens) use
@@ -19,7 +20,7 @@ import (
 func Header(name string) KeyFunc {
 	name = http.CanonicalHeaderKey(strings.TrimSpace(name))
 	if name == "" {
-		return failing(ErrEmptyKey)
+		return misbuilt("Header", "needs a header name")
 	}
 	invalid := &headerError{ErrInvalidHeader, name}
 	missing := &headerError{ErrEmptyKey, name}
@@ -39,8 +40,8 @@ func Header(name string) KeyFunc {
 // HMAC-SHA-256 under hmacKey, or SHA-256 when hmacKey is empty (see [Hash]). Use it for
 // secrets such as API keys: the secret never reaches the store, logs or metrics, and the
 // key is always 65 bytes whatever the header's length. When the header has
-// several lines the last one wins; a missing or empty header is [ErrEmptyKey]. hmacKey is
-// copied.
+// several lines the last one wins; a missing or empty header is [ErrEmptyKey], an empty
+// name a *[ratebudget.ConfigError] on every request. hmacKey is copied.
 //
 // It is not Hash(Header(name), hmacKey): [Header] refuses values longer than 256 bytes or
 // outside printable ASCII, such as long bearer tokens, which HashedHeader hashes like any
@@ -51,7 +52,7 @@ func Header(name string) KeyFunc {
 func HashedHeader(name string, hmacKey []byte) KeyFunc {
 	name = http.CanonicalHeaderKey(strings.TrimSpace(name))
 	if name == "" {
-		return failing(ErrEmptyKey)
+		return misbuilt("HashedHeader", "needs a header name")
 	}
 	h := newHasher(hmacKey)
 	missing := &headerError{ErrEmptyKey, name}

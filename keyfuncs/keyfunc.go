@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+
+	"github.com/ratebudget/ratebudget"
 )
 
 // KeyFunc maps a request to a key: an identity (whose budget) or a scope (where it
@@ -94,15 +96,16 @@ func Global() KeyFunc {
 //	})
 //	search := keyfuncs.Func(func(*http.Request) (string, error) { return "search", nil })
 //
-// Func is for identifiers that are not secret. Hash secrets with [Hash]. A nil fn is
-// [ErrEmptyKey] on every request.
+// Func is for identifiers that are not secret. Hash secrets with [Hash]. A nil fn fails
+// every request with a *[ratebudget.ConfigError] (package middleware answers 500 and
+// logs it).
 //
 // A plain conversion, KeyFunc(fn), keeps none of this hygiene: inside [Join] its empty
 // key is encoded as "0:", one budget shared by every request without an identity, and
 // the in-process limiter holds its keys as they are, however long.
 func Func(fn func(r *http.Request) (string, error)) KeyFunc {
 	if fn == nil {
-		return failing(ErrEmptyKey)
+		return misbuilt("Func", "needs a function, got nil")
 	}
 	return func(r *http.Request) (string, error) {
 		s, err := fn(r)
@@ -124,10 +127,11 @@ func Func(fn func(r *http.Request) (string, error)) KeyFunc {
 // who reads the store. hmacKey is copied.
 //
 // Errors from fn, including [ErrEmptyKey], are returned as they are; an empty key with a
-// nil error is [ErrEmptyKey] (a secret is never empty).
+// nil error is [ErrEmptyKey] (a secret is never empty). A nil fn fails every request with
+// a *[ratebudget.ConfigError].
 func Hash(fn KeyFunc, hmacKey []byte) KeyFunc {
 	if fn == nil {
-		return failing(ErrEmptyKey)
+		return misbuilt("Hash", "needs a KeyFunc, got nil")
 	}
 	h := newHasher(hmacKey)
 	return func(r *http.Request) (string, error) {
@@ -176,16 +180,16 @@ func joinStrings(parts ...string) string {
 // is longer than 512 bytes it is replaced by its SHA-256 digest (65 bytes, starting with
 // '~', which no encoding starts with). So different part lists never give the same key
 // (for digests, up to SHA-256 collisions). An empty part is encoded like any other part,
-// so Join's result is never empty unless no function is given, which is [ErrEmptyKey] on
-// every request.
+// so Join's result is never empty. Join of no functions, or of a nil one, fails every
+// request with a *[ratebudget.ConfigError].
 func Join(fns ...KeyFunc) KeyFunc {
 	if len(fns) == 0 {
-		return failing(ErrEmptyKey)
+		return misbuilt("Join", "needs at least one KeyFunc")
 	}
 	fns = append([]KeyFunc(nil), fns...)
-	for _, fn := range fns {
+	for i, fn := range fns {
 		if fn == nil {
-			return failing(ErrEmptyKey)
+			return misbuilt("Join", "got a nil KeyFunc at "+strconv.Itoa(i))
 		}
 	}
 	return func(r *http.Request) (string, error) {
@@ -204,6 +208,13 @@ func Join(fns ...KeyFunc) KeyFunc {
 
 // failing returns a KeyFunc that always returns err: how a constructor without an error
 // result reports an unusable argument, loudly and on every request.
+// misbuilt is the KeyFunc of a constructor given arguments it cannot use: every request
+// fails with a configuration error naming the constructor, which package middleware
+// answers with 500 (the server's mistake, not the client's) and logs.
+func misbuilt(constructor, problem string) KeyFunc {
+	return failing(&ratebudget.ConfigError{Field: "keyfuncs." + constructor, Problem: problem})
+}
+
 func failing(err error) KeyFunc {
 	return func(*http.Request) (string, error) { return "", err }
 }

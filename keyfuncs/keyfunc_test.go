@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
@@ -53,10 +54,10 @@ func TestJoin(t *testing.T) {
 	if _, err := keyfuncs.Join(keyfuncs.Header("X-Missing"), ip)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
 		t.Fatalf("missing part: got %v, want ErrEmptyKey", err)
 	}
-	if _, err := keyfuncs.Join()(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := keyfuncs.Join()(r); !errors.Is(err, ratebudget.ErrInvalidConfig) {
 		t.Fatalf("no parts: got %v", err)
 	}
-	if _, err := keyfuncs.Join(ip, nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := keyfuncs.Join(ip, nil)(r); !errors.Is(err, ratebudget.ErrInvalidConfig) {
 		t.Fatalf("nil part: got %v", err)
 	}
 	// Many parts (beyond Join's stack buffer) still work.
@@ -198,7 +199,7 @@ func TestContextFuncHash(t *testing.T) {
 	if _, err := keyfuncs.Hash(func(*http.Request) (string, error) { return "", nil }, nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
 		t.Fatalf("Hash of empty: %v", err)
 	}
-	if _, err := keyfuncs.Func(nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := keyfuncs.Func(nil)(r); !errors.Is(err, ratebudget.ErrInvalidConfig) {
 		t.Fatalf("nil function: %v", err)
 	}
 }

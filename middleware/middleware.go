@@ -222,8 +222,9 @@ type mw struct {
 	wrapPC             uintptr        // the code pointer of every layer's middleware function
 	// warnedMount is set once the mounting mistake of a route scope has been logged,
 	// warnedAhead once a wrong look-ahead in a router has, warnedConfig once a limiter's
-	// rejection of the checks as invalid has.
-	warnedMount, warnedAhead, warnedConfig atomic.Bool
+	// rejection of the checks as invalid has, warnedKey once a key function built wrong
+	// has.
+	warnedMount, warnedAhead, warnedConfig, warnedKey atomic.Bool
 }
 
 // New returns middleware that spends each request's cost from every rule's budget in lim.

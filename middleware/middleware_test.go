@@ -454,3 +454,40 @@ func TestStackedConfigErrorIsLoggedOnce(t *testing.T) { // not parallel: it repl
 		t.Errorf("logged %d times, want once with the limiter's error naming rule per-ip-3-60s: %q", n, out)
 	}
 }
+
+// A key function built wrong (keyfuncs.Header with no name, Join of nothing, a nil
+// function) is the server's mistake, not the client's: every request is answered 500,
+// not 400, and the mistake is logged once, naming the key function.
+func TestMisbuiltKeyFuncIs500AndLogged(t *testing.T) { // not parallel: it replaces slog's default logger
+	var logged strings.Builder
+	old := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(old) })
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	for _, tc := range []struct {
+		name string
+		fn   keyfuncs.KeyFunc
+		want string
+	}{
+		{"Header", keyfuncs.Header(" "), "keyfuncs.Header"},
+		{"HashedHeader", keyfuncs.HashedHeader("", nil), "keyfuncs.HashedHeader"},
+		{"Join", keyfuncs.Join(), "keyfuncs.Join"},
+		{"Join nil", keyfuncs.Join(keyfuncs.Global(), nil), "keyfuncs.Join"},
+		{"Func", keyfuncs.Func(nil), "keyfuncs.Func"},
+		{"Hash", keyfuncs.Hash(nil, nil), "keyfuncs.Hash"},
+	} {
+		logged.Reset()
+		lim, err := ratebudget.NewMemory()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: tc.fn}})(ok)
+		for range 2 {
+			if rec := do(h, "GET", "/", nil); rec.Code != 500 {
+				t.Errorf("%s: %d %q, want 500", tc.name, rec.Code, rec.Body.String())
+			}
+		}
+		if out := logged.String(); strings.Count(out, "level=ERROR") != 1 || !strings.Contains(out, tc.want) {
+			t.Errorf("%s: logged %q, want one error naming %s", tc.name, out, tc.want)
+		}
+	}
+}

@@ -137,6 +137,9 @@ type walkOptions struct {
 	// settles reserves, settles and renews between the decisions, with in-flight rules;
 	// the limiters must implement ratebudget.Settler and live on servers[0].
 	settles bool
+	// waits, when not zero, is how far each check's ResetAfter and RetryAfter may be
+	// from Memory's (with each): how far Memory's clock may be from the server's.
+	waits time.Duration
 }
 
 // shortLease is the TTL of the walk's short in-flight rule. Its leases are taken only in
@@ -401,7 +404,8 @@ func (w *diffWalk) decide(i int, checks []ratebudget.Check, reserve bool) *reser
 			}
 			g, m := outs[j], wantOuts[j]
 			if g.Allowed != m.Allowed || g.Exceeded != m.Exceeded || !w.sameRemaining(g.Remaining, m.Remaining, checks[j].Rule) ||
-				(g.RetryAfter > 0) != (m.RetryAfter > 0) {
+				(g.RetryAfter > 0) != (m.RetryAfter > 0) ||
+				w.o.waits > 0 && (!near(g.ResetAfter, m.ResetAfter, w.o.waits) || !near(g.RetryAfter, m.RetryAfter, w.o.waits)) {
 				t.Fatalf("decision %d (reserve %v) of %+v, check %d:\n%s: %+v\nmemory: %+v", i, reserve, checks, j, nl.name, g, m)
 			}
 		}
@@ -425,6 +429,9 @@ func (w *diffWalk) decide(i int, checks []ratebudget.Check, reserve bool) *reser
 	}
 	return nil
 }
+
+// near reports whether a and b are at most d apart.
+func near(a, b, d time.Duration) bool { return a-b <= d && b-a <= d }
 
 // outs is outs when the walk compares every check's outcome, else nil.
 func (w *diffWalk) outs(outs []ratebudget.Outcome) []ratebudget.Outcome {

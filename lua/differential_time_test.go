@@ -169,10 +169,13 @@ func settlesOverTime(t *testing.T, c *redis.Client, scale int64, seed uint64) {
 		"%d settled twice, %d renewals (%d of expired leases, %d of released leases); %d in-flight refusals",
 		st.phases, st.steps, st.cut, w.admitted, w.refused, w.exceeded, s.reserved, s.cancels, s.below, s.equal, s.above,
 		s.released, s.givenBack, s.skipped, st.twice, s.renewed, s.lost-st.stale, st.stale, s.leaseRefused)
-	if w.admitted < 100 || w.refused < 30 || w.exceeded < 5 || s.reserved < 40 || s.cancels < 20 || s.below < 5 ||
-		s.above < 10 || s.givenBack < 5 || s.lost-st.stale < 3 || st.twice < 10 || st.stale < 5 || s.leaseRefused < 1 {
-		t.Fatal("want at least 100 admitted, 30 refused, 5 exceeded, 40 reservations; checks settled 20 at 0, 5 below, " +
-			"10 above; 5 rolling-window give-backs; 3 renewals of expired leases; 10 settled twice; 5 renewals of released " +
+	// The walk's choices are seeded, but where phases are cut short follows the server's
+	// clock, so the counts move with the machine's load; the floors are about half the
+	// lowest counts seen.
+	if w.admitted < 100 || w.refused < 30 || w.exceeded < 5 || s.reserved < 40 || s.cancels < 15 || s.below < 3 ||
+		s.above < 5 || s.givenBack < 5 || s.lost-st.stale < 3 || st.twice < 8 || st.stale < 5 || s.leaseRefused < 1 {
+		t.Fatal("want at least 100 admitted, 30 refused, 5 exceeded, 40 reservations; checks settled 15 at 0, 3 below, " +
+			"5 above; 5 rolling-window give-backs; 3 renewals of expired leases; 8 settled twice; 5 renewals of released " +
 			"leases; an in-flight refusal")
 	}
 }

@@ -69,8 +69,8 @@ func settlesOverTime(t *testing.T, c *redis.Client, scale int64, seed uint64) {
 	burst := long(ratebudget.TokenBucket, 17, 3)
 	burst.Burst = 6
 	rules := []ratebudget.Rule{
-		short(ratebudget.FixedWindow, 3, 3), short(ratebudget.FixedWindow, 5, 5),
-		short(ratebudget.RollingWindow, 3, 4), short(ratebudget.RollingWindow, 7, 6),
+		short(ratebudget.FixedWindow, 1, 4), short(ratebudget.FixedWindow, 3, 3), short(ratebudget.FixedWindow, 5, 5),
+		short(ratebudget.RollingWindow, 1, 5), short(ratebudget.RollingWindow, 3, 4), short(ratebudget.RollingWindow, 7, 6),
 		short(ratebudget.InFlight, 1, 1), short(ratebudget.InFlight, 5, 2),
 		long(ratebudget.FixedWindow, 1, 5), long(ratebudget.RollingWindow, 2, 6),
 		long(ratebudget.TokenBucket, 7, 4), burst, long(ratebudget.InFlight, 9, 3),
@@ -86,7 +86,7 @@ func settlesOverTime(t *testing.T, c *redis.Client, scale int64, seed uint64) {
 		limiters: limiters, rng: rand.New(rand.NewPCG(seed, 6))}
 	rng := w.rng
 	scopes := []string{"", "/reports"}
-	var st struct{ phases, steps, cut, twice, stale int }
+	var st struct{ phases, steps, cut, twice, stale, closed, aged int }
 	start := w.serverNow()
 	for j := range 28 {
 		at := start.Add(time.Duration(j) * phase)
@@ -130,6 +130,15 @@ func settlesOverTime(t *testing.T, c *redis.Client, scale int64, seed uint64) {
 				}
 			case k < 9:
 				p := w.take(rng.IntN(len(w.pending)))
+				now := clock.Now().UnixMilli()
+				for j, c := range p.checks {
+					switch tk := p.mem[j]; {
+					case c.Rule.Algorithm == ratebudget.FixedWindow && now >= tk.At:
+						st.closed++ // Memory's ticket holds the window's end
+					case c.Rule.Algorithm == ratebudget.RollingWindow && tk.At <= now-c.Rule.Window.Milliseconds():
+						st.aged++ // and the event's time
+					}
+				}
 				stale := &reservation{checks: p.checks, mem: append([]ratebudget.Ticket(nil), p.mem...)}
 				for _, tk := range p.lua {
 					stale.lua = append(stale.lua, append([]ratebudget.Ticket(nil), tk...))
@@ -166,17 +175,19 @@ func settlesOverTime(t *testing.T, c *redis.Client, scale int64, seed uint64) {
 	s := &w.st
 	t.Logf("%d phases, %d steps (%d phases cut short); %d admitted, %d refused, %d exceeded; %d reservations; checks settled: "+
 		"%d at 0, %d below, %d at, %d above, %d leases released; rolling-window give-backs %d applied, %d skipped; "+
-		"%d settled twice, %d renewals (%d of expired leases, %d of released leases); %d in-flight refusals",
+		"%d settled twice, %d renewals (%d of expired leases, %d of released leases); %d in-flight refusals; "+
+		"%d checks settled after their fixed window closed, %d after their rolling-window event left the window",
 		st.phases, st.steps, st.cut, w.admitted, w.refused, w.exceeded, s.reserved, s.cancels, s.below, s.equal, s.above,
-		s.released, s.givenBack, s.skipped, st.twice, s.renewed, s.lost-st.stale, st.stale, s.leaseRefused)
+		s.released, s.givenBack, s.skipped, st.twice, s.renewed, s.lost-st.stale, st.stale, s.leaseRefused, st.closed, st.aged)
 	// The walk's choices are seeded, but where phases are cut short follows the server's
 	// clock, so the counts move with the machine's load; the floors are about half the
 	// lowest counts seen.
 	if w.admitted < 100 || w.refused < 30 || w.exceeded < 5 || s.reserved < 40 || s.cancels < 15 || s.below < 3 ||
-		s.above < 5 || s.givenBack < 5 || s.lost-st.stale < 3 || st.twice < 8 || st.stale < 5 || s.leaseRefused < 1 {
+		s.above < 5 || s.givenBack < 5 || s.lost-st.stale < 3 || st.twice < 8 || st.stale < 5 || s.leaseRefused < 1 ||
+		st.closed < 8 || st.aged < 8 {
 		t.Fatal("want at least 100 admitted, 30 refused, 5 exceeded, 40 reservations; checks settled 15 at 0, 3 below, " +
 			"5 above; 5 rolling-window give-backs; 3 renewals of expired leases; 8 settled twice; 5 renewals of released " +
-			"leases; an in-flight refusal")
+			"leases; an in-flight refusal; 8 checks settled after their fixed window closed and 8 after their event left the window")
 	}
 }
 

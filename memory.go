@@ -332,10 +332,12 @@ func (m *Memory) AllowEach(_ context.Context, checks []Check, outcomes []Outcome
 }
 
 // Reserve decides as Allow does and, when it admits, records each check's spend in
-// tickets for [Memory.Settle] and [Memory.Renew]; on a refusal it zeroes them. tickets
-// must hold at least len(checks) entries. outcomes is nil, or receives each check's
-// outcome as AllowEach's does.
+// tickets for [Memory.Settle] and [Memory.Renew]; on a refusal or an error it zeroes
+// them. tickets must hold at least len(checks) entries. outcomes is nil, or receives
+// each check's outcome as AllowEach's does.
 func (m *Memory) Reserve(_ context.Context, checks []Check, tickets []Ticket, outcomes []Outcome) (Decision, error) {
+	// Zero first, so that an invalid call, too, leaves nothing to settle.
+	clear(tickets[:min(len(tickets), len(checks))])
 	if len(tickets) < len(checks) {
 		if err := ValidateSettle(checks, tickets, nil); err != nil {
 			return Decision{}, err

@@ -50,9 +50,10 @@ import (
 type Settler interface {
 	Limiter
 	// Reserve decides as Allow does. When it admits, tickets[i] records check i's spend;
-	// otherwise every ticket is set to zero. tickets must hold at least len(checks)
-	// entries. outcomes is nil, or has len(checks) elements and receives each check's
-	// outcome as [Reporter.AllowEach] sets them. Neither slice is retained.
+	// otherwise (a refusal, an error) every ticket is set to zero. tickets must hold at
+	// least len(checks) entries. outcomes is nil, or has len(checks) elements and
+	// receives each check's outcome as [Reporter.AllowEach] sets them. Neither slice is
+	// retained.
 	Reserve(ctx context.Context, checks []Check, tickets []Ticket, outcomes []Outcome) (Decision, error)
 	// Settle adjusts the spend of a decision admitted by Reserve to the actual costs:
 	// checks are those given to Reserve, in the same order; costs[i] (0 to MaxLimit) is

@@ -46,6 +46,9 @@ func ticketOf(c *ratebudget.Check, tk, aux int64) ratebudget.Ticket {
 // Allow decides them; when a later slot group refuses, the earlier groups' spend is
 // refunded and their tickets are zero.
 func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
+	// Zero first, so that a call that fails, before anything is sent too, leaves nothing
+	// to settle.
+	clear(tickets[:min(len(tickets), len(checks))])
 	if len(tickets) < len(checks) {
 		if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
 			return ratebudget.Decision{}, err

@@ -238,3 +238,44 @@ func TestRollingExtraCutToNothingWritesNoEvent(t *testing.T) {
 		t.Fatalf("after the settles: %+v, %v; want refused with nothing remaining", d, err)
 	}
 }
+
+// TestReserveFailureZeroesTickets: a reservation that fails, before anything is sent (a
+// context already done) or on the server (an error reply), leaves zero tickets, as a
+// refusal does, so that tickets reused from an earlier decision are never settled again.
+func TestReserveFailureZeroesTickets(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	l := newLimiter(t, c, lua.WithOneServer())
+	checks, _ := settleGroup("xena")
+	stale := func() []ratebudget.Ticket {
+		tk := make([]ratebudget.Ticket, len(checks))
+		for i := range tk {
+			tk[i] = ratebudget.Ticket{At: 7, ID: 7}
+		}
+		return tk
+	}
+	expectZero := func(what string, tickets []ratebudget.Ticket, err error) {
+		t.Helper()
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) {
+			t.Fatalf("%s: Reserve = %v, want a store error", what, err)
+		}
+		for i, tk := range tickets {
+			if !tk.IsZero() {
+				t.Fatalf("%s: Reserve failed (%v) and left ticket %d as %+v, want it zero", what, err, i, tk)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	tickets := stale()
+	_, err := l.Reserve(ctx, checks, tickets, nil)
+	expectZero("canceled context", tickets, err)
+
+	// A corrupt counter: allow.lua's error reply, before any write.
+	if err := c.Set(context.Background(), l.Key(checks[0]), "x", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	tickets = stale()
+	_, err = l.Reserve(context.Background(), checks, tickets, nil)
+	expectZero("error reply", tickets, err)
+}

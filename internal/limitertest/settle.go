@@ -317,6 +317,23 @@ func testSettleInvalid(e *env, s ratebudget.Settler) {
 	if _, err := s.Reserve(ctx, c, nil, nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
 		e.t.Fatalf("Reserve without tickets = %v, want a configuration error", err)
 	}
+	// A reservation that is not admitted, an invalid one included, leaves zero tickets:
+	// tickets reused from an earlier decision are never settled twice.
+	stale := []ratebudget.Ticket{{At: 7, ID: 7}, {At: 7, ID: 7}}
+	for _, bad := range [][]ratebudget.Check{
+		{check(r, "walt", 0)},
+		{check(r, "walt", 1), check(r, "walt", 1)},
+	} {
+		tickets := append([]ratebudget.Ticket(nil), stale...)
+		if _, err := s.Reserve(ctx, bad, tickets, nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+			e.t.Fatalf("Reserve(%v) = %v, want a configuration error", bad, err)
+		}
+		for i, tk := range tickets[:len(bad)] {
+			if !tk.IsZero() {
+				e.t.Fatalf("Reserve(%v) failed and left ticket %d as %+v, want it zero", bad, i, tk)
+			}
+		}
+	}
 	// The invalid calls settled nothing.
 	e.expect(e.allow(check(r, "walt", 3)), true, 0)
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // phase is the step of TestSameSettlesOverTime's clock (see there).
-const phase = 500 * time.Millisecond
+const phase = time.Second
 
 // TestSameSettlesOverTime is TestSameSettlesAsMemory with time moving: the walk goes
 // in phases, and short fixed windows, rolling windows and in-flight leases close, age

@@ -7,12 +7,13 @@
 //	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open (the worst breaker's)
 //	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
 //	ratebudget_shadow_refusals_total{rule}          counter    requests that rules in shadow mode would have refused
-//	ratebudget_settle_failures_total                counter    admitted requests whose settle or lease renewal failed
+//	ratebudget_settle_failures_total                counter    failed settles and lease renewals of admitted requests
 //
 // The rule label is the rule the decision reported ("none" when no limiter decided:
 // degraded, unavailable, invalid and canceled requests). Label values are bounded: rule
 // names, outcome names and error classes. A failed settle or renewal
-// (middleware.OutcomeSettleFailed) is no decision: it is counted by
+// (middleware.OutcomeSettleFailed) is no decision: it is counted, once per failed store
+// call (a request whose lease renewals fail counts each one, and its settle), by
 // ratebudget_settle_failures_total and, by its class, ratebudget_store_errors_total, and
 // in neither ratebudget_decisions_total nor the decision latency. A request whose client
 // went away during its decision counts as canceled in ratebudget_decisions_total only:
@@ -101,7 +102,7 @@ func New() *Collector {
 		}, []string{"rule"}),
 		settles: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ratebudget_settle_failures_total",
-			Help: "Admitted requests whose settle (or in-flight lease renewal) failed in the budget store: their reservation stayed spent as reserved (unless the error was uncertain).",
+			Help: "Failed budget-store calls settling admitted requests or renewing their in-flight leases (a request can fail several): a failed settle leaves the reservation spent as reserved (an uncertain one may have applied), a failed renewal may let a lease expire early.",
 		}),
 	}
 	c.ok = c.latency.WithLabelValues("ok")

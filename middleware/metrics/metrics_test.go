@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -156,7 +157,7 @@ func TestSettleFailuresCounted(t *testing.T) {
 # HELP ratebudget_decisions_total Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).
 # TYPE ratebudget_decisions_total counter
 ratebudget_decisions_total{outcome="allowed",rule="api"} 2
-# HELP ratebudget_settle_failures_total Admitted requests whose settle (or in-flight lease renewal) failed in the budget store: their reservation stayed spent as reserved (unless the error was uncertain).
+# HELP ratebudget_settle_failures_total Failed budget-store calls settling admitted requests or renewing their in-flight leases (a request can fail several): a failed settle leaves the reservation spent as reserved (an uncertain one may have applied), a failed renewal may let a lease expire early.
 # TYPE ratebudget_settle_failures_total counter
 ratebudget_settle_failures_total 2
 # HELP ratebudget_store_errors_total Budget-store failures by class; uncertain=true when budget may have been spent before the failure.
@@ -270,5 +271,60 @@ func TestBreakerStateOfSeveralBreakers(t *testing.T) {
 		if got := state(); got != s.want {
 			t.Fatalf("step %d (%v to %v): ratebudget_breaker_state %v, want %v", i, s.from, s.to, got, s.want)
 		}
+	}
+}
+
+// leaseDown is an in-process limiter whose lease renewals and settles fail.
+type leaseDown struct{ *ratebudget.Memory }
+
+func (l leaseDown) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, _ []int64) error {
+	clear(tickets[:len(checks)])
+	return &ratebudget.StoreError{Class: "connection", Uncertain: true, Err: errors.New("EOF")}
+}
+
+func (l leaseDown) Renew(context.Context, []ratebudget.Check, []ratebudget.Ticket) error {
+	return &ratebudget.StoreError{Class: "connection", Uncertain: true, Err: errors.New("EOF")}
+}
+
+// ratebudget_settle_failures_total counts failed store calls, not requests: one request
+// whose lease renewals failed and whose settle failed counts once per failed call, as its
+// help says.
+func TestSettleFailuresCountFailedCalls(t *testing.T) {
+	mem, _ := ratebudget.NewMemory()
+	m := metrics.New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	renewFailed := make(chan struct{}, 1)
+	var failures atomic.Int64
+	mw, err := middleware.New(leaseDown{mem}, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "slow", Algorithm: ratebudget.InFlight, Limit: 1, Window: 20 * time.Millisecond},
+		Identity: keyfuncs.Global(),
+	}}, middleware.WithObserver(m.Observe), middleware.WithObserver(func(e middleware.Event) {
+		if e.Outcome == middleware.OutcomeSettleFailed {
+			failures.Add(1)
+			select {
+			case renewFailed <- struct{}{}:
+			default:
+			}
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		<-renewFailed // the handler runs until a renewal of its lease has failed
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	n := failures.Load() // the renewals that failed, and the settle
+	if n < 2 {
+		t.Fatalf("%d failed calls observed, want a renewal and the settle", n)
+	}
+	want := `
+# HELP ratebudget_settle_failures_total Failed budget-store calls settling admitted requests or renewing their in-flight leases (a request can fail several): a failed settle leaves the reservation spent as reserved (an uncertain one may have applied), a failed renewal may let a lease expire early.
+# TYPE ratebudget_settle_failures_total counter
+ratebudget_settle_failures_total ` + strconv.FormatInt(n, 10) + `
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_settle_failures_total"); err != nil {
+		t.Fatal(err)
 	}
 }

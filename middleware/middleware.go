@@ -163,15 +163,17 @@ type Event struct {
 	// another limiter may have refused.
 	Fallback bool
 	// Err is the store error (a *ratebudget.StoreError, for OutcomeDegraded,
-	// OutcomeUnavailable, OutcomeSettleFailed and fallback decisions, and for the
-	// decision of stacked layers' other limiters while one failed; the last one when
-	// several failed) or the key-function error (OutcomeInvalid). Its text may hold
-	// internal details: log it, do not send it.
+	// OutcomeUnavailable, OutcomeSettleFailed and fallback decisions, for the decision
+	// of stacked layers' other limiters while one failed, and for an admission whose
+	// shadow decision failed (see Shadow); the last one when several failed) or the
+	// key-function error (OutcomeInvalid). Its text may hold internal details: log it,
+	// do not send it.
 	Err error
 	// Latency is the time the limiter took to answer, error or not (zero when it was not
 	// asked, e.g. with the breaker open). For a fallback decision it is the failed store
 	// call's time; the local decision itself takes well under a microsecond. For
-	// stacked layers on several limiters it is the sum of their calls' times.
+	// stacked layers on several limiters, and for an admission with a shadow decision
+	// (rules in shadow mode), it is the sum of the calls' times.
 	Latency time.Duration
 	// Shadow is the decision of the rules in shadow mode ([Rule.Shadow]), made once the
 	// enforced rules admitted the request: all-or-nothing among a layer's shadow rules,
@@ -179,8 +181,9 @@ type Event struct {
 	// layer). Zero when the request has no shadow rule, or the enforced rules did not
 	// admit it. Shadow.Allowed false with Shadow.Rule set is a request the shadow rules
 	// would have refused ([Event.ShadowRefused]); it was served all the same. A store
-	// failure of a shadow decision leaves Shadow zero: shadow rules never change a
-	// response.
+	// failure of a shadow decision leaves Shadow zero (without the failed layer's
+	// decision when stacked layers have shadow rules) and sets Err when nothing else
+	// did: shadow rules never change a response, and their failures are observed.
 	Shadow ratebudget.Decision
 }
 

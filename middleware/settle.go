@@ -244,31 +244,41 @@ func (m *mw) reserveEach(ctx context.Context, checks []ratebudget.Check, out []r
 
 // decideShadow decides the checks of rules in shadow mode, layer by layer, once the
 // enforced rules admitted the request. It returns the first refusal, or the first
-// layer's admission; a store failure is ignored (zero decision).
-func decideShadow(ctx context.Context, st *stack) ratebudget.Decision {
-	var shadow ratebudget.Decision
+// layer's admission, with the time its limiter calls took; a store failure leaves its
+// layer out of the decision and is returned as err (the last one), unless the request's
+// context ended.
+func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, latency time.Duration, err error) {
 	for i := range st.shadowParts {
 		p := &st.shadowParts[i]
 		checks := st.shadow[p.from:p.to]
 		var d ratebudget.Decision
-		var err error
+		var lat time.Duration
+		var derr error
 		if p.m.settles && p.m.settler != nil {
 			tickets := make([]ratebudget.Ticket, len(checks))
-			d, _, err = p.m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) {
+			d, lat, derr = p.m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) {
 				return p.m.settler.Reserve(ctx, checks, tickets, nil)
 			})
-			if err == nil && d.Allowed {
+			if derr == nil && d.Allowed {
 				st.addTarget(p.m, p.m.settler, checks, tickets, p.shadowRules(), st.shadowParts[i:i+1])
 			}
 		} else {
-			d, _, err = p.m.decide(ctx, checks)
+			d, lat, derr = p.m.decide(ctx, checks)
 		}
-		if err != nil {
+		latency += lat
+		if derr != nil {
+			if ctx.Err() == nil {
+				var se *ratebudget.StoreError
+				if !errors.As(derr, &se) && !errors.Is(derr, ratebudget.ErrInvalidConfig) {
+					derr = &ratebudget.StoreError{Class: "other", Err: derr}
+				}
+				err = derr
+			}
 			continue
 		}
 		if shadow.Rule == "" || shadow.Allowed && !d.Allowed {
 			shadow = d
 		}
 	}
-	return shadow
+	return shadow, latency, err
 }

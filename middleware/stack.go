@@ -405,7 +405,13 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	case d.Allowed:
 		ev.Outcome = OutcomeAllowed
 		if len(st.shadow) > 0 {
-			ev.Shadow = decideShadow(ctx, st)
+			var lat time.Duration
+			var serr error
+			ev.Shadow, lat, serr = decideShadow(ctx, st)
+			ev.Latency += lat
+			if ev.Err == nil {
+				ev.Err = serr // a shadow decision's store failure: observed, never answered
+			}
 		}
 		observeAll(st, &ev)
 		if len(infos) > 0 {

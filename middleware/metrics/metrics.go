@@ -17,7 +17,9 @@
 // ratebudget_settle_failures_total and, by its class, ratebudget_store_errors_total, and
 // in neither ratebudget_decisions_total nor the decision latency. A request whose client
 // went away during its decision counts as canceled in ratebudget_decisions_total only:
-// the store neither failed nor answered.
+// the store neither failed nor answered. A rule in shadow mode whose decision failed is
+// an admission counted in ratebudget_store_errors_total, its call's time in the
+// latency's "error" result.
 //
 // Each middleware has a breaker of its own: with several, ratebudget_breaker_state is
 // open while any of them is open, else half-open while any is half-open, else closed.

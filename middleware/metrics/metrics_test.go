@@ -328,3 +328,42 @@ ratebudget_settle_failures_total ` + strconv.FormatInt(n, 10) + `
 		t.Fatal(err)
 	}
 }
+
+// A rule in shadow mode whose store is down refuses nothing and is counted as what it
+// is: the store's failure, with its latency, not a silent admission that looks like a
+// rule that would never refuse.
+func TestShadowStoreFailuresCounted(t *testing.T) {
+	mem, _ := ratebudget.NewMemory()
+	lim := &switchable{next: mem}
+	lim.down.Store(true)
+	m := metrics.New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	mw, err := middleware.New(lim, []middleware.Rule{{
+		Rule:     ratebudget.Rule{Name: "hello", Limit: 1, Window: time.Minute},
+		Identity: keyfuncs.Global(),
+		Shadow:   true,
+	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{Disabled: true}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	for range 2 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		if rec.Code != 200 {
+			t.Fatalf("a shadow rule refused: %d", rec.Code)
+		}
+	}
+	want := `
+# HELP ratebudget_store_errors_total Budget-store failures by class; uncertain=true when budget may have been spent before the failure.
+# TYPE ratebudget_store_errors_total counter
+ratebudget_store_errors_total{class="connection",uncertain="true"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_store_errors_total", "ratebudget_shadow_refusals_total"); err != nil {
+		t.Fatal(err)
+	}
+	if got := latencySamples(t, reg); got["ok"] != 0 || got["error"] != 2 {
+		t.Fatalf("latency samples %v, want ok 0 and error 2: the failed shadow decisions", got)
+	}
+}

@@ -204,3 +204,44 @@ func TestEventsPerRequestKind(t *testing.T) {
 		}
 	}
 }
+
+// A failed settle is an event for the observers of every layer of the request, as its
+// decision is: also when the layer whose reservation failed to settle is on another
+// limiter than the outer layer, or holds the request's shadow rules. An observer given
+// to the outermost layer alone (as package metrics advises) sees every failure.
+func TestSettleFailureSeenByEveryLayer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		sameLimiter  bool
+		innerShadows bool
+	}{
+		{"inner layer on another limiter", false, false},
+		{"inner layer's shadow rule", true, true},
+		{"inner layer's shadow rule on another limiter", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			settler := &failingSettler{Memory: memory(t, newClock())}
+			settler.failSettle.Store(true)
+			var outerLim ratebudget.Limiter = settler
+			if !tc.sameLimiter {
+				outerLim = memory(t, newClock())
+			}
+			inner := middleware.Rule{Rule: rule("inner", 5, time.Minute), Identity: global, Counts: middleware.CountSuccesses(nil), Shadow: tc.innerShadows}
+			var outerEvs, innerEvs events
+			outer := mustNew(t, outerLim, []middleware.Rule{{Rule: rule("outer", 5, time.Minute), Identity: global}}, middleware.WithObserver(outerEvs.observe))
+			in := mustNew(t, settler, []middleware.Rule{inner}, middleware.WithObserver(innerEvs.observe))
+			h := outer(in(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(500) })))
+			if rec := do(h, "GET", "/", nil); rec.Code != 500 {
+				t.Fatalf("%d, want the handler's 500", rec.Code)
+			}
+			want := []middleware.Outcome{middleware.OutcomeAllowed, middleware.OutcomeSettleFailed}
+			for name, e := range map[string]*events{"outer": &outerEvs, "inner": &innerEvs} {
+				if outs, _ := e.take(); !slices.Equal(outs, want) {
+					t.Errorf("%s layer saw %v, want %v", name, outs, want)
+				}
+			}
+		})
+	}
+}

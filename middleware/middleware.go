@@ -125,8 +125,9 @@ const (
 	// OutcomeSettleFailed: not a decision, but the store failing to settle an admitted
 	// request's reservation once its handler returned (or to give it back because a
 	// later limiter refused the request), or to renew its in-flight leases while the
-	// handler ran. It comes in an event of its own, after the decision's, with Err the
-	// store error (a *ratebudget.StoreError), Latency the failed call's time and
+	// handler ran. It comes in an event of its own for the observers of every layer of
+	// the request, as the decision's does, after it (a give-back's, before the
+	// refusal's), with Err the store error (a *ratebudget.StoreError), Latency the failed call's time and
 	// Decision zero. The reservation stays spent as reserved (an overcount, and an
 	// extra above it is not charged), and leases not released or renewed expire after
 	// their rule's Window; after an uncertain error (StoreError.Uncertain) the settle may

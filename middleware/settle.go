@@ -14,35 +14,36 @@ import (
 // that reserved. Leases are renewed while the handler runs, by a timer that shares mu
 // with the final settle.
 type settlement struct {
-	mu      sync.Mutex
-	done    bool
-	req     *http.Request // the request, for the events of failed settles
+	mu   sync.Mutex
+	done bool
+	req  *http.Request // the request, for the events of failed settles
+	// parts is every layer of the request (the stack's): its observers see every
+	// target's failures, as they see the decision.
+	parts   []part
 	targets []target
 	ttl     time.Duration // the shortest lease TTL of the targets; 0 when none holds a lease
 	timer   *time.Timer
 	body    bool // a rule counts the bytes read from a body without a length
 }
 
-// target is one reserved decision: its checks, tickets and each check's rule, and the
-// layers whose observers see its failures.
+// target is one reserved decision: its checks, tickets and each check's rule.
 type target struct {
 	s       ratebudget.Settler
 	m       *mw // whose timeout bounds the settle
 	checks  []ratebudget.Check
 	tickets []ratebudget.Ticket
 	rules   []*compiledRule
-	parts   []part
 }
 
-// addTarget records a reserved decision to settle once the handler returns. checks and
-// parts (the layers of its checks) must stay valid until then (the stack's own, or a
-// copy).
-func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule, parts []part) {
+// addTarget records a reserved decision to settle once the handler returns. checks must
+// stay valid until then (the stack's own, or a copy), and so must st.parts, whose layers'
+// observers see a failure to settle it.
+func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule) {
 	if st.settle == nil {
-		st.settle = &settlement{req: st.req}
+		st.settle = &settlement{req: st.req, parts: st.parts}
 	}
 	se := st.settle
-	se.targets = append(se.targets, target{s: s, m: m, checks: checks, tickets: tickets, rules: rules, parts: parts})
+	se.targets = append(se.targets, target{s: s, m: m, checks: checks, tickets: tickets, rules: rules})
 	for i, cr := range rules {
 		if cr.rule.Algorithm == ratebudget.InFlight && (se.ttl == 0 || checks[i].Rule.Window < se.ttl) {
 			se.ttl = checks[i].Rule.Window
@@ -209,16 +210,17 @@ func (se *settlement) settle(ctx context.Context, t *target, costs []int64) {
 	}
 }
 
-// failed shows the observers of t's layers that settling or renewing t failed with err
-// after latency: an event of its own (OutcomeSettleFailed), after the decision's.
+// failed shows the observers of every layer of the request that settling or renewing t
+// failed with err after latency: an event of its own (OutcomeSettleFailed), after the
+// decision's.
 func (se *settlement) failed(t *target, err error, latency time.Duration) {
 	var sErr *ratebudget.StoreError
 	if !errors.As(err, &sErr) {
 		err = &ratebudget.StoreError{Class: "other", Err: err}
 	}
 	ev := Event{Request: se.req, Outcome: OutcomeSettleFailed, Err: err, Latency: latency}
-	for i := range t.parts {
-		t.parts[i].m.observe(&ev)
+	for i := range se.parts {
+		se.parts[i].m.observe(&ev)
 	}
 }
 
@@ -260,7 +262,7 @@ func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, l
 				return p.m.settler.Reserve(ctx, checks, tickets, nil)
 			})
 			if derr == nil && d.Allowed {
-				st.addTarget(p.m, p.m.settler, checks, tickets, p.shadowRules(), st.shadowParts[i:i+1])
+				st.addTarget(p.m, p.m.settler, checks, tickets, p.shadowRules())
 			}
 		} else {
 			d, lat, derr = p.m.decide(ctx, checks)

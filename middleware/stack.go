@@ -327,7 +327,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			tickets := make([]ratebudget.Ticket, len(st.checks))
 			ev.Decision, outcomes, ev.Latency, err = g.m.reserveEach(ctx, st.checks, out[:len(st.checks)], tickets)
 			if err == nil && ev.Decision.Allowed {
-				st.addTarget(g.m, g.m.settler, st.checks, tickets, st.enforcedRules(0, len(st.checks)), st.parts)
+				st.addTarget(g.m, g.m.settler, st.checks, tickets, st.enforcedRules(0, len(st.checks)))
 			}
 		} else {
 			ev.Decision, outcomes, ev.Latency, err = g.m.decideEach(ctx, st.checks, out[:len(st.checks)])
@@ -590,7 +590,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 					p := st.partOf(k)
 					rules[i] = p.rule(k-p.from, false)
 				}
-				st.addTarget(g.m, g.m.settler, g.checks, tickets, rules, g.parts)
+				st.addTarget(g.m, g.m.settler, g.checks, tickets, rules)
 			}
 		} else {
 			gd, gout, lat, gerr = g.m.decideEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)))
@@ -725,7 +725,7 @@ func strictest(parts []part) Policy {
 // limiter's back. Layers under FailOpen admit.
 func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []ratebudget.Outcome) {
 	d := ratebudget.Decision{Allowed: true, Index: -1}
-	for k, p := range g.parts {
+	for _, p := range g.parts {
 		if p.m.fallback == nil {
 			continue
 		}
@@ -741,7 +741,7 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 		tickets := make([]ratebudget.Ticket, len(checks))
 		pd, _ := p.m.fallback.Reserve(ctx, checks, tickets, nil)
 		if pd.Allowed {
-			st.addTarget(p.m, p.m.fallback, checks, tickets, rules, g.parts[k:k+1])
+			st.addTarget(p.m, p.m.fallback, checks, tickets, rules)
 		}
 		pd.Index += p.from
 		if pd.Exceeded {

@@ -5,7 +5,7 @@
 //	ratebudget_decision_duration_seconds{result}    histogram  time the store took to answer: result "ok" or "error"
 //	ratebudget_store_errors_total{class,uncertain}  counter    budget-store failures by class
 //	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open (the worst breaker's)
-//	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
+//	ratebudget_breaker_transitions_total{to}        counter    breaker transitions (every state's series from 0)
 //	ratebudget_shadow_refusals_total{rule}          counter    requests that rules in shadow mode would have refused
 //	ratebudget_settle_failures_total                counter    failed settles and lease renewals of admitted requests
 //
@@ -109,6 +109,11 @@ func New() *Collector {
 	}
 	c.ok = c.latency.WithLabelValues("ok")
 	c.failed = c.latency.WithLabelValues("error")
+	// Every state's series from the start, at 0: one that appeared at 1 on a breaker's
+	// first opening would show no increase.
+	for _, s := range []middleware.BreakerState{middleware.BreakerClosed, middleware.BreakerOpen, middleware.BreakerHalfOpen} {
+		c.transitions.WithLabelValues(s.String())
+	}
 	return c
 }
 

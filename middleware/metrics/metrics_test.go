@@ -367,3 +367,27 @@ ratebudget_store_errors_total{class="connection",uncertain="true"} 2
 		t.Fatalf("latency samples %v, want ok 0 and error 2: the failed shadow decisions", got)
 	}
 }
+
+// Every breaker transition's series is exported from the start, at 0: a counter that
+// appears at 1 on a breaker's first opening shows no increase, and an alert on
+// increase(ratebudget_breaker_transitions_total{to="open"}[5m]) would never fire for it.
+func TestBreakerTransitionsStartAtZero(t *testing.T) {
+	m := metrics.New()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	want := `
+# HELP ratebudget_breaker_transitions_total Circuit breaker transitions by new state.
+# TYPE ratebudget_breaker_transitions_total counter
+ratebudget_breaker_transitions_total{to="closed"} 0
+ratebudget_breaker_transitions_total{to="half-open"} 0
+ratebudget_breaker_transitions_total{to="open"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_breaker_transitions_total"); err != nil {
+		t.Fatal(err)
+	}
+	m.BreakerChanged(middleware.BreakerClosed, middleware.BreakerOpen)
+	want = strings.Replace(want, `{to="open"} 0`, `{to="open"} 1`, 1)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_breaker_transitions_total"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -10,7 +10,8 @@
 //	ratebudget_settle_failures_total                counter    failed settles and lease renewals of admitted requests
 //
 // The rule label is the rule the decision reported ("none" when no limiter decided:
-// degraded, unavailable, invalid and canceled requests). Label values are bounded: rule
+// degraded, unavailable, invalid and canceled requests, and admissions of requests whose
+// rules are all in shadow mode, which ratebudget_shadow_refusals_total counts by rule). Label values are bounded: rule
 // names, outcome names and error classes. A failed settle or renewal
 // (middleware.OutcomeSettleFailed) is no decision: it is counted, once per failed store
 // call (a request whose lease renewals fail counts each one, and its settle), by
@@ -24,9 +25,11 @@
 // Each middleware has a breaker of its own: with several, ratebudget_breaker_state is
 // open while any of them is open, else half-open while any is half-open, else closed.
 //
-// Stacked layers make one decision, and every layer's observers see its one event: pass
-// a Collector's Observe to one layer of a stack (the outermost), or each request is
-// counted once per layer that has it.
+// Stacked layers make one decision, and every layer's observers see its one event (and
+// its failed settles): pass a Collector's Observe to one layer of a stack (the
+// outermost), or each request is counted once per layer that has it. Layers with
+// another handler between them are no stack: each makes a decision of its own, which
+// only its observers see.
 package metrics
 
 import (

@@ -120,8 +120,11 @@ func TestShadowRefusalsCounted(t *testing.T) {
 # HELP ratebudget_shadow_refusals_total Requests served that rules in shadow mode would have refused, by the rule that would have refused.
 # TYPE ratebudget_shadow_refusals_total counter
 ratebudget_shadow_refusals_total{rule="hello"} 2
+# HELP ratebudget_decisions_total Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).
+# TYPE ratebudget_decisions_total counter
+ratebudget_decisions_total{outcome="allowed",rule="none"} 3
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_shadow_refusals_total"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_shadow_refusals_total", "ratebudget_decisions_total"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -117,8 +117,9 @@ const (
 	OutcomeDegraded
 	// OutcomeUnavailable: refused with 503 because the store failed under FailClosed.
 	OutcomeUnavailable
-	// OutcomeInvalid: identity, scope or cost could not be determined; answered by the
-	// error handler, nothing counted.
+	// OutcomeInvalid: identity, scope or cost could not be determined (answered by the
+	// error handler), or the limiter rejected the checks as invalid (a
+	// *ratebudget.ConfigError, answered 500); nothing counted.
 	OutcomeInvalid
 	// OutcomeCanceled: the request's context ended before the decision; nothing written.
 	OutcomeCanceled
@@ -167,8 +168,8 @@ type Event struct {
 	// OutcomeUnavailable, OutcomeSettleFailed and fallback decisions, for the decision
 	// of stacked layers' other limiters while one failed, and for an admission whose
 	// shadow decision failed (see Shadow); the last one when several failed) or the
-	// key-function error (OutcomeInvalid). Its text may hold internal details: log it,
-	// do not send it.
+	// key-function error or the limiter's *ratebudget.ConfigError (OutcomeInvalid). Its
+	// text may hold internal details: log it, do not send it.
 	Err error
 	// Latency is the time the limiter took to answer, error or not (zero when it was not
 	// asked, e.g. with the breaker open). For a fallback decision it is the failed store

@@ -35,8 +35,9 @@ test:
 
 ## bench: the project's benchmarks, as a table (one package at a time: go test runs
 ## packages' test binaries in parallel by default, and benchmarks would share the CPUs)
+## with -v, so that each benchmark that skips (no redis-server) is listed with its reason
 bench:
-	$(GO) test -p 1 -run '^$$' -bench . -benchmem -count=1 $(PKGS) | $(GO) run ./internal/benchtable
+	$(GO) test -p 1 -v -run '^$$' -bench . -benchmem -count=1 $(PKGS) | $(GO) run ./internal/benchtable
 
 ## demo: run the demo server on 127.0.0.1:8080 with the in-memory limiter
 demo:

@@ -18,10 +18,10 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 REDIS_ENV = REDIS_IMAGE="$(REDIS_IMAGE)" TESTCONTAINERS_RYUK_DISABLED="$${TESTCONTAINERS_RYUK_DISABLED:-true}" \
 	TESTCONTAINERS_HOST_OVERRIDE="$${TESTCONTAINERS_HOST_OVERRIDE:-localhost}"
 
-# Says what the Redis tests and the README's transcripts lack before they run (go test prints a skip's reason only with
+# Says what the Redis tests lack before they run (go test prints a skip's reason only with
 # -v, and RATEBUDGET_REQUIRE_REDIS=1 makes each skip a failure), and builds the local
-# image where a Docker engine answers.
-define TEST_PREP
+# image where a Docker engine answers. TEST_PREP: and what the README's transcripts lack.
+define REDIS_PREP
 @if [ -z "$${REDIS_SERVER:-}" ] && ! command -v redis-server >/dev/null 2>&1; then \
 	echo "make $@: no redis-server (apt-get install redis-server): the tests that start a private redis-server (lua, middleware, cmd/demo-server, integration_test's cluster and Sentinel tests) will skip"; fi
 @if [ "$(REDIS_IMAGE)" != "$(LOCAL_REDIS_IMAGE)" ]; then :; \
@@ -29,6 +29,9 @@ elif ! command -v docker >/dev/null 2>&1; then echo "make $@: no docker command,
 elif ! docker info >/dev/null 2>&1; then echo "make $@: docker info fails, $(NOIMAGE)"; \
 elif ! command -v redis-server >/dev/null 2>&1; then echo "make $@: no redis-server to build the image from, $(NOIMAGE)"; \
 else .ci/redis-image.sh "$(LOCAL_REDIS_IMAGE)"; fi
+endef
+define TEST_PREP
+$(REDIS_PREP)
 @command -v curl >/dev/null 2>&1 || echo "make $@: no curl (apt-get install curl): the README's transcripts (cmd/demo-server) will skip"
 endef
 
@@ -49,7 +52,8 @@ test:
 ## packages' test binaries in parallel by default, and benchmarks would share the CPUs)
 ## with -v, so that each benchmark that skips (no redis-server) is listed with its reason
 bench:
-	$(GO) test -p 1 -v -run '^$$' -bench . -benchmem -count=1 $(PKGS) | $(GO) run ./internal/benchtable
+	$(REDIS_PREP)
+	$(REDIS_ENV) $(GO) test -p 1 -v -run '^$$' -bench . -benchmem -count=1 $(PKGS) | $(GO) run ./internal/benchtable
 
 ## demo: run the demo server on 127.0.0.1:8080 with the in-memory limiter
 demo:

@@ -59,9 +59,11 @@ bench:
 demo:
 	$(GO) run ./cmd/demo-server
 
-## lint: gofmt, vet, staticcheck
+## lint: gofmt (of the files git tracks, or of every .go file outside a git checkout), vet,
+## staticcheck
 lint:
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@files=$$(git ls-files '*.go' 2>/dev/null) || files=$$(find . -name '*.go' -not -path './.git/*'); \
+	out=$$(gofmt -l $$files); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) run $(STATICCHECK) $(PKGS)
 

@@ -8,6 +8,7 @@ set -eu
 IMAGE="${1:-ratebudget-test/redis:local}"
 LABEL=ratebudget.files-sha256
 SRC="$(command -v redis-server)" || { echo "redis-server is not installed (apt-get install redis-server)" >&2; exit 1; }
+command -v docker >/dev/null 2>&1 || { echo "docker is not installed: the image is built with docker import (install a Docker engine)" >&2; exit 1; }
 ROOT="$(mktemp -d)"
 trap 'rm -rf "$ROOT"' EXIT
 mkdir -p "$ROOT/usr/local/bin" "$ROOT/data" "$ROOT/tmp"

@@ -11,6 +11,9 @@
 # Needs: redis-server, redis-cli, curl, Go. Sends traffic to 127.0.0.1 only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+for tool in redis-server redis-cli curl go; do
+	command -v "$tool" >/dev/null 2>&1 || { echo "faultload.sh needs $tool (Debian: apt-get install redis-server redis-tools curl; Go from https://go.dev/dl/)" >&2; exit 1; }
+done
 tmp=$(mktemp -d)
 demo_bin=${1:-}; hogs=${2:-4}; clients=${3:-32}
 rport=$((20000 + RANDOM % 10000)); hport=$((rport + 1))
@@ -37,7 +40,9 @@ start_redis() {
 start_redis
 "$demo_bin" -addr "127.0.0.1:$hport" -redis "redis://127.0.0.1:$rport/0" -limit 1000000000 -window 1h >"$tmp/demo.log" 2>&1 &
 demo=$!
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && break; sleep 0.05; done
+up=
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && up=1 && break; sleep 0.05; done
+[ -n "$up" ] || { echo "the demo server did not answer /healthz within 5s:" >&2; cat "$tmp/demo.log" >&2; exit 1; }
 url="http://127.0.0.1:$hport/api/hello"
 transitions() { curl -s "http://127.0.0.1:$hport/metrics" | awk '/^ratebudget_breaker_transitions_total/ {printf "%s ", $0}'; echo; }
 

@@ -14,9 +14,12 @@
 # script calls per request; coalescing groups the service-wide one).
 #
 # Usage: cmd/demo-server/loadtest.sh [rounds] [seconds] [connections] [one|many|service]
-# Needs: redis-server, wrk (Debian packages), Go.
+# Needs: redis-server, wrk, curl, bc (Debian packages), Go.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+for tool in redis-server wrk curl bc go; do
+	command -v "$tool" >/dev/null 2>&1 || { echo "loadtest.sh needs $tool (Debian: apt-get install redis-server wrk curl bc; Go from https://go.dev/dl/)" >&2; exit 1; }
+done
 rounds=${1:-3}; secs=${2:-5}; conns=${3:-64}; budgets=${4:-one}
 rco_=(); ron_=(); rpool_=()
 tmp=$(mktemp -d)
@@ -60,7 +63,9 @@ tick=$(getconf CLK_TCK)
 serve() { # args: extra demo flags; prints requests/s, then demo and Redis CPU µs per request
 	"$tmp/demo" -addr "127.0.0.1:$hport" -redis "redis://127.0.0.1:$rport/0" -limit 1000000000 -window 1h -store-timeout 1s -trusted-proxies 127.0.0.1/32 "$@" >"$tmp/demo.log" 2>&1 &
 	demo=$!
-	for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && break; sleep 0.05; done
+	local up=
+	for _ in $(seq 100); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && up=1 && break; sleep 0.05; done
+	[ -n "$up" ] || { echo "the demo server did not answer /healthz within 5s:" >&2; cat "$tmp/demo.log" >&2; exit 1; }
 	local rpid d0 r0 rps
 	rpid=$(cat "$tmp/redis.pid"); d0=$(cpu "$demo"); r0=$(cpu "$rpid")
 	rps=$(wrk -t2 -c"$conns" -d"${secs}s" "${spread[@]}" "http://127.0.0.1:$hport/api/hello" | awk '/Requests\/sec/ {print $2}')

@@ -2,9 +2,11 @@
 // benchmark results as an aligned table: name, ns/op, B/op, allocs/op and every custom
 // metric reported with testing.B.ReportMetric (one column per unit, in order of first
 // appearance). Lines that are not results (goos, pkg, PASS, ok, ...) are dropped, except
-// "pkg:" lines, which start a new section, and failures, which are passed through.
+// "pkg:" lines, which start a new section, and failures and skips, which are passed
+// through. With -v, go test prints a skipped benchmark's reason (the indented lines
+// after its name), which is passed through below its SKIP line.
 //
-//	go test -run '^$' -bench . -benchmem ./... | go run ./internal/benchtable
+//	go test -v -run '^$' -bench . -benchmem ./... | go run ./internal/benchtable
 package main
 
 import (
@@ -38,6 +40,7 @@ func run(r io.Reader, w io.Writer) error {
 	cur := &section{}
 	sections = append(sections, cur)
 	failed := false
+	var logged []string // the indented lines printed since the last benchmark's name
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -49,10 +52,26 @@ func run(r io.Reader, w io.Writer) error {
 		case strings.HasPrefix(line, "Benchmark"):
 			if res, ok := parse(line); ok {
 				cur.add(res)
+			} else {
+				logged = logged[:0] // -v: a benchmark's name, before it runs
 			}
+		case strings.HasPrefix(line, "    "):
+			logged = append(logged, line)
+		case strings.HasPrefix(line, "--- SKIP"):
+			fmt.Fprintln(w, line)
+			for _, l := range logged {
+				fmt.Fprintln(w, l)
+			}
+			logged = logged[:0]
 		case strings.HasPrefix(line, "--- FAIL"), strings.HasPrefix(line, "FAIL"), strings.HasPrefix(line, "panic:"):
 			failed = true
 			fmt.Fprintln(w, line)
+			if strings.HasPrefix(line, "--- FAIL") {
+				for _, l := range logged {
+					fmt.Fprintln(w, l)
+				}
+				logged = logged[:0]
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {

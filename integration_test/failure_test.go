@@ -37,8 +37,6 @@ const (
 type clientVariant struct {
 	name string
 	opts *redis.Options
-	// dedicated is unused: every decision goes through the client.
-	dedicated bool
 }
 
 // clientVariants: the recommended settings, and go-redis's defaults (no context
@@ -46,8 +44,8 @@ type clientVariant struct {
 // the same.
 func clientVariants() []clientVariant {
 	return []clientVariant{
-		{"recommended", recommendedOptions(), false},
-		{"defaults", defaultOptions(), false},
+		{"recommended", recommendedOptions()},
+		{"defaults", defaultOptions()},
 	}
 }
 
@@ -57,8 +55,7 @@ func transportVariants() []clientVariant {
 }
 
 // TestStoppedRedisPolicies: with the container stopped (connection refused), every
-// policy answers within the decision deadline, with either client configuration and
-// over a dedicated connection:
+// policy answers within the decision deadline, with either client configuration:
 // closed → 503 with no-store and Retry-After, never 429, no error text in the body;
 // open → 200, degraded; local with 2 replicas and limit 10 → exactly 5 admitted, then 429.
 func TestStoppedRedisPolicies(t *testing.T) {
@@ -82,7 +79,7 @@ func TestStoppedRedisPolicies(t *testing.T) {
 			{"local", middleware.WithLocalFallback(2)},
 		} {
 			// No breaker: every request goes to the stopped server and must still be fast.
-			h, ev, _ := faultHandlerOver(t, c, v.dedicated, 10, faultDeadline, p.opt, middleware.WithBreaker(middleware.Breaker{Disabled: true}))
+			h, ev, _ := faultHandler(t, c, 10, faultDeadline, p.opt, middleware.WithBreaker(middleware.Breaker{Disabled: true}))
 			warm(t, h, ev)
 			arms = append(arms, arm{v.name, p.name, ev, func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }})
 		}
@@ -283,31 +280,20 @@ func TestPausedRedisBreaker(t *testing.T) {
 
 // TestRestartedRedisResumes: after Stop and Start the server is empty (no budgets, no
 // script cache). Decisions resume without any action (EVALSHA → NOSCRIPT → EVAL heals
-// the cache) and the budget starts afresh: a restart loses budget state. Through the
-// client's pool and over a dedicated connection (which redials with the client's
-// dialer).
+// the cache) and the budget starts afresh: a restart loses budget state.
 func TestRestartedRedisResumes(t *testing.T) {
 	t.Parallel()
-	for _, dedicated := range []bool{false} {
-		name := "pool"
-		if dedicated {
-			name = "dedicated"
-		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			testRestartedRedisResumes(t, dedicated)
-		})
-	}
+	testRestartedRedisResumes(t)
 }
 
-func testRestartedRedisResumes(t *testing.T, dedicated bool) {
+func testRestartedRedisResumes(t *testing.T) {
 	const limit = 5
 	fr := startFaultRedis(t)
 	opts := recommendedOptions()
 	opts.Dialer = fr.dialer(opts.DialTimeout) // the mapped port changes on restart
 	c := fr.client(t, opts)
 	calls := countScripts(c)
-	h, ev, prefix := faultHandlerOver(t, c, dedicated, limit, faultDeadline, middleware.WithBreaker(middleware.Breaker{MinCalls: 3, Cooldown: 300 * time.Millisecond}))
+	h, ev, prefix := faultHandler(t, c, limit, faultDeadline, middleware.WithBreaker(middleware.Breaker{MinCalls: 3, Cooldown: 300 * time.Millisecond}))
 	warm(t, h, ev)
 	for range 2 {
 		if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
@@ -345,7 +331,6 @@ func testRestartedRedisResumes(t *testing.T, dedicated bool) {
 	if eval < 1 || sha < 1 {
 		t.Errorf("server saw evalsha=%d eval=%d, want the NOSCRIPT → EVAL path", sha, eval)
 	}
-	// The dedicated connection's commands do not pass through the client's hooks.
 	t.Logf("after restart the server saw evalsha=%d eval=%d; the client's hooks saw %d+%d in all", sha, eval, calls.evalsha.Load(), calls.eval.Load())
 	codes := []int{200}
 	for range limit {
@@ -445,7 +430,7 @@ func TestLostReplyIsUncertain(t *testing.T) {
 			c := redis.NewClient(&opts)
 			t.Cleanup(func() { c.Close() })
 			// A deadline long enough for go-redis's retries: this test is about counts.
-			h, ev, prefix := faultHandlerOver(t, c, v.dedicated, limit, 3*time.Second, middleware.WithBreaker(middleware.Breaker{Disabled: true}))
+			h, ev, prefix := faultHandler(t, c, limit, 3*time.Second, middleware.WithBreaker(middleware.Breaker{Disabled: true}))
 			warm(t, h, ev)
 			key := faultKey(t, prefix, limit)
 			spent := func() int {

@@ -254,14 +254,6 @@ var okHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { 
 // global rule of limit per minute, with the decision deadline given.
 func faultHandler(t *testing.T, c *redis.Client, limit int64, deadline time.Duration, opts ...middleware.Option) (http.Handler, *events, string) {
 	t.Helper()
-	return faultHandlerOver(t, c, false, limit, deadline, opts...)
-}
-
-// faultHandlerOver is faultHandler; dedicated is ignored (every decision goes through
-// the client).
-func faultHandlerOver(t *testing.T, c *redis.Client, dedicated bool, limit int64, deadline time.Duration, opts ...middleware.Option) (http.Handler, *events, string) {
-	t.Helper()
-	_ = dedicated
 	prefix := uniquePrefix(t)
 	lim, err := luaNew(c, prefix)
 	if err != nil {

@@ -28,8 +28,8 @@ type namedLimiter struct {
 // TestSameDecisionsAsMemory: a sequence of random decisions (one to four checks, every
 // time rule, a token bucket with a burst, a rule that some costs exceed, two scopes,
 // several slots) gets the same answers from the in-process limiter, whose clock is
-// stopped, and from the Redis limiter through the pool, over a dedicated connection
-// with coalescing, with WithOneServer (with and without the refusal cache), and with
+// stopped, and from the Redis limiter through the pool, with coalescing, with
+// WithOneServer (with and without the refusal cache), and with
 // the demo server's options. Windows are hours long, so time does not move any budget
 // while the test runs. The in-process limiter decides every check at once; the Redis
 // limiter decides slot by slot and refunds the earlier slots when a later one refuses

@@ -43,7 +43,7 @@ func TestStateInvariants(t *testing.T) {
 }
 
 // TestStateInvariantsConcurrent: the same invariants while 8 callers decide at once,
-// through the pool, over a dedicated connection with coalescing (with few identities
+// through the pool, with coalescing (with few identities
 // and costs, concurrent decisions for one budget may be grouped), and with that and
 // WithOneServer (the demo's options). A ninth goroutine audits the keys as they change.
 func TestStateInvariantsConcurrent(t *testing.T) {
@@ -252,7 +252,7 @@ func (w *walk) covered(refusals, refunds int) {
 // refundCounter counts the refunds that servers ran since it was made: settle.lua's
 // DECRBY (fixed windows) and PEXPIREAT (rolling windows), which allow.lua never sends
 // for these rules (it sends PEXPIREAT for in-flight leases only).
-// It reads INFO commandstats, so it sees the dedicated connection too.
+// It reads INFO commandstats: the server's own count, whatever path sent the commands.
 type refundCounter struct {
 	servers []*redis.Client
 	before  []cmdStats

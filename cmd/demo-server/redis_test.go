@@ -13,17 +13,14 @@ import (
 	"github.com/ratebudget/ratebudget/internal/redistest"
 )
 
-// Two demo servers on one Redis share every budget, one over its dedicated connection
-// and one through the client's pool: 80 concurrent requests between them admit exactly
-// the limit, and every key they leave expires.
+// Two demo servers on one Redis share every budget: 80 concurrent requests between them
+// admit exactly the limit, and every key they leave expires.
 func TestTwoServersShareOneRedisBudget(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr + "/0"
 	// A generous deadline: this test is about exactness, not latency (cold pools, -race).
 	// Both servers coalesce concurrent requests for one budget (the default -coalesce).
 	a := startDemo(t, "-redis", url, "-limit", "20", "-window", "30s", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
-	// The second server sends its decisions through the client's pool: both transports
-	// spend the same budget.
 	b := startDemo(t, "-redis", url, "-limit", "20", "-window", "30s", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
 
 	for trial := range 3 {

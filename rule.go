@@ -16,7 +16,9 @@ const (
 	// Rule.Burst (Rule.Limit when zero).
 	TokenBucket
 	// RollingWindow admits while the cost admitted in the last Rule.Window, plus the
-	// request's cost, stays within Rule.Limit.
+	// request's cost, stays within Rule.Limit. Its state is one event per millisecond in
+	// which it admitted, up to Limit events for costs of 1 (docs/MEMORY.md), where the
+	// other time rules keep one number.
 	RollingWindow
 	// InFlight admits while fewer than Rule.Limit admitted requests of the budget are
 	// still running. Each admission holds a lease until its decision is settled (see

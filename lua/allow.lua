@@ -45,8 +45,10 @@
 --                   the event was written; events of one ms are merged. While that
 --                   oldest event is still in the window no event has left it, so the
 --                   newest event alone gives the window's sum (newest sum - base); once
---                   it has left, aged events are trimmed and the oldest event left is
---                   read. The member repeats the score so that reading an event needs
+--                   it has left, the oldest event in the window is read and aged events
+--                   are trimmed, at most 1,024 per call (an event written while aged
+--                   events are left names an oldest ms of 0, so that later calls trim
+--                   the rest; an aged event is never counted). The member repeats the score so that reading an event needs
 --                   no WITHSCORES (a double formatted by the server, parsed again here).
 --                   Cumulative sums are rebased below 2^46, so Lua's own number-to-string
 --                   conversion (%.14g) writes them exactly. A rebase rewrites the older
@@ -61,7 +63,8 @@
 -- window the newest event, then on admission ZADD and PEXPIRE, or ZADD and ZREM when
 -- the admission merges into the newest event (whose TTL already ends when it leaves
 -- the window: the new member is added first, so the set never empties), plus
--- ZREMRANGEBYSCORE and a read of the oldest event once events have left the window,
+-- a read of the oldest event in the window, its ZRANK and a ZREMRANGEBYSCORE of at
+-- most 1,024 aged events once events have left the window,
 -- and a binary search over ranks for a refusal's retry time. TIME once per call, only
 -- when a rolling window is decided; PEXPIRETIME once per call that replies tickets
 -- (and once more per admitted fixed window). Lua work is kept small next to the
@@ -97,6 +100,7 @@ local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
 local MAXWINDOW = 31622400000       -- 366 days in ms
 local REBASE = 70368744177664       -- 2^46: rebase cumulative sums above this
+local TRIM = 1024                   -- aged rolling-window events trimmed per call, at most
 local tonumber, call = tonumber, redis.call
 local fmod, format, match, find, sub = math.fmod, string.format, string.match, string.find, string.sub
 
@@ -346,15 +350,29 @@ for i = 1, n do
         else
           -- Events have left the window (or the newest does not name it): trim them
           -- when writing, and read the oldest event that is left.
+          -- Trimming frees at most TRIM aged events per call, so that a log left with
+          -- many behind a newer event (a burst, then a quiet spell) never blocks the
+          -- server for long: later calls trim the rest, and aged events still in the
+          -- log are never counted (they precede the oldest event in the window).
+          -- An event written while aged events are left names an oldest ms of 0, so
+          -- that the next call trims on.
           local first, oacc, ocost
-          if write then
-            call('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', edge))
-            first = call('ZRANGE', key, '0', '0')[1]
-          else
-            first = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', edge), '+inf', 'LIMIT', '0', '1')[1]
-            ofirst = first
+          local left = false
+          first = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', edge), '+inf', 'LIMIT', '0', '1')[1]
+          ofirst = first
+          if write and first then
+            -- Scores are distinct (one event per ms), so trimming up to the score of the
+            -- TRIM-th event trims TRIM events.
+            local aged = call('ZRANK', key, first)
+            if aged > TRIM then
+              left = true
+              call('ZREMRANGEBYSCORE', key, '-inf', call('ZRANGE', key, TRIM - 1, TRIM - 1, 'WITHSCORES')[2])
+            elseif aged > 0 then
+              call('ZREMRANGEBYSCORE', key, '-inf', format('%.0f', edge))
+            end
           end
           if first then oacc, ocost, oms = match(first, '^(%d+):(%d+):(%d+)') end
+          if left then oms = '0' end
           oacc, ocost = tonumber(oacc), tonumber(ocost)
           if not (oacc and ocost and oms) then
             return redis.error_reply('ERR ratebudget: corrupt log in check ' .. i)
@@ -449,9 +467,10 @@ for i = 1, n do
     elseif nacc + k > REBASE then
       ttl = true -- the DEL below drops the TTL
       base = tonumber(base)
-      -- Rewrite the window's events with sums relative to the oldest one (aged events
-      -- were trimmed in phase 1), keeping each event's time as its score reads.
-      local evs = call('ZRANGE', key, 0, -1, 'WITHSCORES')
+      -- Rewrite the window's events with sums relative to the oldest one, keeping each
+      -- event's time as its score reads; aged events that phase 1 did not trim are
+      -- dropped with the key.
+      local evs = call('ZRANGEBYSCORE', key, '(' .. format('%.0f', now - w), '+inf', 'WITHSCORES')
       call('DEL', key)
       for j = 1, #evs, 2 do
         local eacc, ec = match(evs[j], '^(%d+):(%d+)')

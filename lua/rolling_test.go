@@ -534,3 +534,55 @@ func TestRollingRebase(t *testing.T) {
 		})
 	}
 }
+
+// TestRollingTrimIsBounded: Redis runs nothing else while a script runs, so one decision
+// must not free an unbounded number of events. A burst that wrote one event per
+// millisecond, followed by a quiet spell, leaves many events that have left the window
+// behind a newer one that has not: each decision trims at most 1,024 of them (freeing
+// 100,000 in one script took 33 ms, blocking the server), counts exactly what is in the
+// window meanwhile, and later decisions trim the rest.
+func TestRollingTrimIsBounded(t *testing.T) {
+	const aged, limit = 3000, 100_000
+	const window = time.Minute
+	rc := newRollingCase(t, limit, window, 1)
+	ctx := context.Background()
+	now := serverMillis(t, rc.c)
+	// Events of cost 1 at t0, t0+1, ... (all aged, naming t0 as the window's oldest),
+	// then one of cost 5 in the window that still names t0, a window gone by.
+	t0 := now - window.Milliseconds() - 10_000 - aged
+	evs := make([]redis.Z, 0, aged+1)
+	for i := range int64(aged) {
+		evs = append(evs, event(t0+i, fmt.Sprintf("%d:1:%d:0:%d", i+1, t0+i, t0)))
+	}
+	inside := now - 1000
+	evs = append(evs, event(inside, fmt.Sprintf("%d:5:%d:0:%d", aged+5, inside, t0)))
+	rc.writeLog(t, window, evs...)
+
+	// The aged events left: only they have a score up to t0+aged-1.
+	agedLeft := func() int64 {
+		n, err := rc.c.ZCount(ctx, rc.key, "-inf", strconv.FormatInt(t0+aged-1, 10)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	left := agedLeft()
+	for i := 0; left > 0; i++ {
+		if i == (aged+1023)/1024 {
+			t.Fatalf("after %d decisions %d aged events are left, want them trimmed", i, left)
+		}
+		d := rc.allow(t, 1)
+		// In the window: the event of cost 5 and this test's admissions.
+		if want := int64(limit - 5 - (i + 1)); !d.Allowed || d.Remaining != want {
+			t.Fatalf("decision %d: %+v, want admitted with %d remaining", i, d, want)
+		}
+		n := agedLeft()
+		if left-n > 1024 {
+			t.Fatalf("decision %d trimmed %d events in one script, want at most 1024", i, left-n)
+		}
+		left = n
+	}
+	if ttl := rc.c.PTTL(ctx, rc.key).Val(); ttl <= 0 || ttl > window {
+		t.Fatalf("PTTL %v, want at most the window", ttl)
+	}
+}

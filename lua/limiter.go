@@ -171,7 +171,8 @@ func WithOneServer() Option {
 
 // New returns a limiter that keeps its budgets in the Redis reached by client, any
 // go-redis client that runs scripts: a *redis.Client (also from NewFailoverClient), a
-// *redis.ClusterClient, an *redis.AutoPipeliner or another [redis.Scripter]; every
+// *redis.ClusterClient (also from NewFailoverClusterClient), an *redis.AutoPipeliner or
+// another [redis.Scripter]; every
 // command goes through it, and through its hooks. With a *redis.Client or
 // *redis.ClusterClient, a decision that starts while no other is in flight is sent at
 // once on the caller's goroutine, and decisions that start while others are in flight

@@ -143,6 +143,9 @@
 // group). The refund is best effort: meanwhile another caller may see less budget than
 // there is, and a refund after a transport error is itself uncertain; it never gives
 // back more than the decision spent, nor to a window other than the one it spent in.
+// The refund runs within the caller's deadline; when a later group used it all up (its
+// master stalled), the refund runs after Allow returned, for at most 500ms, and the
+// error is uncertain.
 // When every key
 // lives on one server (a *redis.Client on a standalone server or a failover primary),
 // [WithOneServer] decides checks of every slot in one call, with no refunds.

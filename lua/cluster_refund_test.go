@@ -79,3 +79,47 @@ func TestClusterRefundAfterStalledGroup(t *testing.T) {
 		t.Fatalf("the client's next request: %+v, %v; want admitted", d, err)
 	}
 }
+
+// TestClusterSettleAfterStalledGroup: a settle of two slot groups on two masters, the
+// first one's master stalled: the settle fails by its deadline, and the second group's
+// lease, on a healthy master, is released all the same, not held until its TTL because
+// the stalled group used up the settle's time.
+func TestClusterSettleAfterStalledGroup(t *testing.T) {
+	cl := redistest.StartClusterWithReplicas(t, 3, 0, time.Minute, "--cluster-require-full-coverage", "no")
+	c := cl.Client(t, nil)
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	ctx := context.Background()
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	service := ratebudget.Rule{Name: "service", Limit: 1000, Window: time.Hour}
+	lease := ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Hour}
+	owner := func(key string) *redistest.Node { return cl.SlotOwner(int(slot(t, c, key))) }
+	var checks []ratebudget.Check
+	for i := 0; ; i++ {
+		id := "uma-" + strconv.Itoa(i)
+		checks = []ratebudget.Check{{Rule: service, Cost: 1}, {Rule: lease, Identity: id, Cost: 1}}
+		if owner(l.Key(checks[0])) != owner(l.Key(checks[1])) {
+			break
+		}
+	}
+	tickets := make([]ratebudget.Ticket, 2)
+	if d, err := l.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
+		t.Fatalf("Reserve: %+v, %v", d, err)
+	}
+	healthy, leaseKey := owner(l.Key(checks[1])).Client(t), l.Key(checks[1])
+	if n, err := healthy.ZCard(ctx, leaseKey).Result(); err != nil || n != 1 {
+		t.Fatalf("leases held after Reserve: %d, %v; want 1", n, err)
+	}
+	owner(l.Key(checks[0])).Freeze(t)
+	sctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := l.Settle(sctx, checks, tickets, []int64{0, 1}) // the service spend given back: a call to the stalled master
+	cancel()
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) {
+		t.Fatalf("settle with a stalled master: %v, want a store error", err)
+	}
+	if n, err := healthy.ZCard(ctx, leaseKey).Result(); err != nil || n != 0 {
+		t.Fatalf("leases held on the healthy master after the settle: %d, %v; want 0", n, err)
+	}
+}

@@ -34,9 +34,12 @@ type processor interface {
 
 // checkCluster refuses ClusterClient options under which the limiter's commands could
 // fail needlessly: MaxRedirects -1 returns a MOVED reply (the slot moved, nothing ran)
-// as an error instead of following it.
+// as an error instead of following it. A client whose slot map comes from its
+// ClusterSlots function (NewFailoverClusterClient: one Sentinel-watched primary, no
+// MOVED) is not checked: NewFailoverClusterClient sets MaxRedirects from
+// FailoverOptions.MaxRetries, which has no MaxRedirects of its own.
 func checkCluster(c *redis.ClusterClient) error {
-	if c.Options().MaxRedirects == 0 { // -1, after the client's own defaults
+	if o := c.Options(); o.MaxRedirects == 0 && o.ClusterSlots == nil { // -1, after the client's own defaults
 		return &ratebudget.ConfigError{Field: "MaxRedirects", Problem: "must not be -1: a MOVED or ASK reply (the slot moved, the script did not run) would be returned instead of followed; the limiter never lets the client re-send a script that may have run, whatever MaxRedirects and MaxRetries say"}
 	}
 	return nil

@@ -28,12 +28,19 @@
 //     never re-sent once they may have run, whatever MaxRetries and a ClusterClient's
 //     MaxRedirects say: the limiter marks them NoRetry, which every go-redis client
 //     honours, so one request never spends or refunds twice. Another redis.Scripter
-//     gets EVALSHA and EVAL calls and must not retry them itself.
+//     gets EVALSHA and EVAL calls and must not retry them itself, and neither may a
+//     hook of the client that sends a command again: it must leave alone a command
+//     whose NoRetry reports true.
 //   - DialerRetries: 1 and short DialTimeout, ReadTimeout, WriteTimeout and PoolTimeout,
 //     so that a failing Redis fails fast.
 //
 // With a *redis.ClusterClient, MOVED and ASK redirects are followed (New refuses
-// MaxRedirects: -1, which would return them), and an error that may mean the topology
+// MaxRedirects: -1, which would return them, except on a client from
+// NewFailoverClusterClient, which sets MaxRedirects from FailoverOptions.MaxRetries
+// and has no MOVED to follow). Scripts run on each slot's master even when the client
+// sends read-only commands to replicas (ReadOnly, RouteByLatency, RouteRandomly,
+// ReplicaOnly); but a NewFailoverClient with ReplicaOnly reaches replicas only, where
+// every decision fails with READONLY. And an error that may mean the topology
 // moved (a refused or reset connection, a timeout, MOVED, READONLY, CLUSTERDOWN,
 // TRYAGAIN, MASTERDOWN) makes the client reload its slot map in the background, at most
 // once per 100ms: a failed-over master's slots are decided again as soon as the cluster
@@ -136,6 +143,9 @@
 // group). The refund is best effort: meanwhile another caller may see less budget than
 // there is, and a refund after a transport error is itself uncertain; it never gives
 // back more than the decision spent, nor to a window other than the one it spent in.
+// The refund runs within the caller's deadline; when a later group used it all up (its
+// master stalled), the refund runs after Allow returned, for at most 500ms, and the
+// error is uncertain.
 // When every key
 // lives on one server (a *redis.Client on a standalone server or a failover primary),
 // [WithOneServer] decides checks of every slot in one call, with no refunds.

@@ -171,7 +171,8 @@ func WithOneServer() Option {
 
 // New returns a limiter that keeps its budgets in the Redis reached by client, any
 // go-redis client that runs scripts: a *redis.Client (also from NewFailoverClient), a
-// *redis.ClusterClient, an *redis.AutoPipeliner or another [redis.Scripter]; every
+// *redis.ClusterClient (also from NewFailoverClusterClient), an *redis.AutoPipeliner or
+// another [redis.Scripter]; every
 // command goes through it, and through its hooks. With a *redis.Client or
 // *redis.ClusterClient, a decision that starts while no other is in flight is sent at
 // once on the caller's goroutine, and decisions that start while others are in flight
@@ -501,22 +502,47 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 // cost 0 of their tickets (the groups not admitted have none), one settle.lua call per
 // group. It returns the settle's error, after which the spend may stay; the tickets
 // are cleared.
+//
+// When the caller's deadline is already over (typically: a later group timed out, its
+// master stalled), the refund runs on a goroutine of its own, detached from ctx and
+// bounded by refundTimeout, and refund returns errRefundDetached: its outcome is not
+// known. Without it, the earlier groups' spend and leases, often on healthy masters,
+// would stay for a decision that admitted nothing (a lease until its TTL).
 func (c *core) refund(ctx context.Context, d *decision) error {
 	if !d.spent {
 		return nil
 	}
-	// The refund outlives a canceled caller, but not its deadline: a refund cut short
-	// leaves the spend in place (an over-count, never an under-count).
+	d.spent = false
+	dl, hasDeadline := ctx.Deadline()
+	if hasDeadline && (time.Until(dl) <= 0 || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
+		n := len(d.checks)
+		// Copies: the caller's checks and tickets are its own again once Allow returns.
+		checks := append([]ratebudget.Check(nil), d.checks...)
+		tickets := append([]ratebudget.Ticket(nil), d.tickets[:n]...)
+		keys := append([]string(nil), d.keys...)
+		slots := append([]uint16(nil), d.slots...)
+		clear(d.tickets[:n])
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+		go func() {
+			defer cancel()
+			_ = c.settle(rctx, checks, tickets, nil, keys, slots, false)
+		}()
+		return errRefundDetached
+	}
+	// The refund outlives a canceled caller, and runs within what is left of its
+	// deadline: a refund cut short leaves the spend in place (an over-count, never an
+	// under-count).
 	deadline := time.Now().Add(refundTimeout)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+	if hasDeadline && dl.Before(deadline) {
 		deadline = dl
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
-	err := c.settle(ctx, d.checks, d.tickets, nil, d.keys, d.slots, false)
-	d.spent = false
-	return err
+	return c.settle(ctx, d.checks, d.tickets, nil, d.keys, d.slots, false)
 }
+
+// errRefundDetached is refund's report of a refund left to run after the decision.
+var errRefundDetached = errors.New("lua: refund runs after the decision's deadline")
 
 // releaseLost releases the in-flight leases of the checks g of d after their script
 // call failed with err, when err is uncertain: the call may have taken the leases

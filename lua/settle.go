@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"sync"
 
 	"github.com/ratebudget/ratebudget"
 )
@@ -67,7 +68,9 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 // [WithOneServer]) gives back what was reserved above the actual cost, charges what was
 // used above the reservation and releases the leases; a group whose checks are all
 // charged above is one allow.lua call in mode '3', the code settle.lua runs for them.
-// Each call is atomic; across slot groups it is not. A failure is a
+// Each call is atomic; across slot groups it is not. The calls of several slot groups
+// are sent at once, each within ctx: a group whose server stalls does not keep the
+// others from being settled. A failure is a
 // *[ratebudget.StoreError]: when certain, that group's reservation stays in place (an
 // overcount), its extras uncharged and its leases left to expire; when uncertain
 // (StoreError.Uncertain: the reply was lost) the call may also have run. The
@@ -111,8 +114,17 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 	if renewing {
 		mode = "renew"
 	}
-	var firstErr error
-	lost := false
+	// One call per slot group, built first and then sent: the groups of several slots
+	// at once, so that a group whose master stalls does not use up ctx's time for the
+	// others (their leases would stay held until their TTL).
+	type call struct {
+		args   []any
+		gkeys  []string
+		charge bool // only extras: allow.lua's mode '3'
+		err    error
+		lost   bool
+	}
+	var calls []*call
 	seen := make([]bool, n)
 	for first := range checks {
 		if seen[first] {
@@ -164,29 +176,55 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 		if extras != nil {
 			// Only extras: allow.lua's mode '3' itself, the code settle.lua would run for
 			// them, without settle.lua's own work.
-			v, err := c.run(ctx, allowScript, allowSource, gkeys, extras)
-			if err != nil {
-				firstErr = firstOf(firstErr, classify(err))
-			} else if vals, ok := v.([]any); !ok || len(vals) != 6*len(gkeys) {
-				firstErr = firstOf(firstErr, badReply(fmt.Sprintf("charge: %v", v)))
-			}
-			continue
+			calls = append(calls, &call{gkeys: gkeys, args: extras, charge: true})
+		} else {
+			calls = append(calls, &call{gkeys: gkeys, args: args})
 		}
-		v, err := c.run(ctx, settleScript, settleSource, gkeys, args)
+	}
+	do := func(k *call) {
+		if k.charge {
+			v, err := c.run(ctx, allowScript, allowSource, k.gkeys, k.args)
+			if err != nil {
+				k.err = classify(err)
+			} else if vals, ok := v.([]any); !ok || len(vals) != 6*len(k.gkeys) {
+				k.err = badReply(fmt.Sprintf("charge: %v", v))
+			}
+			return
+		}
+		v, err := c.run(ctx, settleScript, settleSource, k.gkeys, k.args)
 		if err != nil {
-			firstErr = firstOf(firstErr, classify(err))
-		} else if vals, ok := v.([]any); !ok || len(vals) != len(gkeys) {
-			firstErr = firstOf(firstErr, badReply(fmt.Sprintf("settle: %v", v)))
+			k.err = classify(err)
+		} else if vals, ok := v.([]any); !ok || len(vals) != len(k.gkeys) {
+			k.err = badReply(fmt.Sprintf("settle: %v", v))
 		} else if renewing {
 			for _, x := range vals {
 				if x != int64(1) {
-					lost = true
+					k.lost = true
 				}
 			}
 		}
 	}
+	if len(calls) == 1 {
+		do(calls[0])
+	} else {
+		var wg sync.WaitGroup
+		for _, k := range calls {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				do(k)
+			}()
+		}
+		wg.Wait()
+	}
 	if !renewing {
 		clear(tickets[:n])
+	}
+	var firstErr error
+	lost := false
+	for _, k := range calls {
+		firstErr = firstOf(firstErr, k.err)
+		lost = lost || k.lost
 	}
 	if firstErr != nil {
 		return firstErr

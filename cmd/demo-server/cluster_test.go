@@ -8,12 +8,29 @@ import (
 )
 
 // The demo on a three-master Redis Cluster, given the seed nodes in go-redis's cluster
-// URL form: six clients, whose budgets spread over the masters, each get exactly the
-// limit, and the report route, whose account and route budgets live in different
-// slots, admits and refuses as on one server. No request gets a 503.
+// URL form, or one node's plain URL (a cluster node is found out at start-up): six
+// clients, whose budgets spread over the masters, each get exactly the limit, and the
+// report route, whose account and route budgets live in different slots, admits and
+// refuses as on one server. No request gets a 503.
 func TestDemoOnCluster(t *testing.T) {
 	_, nodes := redistest.StartCluster(t, 3)
-	url := "redis://" + nodes[0].Addr + "?addr=" + nodes[1].Addr + "&addr=" + nodes[2].Addr
+	for name, url := range map[string]string{
+		"Seeds":     "redis://" + nodes[0].Addr + "?addr=" + nodes[1].Addr + "&addr=" + nodes[2].Addr,
+		"OneNode":   "redis://" + nodes[1].Addr,
+		"OneNodeDB": "redis://" + nodes[2].Addr + "/0",
+	} {
+		t.Run(name, func(t *testing.T) {
+			for _, n := range nodes {
+				if err := n.Client(t).FlushAll(t.Context()).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			demoOnCluster(t, nodes, url)
+		})
+	}
+}
+
+func demoOnCluster(t *testing.T, nodes []*redistest.Server, url string) {
 	base := startDemo(t, "-redis", url, "-limit", "3", "-window", "1m", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
 	for ip := 1; ip <= 6; ip++ {
 		for i, want := range []int{200, 200, 200, 429} {

@@ -22,24 +22,39 @@ import (
 //	redis://host:port?addr=host2:port2&addr=host3:port3   a Redis Cluster (seed nodes)
 //	redis://host:port?master_name=name&addr=host2:port2   Sentinel (the Sentinels' addresses)
 //
+// A URL of the first form that names a Redis Cluster node (INFO cluster says so when
+// asked at start-up, within a second) is taken as the cluster's one seed node.
+//
 // It applies the client settings recommended for a limiter: socket deadlines that follow
 // the decision's context, and short timeouts with no retries of a failed dial, so that a
 // failing Redis costs a request at most the decision deadline (the limiter itself never
 // lets the client re-send a script). cluster reports a Redis Cluster. Its errors start
 // with -redis and never show the URL's user name or password.
-func newRedisClient(rawURL string, timeout time.Duration) (client redis.UniversalClient, cluster bool, err error) {
-	newClient, cluster, err := parseRedisURL(rawURL, timeout)
+func newRedisClient(ctx context.Context, rawURL string, timeout time.Duration) (client redis.UniversalClient, cluster bool, err error) {
+	newClient, cluster, asCluster, err := parseRedisURL(rawURL, timeout)
 	if err != nil {
 		return nil, false, fmt.Errorf("-redis: %w", hideCredentials(rawURL, timeout, err))
 	}
-	return newClient(), cluster, nil
+	client = newClient()
+	if asCluster != nil {
+		// One server's URL may name a cluster node: a plain client would get MOVED for
+		// most keys.
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if info, err := client.Info(pctx, "cluster").Result(); err == nil && strings.Contains(info, "cluster_enabled:1") {
+			client.Close()
+			return asCluster(), true, nil
+		}
+	}
+	return client, cluster, nil
 }
 
-// parseRedisURL checks rawURL and returns how to make its client.
-func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis.UniversalClient, cluster bool, err error) {
+// parseRedisURL checks rawURL and returns how to make its client, and for the URL of
+// one server, how to make a cluster client with that server as its seed.
+func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis.UniversalClient, cluster bool, asCluster func() redis.UniversalClient, err error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, false, err
+		return nil, false, nil, err
 	}
 	q := u.Query()
 	t := max(timeout, 100*time.Millisecond)
@@ -47,40 +62,55 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 	case q.Has("master_name"):
 		opt, err := redis.ParseFailoverURL(rawURL)
 		if err != nil {
-			return nil, false, err
+			return nil, false, nil, err
 		}
 		switch {
 		case opt.MasterName == "":
-			return nil, false, errors.New("master_name must not be empty")
+			return nil, false, nil, errors.New("master_name must not be empty")
 		case opt.ReplicaOnly:
-			return nil, false, errors.New("replica_only does not apply: the limiter's scripts write, so they run on the primary")
+			return nil, false, nil, errors.New("replica_only does not apply: the limiter's scripts write, so they run on the primary")
 		case opt.RouteByLatency || opt.RouteRandomly:
 			// NewFailoverClient panics on them.
-			return nil, false, errors.New("route_by_latency and route_randomly do not apply to Sentinel: the limiter's scripts run on the primary")
+			return nil, false, nil, errors.New("route_by_latency and route_randomly do not apply to Sentinel: the limiter's scripts run on the primary")
 		}
 		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
-		return func() redis.UniversalClient { return redis.NewFailoverClient(opt) }, false, nil
+		return func() redis.UniversalClient { return redis.NewFailoverClient(opt) }, false, nil, nil
 	case q.Has("addr"):
 		opt, err := redis.ParseClusterURL(rawURL)
 		if err != nil {
-			return nil, false, err
+			return nil, false, nil, err
 		}
 		if db := strings.Trim(u.Path, "/"); db != "" && db != "0" {
 			// ParseClusterURL ignores the path.
-			return nil, false, fmt.Errorf("a Redis Cluster has only database 0, got path %q", u.Path)
+			return nil, false, nil, fmt.Errorf("a Redis Cluster has only database 0, got path %q", u.Path)
 		}
 		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
 		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
-		return func() redis.UniversalClient { return redis.NewClusterClient(opt) }, true, nil
+		return func() redis.UniversalClient { return redis.NewClusterClient(opt) }, true, nil, nil
 	}
 	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
-		return nil, false, err
+		return nil, false, nil, err
 	}
 	opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
-	return func() redis.UniversalClient { return redis.NewClient(opt) }, false, nil
+	newClient = func() redis.UniversalClient { return redis.NewClient(opt) }
+	if opt.Network != "tcp" || opt.DB != 0 {
+		return newClient, false, nil, nil // a cluster node listens on TCP, with database 0 only
+	}
+	asCluster = func() redis.UniversalClient {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: []string{opt.Addr}, ClientName: opt.ClientName, Protocol: opt.Protocol,
+			Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLSConfig,
+			MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true,
+			DialTimeout: t, ReadTimeout: t, WriteTimeout: t, PoolTimeout: t,
+			PoolFIFO: opt.PoolFIFO, PoolSize: opt.PoolSize, MinIdleConns: opt.MinIdleConns,
+			MaxIdleConns: opt.MaxIdleConns, MaxActiveConns: opt.MaxActiveConns,
+			ConnMaxIdleTime: opt.ConnMaxIdleTime, ConnMaxLifetime: opt.ConnMaxLifetime,
+		})
+	}
+	return newClient, false, asCluster, nil
 }
 
 // hideCredentials returns parseRedisURL's error err for rawURL, made without the
@@ -96,7 +126,7 @@ func hideCredentials(rawURL string, timeout time.Duration, err error) error {
 			start = i + len("://")
 		}
 		masked := rawURL[:start] + "xxxxx" + rawURL[at:]
-		if _, _, err = parseRedisURL(masked, timeout); err == nil {
+		if _, _, _, err = parseRedisURL(masked, timeout); err == nil {
 			return errors.New("the user name or password is not valid in a URL: percent-encode the characters / ? # @ % and spaces in them")
 		}
 	}
@@ -113,7 +143,7 @@ func hideCredentials(rawURL string, timeout time.Duration, err error) error {
 const keySecretEnv = "RATEBUDGET_KEY_SECRET"
 
 func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Limiter, func(), error) {
-	client, cluster, err := newRedisClient(o.redisURL, o.storeTimeout)
+	client, cluster, err := newRedisClient(ctx, o.redisURL, o.storeTimeout)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -629,12 +629,14 @@ const (
 // moved and others not, which lasts until the migration of those keys ends. No other
 // reply is sent again: CLUSTERDOWN and MASTERDOWN also come before anything runs, but
 // they last for a failover (seconds), and the failure policy should answer meanwhile.
-// If ctx ends first, or would end before the next try, the last TRYAGAIN is returned;
+// If ctx ends first, or would end before the next try could come back (the wait, plus
+// twice what the last try took), the last TRYAGAIN is returned;
 // a ctx without a deadline stops trying after tryAgainFor (a migration left half done
 // would otherwise hold the call until it is canceled).
 func (c *core) run(ctx context.Context, script *redis.Script, src string, keys []string, args []any) (any, error) {
 	var giveUp time.Time // for a ctx without a deadline, set at the first TRYAGAIN
 	for wait := tryAgainFirst; ; wait = min(2*wait, tryAgainMax) {
+		sent := time.Now()
 		v, err := c.send(ctx, "evalsha", script.Hash(), keys, args)
 		if err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 			v, err = c.send(ctx, "eval", src, keys, args)
@@ -650,7 +652,9 @@ func (c *core) run(ctx context.Context, script *redis.Script, src string, keys [
 			}
 			dl = giveUp
 		}
-		if time.Until(dl) < wait {
+		// Another try must have time to come back after the wait: twice what this one
+		// took. A try cut short by the deadline is uncertain, where TRYAGAIN is certain.
+		if time.Until(dl) < wait+2*time.Since(sent) {
 			return nil, err
 		}
 		t := time.NewTimer(wait)

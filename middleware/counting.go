@@ -23,7 +23,7 @@ import (
 //	                                                        (default: status 500 or above)
 //	CountActual               an estimate                   the actual cost from a callback or a response header
 //	CountRequestBytes         Content-Length (1 if unknown) Content-Length, or the body bytes read when unknown
-//	CountResponseBytes        an estimate                   the bytes the handler wrote
+//	CountResponseBytes        an estimate                   the body bytes the handler wrote (none for HEAD)
 //
 // A settled cost above the reserved one spends the difference without refusing it: the
 // budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
@@ -117,8 +117,12 @@ func validFieldName(s string) bool {
 func CountRequestBytes() Counting { return Counting{kind: countRequestBytes} }
 
 // CountResponseBytes reserves estimate bytes at admission (at least 1, at most the rule's
-// capacity) and settles at the bytes the handler wrote. The unit in the metadata is
-// content-bytes.
+// capacity) and settles at the body bytes the handler wrote that net/http took: a HEAD
+// response, whose body net/http discards, and a 204 or 304, which has none, are charged
+// nothing; after a write error, only what was written before it. The bytes are those
+// that pass through this middleware: with a compression middleware around it, the bytes
+// before compression; with one inside it, the compressed bytes. The unit in the metadata
+// is content-bytes.
 func CountResponseBytes(estimate int64) Counting {
 	return Counting{kind: countResponseBytes, estimate: estimate}
 }
@@ -211,6 +215,9 @@ func (cr *compiledRule) actual(r *http.Request, c *ratebudget.Check, rec *record
 		}
 	case countResponseBytes:
 		a = rec.written
+		if r.Method == http.MethodHead {
+			a = 0 // net/http discards a HEAD response's body: nothing was sent
+		}
 	}
 	return min(max(a, 0), ratebudget.MaxLimit)
 }

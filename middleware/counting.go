@@ -112,8 +112,11 @@ func validFieldName(s string) bool {
 // CountRequestBytes charges the request body's bytes: its Content-Length when it
 // declares one (a body that declares more than the rule's capacity is refused with 413
 // before anything is spent), or, for a body without a length, 1 at admission settled at
-// the bytes the handler read. A request without a body is charged nothing. The unit in
-// the metadata is content-bytes.
+// the bytes the handler read. A request without a body is charged nothing, and so is
+// one over HTTP/1.1 whose client waits for 100 Continue (Expect: 100-continue) when the
+// handler never reads the body, which is then never sent (net/http's HTTP/2 server hides
+// that header: there a declared length is charged). A declared body the handler reads
+// only in part is charged in full. The unit in the metadata is content-bytes.
 func CountRequestBytes() Counting { return Counting{kind: countRequestBytes} }
 
 // CountResponseBytes reserves estimate bytes at admission (at least 1, at most the rule's
@@ -212,6 +215,8 @@ func (cr *compiledRule) actual(r *http.Request, c *ratebudget.Check, rec *record
 			a = 0
 		case r.ContentLength < 0:
 			a = rec.read
+		case rec.awaitsBody && !rec.askedBody:
+			a = 0 // Expect: 100-continue, and the body was never asked for: never sent
 		}
 	case countResponseBytes:
 		a = rec.written
@@ -232,6 +237,9 @@ type recorder struct {
 	read     int64
 	panicked bool
 	hijacked bool // the handler took the connection over
+	// awaitsBody: the client sends the body only once asked (Expect: 100-continue);
+	// askedBody: the handler read from it, which asks.
+	awaitsBody, askedBody bool
 }
 
 func (rec *recorder) status() int {
@@ -286,6 +294,22 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap returns the wrapped writer, for http.ResponseController.
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
 
+// expectsContinue reports whether r's client waits for 100 Continue before it sends the
+// body (RFC 9110 §10.1.1), which net/http sends on the handler's first read of it.
+func expectsContinue(r *http.Request) bool {
+	if !r.ProtoAtLeast(1, 1) {
+		return false
+	}
+	for _, v := range r.Header.Values("Expect") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "100-continue") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // countingBody counts the request body's bytes read into rec.
 type countingBody struct {
 	io.ReadCloser
@@ -293,6 +317,7 @@ type countingBody struct {
 }
 
 func (b *countingBody) Read(p []byte) (int, error) {
+	b.rec.askedBody = true
 	n, err := b.ReadCloser.Read(p)
 	b.rec.read += int64(n)
 	return n, err

@@ -427,6 +427,10 @@ func TestRequestBytesExpectContinue(t *testing.T) {
 		var read atomic.Int64
 		h := mustNew(t, lim, []middleware.Rule{{Rule: in, Identity: global, Counts: middleware.CountRequestBytes()}})(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Query().Has("noread") {
+					w.WriteHeader(http.StatusUnauthorized) // without asking for the body
+					return
+				}
 				n, _ := io.Copy(io.Discard, r.Body)
 				read.Store(n)
 			}))
@@ -450,6 +454,27 @@ func TestRequestBytesExpectContinue(t *testing.T) {
 		<-served
 		if n := spent(t, lim, in); n != 500 || read.Load() != 500 {
 			t.Errorf("%d bytes charged, %d read; want 500", n, read.Load())
+		}
+		// A handler that answers without asking for the body: the client never sends it.
+		// Over HTTP/1.1 it is charged nothing, with a length or without; over HTTP/2,
+		// whose server hides the Expect header from handlers, a declared length is
+		// charged in full, as for any body not read to the end.
+		want := int64(500)
+		for _, length := range []int64{300, -1} {
+			sent.Store(false)
+			req, _ = http.NewRequest("PUT", url+"?noread", &watchRead{r: strings.NewReader(strings.Repeat("a", 300)), read: &sent})
+			req.ContentLength = length
+			req.Header.Set("Expect", "100-continue")
+			if code, _ := fetch(t, client, req, h2); code != 401 || sent.Load() {
+				t.Errorf("length %d, not asked for: %d, body sent %v; want 401 without the body", length, code, sent.Load())
+			}
+			<-served
+			if h2 && length > 0 {
+				want += length
+			}
+			if n := spent(t, lim, in); n != want {
+				t.Errorf("length %d: %d bytes charged after a body never asked for, want %d", length, n, want)
+			}
 		}
 	})
 }

@@ -78,8 +78,14 @@ func (p *part) shadowRules() []*compiledRule {
 // request's cancellation). Leases are renewed at half their TTL while next runs.
 func serveSettled(w http.ResponseWriter, r *http.Request, se *settlement, next http.Handler) {
 	rec := &recorder{ResponseWriter: w}
-	if se.body && r.Body != nil && r.Body != http.NoBody && r.ContentLength < 0 {
-		r.Body = &countingBody{ReadCloser: r.Body, rec: rec}
+	if se.body && r.Body != nil && r.Body != http.NoBody {
+		rec.awaitsBody = r.ContentLength > 0 && expectsContinue(r)
+		if r.ContentLength < 0 || rec.awaitsBody {
+			// On a copy: net/http reads its own request's Body after the handler (to
+			// close or reuse the connection, not to ask for a body never asked for).
+			r = r.WithContext(r.Context())
+			r.Body = &countingBody{ReadCloser: r.Body, rec: rec}
+		}
 	}
 	ctx := context.WithoutCancel(r.Context())
 	if se.ttl > 0 {

@@ -270,6 +270,28 @@ func (rec *recorder) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// ReadFrom copies src to the response through the wrapped writer's ReadFrom when it has
+// one (net/http's sends a file with sendfile), else through its Write, and counts the
+// bytes written.
+func (rec *recorder) ReadFrom(src io.Reader) (int64, error) {
+	var n int64
+	var err error
+	if rf, ok := rec.ResponseWriter.(io.ReaderFrom); ok {
+		n, err = rf.ReadFrom(src)
+	} else {
+		n, err = io.Copy(writerOnly{rec.ResponseWriter}, src)
+	}
+	if rec.code == 0 && n > 0 {
+		rec.code = http.StatusOK
+	}
+	rec.written += n
+	return n, err
+}
+
+// writerOnly hides every method of a writer but Write, so that io.Copy does not call
+// ReadFrom again.
+type writerOnly struct{ io.Writer }
+
 // Flush passes a flush on when the writer can, directly or through Unwrap.
 func (rec *recorder) Flush() {
 	_ = rec.FlushError()

@@ -535,3 +535,60 @@ func TestHijackOverARealServer(t *testing.T) {
 		}
 	}
 }
+
+// readFromWriter is a response writer below the middleware that sees whether a copy
+// reached its ReadFrom (net/http's own: sendfile from a file).
+type readFromWriter struct {
+	http.ResponseWriter
+	calls *atomic.Int64
+}
+
+func (w readFromWriter) ReadFrom(src io.Reader) (int64, error) {
+	w.calls.Add(1)
+	return w.ResponseWriter.(io.ReaderFrom).ReadFrom(src)
+}
+
+// A file copied to the response of a settled rule (io.Copy, http.ServeFile) reaches
+// net/http's ReadFrom, which sends it with sendfile, as it does without the middleware,
+// and its bytes are charged.
+func TestResponseBytesKeepReadFrom(t *testing.T) {
+	t.Parallel()
+	const payload = 100_000
+	file := filepath.Join(t.TempDir(), "payload")
+	if err := os.WriteFile(file, []byte(strings.Repeat("f", payload)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, serve := range []func(w http.ResponseWriter, r *http.Request){
+		func(w http.ResponseWriter, r *http.Request) { http.ServeFile(w, r, file) },
+		func(w http.ResponseWriter, r *http.Request) {
+			f, err := os.Open(file)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer f.Close()
+			_, _ = io.Copy(w, f)
+		},
+	} {
+		lim := memory(t, newClock())
+		out := rule("out", 1_000_000, time.Minute)
+		mw := mustNew(t, lim, []middleware.Rule{{Rule: out, Identity: global, Counts: middleware.CountResponseBytes(1)}})
+		var calls atomic.Int64
+		inner := mw(http.HandlerFunc(serve))
+		url, client, served := realServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			inner.ServeHTTP(readFromWriter{ResponseWriter: w, calls: &calls}, r)
+		}), false)
+		req, _ := http.NewRequest("GET", url, nil)
+		code, got := fetch(t, client, req, false)
+		<-served
+		if code != 200 || len(got) != payload {
+			t.Fatalf("%d, %d bytes", code, len(got))
+		}
+		if calls.Load() == 0 {
+			t.Errorf("the copy never reached the ReadFrom of the writer below the middleware")
+		}
+		if n := spent(t, lim, out); n != payload {
+			t.Errorf("%d bytes charged, want %d", n, payload)
+		}
+	}
+}

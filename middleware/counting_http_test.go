@@ -592,3 +592,38 @@ func TestResponseBytesKeepReadFrom(t *testing.T) {
 		}
 	}
 }
+
+// A streaming handler that knows its cost only at the end sends it as a declared
+// trailer: CountResponseHeader reads the header as the handler left it, after the body
+// went out, and the client gets the same value.
+func TestResponseHeaderAsTrailer(t *testing.T) {
+	t.Parallel()
+	protos(t, func(t *testing.T, h2 bool) {
+		lim := memory(t, newClock())
+		tokens := rule("tokens", 1000, time.Minute)
+		h := mustNew(t, lim, []middleware.Rule{{Rule: tokens, Identity: global, Counts: middleware.CountResponseHeader(10, "X-Tokens-Used")}})(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Trailer", "X-Tokens-Used")
+				for i := 0; i < 3; i++ {
+					_, _ = io.WriteString(w, "token ")
+					_ = http.NewResponseController(w).Flush()
+				}
+				w.Header().Set("X-Tokens-Used", "37")
+			}))
+		url, client, served := realServer(t, h, h2)
+		req, _ := http.NewRequest("POST", url, strings.NewReader("prompt"))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		<-served
+		if got := resp.Trailer.Get("X-Tokens-Used"); got != "37" {
+			t.Errorf("trailer %q", got)
+		}
+		if n := spent(t, lim, tokens); n != 37 {
+			t.Errorf("%d tokens charged, want 37", n)
+		}
+	})
+}

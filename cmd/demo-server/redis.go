@@ -28,7 +28,8 @@ import (
 // It applies the client settings recommended for a limiter: socket deadlines that follow
 // the decision's context, and short timeouts with no retries of a failed dial, so that a
 // failing Redis costs a request at most the decision deadline (the limiter itself never
-// lets the client re-send a script). cluster reports a Redis Cluster. Its errors start
+// lets the client re-send a script). Timeouts and retries the URL sets (dial_timeout,
+// read_timeout, write_timeout, pool_timeout, max_retries) are kept. cluster reports a Redis Cluster. Its errors start
 // with -redis and never show the URL's user name or password.
 func newRedisClient(ctx context.Context, rawURL string, timeout time.Duration) (client redis.UniversalClient, cluster bool, err error) {
 	newClient, cluster, asCluster, err := parseRedisURL(rawURL, timeout)
@@ -73,8 +74,8 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 			// NewFailoverClient panics on them.
 			return nil, false, nil, errors.New("route_by_latency and route_randomly do not apply to Sentinel: the limiter's scripts run on the primary")
 		}
-		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
+		opt.DialerRetries, opt.ContextTimeoutEnabled = 1, true
+		limiterDefaults(q, t, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 		return func() redis.UniversalClient { return redis.NewFailoverClient(opt) }, false, nil, nil
 	case q.Has("addr"):
 		opt, err := redis.ParseClusterURL(rawURL)
@@ -85,16 +86,16 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 			// ParseClusterURL ignores the path.
 			return nil, false, nil, fmt.Errorf("a Redis Cluster has only database 0, got path %q", u.Path)
 		}
-		opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
-		opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
+		opt.DialerRetries, opt.ContextTimeoutEnabled = 1, true
+		limiterDefaults(q, t, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 		return func() redis.UniversalClient { return redis.NewClusterClient(opt) }, true, nil, nil
 	}
 	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, false, nil, err
 	}
-	opt.MaxRetries, opt.DialerRetries, opt.ContextTimeoutEnabled = -1, 1, true
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout, opt.PoolTimeout = t, t, t, t
+	opt.DialerRetries, opt.ContextTimeoutEnabled = 1, true
+	limiterDefaults(q, t, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 	newClient = func() redis.UniversalClient { return redis.NewClient(opt) }
 	if opt.Network != "tcp" || opt.DB != 0 {
 		return newClient, false, nil, nil // a cluster node listens on TCP, with database 0 only
@@ -103,14 +104,35 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: []string{opt.Addr}, ClientName: opt.ClientName, Protocol: opt.Protocol,
 			Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLSConfig,
-			MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true,
-			DialTimeout: t, ReadTimeout: t, WriteTimeout: t, PoolTimeout: t,
+			MaxRetries: opt.MaxRetries, DialerRetries: 1, ContextTimeoutEnabled: true,
+			MinRetryBackoff: opt.MinRetryBackoff, MaxRetryBackoff: opt.MaxRetryBackoff,
+			DialTimeout: opt.DialTimeout, ReadTimeout: opt.ReadTimeout,
+			WriteTimeout: opt.WriteTimeout, PoolTimeout: opt.PoolTimeout,
 			PoolFIFO: opt.PoolFIFO, PoolSize: opt.PoolSize, MinIdleConns: opt.MinIdleConns,
 			MaxIdleConns: opt.MaxIdleConns, MaxActiveConns: opt.MaxActiveConns,
 			ConnMaxIdleTime: opt.ConnMaxIdleTime, ConnMaxLifetime: opt.ConnMaxLifetime,
 		})
 	}
 	return newClient, false, asCluster, nil
+}
+
+// limiterDefaults sets the client settings recommended for a limiter, each unless the
+// URL's query q gives it: no retries (max_retries), and timeout t for dialing, reading,
+// writing and waiting for a pooled connection (dial_timeout, read_timeout,
+// write_timeout, pool_timeout). A value the URL gives is go-redis's to read (there,
+// max_retries=0 means 3 retries and -1 none).
+func limiterDefaults(q url.Values, t time.Duration, maxRetries *int, dial, read, write, pool *time.Duration) {
+	if !q.Has("max_retries") {
+		*maxRetries = -1
+	}
+	for _, d := range []struct {
+		param string
+		v     *time.Duration
+	}{{"dial_timeout", dial}, {"read_timeout", read}, {"write_timeout", write}, {"pool_timeout", pool}} {
+		if !q.Has(d.param) {
+			*d.v = t
+		}
+	}
 }
 
 // hideCredentials returns parseRedisURL's error err for rawURL, made without the

@@ -548,29 +548,51 @@ func logRefusals(log *slog.Logger) func(middleware.Event) {
 }
 
 func guide(o options) http.HandlerFunc {
-	return func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = fmt.Fprintf(w, `ratebudget demo: every limited route spends from a budget (time rule %s, window %v)
-
-GET  /                          this guide (not limited)
-HEAD on any GET route           the GET answer without its body; spends the same budget
-GET  /healthz                   health check (never limited)
-GET  /metrics                   Prometheus metrics: decisions by rule and outcome, latency, store errors
-GET  /api/hello                 %d requests per window per client IP (IPv6 /%d)       rule "hello"
-GET  /api/accounts/{id}/report  %d per window per account (header X-API-Key)         rule "report-account"
-                                and %d per window for the route as a whole             rule "report-route"
-POST /api/jobs?cost=N           %d cost units per window per client IP; N units each  rule "jobs"
-GET  /api/slow?ms=N             sleeps N ms (at most 10000); %d running at once per    rule "slow"
-                                client IP, over every server sharing the store
-GET  /api/flaky?status=S        answers status S; %d per window per client IP,        rule "flaky"
-                                charged only for responses below 500
-GET  /api/download?bytes=N      writes N bytes; %d bytes per window per client IP,   rule "download"
-                                charged with the bytes actually written
-%s
+	// Each row is a route, what it does and its rule; a row without a route continues
+	// the one above. The columns are as wide as their widest cell.
+	type row struct{ route, text, rule string }
+	rows := []row{
+		{"GET  /", "this guide (not limited)", ""},
+		{"HEAD on any GET route", "the GET answer without its body; spends the same budget", ""},
+		{"GET  /healthz", "health check (never limited)", ""},
+		{"GET  /metrics", "Prometheus metrics: decisions by rule and outcome, latency, store errors", ""},
+		{"GET  /api/hello", fmt.Sprintf("%d requests per window per client IP (IPv6 /%d)", o.limit, o.ipv6Prefix), "hello"},
+		{"GET  /api/accounts/{id}/report", fmt.Sprintf("%d per window per account (header X-API-Key)", o.limit), "report-account"},
+		{"", fmt.Sprintf("and %d per window for the route as a whole", 5*o.limit), "report-route"},
+		{"POST /api/jobs?cost=N", fmt.Sprintf("%d cost units per window per client IP; N units each", o.limit), "jobs"},
+		{"GET  /api/slow?ms=N", fmt.Sprintf("sleeps N ms (at most 10000); %d running at once per", o.inflight), "slow"},
+		{"", "client IP, over every server sharing the store", ""},
+		{"GET  /api/flaky?status=S", fmt.Sprintf("answers status S; %d per window per client IP,", o.limit), "flaky"},
+		{"", "charged only for responses below 500", ""},
+		{"GET  /api/download?bytes=N", fmt.Sprintf("writes N bytes; %d bytes per window per client IP,", o.byteLimit), "download"},
+		{"", "charged with the bytes actually written", ""},
+	}
+	routeWidth, textWidth := 0, 0
+	for _, r := range rows {
+		routeWidth = max(routeWidth, len(r.route))
+		if r.rule != "" {
+			textWidth = max(textWidth, len(r.text))
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", o.algorithm, o.window)
+	for _, r := range rows {
+		if r.rule == "" {
+			fmt.Fprintf(&b, "%-*s  %s\n", routeWidth, r.route, r.text)
+			continue
+		}
+		fmt.Fprintf(&b, "%-*s  %-*s  rule %q\n", routeWidth, r.route, textWidth, r.text, r.rule)
+	}
+	b.WriteString(shadowNote(o.shadow))
+	b.WriteString(`
 Refusals: 429 + Retry-After (over the budget; Retry-After: 1 for /api/slow), 413 (cost
 above the budget), 400 (no identity), 503 (budget store unavailable). Add
 "Accept: application/json" for application/problem+json bodies.
-`, o.algorithm, o.window, o.limit, o.ipv6Prefix, o.limit, 5*o.limit, o.limit, o.inflight, o.limit, o.byteLimit, shadowNote(o.shadow))
+`)
+	text := b.String()
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = io.WriteString(w, text)
 	}
 }
 

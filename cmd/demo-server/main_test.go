@@ -542,3 +542,40 @@ func TestMaxBudgetsEvictsAndCounts(t *testing.T) {
 		}
 	}
 }
+
+// The guide's columns stay aligned whatever the flags' values: every route's rule name
+// starts in one column, and no description runs into it.
+func TestGuideColumnsAligned(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"-limit", "3"},
+		{"-limit", "219902325555", "-byte-limit", "1099511627776", "-inflight", "1099511627776", "-ipv6-prefix", "128", "-window", "8784h", "-algorithm", "rolling"},
+	} {
+		base := startDemo(t, args...)
+		r, err := http.Get(base + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		col, rules := -1, 0
+		for _, line := range strings.Split(string(body), "\n") {
+			i := strings.Index(line, `rule "`)
+			if i < 0 {
+				continue
+			}
+			rules++
+			if line[i-2:i] != "  " {
+				t.Errorf("%v: the description runs into the rule column: %q", args, line)
+			}
+			if col < 0 {
+				col = i
+			} else if i != col {
+				t.Errorf("%v: rule name in column %d, want %d like the first: %q", args, i, col, line)
+			}
+		}
+		if rules != 7 {
+			t.Errorf("%v: %d rules in the guide, want 7:\n%s", args, rules, body)
+		}
+	}
+}

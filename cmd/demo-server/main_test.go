@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -576,6 +577,26 @@ func TestGuideColumnsAligned(t *testing.T) {
 		}
 		if rules != 7 {
 			t.Errorf("%v: %d rules in the guide, want 7:\n%s", args, rules, body)
+		}
+	}
+}
+
+// A ?cost= that is not a positive integer is the client's fault, and the 400 says so
+// (which part and why), in text and in JSON, without echoing the value.
+func TestJobsBadCostSaysWhy(t *testing.T) {
+	base := startDemo(t)
+	for _, cost := range []string{"x", "0", "-3", "1.5", "<b>"} {
+		for _, accept := range []string{"", "application/json"} {
+			req := mustRequest(t, "POST", base+"/api/jobs?cost="+url.QueryEscape(cost), map[string]string{"Accept": accept})
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 400 || !strings.Contains(string(body), "cost must be a positive integer") || strings.Contains(string(body), "<b>") {
+				t.Errorf("cost %q, Accept %q: %d %q, want 400 saying the cost must be a positive integer", cost, accept, resp.StatusCode, body)
+			}
 		}
 	}
 }

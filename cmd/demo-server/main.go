@@ -576,7 +576,11 @@ func guide(o options) http.HandlerFunc {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", o.algorithm, o.window)
+	if o.noLimit {
+		b.WriteString("ratebudget demo with -no-limit: no route is limited; these are the budgets the routes would have\n\n")
+	} else {
+		fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", o.algorithm, o.window)
+	}
 	for _, r := range rows {
 		if r.rule == "" {
 			fmt.Fprintf(&b, "%-*s  %s\n", routeWidth, r.route, r.text)

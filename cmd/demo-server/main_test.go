@@ -600,3 +600,22 @@ func TestJobsBadCostSaysWhy(t *testing.T) {
 		}
 	}
 }
+
+// With -no-limit the guide says that no route is limited, and indeed none refuses.
+func TestGuideWithNoLimit(t *testing.T) {
+	base := startDemo(t, "-no-limit", "-limit", "1")
+	for i := range 3 {
+		if resp := get(t, "GET", base+"/api/hello", nil); resp.StatusCode != 200 {
+			t.Fatalf("request %d with -no-limit: %d, want 200", i, resp.StatusCode)
+		}
+	}
+	r, err := http.Get(base + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if !strings.Contains(string(body), "-no-limit") || strings.Contains(string(body), "every limited route spends") {
+		t.Errorf("guide with -no-limit:\n%s\nwant it to say that the routes are not limited", body)
+	}
+}

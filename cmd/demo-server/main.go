@@ -371,9 +371,7 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 		middleware.WithObserver(logRefusals(log)),
 		middleware.WithObserver(middleware.LogStoreErrors(log, 5*time.Second)),
 		middleware.WithBreakerObserver(m.BreakerChanged),
-		middleware.WithBreakerObserver(func(from, to middleware.BreakerState) {
-			log.Warn("rate-limit store circuit breaker", "from", from.String(), "to", to.String())
-		}),
+		middleware.WithBreakerObserver(logBreaker(log)),
 	}
 	if o.storeError == middleware.LocalFallback {
 		common = append(common, middleware.WithLocalFallback(o.replicas))
@@ -533,6 +531,21 @@ func jobCost(r *http.Request) (int64, error) {
 		return 0, &keyfuncs.ClientError{Reason: "query parameter cost must be a positive integer", Err: fmt.Errorf("cost %q", s)}
 	}
 	return n, nil
+}
+
+// logBreaker logs that a breaker opened (from closed) and that it closed again. While
+// the store is down the breaker goes from open to half-open and back at every probe,
+// ten times a second: those transitions are counted in /metrics
+// (ratebudget_breaker_transitions_total), not logged.
+func logBreaker(log *slog.Logger) func(from, to middleware.BreakerState) {
+	return func(from, to middleware.BreakerState) {
+		switch {
+		case from == middleware.BreakerClosed && to == middleware.BreakerOpen:
+			log.Warn("rate-limit store circuit breaker", "from", from.String(), "to", to.String())
+		case to == middleware.BreakerClosed:
+			log.Info("rate-limit store circuit breaker", "from", from.String(), "to", to.String())
+		}
+	}
 }
 
 func logRefusals(log *slog.Logger) func(middleware.Event) {

@@ -197,3 +197,87 @@ func TestReportRouteOneCallPerRequest(t *testing.T) {
 		t.Fatalf("account keys %v, %v; want 5", keys, err)
 	}
 }
+
+// syncBuffer is a log destination that the test reads while the server writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// metricValue is the value of the series named exactly series in base's /metrics, 0
+// when it is absent.
+func metricValue(t *testing.T, base, series string) float64 {
+	t.Helper()
+	_, body := fetch(t, base+"/metrics")
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	return 0
+}
+
+// While Redis is down the breaker probes it every 100 ms, and each failed probe reopens
+// the breaker: the log says once that the breaker opened and once that it closed again,
+// not twice per probe (the transitions are all counted in /metrics).
+func TestBreakerLogIsBoundedWhileRedisIsDown(t *testing.T) {
+	srv := redistest.Start(t)
+	var log syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-redis", "redis://" + srv.Addr + "/0"}, &log, ready)
+	}()
+	var base string
+	select {
+	case addr := <-ready:
+		base = "http://" + addr
+	case err := <-done:
+		t.Fatalf("demo-server did not start: %v", err)
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("demo-server: %v", err)
+		}
+	}()
+	if resp := get(t, "GET", base+"/api/hello", nil); resp.StatusCode != 200 {
+		t.Fatalf("with Redis up: %d", resp.StatusCode)
+	}
+	srv.Freeze(t)
+	waitFor(t, 60*time.Second, "three failed probes", func() bool {
+		get(t, "GET", base+"/api/hello", nil)
+		return metricValue(t, base, `ratebudget_breaker_transitions_total{to="half-open"}`) >= 3
+	})
+	srv.Thaw(t)
+	waitFor(t, 60*time.Second, "the breaker closed", func() bool {
+		get(t, "GET", base+"/api/hello", nil)
+		return metricValue(t, base, `ratebudget_breaker_transitions_total{to="closed"}`) >= 1
+	})
+	var lines []string
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.Contains(line, "circuit breaker") {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) != 2 || !strings.Contains(lines[0], "from=closed to=open") || !strings.Contains(lines[1], "to=closed") {
+		t.Errorf("breaker log lines:\n%s\nwant two: closed to open, then back to closed", strings.Join(lines, "\n"))
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -424,5 +425,40 @@ func TestDemoKilledFreesLeases(t *testing.T) {
 			t.Fatalf("still refused %v after the kill (lease TTL %v)", time.Since(killed), ttl)
 		}
 		time.Sleep(10 * time.Millisecond) // the pace of the polling, not a synchronisation
+	}
+}
+
+// A second SIGINT while the server waits for running requests to finish stops it at
+// once, as the default action of the signal does: the first only starts the graceful
+// shutdown.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	p := startDemoProcess(t)
+	resp, err := slowRequest(context.Background(), http.DefaultClient, p.base, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("slow request: %d", resp.StatusCode)
+	}
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	// The listener closes once the first signal is handled.
+	addr := strings.TrimPrefix(p.base, "http://")
+	waitFor(t, 30*time.Second, "the listener closed after the first SIGINT", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	<-p.exited
+	ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGINT {
+		t.Errorf("after a second SIGINT: %v, want the process killed by SIGINT", p.cmd.ProcessState)
 	}
 }

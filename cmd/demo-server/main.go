@@ -7,7 +7,7 @@
 //
 // GET / lists the routes and their limits; HEAD is answered on every GET route and
 // spends the same budget. On SIGINT or SIGTERM it stops accepting connections and lets
-// running requests finish, for up to 15 s. The server's connection limits (-read-header-timeout,
+// running requests finish, for up to 15 s; a second signal stops it at once. The server's connection limits (-read-header-timeout,
 // -read-timeout, -write-timeout, -idle-timeout, -max-header-bytes) default to values
 // for a service exposed to untrusted clients; -h lists every flag.
 package main
@@ -42,8 +42,17 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	// The first SIGINT or SIGTERM ends ctx, and gives the signals back their default
+	// action first: a second one stops the process at once, mid-shutdown.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		signal.Stop(sig)
+		cancel()
+	}()
 	os.Exit(exitCode(run(ctx, os.Args[1:], os.Stdout, nil), os.Stderr))
 }
 

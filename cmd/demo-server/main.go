@@ -156,7 +156,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
-	fs.Int64Var(&o.limit, "limit", 10, "budget per window, in cost units, for each limited route")
+	fs.Int64Var(&o.limit, "limit", 10, "budget per window, in cost units, of /api/hello, /api/jobs and /api/flaky per client IP and of /api/accounts/{id}/report per account (5× for that route as a whole); /api/slow has -inflight, /api/download -byte-limit")
 	fs.DurationVar(&o.window, "window", time.Minute, "window, or token-bucket refill period")
 	algo := fs.String("algorithm", "fixed", "time rule of the rate limits: fixed | token | rolling")
 	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both | none; ietf10, both10: draft-10 fields")

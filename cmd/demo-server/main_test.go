@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -617,5 +618,24 @@ func TestGuideWithNoLimit(t *testing.T) {
 	r.Body.Close()
 	if !strings.Contains(string(body), "-no-limit") || strings.Contains(string(body), "every limited route spends") {
 		t.Errorf("guide with -no-limit:\n%s\nwant it to say that the routes are not limited", body)
+	}
+}
+
+// -h says which routes -limit budgets: not /api/slow (-inflight) nor /api/download
+// (-byte-limit).
+func TestLimitHelpNamesItsRoutes(t *testing.T) {
+	var out strings.Builder
+	if _, err := parseFlags([]string{"-h"}, &out); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	_, help, _ := strings.Cut(out.String(), "  -limit int\n")
+	help, _, _ = strings.Cut(help, "\n  -")
+	for _, route := range []string{"/api/hello", "/api/accounts/{id}/report", "/api/jobs", "/api/flaky"} {
+		if !strings.Contains(help, route) {
+			t.Errorf("-limit's help %q does not name %s", help, route)
+		}
+	}
+	if strings.Contains(help, "each limited route") {
+		t.Errorf("-limit's help %q claims every limited route", help)
 	}
 }

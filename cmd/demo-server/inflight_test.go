@@ -462,3 +462,45 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 		t.Errorf("after a second SIGINT: %v, want the process killed by SIGINT", p.cmd.ProcessState)
 	}
 }
+
+// Shutdown on Redis: a GET /api/slow running when the server is told to stop gets its
+// whole answer, and its lease is released before run returns (not left to expire).
+func TestShutdownReleasesLeaseOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-redis", "redis://" + srv.Addr + "/0", "-lease-ttl", "1h"}, io.Discard, ready)
+	}()
+	var base string
+	select {
+	case addr := <-ready:
+		base = "http://" + addr
+	case err := <-done:
+		t.Fatalf("demo-server did not start: %v", err)
+	}
+	resp, err := slowRequest(context.Background(), http.DefaultClient, base, 3000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("slow request: %d", resp.StatusCode)
+	}
+	if st := slowLeases(t, rdb); len(st.expires) != 1 {
+		t.Fatalf("leases while the request runs: %v, want one", st.expires)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("run: %v, want a clean shutdown", err)
+	}
+	if rest, err := io.ReadAll(resp.Body); err != nil || string(rest) != "slept 3000 ms\n" {
+		t.Errorf("rest of the answer %q, %v; want it whole", rest, err)
+	}
+	if st := slowLeases(t, rdb); len(st.expires) != 0 {
+		t.Errorf("leases after the shutdown: %v, want none (a 1 h lease left behind)", st.expires)
+	}
+}

@@ -613,8 +613,9 @@ func guide(o options) http.HandlerFunc {
 	b.WriteString(shadowNote(o.shadow))
 	b.WriteString(`
 Refusals: 429 + Retry-After (over the budget; Retry-After: 1 for /api/slow), 413 (cost
-above the budget), 400 (no identity), 503 (budget store unavailable). Add
-"Accept: application/json" for application/problem+json bodies.
+above the budget), 400 (no identity, or a ?cost that is not a positive integer), 503
+(budget store unavailable). Add "Accept: application/json" for application/problem+json
+bodies.
 `)
 	text := b.String()
 	return func(w http.ResponseWriter, _ *http.Request) {

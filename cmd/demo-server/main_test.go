@@ -600,6 +600,11 @@ func TestJobsBadCostSaysWhy(t *testing.T) {
 			}
 		}
 	}
+	// The guide's list of refusals has it too.
+	_, guide := fetch(t, base+"/")
+	if !strings.Contains(strings.Join(strings.Fields(string(guide)), " "), "400 (no identity, or a ?cost that is not a positive integer)") {
+		t.Errorf("the guide's refusals do not name a bad ?cost:\n%s", guide)
+	}
 }
 
 // With -no-limit the guide says that no route is limited, and indeed none refuses.

@@ -491,3 +491,34 @@ func TestMisbuiltKeyFuncIs500AndLogged(t *testing.T) { // not parallel: it repla
 		}
 	}
 }
+
+// A layer around a ServeMux does not know the route the mux will run. Inside another
+// ServeMux, r.Pattern is the enclosing mux's pattern ("/api/"): a route scope must not
+// take it for the route's, which would give every route of the inner mux, and every
+// path it answers 404, one budget. It is the mounting mistake of a layer around a
+// ServeMux: 500, nothing spent.
+func TestRoutePatternAroundNestedServeMux(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	mw := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})
+	inner := http.NewServeMux()
+	inner.Handle("GET /api/a", ok)
+	inner.Handle("GET /api/b", ok)
+	outer := http.NewServeMux()
+	outer.Handle("/api/", mw(inner))
+	for _, path := range []string{"/api/a", "/api/b"} {
+		if rec := do(outer, "GET", path, nil); rec.Code != http.StatusInternalServerError {
+			t.Errorf("GET %s: %d, want 500 (no route pattern known around a ServeMux)", path, rec.Code)
+		}
+	}
+	// Per handler, the inner mux's pattern is the scope.
+	inner2 := http.NewServeMux()
+	inner2.Handle("GET /v2/a", mw(ok))
+	inner2.Handle("GET /v2/b", mw(ok))
+	outer.Handle("/v2/", inner2)
+	for _, path := range []string{"/v2/a", "/v2/b"} {
+		if rec := do(outer, "GET", path, nil); rec.Code != 200 {
+			t.Errorf("GET %s: %d, want 200 (a scope per route)", path, rec.Code)
+		}
+	}
+}

@@ -138,7 +138,15 @@ func (l *layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if pooled {
 		defer func() { st.reset(); m.stacks.Put(st) }()
 	}
-	if !m.addChecks(w, r, st) {
+	kr := r // the request the key functions see
+	if _, mux := l.next.(*http.ServeMux); mux && r.Pattern != "" {
+		// Around a ServeMux the route is not known yet: r.Pattern is an enclosing mux's
+		// ("/api/"), which a route scope would take for the route's, one budget for
+		// every route below it. Unknown, as around a top-level ServeMux.
+		kr = r.WithContext(ctx)
+		kr.Pattern = ""
+	}
+	if !m.addChecks(w, kr, st) {
 		return // answered: nothing has been spent by any layer
 	}
 	if handOn {

@@ -88,8 +88,10 @@
 // # Scopes
 //
 // [RoutePattern] and [MethodAndRoutePattern] scope a budget to the route that matched
-// ("/users/{id}", not "/users/42"). The middleware evaluates scopes after routing, so
-// they work wherever it is mounted; see [RoutePattern]. [URLPath] scopes by the raw
+// ("/users/{id}", not "/users/42"). On a chi router they work wherever the middleware is
+// mounted; with an http.ServeMux, wrap the handler given to mux.Handle, not the mux
+// (around a mux no route is known yet: 500 and one log line). See [RoutePattern].
+// [URLPath] scopes by the raw
 // path, as httprate's KeyByEndpoint does, for code ported from it: every distinct URL
 // gets its own budget, so prefer a route pattern.
 package keyfuncs

@@ -77,8 +77,8 @@ func ExampleJoin() {
 	//  keyfuncs: empty key: X-Tenant
 }
 
-// Install a scoped limiter with With (or inside Group): the route is known there. In a
-// top-level Use it is not, and RoutePattern reports ErrNoRoutePattern.
+// Install a scoped limiter with With (or inside Group): the route is known there. In the
+// Use of a subrouter (Route, Mount) only the mount point is, and it is the scope.
 func ExampleRoutePattern() {
 	scope := keyfuncs.RoutePattern()
 	limit := func(next http.Handler) http.Handler {

@@ -33,7 +33,8 @@ import (
 // middleware answers 500 and logs how to mount it): there is no catch-all constant,
 // which would put every URL in one scope without anyone noticing. With a ServeMux, a
 // middleware wrapping the handler given to mux.Handle sees the pattern; one wrapping the
-// ServeMux itself does not.
+// ServeMux itself does not, also when that mux is the handler of an enclosing ServeMux
+// (the middleware does not take the enclosing mux's pattern for the route's).
 func RoutePattern() KeyFunc {
 	return func(r *http.Request) (string, error) {
 		p := routePattern(r)

@@ -332,6 +332,18 @@ func expectsContinue(r *http.Request) bool {
 	return false
 }
 
+// pushRecorder is a recorder for a writer that can push (HTTP/2), so that the handler
+// keeps http.Pusher, which http.ResponseController does not reach.
+type pushRecorder struct {
+	*recorder
+	pusher http.Pusher
+}
+
+// Push passes a push on.
+func (p pushRecorder) Push(target string, opts *http.PushOptions) error {
+	return p.pusher.Push(target, opts)
+}
+
 // countingBody counts the request body's bytes read into rec.
 type countingBody struct {
 	io.ReadCloser

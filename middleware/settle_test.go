@@ -347,3 +347,38 @@ func TestSettledResponseControllerReachesWrappedWriter(t *testing.T) {
 		t.Errorf("hijack: %d %q, want the connection hijacked through Unwrap", resp.StatusCode, body)
 	}
 }
+
+// pushWriter is an HTTP/2 response writer: it can push.
+type pushWriter struct {
+	*httptest.ResponseRecorder
+	pushed []string
+}
+
+func (p *pushWriter) Push(target string, _ *http.PushOptions) error {
+	p.pushed = append(p.pushed, target)
+	return nil
+}
+
+// A handler of a settled rule keeps http.Pusher on HTTP/2, as it has without the
+// middleware (http.ResponseController has no Push), and does not gain it on HTTP/1.
+func TestSettledHandlerKeepsPusher(t *testing.T) {
+	t.Parallel()
+	mw := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global, Counts: middleware.CountSuccesses(nil)}})
+	var isPusher bool
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var p http.Pusher
+		p, isPusher = w.(http.Pusher)
+		if isPusher {
+			_ = p.Push("/style.css", nil)
+		}
+	}))
+	pw := &pushWriter{ResponseRecorder: httptest.NewRecorder()}
+	h.ServeHTTP(pw, httptest.NewRequest("GET", "/", nil))
+	if !isPusher || len(pw.pushed) != 1 || pw.pushed[0] != "/style.css" {
+		t.Errorf("HTTP/2 writer: pusher %v, pushed %q; want /style.css pushed", isPusher, pw.pushed)
+	}
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/", nil))
+	if isPusher {
+		t.Error("HTTP/1 writer: the handler's writer is an http.Pusher, want not")
+	}
+}

@@ -522,3 +522,34 @@ func TestRoutePatternAroundNestedServeMux(t *testing.T) {
 		}
 	}
 }
+
+// A custom error handler answers a route scope mounted where no route is known, as it
+// answers every InputError, and the mounting mistake is still logged once: the handler
+// ported from httprate's WithErrorHandler answers the client, not the operator. Not
+// parallel: it replaces the default logger.
+func TestMountingMistakeLoggedWithErrorHandler(t *testing.T) {
+	var logged strings.Builder
+	old := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(old) })
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	var answered int
+	mw := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}},
+		middleware.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+			answered++
+			http.Error(w, "no", http.StatusPreconditionRequired)
+		}))
+	mux := http.NewServeMux()
+	mux.Handle("GET /x", ok)
+	h := mw(mux)
+	for range 2 {
+		if rec := do(h, "GET", "/x", nil); rec.Code != http.StatusPreconditionRequired {
+			t.Fatalf("around the mux: %d, want the error handler's 428", rec.Code)
+		}
+	}
+	if answered != 2 {
+		t.Errorf("error handler called %d times, want 2", answered)
+	}
+	if n := strings.Count(logged.String(), "mount the middleware where the route is known"); n != 1 {
+		t.Errorf("logged %d times, want once: %q", n, logged.String())
+	}
+}

@@ -856,23 +856,24 @@ func inputError(part, rule string, err error, generic string) *InputError {
 func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *InputError) {
 	ev := Event{Request: r, Outcome: OutcomeInvalid, Err: err}
 	observeOuter(st, m, &ev)
+	mount, built := errors.Is(err, keyfuncs.ErrNoRoutePattern), errors.Is(err, ratebudget.ErrInvalidConfig)
+	// Not the client's fault: the limiter is mounted where no route is known, or a key
+	// function was built wrong (keyfuncs.Header without a name, Join of nothing). Logged
+	// also when a custom error handler answers: it answers the client, not the operator.
+	switch {
+	case mount && m.warnedMount.CompareAndSwap(false, true):
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a rule's route scope found no route pattern; "+
+			"mount the middleware where the route is known: on a chi router (r.Use, r.With, r.Group) or on the handler given to http.ServeMux.Handle, not around a ServeMux",
+			slog.String("rule", err.Rule), slog.String("path", r.URL.Path))
+	case built && m.warnedKey.CompareAndSwap(false, true):
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a rule's key function was built wrong, so the route answers 500",
+			slog.String("rule", err.Rule), slog.String("part", err.Part), slog.String("error", err.Err.Error()))
+	}
 	if m.cfg.onError != nil {
 		m.cfg.onError(w, r, err)
 		return
 	}
-	mount, built := errors.Is(err, keyfuncs.ErrNoRoutePattern), errors.Is(err, ratebudget.ErrInvalidConfig)
 	if mount || built {
-		// Not the client's fault: the limiter is mounted where no route is known, or a
-		// key function was built wrong (keyfuncs.Header without a name, Join of nothing).
-		switch {
-		case mount && m.warnedMount.CompareAndSwap(false, true):
-			slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a rule's route scope found no route pattern; "+
-				"mount the middleware where the route is known: on a chi router (r.Use, r.With, r.Group) or on the handler given to http.ServeMux.Handle, not around a ServeMux",
-				slog.String("rule", err.Rule), slog.String("path", r.URL.Path))
-		case built && m.warnedKey.CompareAndSwap(false, true):
-			slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a rule's key function was built wrong, so the route answers 500",
-				slog.String("rule", err.Rule), slog.String("part", err.Part), slog.String("error", err.Err.Error()))
-		}
 		problem.Write(w, r, problem.Problem{
 			Type:   problem.Blank,
 			Title:  "Internal Server Error",

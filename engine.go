@@ -39,27 +39,86 @@ func (b *budget) is(k *memKey) bool {
 }
 
 // rollingEvents are a RollingWindow budget's admitted events, oldest first, one per
-// millisecond; or an InFlight budget's leases, in order of expiry, each an event whose at
-// is the lease's expiry and cost the lease's number.
-type rollingEvents struct{ events []event }
+// millisecond, each with the cumulative cost admitted up to and including it; or an
+// InFlight budget's leases, in order of expiry, each an event whose at is the lease's
+// expiry and n the lease's number.
+//
+// A rolling window's cumulative sums start from base, the sum before events[0]: the cost
+// of events[i] is events[i].n minus events[i-1].n (base for the first), the cost of the
+// events up to i is events[i].n - base, and b.count is the newest event's n - base. So a
+// refusal finds the event whose leaving frees enough by a binary search, where summing
+// the costs would take time in proportion to the log. Sums are only ever compared as
+// differences, which stay below 2^43 (a window holds at most twice its Limit): they are
+// exact even after a long-lived budget's sums have wrapped past the int64 range (Go
+// defines signed overflow to wrap).
+type rollingEvents struct {
+	events []event
+	base   int64
+}
+
+// event is a rolling-window event (n: the cumulative cost, see rollingEvents) or a lease
+// (n: its number).
+type event struct{ at, n int64 }
+
+// costOf is the cost of the rolling-window event at i.
+func (r *rollingEvents) costOf(i int) int64 {
+	if i == 0 {
+		return r.events[0].n - r.base
+	}
+	return r.events[i].n - r.events[i-1].n
+}
 
 // trimRolling drops b's rolling-window events that left the window (now-w, now] and
 // takes their cost off b.count. It returns the events still held.
 func (b *budget) trimRolling(now, w int64) []event {
-	ev := b.rolling.events
+	r := b.rolling
+	ev := r.events
 	n := 0
 	for n < len(ev) && ev[n].at <= now-w {
-		b.count -= ev[n].cost
 		n++
 	}
-	if n > 0 {
-		ev = append(ev[:0], ev[n:]...)
-		b.rolling.events = ev
+	if n == 0 {
+		return ev
 	}
+	b.count -= ev[n-1].n - r.base
+	r.base = ev[n-1].n
+	ev = append(ev[:0], ev[n:]...)
+	r.events = ev
 	return ev
 }
 
-type event struct{ at, cost int64 }
+// addRolling records cost admitted (or charged) at at, which no event of b follows, into
+// b's log, merging it into the newest event when that is of the same millisecond.
+func (b *budget) addRolling(at, cost int64) {
+	if b.rolling == nil {
+		b.rolling = &rollingEvents{}
+	}
+	r := b.rolling
+	acc := r.base + b.count + cost
+	if n := len(r.events); n > 0 && r.events[n-1].at == at {
+		r.events[n-1].n = acc
+	} else {
+		r.events = append(r.events, event{at: at, n: acc})
+	}
+	b.count += cost
+}
+
+// freedBy returns the index of the oldest rolling-window event of r whose leaving the
+// window frees at least need (the events up to it cost at least need), or len(events)
+// when all of them free less.
+func (r *rollingEvents) freedBy(need int64) int {
+	ev := r.events
+	lo, hi := 0, len(ev)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if ev[mid].n-r.base >= need {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo
+}
 
 func ceilDiv(a, b int64) int64 {
 	if a <= 0 {
@@ -189,28 +248,18 @@ func decideRolling(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 		return Outcome{Exceeded: true, Remaining: limit - sum, ResetAfter: ms(reset)}
 	}
 	if sum+cost > limit {
-		need, freed := sum+cost-limit, int64(0)
+		// The oldest event whose leaving frees enough (there is one: cost <= limit, so
+		// what is needed is at most sum, and sum > 0 means events).
 		retry := reset
-		for _, e := range events {
-			freed += e.cost
-			if freed >= need {
-				retry = e.at + w - now
-				break
+		if len(events) > 0 {
+			if i := b.rolling.freedBy(sum + cost - limit); i < len(events) {
+				retry = events[i].at + w - now
 			}
 		}
 		return Outcome{Remaining: limit - sum, ResetAfter: ms(reset), RetryAfter: ms(retry)}
 	}
 	if commit {
-		if b.rolling == nil {
-			b.rolling = &rollingEvents{}
-		}
-		r := b.rolling
-		if n := len(r.events); n > 0 && r.events[n-1].at == at {
-			r.events[n-1].cost += cost
-		} else {
-			r.events = append(r.events, event{at: at, cost: cost})
-		}
-		b.count += cost
+		b.addRolling(at, cost)
 		b.expires = at + w
 	}
 	return Outcome{Allowed: true, Remaining: limit - sum - cost, ResetAfter: ms(at + w - now)}

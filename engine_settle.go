@@ -27,7 +27,7 @@ func decideInFlight(b *budget, r *Rule, now int64, commit bool, lease int64) Out
 		if b.rolling == nil {
 			b.rolling = &rollingEvents{}
 		}
-		b.rolling.events = append(b.rolling.events, event{at: at, cost: lease})
+		b.rolling.events = append(b.rolling.events, event{at: at, n: lease})
 		b.expires = at
 	}
 	return Outcome{Allowed: true, Remaining: limit - live - 1, ResetAfter: ms(at - now)}
@@ -67,7 +67,7 @@ func findLease(b *budget, id int64) int {
 		return -1
 	}
 	for i, e := range b.rolling.events {
-		if e.cost == id {
+		if e.n == id {
 			return i
 		}
 	}
@@ -100,7 +100,7 @@ func renew(b *budget, r *Rule, t Ticket, now int64) bool {
 	ev := b.rolling.events
 	at := max(now+r.Window.Milliseconds(), ev[len(ev)-1].at)
 	copy(ev[i:], ev[i+1:])
-	ev[len(ev)-1] = event{at: at, cost: t.ID}
+	ev[len(ev)-1] = event{at: at, n: t.ID}
 	b.expires = at
 	return true
 }
@@ -143,12 +143,17 @@ func refund(b *budget, r *Rule, t Ticket, n, now int64) {
 		if lo == len(ev) || ev[lo].at != t.At {
 			return
 		}
-		give := min(n, ev[lo].cost)
-		ev[lo].cost -= give
+		// Every later event's cumulative sum drops by what is given back: time in
+		// proportion to the events after this one (few, a spend being settled soon).
+		cost := b.rolling.costOf(lo)
+		give := min(n, cost)
 		b.count -= give
-		if ev[lo].cost == 0 {
+		if give == cost {
 			ev = append(ev[:lo], ev[lo+1:]...)
 			b.rolling.events = ev
+		}
+		for j := lo; j < len(ev); j++ {
+			ev[j].n -= give
 		}
 		b.expires = now
 		if len(ev) > 0 {
@@ -190,17 +195,10 @@ func charge(b *budget, r *Rule, n, now int64) {
 		}
 		n = min(n, 2*limit-b.count)
 		if n <= 0 {
-			b.rolling.events = ev
 			return
 		}
 		at := max(now, last)
-		if len(ev) > 0 && last == at {
-			ev[len(ev)-1].cost += n
-		} else {
-			ev = append(ev, event{at: at, cost: n})
-		}
-		b.rolling.events = ev
-		b.count += n
+		b.addRolling(at, n)
 		b.expires = at + w
 	}
 }

@@ -102,7 +102,7 @@ func TestLeasesStayOrdered(t *testing.T) {
 			t.Fatalf("leases out of order: %+v", ev)
 		}
 	}
-	if ev[len(ev)-1].cost != tickets[1][0].ID {
+	if ev[len(ev)-1].n != tickets[1][0].ID {
 		t.Fatalf("the renewed lease is not the last to expire: %+v", ev)
 	}
 	// Every lease expires within a Window of the latest clock reading.

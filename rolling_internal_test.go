@@ -1,0 +1,204 @@
+package ratebudget
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// retryByWalk is a refused rolling-window decision's retry time (ms from now) found by
+// summing the events' costs oldest first: the reference for the binary search, and the
+// way it was found before (see BenchmarkRollingRefusal).
+func retryByWalk(b *budget, r *Rule, cost, now int64) int64 {
+	w := r.Window.Milliseconds()
+	ev := b.trimRolling(now, w)
+	need, freed, prev := b.count+cost-r.Limit, int64(0), b.rolling.base
+	for _, e := range ev {
+		freed += e.n - prev // the event's cost
+		prev = e.n
+		if freed >= need {
+			return e.at + w - now
+		}
+	}
+	return ev[len(ev)-1].at + w - now
+}
+
+// checkLog fails unless b's log is consistent: times increasing, every cost positive,
+// and b.count their sum.
+func checkLog(t *testing.T, b *budget) {
+	t.Helper()
+	if b.rolling == nil {
+		return
+	}
+	sum := int64(0)
+	for i, e := range b.rolling.events {
+		c := b.rolling.costOf(i)
+		if c <= 0 || i > 0 && e.at <= b.rolling.events[i-1].at {
+			t.Fatalf("event %d of %+v: cost %d", i, b.rolling.events, c)
+		}
+		sum += c
+	}
+	if sum != b.count {
+		t.Fatalf("count %d, events sum to %d", b.count, sum)
+	}
+}
+
+// TestRollingRetryExactAtBoundaries: a refused rolling-window decision's RetryAfter is
+// the exact wait: one millisecond earlier the same check is still refused, at it the
+// check is admitted. Every cost that can be refused is tried against a log of unequal
+// costs, merged events, one event partly and one wholly given back, with aged events
+// trimmed first, and with cumulative sums about to wrap past the int64 range.
+func TestRollingRetryExactAtBoundaries(t *testing.T) {
+	r := Rule{Name: "roll", Algorithm: RollingWindow, Limit: 40, Window: time.Second}
+	for _, tc := range []struct {
+		name string
+		base int64 // the cumulative sums' origin
+	}{{"sums from 0", 0}, {"sums wrapping", math.MaxInt64 - 20}} {
+		t.Run(tc.name, func(t *testing.T) {
+			// build returns a limiter holding one budget whose log, in the window at the
+			// time it returns, costs 2, 5 (two merged), 1, 1 (6 given back to 1), 7, 3, 4,
+			// 6 (29 in all; a 9 given back wholly left no event), behind an aged event of 9.
+			build := func() (*Memory, *manualClock, Check) {
+				m, clk := newTestMemory(t)
+				c := Check{Rule: r, Identity: "id", Cost: 9}
+				reserveSettle(t, m, c, 9) // ages out below
+				m.budgetOf(c).rolling.base = tc.base
+				m.budgetOf(c).rolling.events[0].n = tc.base + 9
+				clk.advance(10 * time.Millisecond)
+				for _, step := range []struct {
+					cost, actual int64
+					advance      time.Duration // ms, after the step
+				}{
+					{2, 2, 100}, {3, 3, 0}, {2, 2, 50}, {1, 1, 50}, {6, 1, 1},
+					{9, 0, 1}, {7, 7, 200}, {3, 3, 99}, {4, 4, 1}, {6, 6, 493},
+				} {
+					reserveSettle(t, m, Check{Rule: r, Identity: "id", Cost: step.cost}, step.actual)
+					clk.advance(step.advance * time.Millisecond)
+				}
+				// Now 1,005ms after the first event: it has aged out, the others not.
+				if b := m.budgetOf(c); b.count != 38 || len(b.rolling.events) != 9 {
+					t.Fatalf("count %d, events %+v; want 38 in 9 events", b.count, b.rolling.events)
+				}
+				return m, clk, c
+			}
+			ctx := context.Background()
+			for cost := int64(12); cost <= r.Limit; cost++ {
+				m, clk, c := build()
+				c.Cost = cost
+				b := m.budgetOf(c)
+				want := retryByWalk(b, &r, cost, m.now())
+				checkLog(t, b)
+				d, _ := m.Allow(ctx, []Check{c})
+				if d.Allowed || d.RetryAfter != ms(want) {
+					t.Fatalf("cost %d: %+v, want refused with RetryAfter %dms", cost, d, want)
+				}
+				clk.advance(d.RetryAfter - time.Millisecond)
+				if d, _ := m.Allow(ctx, []Check{c}); d.Allowed || d.RetryAfter != time.Millisecond {
+					t.Fatalf("cost %d, 1ms before RetryAfter: %+v, want refused for 1ms more", cost, d)
+				}
+				clk.advance(time.Millisecond)
+				if d, _ := m.Allow(ctx, []Check{c}); !d.Allowed {
+					t.Fatalf("cost %d, at RetryAfter: %+v, want admitted", cost, d)
+				}
+				checkLog(t, m.budgetOf(c))
+			}
+		})
+	}
+}
+
+// TestRollingRetryMatchesWalk: over random admissions, give-backs, extras, and a clock
+// that moves back as well as forward, every refused rolling-window decision's RetryAfter
+// equals the reference walk's, and the log stays consistent.
+func TestRollingRetryMatchesWalk(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	r := Rule{Name: "roll", Algorithm: RollingWindow, Limit: 50, Window: 200 * time.Millisecond}
+	m, clk := newTestMemory(t)
+	ctx := context.Background()
+	refused := 0
+	for i := range 20_000 {
+		c := Check{Rule: r, Identity: "id", Cost: 1 + rng.Int64N(r.Limit)}
+		if b := m.budgetOf(c); b != nil && b.rolling != nil {
+			checkLog(t, b)
+			// Whether it is refused, and the reference wait, on a copy: both trim.
+			cp := *b
+			cp.rolling = &rollingEvents{events: append([]event(nil), b.rolling.events...), base: b.rolling.base}
+			cp.trimRolling(m.now(), r.Window.Milliseconds())
+			if cp.count+c.Cost > r.Limit {
+				want := retryByWalk(&cp, &r, c.Cost, m.now())
+				refused++
+				d, _ := m.Allow(ctx, []Check{c})
+				if d.Allowed || d.RetryAfter != ms(want) {
+					t.Fatalf("step %d, cost %d: %+v, want refused with RetryAfter %dms", i, c.Cost, d, want)
+				}
+				continue
+			}
+		}
+		tk := make([]Ticket, 1)
+		if d, _ := m.Reserve(ctx, []Check{c}, tk, nil); d.Allowed {
+			switch rng.IntN(4) {
+			case 0:
+				_ = m.Settle(ctx, []Check{c}, tk, []int64{rng.Int64N(c.Cost)})
+			case 1:
+				_ = m.Settle(ctx, []Check{c}, tk, []int64{c.Cost + rng.Int64N(2*r.Limit)})
+			}
+		}
+		switch rng.IntN(10) {
+		case 0:
+			clk.advance(-time.Duration(rng.IntN(30)) * time.Millisecond)
+		case 1, 2, 3:
+		default:
+			clk.advance(time.Duration(rng.IntN(25)) * time.Millisecond)
+		}
+	}
+	if refused < 1000 {
+		t.Fatalf("only %d refusals compared", refused)
+	}
+}
+
+// BenchmarkRollingRefusal: a refused cost of 90,000 against a rolling-window log of
+// 100,000 events of cost 1, the retry time found by the binary search (a decision through
+// Allow) and by the walk it replaced (summing the costs oldest first, the shard locked as
+// a decision locks it).
+func BenchmarkRollingRefusal(b *testing.B) {
+	setup := func(b *testing.B, r Rule) (*Memory, *manualClock, []Check) {
+		clk := &manualClock{t: time.UnixMilli(1_767_225_600_250)}
+		m, err := NewMemory(WithClock(clk.now))
+		if err != nil {
+			b.Fatal(err)
+		}
+		c := []Check{{Rule: r, Identity: "big", Cost: 1}}
+		for range 100_000 {
+			if d, _ := m.Allow(context.Background(), c); !d.Allowed {
+				b.Fatal(d)
+			}
+			clk.advance(time.Millisecond)
+		}
+		return m, clk, c
+	}
+	refuse := Rule{Name: "r", Algorithm: RollingWindow, Limit: 100_000, Window: time.Hour}
+	b.Run("refusal/search", func(b *testing.B) {
+		m, _, c := setup(b, refuse)
+		c[0].Cost = 90_000
+		for b.Loop() {
+			if d, _ := m.Allow(context.Background(), c); d.Allowed || d.RetryAfter == 0 {
+				b.Fatal(d)
+			}
+		}
+	})
+	b.Run("refusal/walk", func(b *testing.B) {
+		m, _, c := setup(b, refuse)
+		k := memKey{c[0].Rule.Name, c[0].Identity, "", RollingWindow}
+		h := m.hashOf(&k)
+		s := &m.shards[h%memShards]
+		for b.Loop() {
+			s.mu.Lock()
+			retry := retryByWalk(s.get(h, &k), &refuse, 90_000, m.now())
+			s.mu.Unlock()
+			if retry == 0 {
+				b.Fatal(retry)
+			}
+		}
+	})
+}

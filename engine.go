@@ -69,7 +69,9 @@ func (r *rollingEvents) costOf(i int) int64 {
 }
 
 // trimRolling drops b's rolling-window events that left the window (now-w, now] and
-// takes their cost off b.count. It returns the events still held.
+// takes their cost off b.count. It returns the events still held. Dropping k events
+// costs O(k): the log is resliced, not copied (append reallocates it, live events only,
+// when it reaches the end of its array).
 func (b *budget) trimRolling(now, w int64) []event {
 	r := b.rolling
 	ev := r.events
@@ -82,7 +84,11 @@ func (b *budget) trimRolling(now, w int64) []event {
 	}
 	b.count -= ev[n-1].n - r.base
 	r.base = ev[n-1].n
-	ev = append(ev[:0], ev[n:]...)
+	if n == len(ev) {
+		ev = ev[:0] // empty: reuse the array from its start
+	} else {
+		ev = ev[n:]
+	}
 	r.events = ev
 	return ev
 }

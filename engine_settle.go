@@ -41,7 +41,12 @@ func pruneLeases(b *budget, now int64) []event {
 		n++
 	}
 	if n > 0 {
-		ev = append(ev[:0], ev[n:]...)
+		// Resliced, not copied, as trimRolling does.
+		if n == len(ev) {
+			ev = ev[:0]
+		} else {
+			ev = ev[n:]
+		}
 		b.rolling.events = ev
 	}
 	return ev

@@ -160,7 +160,9 @@ func TestRollingRetryMatchesWalk(t *testing.T) {
 // BenchmarkRollingRefusal: a refused cost of 90,000 against a rolling-window log of
 // 100,000 events of cost 1, the retry time found by the binary search (a decision through
 // Allow) and by the walk it replaced (summing the costs oldest first, the shard locked as
-// a decision locks it).
+// a decision locks it). And the steady state of such a log (one event leaving the window,
+// one admitted, per decision) with the aged event resliced off the log (a decision
+// through Allow) and with the log copied down, as it was before.
 func BenchmarkRollingRefusal(b *testing.B) {
 	setup := func(b *testing.B, r Rule) (*Memory, *manualClock, []Check) {
 		clk := &manualClock{t: time.UnixMilli(1_767_225_600_250)}
@@ -201,4 +203,76 @@ func BenchmarkRollingRefusal(b *testing.B) {
 			}
 		}
 	})
+	steady := Rule{Name: "r", Algorithm: RollingWindow, Limit: 200_000, Window: 100 * time.Second}
+	b.Run("steady/reslice", func(b *testing.B) {
+		m, clk, c := setup(b, steady)
+		for b.Loop() {
+			if d, _ := m.Allow(context.Background(), c); !d.Allowed {
+				b.Fatal(d)
+			}
+			clk.advance(time.Millisecond)
+		}
+	})
+	b.Run("steady/copy", func(b *testing.B) {
+		m, clk, c := setup(b, steady)
+		k := memKey{c[0].Rule.Name, c[0].Identity, "", RollingWindow}
+		h := m.hashOf(&k)
+		s := &m.shards[h%memShards]
+		w := steady.Window.Milliseconds()
+		for b.Loop() {
+			now := m.now()
+			s.mu.Lock()
+			bg := s.get(h, &k)
+			// The trim as it was: the live events copied to the array's start.
+			ev := bg.rolling.events
+			n := 0
+			for n < len(ev) && ev[n].at <= now-w {
+				n++
+			}
+			if n > 0 {
+				bg.count -= ev[n-1].n - bg.rolling.base
+				bg.rolling.base = ev[n-1].n
+				bg.rolling.events = append(ev[:0], ev[n:]...)
+			}
+			o := decideRolling(bg, &steady, 1, now, true)
+			s.mu.Unlock()
+			if !o.Allowed {
+				b.Fatal(o)
+			}
+			clk.advance(time.Millisecond)
+		}
+	})
+}
+
+// TestRollingTrimDoesNotCopy: dropping the events that left the window costs time in
+// proportion to them, not to the log: the events still held are not moved, for a rolling
+// window (admitted or refused) as for in-flight leases.
+func TestRollingTrimDoesNotCopy(t *testing.T) {
+	ctx := context.Background()
+	for _, r := range []Rule{
+		{Name: "roll", Algorithm: RollingWindow, Limit: 1000, Window: time.Second},
+		{Name: "lease", Algorithm: InFlight, Limit: 1000, Window: time.Second},
+	} {
+		for _, cost := range []int64{1, r.Limit} {
+			if r.Algorithm == InFlight && cost > 1 {
+				continue
+			}
+			m, clk := newTestMemory(t)
+			c := Check{Rule: r, Identity: "id", Cost: 1}
+			for range r.Limit {
+				if d, _ := m.Allow(ctx, []Check{c}); !d.Allowed {
+					t.Fatalf("%s: %+v", r.Name, d)
+				}
+				clk.advance(time.Millisecond)
+			}
+			clk.advance(2 * time.Millisecond) // the oldest three have left the window
+			ev := m.budgetOf(c).rolling.events
+			kept := &ev[3]
+			c.Cost = cost // 1: admitted (a lease: refused), Limit: refused
+			_, _ = m.Allow(ctx, []Check{c})
+			if got := m.budgetOf(c).rolling.events; len(got) < 997 || &got[0] != kept {
+				t.Fatalf("%s, cost %d: %d events, the live ones moved", r.Name, cost, len(got))
+			}
+		}
+	}
 }

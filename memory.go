@@ -42,8 +42,10 @@ const DefaultMaxBudgets = 100_000
 // the request being decided are never evicted.
 //
 // The consequence of an eviction: the evicted identity's next request starts from a fresh
-// budget (an empty window, a full bucket), so within that window it may be admitted up to
-// one rule capacity more than the rule allows. Budgets still held are exact: nothing is
+// budget (an empty window, a full bucket, no lease held), so within that window it may be
+// admitted up to one rule capacity more than the rule allows; an InFlight budget's leases
+// are lost with it (up to Limit more may be held at once until they end, and renewing one
+// reports [ErrLeaseLost]). Budgets still held are exact: nothing is
 // ever admitted beyond the rules for an identity that is tracked. Refusals of identities
 // that hold no budget create none, and so evict nothing. [Memory.Evictions] counts
 // evictions of budgets that had not expired: a count that keeps growing means the cap is

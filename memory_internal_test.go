@@ -383,3 +383,55 @@ func TestSweepShrinksMap(t *testing.T) {
 		}
 	}
 }
+
+// TestCapEvictedLeases: an InFlight budget evicted at the cap loses its leases, as
+// docs/MEMORY.md says: its identity may then hold up to Limit more leases at once, a
+// renewal of a lost lease reports ErrLeaseLost, and settling one is harmless.
+func TestCapEvictedLeases(t *testing.T) {
+	m, _ := newTestMemory(t, WithMaxBudgets(memShards))
+	r := Rule{Name: "conc", Algorithm: InFlight, Limit: 2, Window: time.Hour}
+	var ids []string
+	var shard int
+	for i := 0; len(ids) < 2; i++ {
+		id := fmt.Sprint("id-", i)
+		s := m.shardOf(&memKey{r.Name, id, "", r.Algorithm})
+		if len(ids) == 0 {
+			shard = s
+		}
+		if s == shard {
+			ids = append(ids, id)
+		}
+	}
+	ctx := context.Background()
+	holder := []Check{{Rule: r, Identity: ids[0], Cost: 1}}
+	var held [][]Ticket
+	for range r.Limit {
+		tk := make([]Ticket, 1)
+		if d, err := m.Reserve(ctx, holder, tk, nil); err != nil || !d.Allowed {
+			t.Fatalf("lease: %+v %v", d, err)
+		}
+		held = append(held, tk)
+	}
+	if d, _ := m.Allow(ctx, holder); d.Allowed {
+		t.Fatalf("a lease beyond the limit: %+v", d)
+	}
+	// A new identity on the shard, whose share is one budget, evicts the holder's.
+	if d, _ := m.Allow(ctx, []Check{{Rule: r, Identity: ids[1], Cost: 1}}); !d.Allowed {
+		t.Fatalf("a new identity: %+v", d)
+	}
+	if m.holds(&memKey{r.Name, ids[0], "", r.Algorithm}) {
+		t.Fatal("the holder's budget was not evicted")
+	}
+	if m.Evictions() == 0 {
+		t.Fatal("the holder's budget was dropped without an eviction")
+	}
+	if err := m.Renew(ctx, holder, held[0]); err != ErrLeaseLost {
+		t.Fatalf("Renew of an evicted lease: %v, want ErrLeaseLost", err)
+	}
+	if d, _ := m.Allow(ctx, holder); !d.Allowed || d.Remaining != r.Limit-1 {
+		t.Fatalf("after the eviction: %+v, want a fresh budget", d)
+	}
+	if err := m.Settle(ctx, holder, held[1], nil); err != nil {
+		t.Fatal(err)
+	}
+}

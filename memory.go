@@ -490,7 +490,10 @@ func (m *Memory) unlock(locked *[memShards]bool) {
 // quarter of the most it held since its map was made, the map is made again, small, so
 // that the memory of a past flood of identities is given back.
 func (m *Memory) maybeSweep(s *memShard, now int64) {
-	if now < s.nextSweep {
+	// Due at the planned time, or at once when the clock went back behind the last
+	// sweep: else a clock (WithClock) that jumped ahead and came back would stop the
+	// sweeps until it reached the far time again.
+	if now < s.nextSweep && s.nextSweep-now <= m.sweep {
 		return
 	}
 	s.nextSweep = now + m.sweep

@@ -435,3 +435,33 @@ func TestCapEvictedLeases(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSweepAfterClockWentBack: a clock (WithClock) that jumped forward and came back does
+// not stop the sweep until it reaches the far time again: state that expires after the
+// clock came back is dropped a sweep interval later, as WithSweepInterval says.
+func TestSweepAfterClockWentBack(t *testing.T) {
+	const sweep = 100 * time.Millisecond
+	m, clk := newTestMemory(t, WithSweepInterval(sweep))
+	r := Rule{Name: "short", Limit: 1, Window: time.Second}
+	ids := identityPerShard(t, m, r)
+	ctx := context.Background()
+	call := func(cost int64) {
+		for _, id := range ids { // a call on every shard
+			if _, err := m.Allow(ctx, []Check{{Rule: r, Identity: id, Cost: cost}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	clk.advance(24 * time.Hour)
+	call(2) // refused: creates nothing, plans every shard's next sweep a day ahead
+	clk.advance(-24 * time.Hour)
+	call(1) // one budget per shard, expiring in a second
+	if n := m.Len(); n != memShards {
+		t.Fatalf("Len %d, want %d", n, memShards)
+	}
+	clk.advance(time.Second + sweep)
+	call(2)
+	if n := m.Len(); n != 0 {
+		t.Fatalf("Len %d a sweep interval after every budget expired, want 0", n)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/israce"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -145,6 +146,11 @@ func TestClusterReadsFromReplicas(t *testing.T) {
 		{"RouteByLatency", func(o *redis.ClusterOptions) { o.RouteByLatency = true }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "RouteByLatency" && israce.Enabled {
+				// go-redis's latency probe reads a node's fields while the client creates
+				// nodes: a data race inside go-redis (v9.23), not in the limiter.
+				t.Skip("go-redis's RouteByLatency races under the race detector")
+			}
 			c := cl.Client(t, tc.edit)
 			l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)), lua.WithRefusalCache(0))
 			if err != nil {

@@ -16,7 +16,8 @@ type budget struct {
 	count, end int64
 	// expires is when the state becomes equal to no state at all and can be dropped.
 	expires int64
-	// name, identity, scope and algo are the budget's key (see memKey), h its hash.
+	// name, identity, scope, algo and digest are the budget's key (see memKey), h its
+	// hash.
 	name, identity, scope string
 	h                     uint64
 	// rolling holds a RollingWindow budget's events, or an InFlight budget's leases (nil
@@ -31,11 +32,12 @@ type budget struct {
 	used bool
 	// shared is set once another budget has had the same hash (see memShard.unchain).
 	shared bool
+	digest bool
 }
 
 // is reports whether b is the budget of k.
 func (b *budget) is(k *memKey) bool {
-	return b.algo == k.algo && b.name == k.name && b.scope == k.scope && b.identity == k.identity
+	return b.algo == k.algo && b.digest == k.digest && b.name == k.name && b.scope == k.scope && b.identity == k.identity
 }
 
 // rollingEvents are a RollingWindow budget's admitted events, oldest first, one per

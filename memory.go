@@ -2,7 +2,10 @@ package ratebudget
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"hash/maphash"
+	"io"
 	"math/bits"
 	"strconv"
 	"sync"
@@ -78,6 +81,32 @@ type memKey struct {
 	identity string
 	scope    string
 	algo     Algorithm
+	// digest reports that identity holds the SHA-256 of the check's identity and scope
+	// (see keyOf) and scope is empty. A digest key never equals a key held as it is.
+	digest bool
+}
+
+// maxKeyText is the most bytes of identity and scope together that a budget holds as they
+// are. Longer ones are held as a 32-byte digest, so that a budget's memory is bounded
+// whatever the caller's keys: the cap ([WithMaxBudgets]) counts budgets.
+const maxKeyText = 256
+
+// keyOf returns the key of c's budget: its rule's name and algorithm, and its identity
+// and scope as they are when they are at most maxKeyText bytes together, or else their
+// SHA-256 (the identity's length, the identity, the scope), so that distinct identities
+// and scopes stay distinct budgets.
+func keyOf(c *Check) memKey {
+	if len(c.Identity)+len(c.Scope) <= maxKeyText {
+		return memKey{name: c.Rule.Name, identity: c.Identity, scope: c.Scope, algo: c.Rule.Algorithm}
+	}
+	h := sha256.New()
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(c.Identity)))
+	h.Write(n[:])
+	io.WriteString(h, c.Identity)
+	io.WriteString(h, c.Scope)
+	var sum [sha256.Size]byte
+	return memKey{name: c.Rule.Name, identity: string(h.Sum(sum[:0])), algo: c.Rule.Algorithm, digest: true}
 }
 
 // MemoryOption configures a [Memory].
@@ -110,7 +139,9 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 
 // WithMaxBudgets caps the number of budgets the limiter holds at n (default
 // [DefaultMaxBudgets]). A budget costs about 150 to 175 bytes of heap, its map entry and
-// an identity as long as an IP address included, so the cap bounds the limiter's memory.
+// an identity as long as an IP address included, and about 400 bytes at most whatever
+// the identity and scope (longer than 256 bytes together, they are held as a 32-byte
+// digest), so the cap bounds the limiter's memory.
 // The cap is split evenly over 64 shards, so n must be at least 64. A shard holds more
 // than its share only when one request names more of that shard's budgets than the share
 // (which takes a cap below 64 times the checks of a request): it then holds that
@@ -228,7 +259,7 @@ func (s *memShard) insert(h uint64, k *memKey, collides bool, spare *budget) *bu
 	if b == nil {
 		b = new(budget)
 	}
-	*b = budget{name: k.name, identity: k.identity, scope: k.scope, algo: k.algo, h: h}
+	*b = budget{name: k.name, identity: k.identity, scope: k.scope, algo: k.algo, digest: k.digest, h: h}
 	if collides {
 		if b.next = s.m[h]; b.next != nil {
 			b.shared = true
@@ -362,7 +393,7 @@ func (m *Memory) allow(checks []Check, out []Outcome, tickets []Ticket) (Decisio
 	now := m.now()
 	if len(checks) == 1 {
 		c := &checks[0]
-		k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
+		k := keyOf(c)
 		h := m.hashOf(&k)
 		s := &m.shards[h%memShards]
 		s.mu.Lock()
@@ -408,7 +439,7 @@ func (s *memShard) lease(r *Rule) int64 {
 func (m *Memory) locate(checks []Check, keys []memKey, hashes []uint64, shards []int) ([]memKey, []uint64, []int) {
 	for i := range checks {
 		c := &checks[i]
-		k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
+		k := keyOf(c)
 		h := m.hashOf(&k)
 		keys = append(keys, k)
 		hashes = append(hashes, h)

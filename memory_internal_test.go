@@ -48,7 +48,7 @@ func identityPerShard(t *testing.T, m *Memory, r Rule) [memShards]string {
 			t.Fatalf("only %d of %d shards reached", found, memShards)
 		}
 		id := fmt.Sprint("id-", i)
-		s := m.shardOf(&memKey{r.Name, id, "", r.Algorithm})
+		s := m.shardOf(&memKey{name: r.Name, identity: id, algo: r.Algorithm})
 		if out[s] == "" {
 			out[s] = id
 			found++
@@ -111,7 +111,7 @@ func TestMultiShardLockOrder(t *testing.T) {
 	a := Rule{Name: "a", Algorithm: FixedWindow, Limit: 5, Window: time.Minute}
 	b := Rule{Name: "b", Algorithm: TokenBucket, Limit: 1000, Window: time.Minute}
 	c := Rule{Name: "c", Algorithm: RollingWindow, Limit: 1000, Window: time.Minute}
-	ka, kb := memKey{a.Name, "", "", a.Algorithm}, memKey{b.Name, "x", "", b.Algorithm}
+	ka, kb := memKey{name: a.Name, algo: a.Algorithm}, memKey{name: b.Name, identity: "x", algo: b.Algorithm}
 	for i := 0; m.shardOf(&ka) == m.shardOf(&kb); i++ {
 		kb.identity = fmt.Sprint("x", i) // b's budget must live in another shard than a's
 	}
@@ -163,18 +163,19 @@ func TestMultiShardLockOrder(t *testing.T) {
 	}
 }
 
-// TestHashCollisionsChain: budgets whose keys hash alike are told apart by their keys,
+// TestHashCollisionsChain: budgets whose keys hash alike are told apart by their keys (a
+// digest key from a key held as it is with the same bytes included),
 // and sweeping drops only the expired ones of a chain.
 func TestHashCollisionsChain(t *testing.T) {
 	s := memShard{m: make(map[uint64]*budget)}
 	const h = 42
-	keys := []memKey{{"a", "x", "", FixedWindow}, {"a", "y", "", FixedWindow}, {"a", "x", "", TokenBucket}, {"b", "x", "s", FixedWindow}}
+	keys := []memKey{{"a", "x", "", FixedWindow, false}, {"a", "y", "", FixedWindow, false}, {"a", "x", "", TokenBucket, false}, {"b", "x", "s", FixedWindow, false}, {"a", "x", "", FixedWindow, true}}
 	for i := range keys {
 		if s.get(h, &keys[i]) != nil {
 			t.Fatalf("key %d found before it was added", i)
 		}
 		b := s.add(h, &keys[i])
-		b.expires = int64(i % 2) // keys 0 and 2 expire at 0, keys 1 and 3 at 1
+		b.expires = int64(i % 2) // keys 0, 2 and 4 expire at 0, keys 1 and 3 at 1
 	}
 	for i := range keys {
 		if b := s.get(h, &keys[i]); b == nil || !b.is(&keys[i]) {
@@ -190,7 +191,7 @@ func TestHashCollisionsChain(t *testing.T) {
 		s.add(h, &keys[i]).expires = int64(10 + i%2)
 	}
 	s.nextSweep = 0
-	m.maybeSweep(&s, 10) // keys 0 and 2 expire at 10
+	m.maybeSweep(&s, 10) // keys 0, 2 and 4 expire at 10
 	if s.n != 2 {
 		t.Fatalf("after sweeping at 10: %d budgets, want 2", s.n)
 	}
@@ -277,7 +278,7 @@ func TestCapTrackedBudgetsExact(t *testing.T) {
 		refChecks := make([]Check, len(checks))
 		tracked := true
 		for j, c := range checks {
-			k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
+			k := keyOf(&c)
 			if !capped.holds(&k) {
 				generation[k]++
 				tracked = false
@@ -326,7 +327,7 @@ func TestCapKeepsRequestBudgets(t *testing.T) {
 	var shard int
 	for i := 0; len(ids) < 4; i++ {
 		id := fmt.Sprint("id-", i)
-		s := m.shardOf(&memKey{r.Name, id, "", r.Algorithm})
+		s := m.shardOf(&memKey{name: r.Name, identity: id, algo: r.Algorithm})
 		if len(ids) == 0 {
 			shard = s
 		}
@@ -394,7 +395,7 @@ func TestCapEvictedLeases(t *testing.T) {
 	var shard int
 	for i := 0; len(ids) < 2; i++ {
 		id := fmt.Sprint("id-", i)
-		s := m.shardOf(&memKey{r.Name, id, "", r.Algorithm})
+		s := m.shardOf(&memKey{name: r.Name, identity: id, algo: r.Algorithm})
 		if len(ids) == 0 {
 			shard = s
 		}
@@ -419,7 +420,7 @@ func TestCapEvictedLeases(t *testing.T) {
 	if d, _ := m.Allow(ctx, []Check{{Rule: r, Identity: ids[1], Cost: 1}}); !d.Allowed {
 		t.Fatalf("a new identity: %+v", d)
 	}
-	if m.holds(&memKey{r.Name, ids[0], "", r.Algorithm}) {
+	if m.holds(&memKey{name: r.Name, identity: ids[0], algo: r.Algorithm}) {
 		t.Fatal("the holder's budget was not evicted")
 	}
 	if m.Evictions() == 0 {

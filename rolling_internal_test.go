@@ -191,7 +191,7 @@ func BenchmarkRollingRefusal(b *testing.B) {
 	})
 	b.Run("refusal/walk", func(b *testing.B) {
 		m, _, c := setup(b, refuse)
-		k := memKey{c[0].Rule.Name, c[0].Identity, "", RollingWindow}
+		k := keyOf(&c[0])
 		h := m.hashOf(&k)
 		s := &m.shards[h%memShards]
 		for b.Loop() {
@@ -215,7 +215,7 @@ func BenchmarkRollingRefusal(b *testing.B) {
 	})
 	b.Run("steady/copy", func(b *testing.B) {
 		m, clk, c := setup(b, steady)
-		k := memKey{c[0].Rule.Name, c[0].Identity, "", RollingWindow}
+		k := keyOf(&c[0])
 		h := m.hashOf(&k)
 		s := &m.shards[h%memShards]
 		w := steady.Window.Milliseconds()

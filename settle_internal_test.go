@@ -9,7 +9,7 @@ import (
 
 // budgetOf returns the budget of c in m, or nil.
 func (m *Memory) budgetOf(c Check) *budget {
-	k := memKey{c.Rule.Name, c.Identity, c.Scope, c.Rule.Algorithm}
+	k := keyOf(&c)
 	h := m.hashOf(&k)
 	s := &m.shards[h%memShards]
 	s.mu.Lock()
@@ -202,7 +202,7 @@ func TestSettleKeepsItsOwnBudgets(t *testing.T) {
 	long := Rule{Name: "long", Limit: 5, Window: time.Hour}
 	a := Check{Rule: short, Identity: "a", Cost: 1}
 	b := Check{Rule: long, Cost: 1}
-	for i := 0; m.shardOf(&memKey{long.Name, b.Identity, "", long.Algorithm}) != m.shardOf(&memKey{short.Name, a.Identity, "", short.Algorithm}); i++ {
+	for i := 0; m.shardOf(&memKey{name: long.Name, identity: b.Identity, algo: long.Algorithm}) != m.shardOf(&memKey{name: short.Name, identity: a.Identity, algo: short.Algorithm}); i++ {
 		b.Identity = fmt.Sprint("b-", i)
 	}
 	checks := []Check{a, b}

@@ -101,8 +101,7 @@ func Global() KeyFunc {
 // logs it).
 //
 // A plain conversion, KeyFunc(fn), keeps none of this hygiene: inside [Join] its empty
-// key is encoded as "0:", one budget shared by every request without an identity, and
-// the in-process limiter holds its keys as they are, however long.
+// key is encoded as "0:", one budget shared by every request without an identity.
 func Func(fn func(r *http.Request) (string, error)) KeyFunc {
 	if fn == nil {
 		return misbuilt("Func", "needs a function, got nil")

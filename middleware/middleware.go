@@ -47,8 +47,9 @@
 // failed limiter's layers applies (FailClosed, then LocalFallback, then FailOpen; a
 // layer whose rules are all in shadow mode has no say); under FailOpen and LocalFallback
 // the other limiters still decide their layers' rules, and a refusal gives back the
-// local fallback's spend too. An admission with a limiter failed under FailOpen and no
-// local decision is OutcomeDegraded, without metadata.
+// local fallback's spend too. An admission with a limiter failed under FailOpen is
+// OutcomeDegraded, without metadata, even when a local fallback decided another failed
+// limiter's layers (Event.Fallback is then set too).
 //
 // # Failure handling
 //
@@ -113,7 +114,9 @@ const (
 	OutcomeDenied
 	// OutcomeExceeded: refused with 413, the cost exceeds a rule's capacity.
 	OutcomeExceeded
-	// OutcomeDegraded: admitted without a decision because the store failed under FailOpen.
+	// OutcomeDegraded: admitted without a decision because the store failed under FailOpen
+	// (for stacked layers, a failed limiter's layers under FailOpen were not enforced;
+	// Event.Fallback tells whether a local fallback decided another's).
 	OutcomeDegraded
 	// OutcomeUnavailable: refused with 503 because the store failed under FailClosed.
 	OutcomeUnavailable

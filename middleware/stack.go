@@ -318,6 +318,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	}()
 	var err error
 	var failed *group
+	open := false // a limiter failed under FailOpen, and its rules went unenforced
 	switch {
 	case len(st.checks) == 0:
 		// Every rule is in shadow mode: nothing is enforced.
@@ -346,7 +347,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			unspent(st.checks, outcomes) // all-or-nothing: the refusal spent nothing
 		}
 	default:
-		ev.Decision, outcomes, ev.Latency, failed, ev.Fallback, err = decideGroups(ctx, st)
+		ev.Decision, outcomes, ev.Latency, failed, ev.Fallback, open, err = decideGroups(ctx, st)
 	}
 	if err != nil {
 		if errors.Is(err, ratebudget.ErrInvalidConfig) {
@@ -371,11 +372,12 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		policy := strictest(failed.parts)
 		// decideGroups applies a policy other than FailClosed itself and goes on with the
-		// other limiters, whose refusal refuses: the request was decided unless nothing
-		// but FailOpen admitted it.
+		// other limiters, whose refusal refuses: the request was decided, and an
+		// admission is degraded when a limiter failed under FailOpen (whatever the local
+		// fallback decided for another), whose rules went unenforced.
 		decided := !single && policy != FailClosed
 		switch {
-		case policy == FailOpen && !decided, decided && ev.Decision.Allowed && !ev.Fallback:
+		case policy == FailOpen && !decided, decided && ev.Decision.Allowed && open:
 			ev.Outcome = OutcomeDegraded
 			ev.Decision = ratebudget.Decision{}
 			observeAll(st, &ev)
@@ -551,12 +553,13 @@ func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duratio
 // refusal stops the walk: later groups spend nothing; earlier groups' spend is given
 // back when their limiter implements ratebudget.Settler (it was reserved), and stays
 // spent otherwise. A group's store failure under FailOpen or LocalFallback is decided
-// by that policy (fellBack reports a local decision) and the walk goes on, so that the
-// other limiters' rules still apply; failed and err are then the last failure. Any
-// other failure (FailClosed, a configuration error, a canceled request) stops the walk
-// with the earlier groups' reservations standing: decideStack answers it. The decision
+// by that policy (fellBack reports a local decision, open an admission under FailOpen)
+// and the walk goes on, so that the other limiters' rules still apply; failed and err
+// are then the last failure. Any other failure (FailClosed, a configuration error, a
+// canceled request) stops the walk with the earlier groups' reservations standing:
+// decideStack answers it. The decision
 // reported is the refusing group's, or when all admit the most restrictive rule of all.
-func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, failed *group, fellBack bool, err error) {
+func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, failed *group, fellBack, open bool, err error) {
 	var groups []*group
 	for i := range st.parts {
 		p := st.parts[i]
@@ -610,17 +613,18 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 		if gerr != nil {
 			policy := strictest(g.parts)
 			if policy == FailClosed || ctx.Err() != nil || errors.Is(gerr, ratebudget.ErrInvalidConfig) {
-				return ratebudget.Decision{}, nil, latency, g, false, gerr
+				return ratebudget.Decision{}, nil, latency, g, false, false, gerr
 			}
 			failed, err = g, gerr
 			known = false // the failed group's state is not known
 			if policy == FailOpen {
+				open = true
 				continue
 			}
 			gd, _ = fallback(ctx, st, g) // its Index is the stack's already
 			fellBack = true
 			if !gd.Allowed {
-				return gd, nil, latency, failed, true, err
+				return gd, nil, latency, failed, true, open, err
 			}
 		} else {
 			if gout == nil {
@@ -649,7 +653,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 				outcomes = all
 				st.unasked = unasked(st, groups, g)
 			}
-			return gd, outcomes, latency, failed, fellBack, err
+			return gd, outcomes, latency, failed, fellBack, open, err
 		}
 		if best < 0 || gd.Remaining < d.Remaining || gd.Remaining == d.Remaining && gd.ResetAfter > d.ResetAfter {
 			d, best = gd, gd.Index
@@ -661,7 +665,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 	if known {
 		outcomes = all
 	}
-	return d, outcomes, latency, failed, fellBack, err
+	return d, outcomes, latency, failed, fellBack, open, err
 }
 
 // unasked marks the checks of the groups after refused, which a refusal left unasked;

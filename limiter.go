@@ -27,7 +27,8 @@ type Limiter interface {
 // the reported rule's. AllowEach decides as Allow does; when it returns no error it has
 // set outcomes[i] to checks[i]'s outcome (len(outcomes) must equal len(checks)), so that
 // callers can describe every rule of a request (package middleware lists each in the
-// RateLimit header field). On an error the outcomes are undefined.
+// RateLimit header field). On an error the outcomes are undefined. Implementations must be
+// safe for concurrent use, as Limiter's are.
 type Reporter interface {
 	AllowEach(ctx context.Context, checks []Check, outcomes []Outcome) (Decision, error)
 }
@@ -50,7 +51,8 @@ type Check struct {
 
 // Decision is a limiter's answer to one request, reporting one rule: the one that refused
 // (the refusing rule with the longest wait), or when admitted the most restrictive rule
-// (fewest units remaining; on a tie, the longest reset).
+// (fewest units remaining; on a tie, the longest reset). The zero Decision admits
+// nothing and reports no rule.
 type Decision struct {
 	// Allowed is true when every check was admitted and spent.
 	Allowed bool
@@ -82,10 +84,19 @@ type Decision struct {
 
 // Outcome is one rule's part of a decision, as computed by a limiter engine.
 type Outcome struct {
-	Allowed    bool
-	Exceeded   bool
-	Remaining  int64
+	// Allowed is true when the check fits its budget (the request as a whole is admitted
+	// only when every check's is).
+	Allowed bool
+	// Exceeded is true when the check's cost exceeds its rule's capacity, as
+	// [Decision.Exceeded].
+	Exceeded bool
+	// Remaining is the check's budget left, in cost units, as [Decision.Remaining].
+	Remaining int64
+	// ResetAfter is the time until the check's budget is whole again, as
+	// [Decision.ResetAfter]; zero when untouched.
 	ResetAfter time.Duration
+	// RetryAfter is, when the check does not fit, the earliest time after which it could,
+	// as [Decision.RetryAfter]; zero when it fits or is Exceeded.
 	RetryAfter time.Duration
 }
 

@@ -91,8 +91,8 @@ type Rule struct {
 	// Window is the length of the window, the refill period, or an InFlight lease's time
 	// to live: a whole number of milliseconds, 1ms to 366 days (8784h).
 	Window time.Duration
-	// Burst is the TokenBucket's capacity, in cost units; zero means Limit. Other time rules
-	// require zero.
+	// Burst is the TokenBucket's capacity, in cost units, 0 to MaxLimit; zero means Limit.
+	// Other time rules require zero.
 	Burst int64
 }
 
@@ -106,7 +106,12 @@ func (r Rule) Capacity() int64 {
 	return r.Limit
 }
 
-// Validate reports the first problem with the rule as a *[ConfigError] naming the field.
+// Validate reports the first problem with the rule as a *[ConfigError] naming the field:
+// a Name that is not 1 to 64 bytes of [A-Za-z0-9_.-], an unknown Algorithm, a Limit
+// outside 1..MaxLimit, a Window outside 1ms..366 days or not a whole number of
+// milliseconds, a Burst on another time rule than TokenBucket or outside 0..MaxLimit,
+// or a token bucket whose capacity times its Window in milliseconds exceeds 2^53 (the
+// scale of its exact refill arithmetic).
 func (r Rule) Validate() error {
 	bad := func(field, format string, args ...any) error {
 		return &ConfigError{Rule: r.Name, Field: field, Problem: fmt.Sprintf(format, args...)}
@@ -151,7 +156,8 @@ func (r Rule) Validate() error {
 	return nil
 }
 
-// ValidateRules validates each rule and checks that names are unique.
+// ValidateRules validates each rule ([Rule.Validate]) and checks that there is at least
+// one and that names are unique. It returns a *[ConfigError] naming the field at fault.
 func ValidateRules(rules []Rule) error {
 	if len(rules) == 0 {
 		return &ConfigError{Field: "rules", Problem: "must contain at least one rule"}

@@ -45,7 +45,8 @@ type Check struct {
 	// Scope narrows the budget to part of the service (a route pattern, a group). Empty
 	// means everywhere the rule is used.
 	Scope string
-	// Cost is the number of units to spend; it must be positive.
+	// Cost is the number of units to spend (a request, a unit of estimated work, a byte),
+	// in the rule's cost units; it must be positive (exactly 1 for an InFlight rule).
 	Cost int64
 }
 

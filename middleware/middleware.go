@@ -238,6 +238,11 @@ type mw struct {
 // New returns middleware that spends each request's cost from every rule's budget in lim.
 // Rules and options are validated here; an invalid one returns a *ratebudget.ConfigError
 // naming the field or option.
+//
+// The middleware, and every handler it wraps, is safe for concurrent use. The functions
+// it is given (the rules' Identity and Scope, WithCost, the Counting callbacks, the
+// observers and handlers) are called concurrently for concurrent requests, and must be
+// safe for that.
 func New(lim ratebudget.Limiter, rules []Rule, opts ...Option) (func(http.Handler) http.Handler, error) {
 	m, err := build(lim, rules, opts)
 	if err != nil {

@@ -68,9 +68,9 @@ func ExampleWithCoalescing() {
 		log.Fatal(err)
 	}
 
-	// Every caller of a service-wide rule spends the same budget: a hot key.
+	// Every caller of a service-wide rule (no identity) spends the same budget: a hot key.
 	rule := ratebudget.Rule{Name: "service", Limit: 50_000, Window: time.Second}
-	d, err := limiter.Allow(context.Background(), []ratebudget.Check{{Rule: rule, Identity: "*", Cost: 1}})
+	d, err := limiter.Allow(context.Background(), []ratebudget.Check{{Rule: rule, Cost: 1}})
 	if err == nil && !d.Allowed {
 		fmt.Println(http.StatusTooManyRequests, d.RetryAfter)
 	}

@@ -146,11 +146,14 @@ type Info struct {
 	Limit int64
 	// Remaining is the cost units left after this request; negative values are sent as 0.
 	Remaining int64
-	// Reset is the time until the budget is whole again, sent as X-RateLimit-Reset.
+	// Reset is the time until the budget is whole again, sent as X-RateLimit-Reset in
+	// whole seconds, rounded up (0 when zero or negative).
 	Reset time.Duration
-	// Window is the rule's window or refill period.
+	// Window is the rule's window or refill period, sent as RateLimit-Policy's w in whole
+	// seconds, rounded up and at least 1; zero or negative omits w.
 	Window time.Duration
-	// RetryAfter is, for a refusal, the earliest time a retry could be admitted.
+	// RetryAfter is, for a refusal, the earliest time a retry could be admitted, sent as
+	// Retry-After in whole seconds, rounded up and at least 1. Write ignores it.
 	RetryAfter time.Duration
 	// Available is the time until more quota is made available (the end of a fixed
 	// window, the next token of a token bucket): draft-11's effective window, within

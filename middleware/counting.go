@@ -79,7 +79,8 @@ func CountActual(estimate int64, actual func(r *http.Request, status int, header
 // CountResponseHeader reserves estimate units at admission and settles at the decimal
 // integer the handler sets in the response header name (a token count, query cost
 // units). A header that is missing or not a non-negative integer keeps the estimate.
-// name must be a valid header field name (New refuses another).
+// estimate must be in 1..the rule's capacity, and name a valid header field name (New
+// refuses others).
 func CountResponseHeader(estimate int64, name string) Counting {
 	key := http.CanonicalHeaderKey(name)
 	return Counting{kind: countActual, estimate: estimate, header: name, byHeader: true, actual: func(_ *http.Request, _ int, h http.Header) int64 {

@@ -3,7 +3,8 @@
 // never be admitted, 400 for a request whose budget cannot be determined, 503 Service
 // Unavailable when the budget store is down).
 //
-// It depends on the standard library only, so custom refusal handlers can reuse it.
+// It depends on the standard library only, so custom refusal handlers can reuse it. Its
+// functions keep no state and are safe for concurrent use (each on its own response).
 //
 // # Metadata headers
 //

@@ -126,7 +126,7 @@ func WithClock(now func() time.Time) MemoryOption {
 }
 
 // WithSweepInterval sets how often each shard drops expired state (default 10s). It must
-// be at least one millisecond.
+// be at least one millisecond; it is used in whole milliseconds (a fraction is dropped).
 func WithSweepInterval(d time.Duration) MemoryOption {
 	return func(m *Memory) error {
 		if d < time.Millisecond {

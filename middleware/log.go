@@ -12,8 +12,12 @@ import (
 // once per every: a failing store would otherwise write a line per request. Each line
 // carries the outcome the policy produced, the error (for operators, never for clients)
 // and how many failures were suppressed since the previous line. A non-positive every
-// logs every failure. The observer is safe for concurrent use; log must not be nil.
+// logs every failure. A nil log is slog.Default(), read when LogStoreErrors is called.
+// The observer is safe for concurrent use.
 func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
+	if log == nil {
+		log = slog.Default()
+	}
 	var mu sync.Mutex
 	var last time.Time
 	var suppressed int

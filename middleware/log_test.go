@@ -34,3 +34,16 @@ func TestLogStoreErrorsIsRateLimited(t *testing.T) {
 		t.Fatalf("%d lines with no interval, want 3", n)
 	}
 }
+
+// A nil logger is the default logger: the observer runs on the request path, where a nil
+// pointer dereference would turn the first store failure into a panic.
+func TestLogStoreErrorsNilLoggerDoesNotPanic(t *testing.T) {
+	t.Parallel()
+	obs := middleware.LogStoreErrors(nil, 0)
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("observer built with a nil logger panicked on a store failure: %v", p)
+		}
+	}()
+	obs(middleware.Event{Outcome: middleware.OutcomeUnavailable, Err: &ratebudget.StoreError{Class: "timeout", Err: errors.New("i/o timeout")}})
+}

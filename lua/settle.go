@@ -4,8 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
 )
@@ -73,7 +77,8 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 // others from being settled. A failure is a
 // *[ratebudget.StoreError]: when certain, that group's reservation stays in place (an
 // overcount), its extras uncharged and its leases left to expire; when uncertain
-// (StoreError.Uncertain: the reply was lost) the call may also have run. The
+// (StoreError.Uncertain: the reply was lost, or a command failed after the group's
+// first write, which Redis keeps) the call may also have run, or run in part. The
 // tickets are cleared whatever the outcome: a settle is never retried.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
@@ -194,6 +199,9 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 		v, err := c.run(ctx, settleScript, settleSource, k.gkeys, k.args)
 		if err != nil {
 			k.err = classify(err)
+			if se, ok := k.err.(*ratebudget.StoreError); ok && partlyWritten(err) {
+				se.Uncertain = true // Redis keeps the writes before the failure
+			}
 		} else if vals, ok := v.([]any); !ok || len(vals) != len(k.gkeys) {
 			k.err = badReply(fmt.Sprintf("settle: %v", v))
 		} else if renewing {
@@ -233,6 +241,13 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 		return ratebudget.ErrLeaseLost
 	}
 	return nil
+}
+
+// partlyWritten reports whether err is settle.lua's reply for a command that failed
+// after the call's first write (see settle.lua).
+func partlyWritten(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.Contains(re.Error(), "ratebudget: settle partly written")
 }
 
 func firstOf(a, b error) error {

@@ -24,10 +24,14 @@
 -- Reply: one integer per check: 1 if it was given back, charged, released or renewed,
 --          0 if the state no longer allowed it (the window closed, the event is no longer
 --          the newest or left the window, the lease expired, a counter or bucket given
---          back is corrupt); nothing is written then.
+--          back is corrupt, the key holds another type than the check's); nothing is
+--          written for that check then, and the other checks are settled.
 --          An error reply (bad arguments, or a corrupt counter, bucket or log of a
 --          charged check: allow.lua's replies, whose check numbers count the charged
 --          checks only) comes before any write but allow.lua's trims of aged events.
+--          A command that fails after the group's first write (one the user may not
+--          run, say) is an error reply starting 'ERR ratebudget: settle partly
+--          written': Redis keeps the writes before it.
 --
 -- The extras are charged first, all in one call of allow in mode '3', so that its checks
 -- of arguments and state come before any give-back is written; the keys of a decision
@@ -54,7 +58,35 @@ local renewing = ARGV[1] == 'renew'
 if not renewing and ARGV[1] ~= 'settle' then
   return redis.error_reply('ERR ratebudget: bad mode')
 end
-local call = redis.call
+-- wrote: a write of this call was made (by write, or by allow's charge). call is
+-- redis.call, whose failure after a write is reported as such (see Reply); write is call
+-- of a write command; first is call of a check's first command on its key, nil when the
+-- key holds another type (WRONGTYPE): such a value (an operator's) is left as it is,
+-- rather than failing after the writes of the checks before it.
+local wrote = false
+local pcall_ = redis.pcall
+local function failed(r)
+  if wrote then error({err = 'ERR ratebudget: settle partly written: ' .. r.err}) end
+  error(r)
+end
+local function call(...)
+  local r = pcall_(...)
+  if type(r) == 'table' and r.err then failed(r) end
+  return r
+end
+local function write(...)
+  local r = call(...)
+  wrote = true
+  return r
+end
+local function first(...)
+  local r = pcall_(...)
+  if type(r) == 'table' and r.err then
+    if string.sub(r.err, 1, 9) == 'WRONGTYPE' then return nil end
+    failed(r)
+  end
+  return r
+end
 local function int(s, lo, hi)
   local v = tonumber(s)
   if v == nil or v ~= math.floor(v) or v < lo or v > hi then return nil end
@@ -121,6 +153,7 @@ end
 if #xkeys > 0 then
   local r = allow(xkeys, xargv)
   if r.err then return r end
+  wrote = true
 end
 
 local reply = {}
@@ -131,17 +164,18 @@ for i = 1, n do
     done = 1 -- charged by allow above
   elseif a.algo == 3 then
     if renewing then
-      local s = call('ZSCORE', key, a.member)
+      local s = first('ZSCORE', key, a.member)
       if s and tonumber(s) > clock() then
         local at = now + a.win
         local last = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
         if last > at then at = last end
-        call('ZADD', key, 'XX', at, a.member)
-        call('PEXPIREAT', key, at)
+        write('ZADD', key, 'XX', at, a.member)
+        write('PEXPIREAT', key, at)
         done = 1
       end
     else
-      done = call('ZREM', key, a.member)
+      done = first('ZREM', key, a.member) or 0 -- a ZREM that fails writes nothing
+      if done == 1 then wrote = true end
     end
   elseif renewing or a.give == 0 then
     done = 0
@@ -149,19 +183,19 @@ for i = 1, n do
     if call('PEXPIRETIME', key) == a.at then
       -- A counter not in DECRBY's form (see allow.lua) is not given back: DECRBY would
       -- fail after the group's earlier writes.
-      local v = call('GET', key)
+      local v = first('GET', key)
       v = v and (v == '0' or string.find(v, '^%-?[1-9]%d*$')) and tonumber(v)
       if v and (v > MAXSCALED or v < -MAXSCALED) then v = nil end
       if v and v <= a.give then
-        call('DEL', key)
+        write('DEL', key)
         done = 1
       elseif v then
-        call('DECRBY', key, a.give) -- keeps the TTL
+        write('DECRBY', key, a.give) -- keeps the TTL
         done = 1
       end
     end
   elseif a.algo == 1 then
-    local v = call('GET', key)
+    local v = first('GET', key)
     local d = v and string.find(v, '^%d+$') and tonumber(v)
     local w, rate = a.win, a.limit
     local full = a.cap * w
@@ -183,15 +217,15 @@ for i = 1, n do
       if give > a.cap then give = a.cap end -- an admitted cost is at most the capacity
       d = d - give * w
       if d <= 0 then
-        call('DEL', key)
+        write('DEL', key)
       else
-        call('SET', key, d, 'PX', lag + ceildiv(d, rate))
+        write('SET', key, d, 'PX', lag + ceildiv(d, rate))
       end
       done = 1
     end
   else
-    local newest = call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    if #newest > 0 and tonumber(newest[2]) == a.at and a.at > clock() - a.win then
+    local newest = first('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if newest and #newest > 0 and tonumber(newest[2]) == a.at and a.at > clock() - a.win then
       local acc, c, tail = string.match(newest[1], '^(%d+):(%d+)(.*)$')
       acc, c = tonumber(acc), tonumber(c)
       local give = a.give
@@ -200,21 +234,21 @@ for i = 1, n do
       if acc == a.aux and c and give > 0 then
         if c > give then
           tail = string.match(tail, '^:%d+(:%d+:%d+)$') or ''
-          call('ZADD', key, newest[2], (acc - give) .. ':' .. (c - give) .. ':' .. newest[2] .. tail)
-          call('ZREM', key, newest[1])
+          write('ZADD', key, newest[2], (acc - give) .. ':' .. (c - give) .. ':' .. newest[2] .. tail)
+          write('ZREM', key, newest[1])
           last = newest[2]
         else
-          call('ZREM', key, newest[1])
+          write('ZREM', key, newest[1])
           local prev = call('ZRANGE', key, -1, -1, 'WITHSCORES')
           local head, ptail
           if #prev > 0 then head, ptail = string.match(prev[1], '^(%d+:%d+):%d+(:%d+:%d+)$') end
           if head and ptail ~= string.match(tail, '^:%d+(:%d+:%d+)$') then
-            call('ZADD', key, prev[2], head .. ':' .. prev[2])
-            call('ZREM', key, prev[1])
+            write('ZADD', key, prev[2], head .. ':' .. prev[2])
+            write('ZREM', key, prev[1])
           end
           if #prev > 0 then last = prev[2] end
         end
-        if last then call('PEXPIREAT', key, tonumber(last) + a.win) end
+        if last then write('PEXPIREAT', key, tonumber(last) + a.win) end
         done = 1
       end
     end

@@ -156,8 +156,10 @@
 // c with RetryAfter r, requests for the same budget with cost at least c are refused
 // locally until r has passed, so a flooding client costs Redis one call per wait. Until
 // then the budget can only become fuller by the time rule itself, so this refuses
-// nothing Redis would admit, except after a refund, a budget lost on the server or a
-// server clock stepping forward, for at most the cached wait. A cached refusal reports
+// nothing Redis would admit, except after another process's refund or settle, a budget
+// lost on the server or a server clock stepping forward, for at most the cached wait
+// (this limiter's own refunds and settles drop its refusals of the budgets given back,
+// including refusals decided while the spend held). A cached refusal reports
 // the waits remaining; an admission drops the refusals of its budgets. Through
 // [Limiter.AllowEach] a cached refusal also repeats every check's outcome as Redis
 // reported it, but only for the same checks (budgets, costs, order), while none of their

@@ -72,6 +72,9 @@ type core struct {
 	// reload, for a *redis.ClusterClient, reloads its slot map after errors that say
 	// the topology may have changed.
 	reload *reloader
+	// gaveBack, when not nil (a refusal cache), is told of the checks a refund gave
+	// back, after the refund.
+	gaveBack func([]ratebudget.Check)
 }
 
 // Option configures a [Limiter] in [New].
@@ -242,6 +245,9 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 	if cfg.cacheSize > 0 {
 		l.refusals = refusal.Wrap(l.top, cfg.cacheSize)
 		l.top = l.refusals
+		// A refund gives budget back as a settle does: a refusal cached, or on its way
+		// to the cache, since the refunded spend may no longer hold.
+		c.gaveBack = l.refusals.GaveBack
 	}
 	return l, nil
 }
@@ -508,11 +514,23 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 // bounded by refundTimeout, and refund returns errRefundDetached: its outcome is not
 // known. Without it, the earlier groups' spend and leases, often on healthy masters,
 // would stay for a decision that admitted nothing (a lease until its TTL).
+//
+// After the refund (when detached, once it ends), the refusal cache, if any, is told of
+// the budget given back ([refusal.Limiter.GaveBack]), as after a settle: a refusal that
+// Redis decided while the spend held is not cached for its whole wait.
 func (c *core) refund(ctx context.Context, d *decision) error {
 	if !d.spent {
 		return nil
 	}
 	d.spent = false
+	var given []ratebudget.Check // the checks of the groups admitted
+	if c.gaveBack != nil {
+		for i := range d.checks {
+			if !d.tickets[i].IsZero() {
+				given = append(given, d.checks[i])
+			}
+		}
+	}
 	dl, hasDeadline := ctx.Deadline()
 	if hasDeadline && (time.Until(dl) <= 0 || errors.Is(ctx.Err(), context.DeadlineExceeded)) {
 		n := len(d.checks)
@@ -526,6 +544,9 @@ func (c *core) refund(ctx context.Context, d *decision) error {
 		go func() {
 			defer cancel()
 			_ = c.settle(rctx, checks, tickets, nil, keys, slots, false)
+			if given != nil {
+				c.gaveBack(given)
+			}
 		}()
 		return errRefundDetached
 	}
@@ -538,7 +559,11 @@ func (c *core) refund(ctx context.Context, d *decision) error {
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
-	return c.settle(ctx, d.checks, d.tickets, nil, d.keys, d.slots, false)
+	err := c.settle(ctx, d.checks, d.tickets, nil, d.keys, d.slots, false)
+	if given != nil {
+		c.gaveBack(given)
+	}
+	return err
 }
 
 // errRefundDetached is refund's report of a refund left to run after the decision.

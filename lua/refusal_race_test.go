@@ -3,6 +3,7 @@ package lua_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,5 +118,98 @@ func TestRefusalCachedAcrossLimits(t *testing.T) {
 				t.Fatalf("after the reservation was given back: %+v, %v; want admitted, as Redis admits", d, err)
 			}
 		})
+	}
+}
+
+// orderedScripter is a redis.Scripter (without go-redis's Process, so that every script
+// call is its own EvalSha or Eval on the caller's goroutine) that runs after once each
+// call's reply came back, before the caller sees it.
+type orderedScripter struct {
+	redis.Scripter
+	after func(ctx context.Context)
+}
+
+func (s *orderedScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	cmd := s.Scripter.EvalSha(ctx, sha, keys, args...)
+	s.after(ctx)
+	return cmd
+}
+
+func (s *orderedScripter) Eval(ctx context.Context, src string, keys []string, args ...any) *redis.Cmd {
+	cmd := s.Scripter.Eval(ctx, src, keys, args...)
+	s.after(ctx)
+	return cmd
+}
+
+type callerKey struct{}
+
+// TestRefusalCachedAfterRefund: a decision of two slot groups spends the first budget
+// and is refused by the second; the first is refunded. Another decision on the first
+// budget, sent while it was spent, is refused by Redis; its refusal reaches the cache
+// only after the refund gave the budget back. It is not cached: the cache would refuse
+// for the refusal's whole wait what Redis admits.
+func TestRefusalCachedAfterRefund(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	var (
+		aCalls             atomic.Int32
+		bOnce              sync.Once
+		aRefused, bReplied chan struct{}
+		aDone              chan struct{}
+	)
+	s := &orderedScripter{Scripter: c, after: func(ctx context.Context) {
+		switch ctx.Value(callerKey{}) {
+		case "A":
+			if aCalls.Add(1) == 2 { // the second group's refusal, before the refund
+				close(aRefused)
+				<-bReplied
+			}
+		case "B":
+			bOnce.Do(func() {
+				close(bReplied)
+				<-aDone // the refund has given the budget back
+			})
+		}
+	}}
+	l := newLimiter(t, s)
+	ctx := context.Background()
+	if err := l.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
+		for _, reserve := range []bool{false, true} {
+			t.Run(fmt.Sprint(alg, reserve), func(t *testing.T) {
+				aCalls.Store(0)
+				bOnce = sync.Once{}
+				aRefused, bReplied, aDone = make(chan struct{}), make(chan struct{}), make(chan struct{})
+				rule := ratebudget.Rule{Name: fmt.Sprint("x", reserve), Algorithm: alg, Limit: 1, Window: time.Hour}
+				x := ratebudget.Check{Rule: rule, Identity: "uma", Cost: 1}
+				y := x
+				y.Rule.Name, y.Identity = fmt.Sprint("y", reserve), "" // another slot
+				// y's budget is spent, by an admission: nothing is cached.
+				if d, err := l.Allow(ctx, []ratebudget.Check{y}); err != nil || !d.Allowed {
+					t.Fatalf("y: %+v, %v", d, err)
+				}
+				var dA ratebudget.Decision
+				var errA error
+				go func() {
+					defer close(aDone)
+					actx := context.WithValue(ctx, callerKey{}, "A")
+					if reserve {
+						dA, errA = l.Reserve(actx, []ratebudget.Check{x, y}, make([]ratebudget.Ticket, 2), nil)
+					} else {
+						dA, errA = l.Allow(actx, []ratebudget.Check{x, y})
+					}
+				}()
+				<-aRefused
+				dB, errB := l.Allow(context.WithValue(ctx, callerKey{}, "B"), []ratebudget.Check{x})
+				<-aDone
+				if errA != nil || dA.Allowed || errB != nil || dB.Allowed {
+					t.Fatalf("x and y: %+v, %v; x while spent by it: %+v, %v; want both refused", dA, errA, dB, errB)
+				}
+				if d, err := l.Allow(ctx, []ratebudget.Check{x}); err != nil || !d.Allowed {
+					t.Fatalf("x after the refund: %+v, %v; want admitted, as Redis admits", d, err)
+				}
+			})
+		}
 	}
 }

@@ -17,8 +17,9 @@
 // would be refused by the store too. The wait is measured from the moment the request
 // was sent, which is no later than the store's decision, so the local copy never
 // outlives the store's refusal. A refund (the Redis limiter refunds a group that a later
-// group refused) can make budget available earlier: then a cached refusal may refuse
-// work the store would admit, for at most the cached wait.
+// group refused) or a settle can make budget available earlier: a limiter tells its
+// cache of its own with [Limiter.GaveBack]; after another process's, a cached refusal
+// may refuse work the store would admit, for at most the cached wait.
 //
 // A spend keeps a refusal exact but makes its report stale (fewer units remain than it
 // says), so a limiter calls Forget when the store admits a request for the budget.

@@ -540,14 +540,11 @@ func (c *core) refund(ctx context.Context, d *decision) error {
 		keys := append([]string(nil), d.keys...)
 		slots := append([]uint16(nil), d.slots...)
 		clear(d.tickets[:n])
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
-		go func() {
-			defer cancel()
-			_ = c.settle(rctx, checks, tickets, nil, keys, slots, false)
+		c.settleDetached(ctx, checks, tickets, keys, slots, func() {
 			if given != nil {
 				c.gaveBack(given)
 			}
-		}()
+		})
 		return errRefundDetached
 	}
 	// The refund outlives a canceled caller, and runs within what is left of its
@@ -598,10 +595,20 @@ func (c *core) releaseLost(ctx context.Context, d *decision, g []int, err error)
 	if len(checks) == 0 {
 		return
 	}
+	c.settleDetached(ctx, checks, tickets, keys, slots, nil)
+}
+
+// settleDetached settles tickets (at cost 0) on a goroutine of its own, detached from
+// ctx's cancellation and deadline and bounded by refundTimeout, then calls done when it
+// is not nil. The slices are the goroutine's: the caller must not reuse them.
+func (c *core) settleDetached(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, keys []string, slots []uint16, done func()) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 	go func() {
 		defer cancel()
 		_ = c.settle(rctx, checks, tickets, nil, keys, slots, false)
+		if done != nil {
+			done()
+		}
 	}()
 }
 

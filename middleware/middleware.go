@@ -447,6 +447,12 @@ func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, st *stack, er
 			"so the route answers 500; layers stacked on one request decide their rules together and need distinct rule names",
 			slog.String("error", err.Error()), slog.String("path", r.URL.Path))
 	}
+	writeMisconfigured(w, r)
+}
+
+// writeMisconfigured answers 500 for a mistake of the server's configuration, without
+// saying which: the log says it.
+func writeMisconfigured(w http.ResponseWriter, r *http.Request) {
 	problem.Write(w, r, problem.Problem{
 		Type:   problem.Blank,
 		Title:  "Internal Server Error",

@@ -10,7 +10,6 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
-	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
@@ -878,12 +877,7 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *Inp
 		return
 	}
 	if mount || built {
-		problem.Write(w, r, problem.Problem{
-			Type:   problem.Blank,
-			Title:  "Internal Server Error",
-			Status: http.StatusInternalServerError,
-			Detail: "the rate limit of this route is misconfigured",
-		})
+		writeMisconfigured(w, r)
 		return
 	}
 	headers.WriteInvalid(w, r, err.Part, err.Reason)

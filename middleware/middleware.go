@@ -59,6 +59,14 @@
 // is never read as an empty budget: the [Policy] decides (default FailClosed). Only
 // store errors take the policy and count toward the breaker: a request's fault (a bad
 // identity or cost, a cost above a rule's capacity) and a configuration error never do.
+//
+// # In-flight leases and timeouts
+//
+// An InFlight rule's lease is held while the handler the middleware wraps runs. Mount
+// the middleware inside [http.TimeoutHandler] (TimeoutHandler(limit(h), ...)), not
+// around it: TimeoutHandler answers at its deadline while the handler it wraps runs on,
+// so a lease taken outside it is released when the client gets the 503, and another
+// request is admitted beside the one still running.
 package middleware
 
 import (

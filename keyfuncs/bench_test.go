@@ -67,3 +67,13 @@ func BenchmarkHashedHeader(b *testing.B) {
 	fn := keyfuncs.HashedHeader("X-API-Key", []byte("0123456789abcdef"))
 	benchKey(b, fn, req("203.0.113.7:1", "X-API-Key: sk_live_0123456789abcdef"))
 }
+
+// BenchmarkHashedHeaderAuthorization measures keying by a bearer JWT (about 200 bytes),
+// read as credentials: written canonically, as clients do, it is hashed as sent.
+func BenchmarkHashedHeaderAuthorization(b *testing.B) {
+	fn := keyfuncs.HashedHeader("Authorization", []byte("0123456789abcdef"))
+	jwt := "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9." +
+		"eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ." +
+		"SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c"
+	benchKey(b, fn, req("203.0.113.7:1", "Authorization: Bearer "+jwt))
+}

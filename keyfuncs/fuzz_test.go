@@ -187,3 +187,36 @@ func TestMentions(t *testing.T) {
 		}
 	}
 }
+
+// FuzzHashedHeaderSpellings: one credential, whatever the case of its scheme and the
+// whitespace around and inside it, and on one line or two, is one identity.
+func FuzzHashedHeaderSpellings(f *testing.F) {
+	f.Add("Bearer", "mF_9.B5f-4.1JqM", uint64(0b101), uint8(3))
+	f.Add("Basic", "YWxpY2U6cHc=", uint64(1), uint8(0))
+	f.Add("Digest", `username="a", realm="b"`, uint64(0xff), uint8(7))
+	f.Add("x-custom", "T0k3n", uint64(2), uint8(1))
+	fn := keyfuncs.HashedHeader("Authorization", []byte("0123456789abcdef"))
+	f.Fuzz(func(t *testing.T, scheme, token string, mask uint64, spaces uint8) {
+		if scheme == "" || token == "" || strings.TrimSpace(token) != token {
+			return
+		}
+		b := []byte(scheme)
+		for i, c := range b {
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+				return // not a token: not a scheme
+			}
+			if mask>>(i%64)&1 == 1 && ('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z') {
+				b[i] ^= 0x20
+			}
+		}
+		ws := [...]string{" ", "  ", "\t", " \t "}
+		v1 := scheme + " " + token
+		v2 := ws[spaces%4] + string(b) + ws[spaces/4%4] + token + ws[spaces/16%4]
+		k1, err1 := keyOf(t, fn, "Authorization", v1)
+		k2, err2 := keyOf(t, fn, "Authorization", v2)
+		k3, err3 := keyOf(t, fn, "Authorization", v1, "", v2)
+		if err1 != nil || err2 != nil || err3 != nil || len(k1) != keyfuncs.HashedLen || k1 != k2 || k1 != k3 {
+			t.Fatalf("%q, %q: got (%q, %v), (%q, %v), (%q, %v)", v1, v2, k1, err1, k2, err2, k3, err3)
+		}
+	})
+}

@@ -43,8 +43,9 @@ const (
 	// context).
 	ErrEmptyKey Error = "keyfuncs: empty key"
 	// ErrInvalidHeader means that a header the KeyFunc reads is malformed: an address
-	// that does not parse in a forwarding header, a broken RFC 7239 Forwarded syntax, or
-	// an identifier that is too long or holds bytes outside printable ASCII.
+	// that does not parse in a forwarding header, a broken RFC 7239 Forwarded syntax, an
+	// identifier that is too long or holds bytes outside printable ASCII, or a secret
+	// sent on several lines that differ (see [HashedHeader]).
 	ErrInvalidHeader Error = "keyfuncs: invalid header"
 	// ErrNoRoutePattern means that no route pattern is known for the request yet (see
 	// [RoutePattern]).

@@ -216,7 +216,7 @@ func TestHashedHeader_OtherHeaders(t *testing.T) {
 	t.Parallel()
 	fn := keyfuncs.HashedHeader("X-API-Key", nil)
 	k := sameKey(t, fn, "X-Api-Key", "sk_live_A", " sk_live_A", "sk_live_A\t ")
-	for _, v := range []string{"sk_live_a", "SK_LIVE_A", "Bearer sk_live_A", "sk_live_A " + "x"} {
+	for _, v := range []string{"sk_live_a", "SK_LIVE_A", "Bearer sk_live_A", "sk_live_A x"} {
 		if got, _ := keyOf(t, fn, "X-Api-Key", v); got == k {
 			t.Errorf("%q shares the identity of sk_live_A", v)
 		}

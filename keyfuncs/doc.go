@@ -36,7 +36,8 @@
 //     hop vouches for the entry before it; the first address that is not trusted is the
 //     client. Entries left of it were written by the client (or by proxies you do not
 //     trust) and are never read, so prepending fake entries changes nothing.
-//   - Garbage met before the client is found is an error ([ErrInvalidHeader]), and a hop
+//   - Garbage met before the client is found is an error ([ErrInvalidHeader]); in
+//     Forwarded, whose quoting decides where elements end, garbage anywhere is. A hop
 //     hidden as "unknown" or "_obfuscated" is [ErrNoClientIP]. Neither falls back to a
 //     proxy's address, which would merge many clients into one budget.
 //   - IPv4-mapped IPv6 (::ffff:192.0.2.1) is read as IPv4 and IPv6 zones are dropped
@@ -49,6 +50,10 @@
 //     digits). No key built from request data contains '{' or '}', so none can choose a
 //     Redis Cluster slot. Secrets are hashed ([HashedHeader], [Hash]) before they become
 //     keys.
+//   - A secret is one identity however it is spelled: [HashedHeader] reads Authorization
+//     as credentials (the scheme in any case, any whitespace, base64 decoders read
+//     alike) and refuses a header sent on several lines that differ, so a client
+//     cannot multiply its budget by respelling its key or adding a line.
 //
 // # Recipes
 //

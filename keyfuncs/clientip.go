@@ -188,15 +188,27 @@ func XForwardedFor() IPOption {
 
 // Forwarded makes [ClientIP] read the client from the RFC 7239 Forwarded header's "for"
 // parameters when the TCP peer is a trusted proxy (see [TrustedProxies], which it
-// requires). The chain is walked from the right as with [XForwardedFor].
+// requires). The chain is walked from the right as with [XForwardedFor]; several
+// Forwarded lines are one list, in order.
 //
-// Values may be quoted and carry ports ("[2001:db8::1]:4711", "192.0.2.1:4711"). A hop
-// reported as "unknown", by an obfuscated identifier ("_hidden"), or by an element
-// without a "for" parameter, cannot be checked against the trusted list and hides the
-// client's address: reaching it is [ErrNoClientIP], never the address of the proxy that
-// reported it (which would put every client of that proxy in one budget). A header that
-// is not valid RFC 7239 syntax is [ErrInvalidHeader], as is a chain of more than 64
-// elements.
+// The header is read by RFC 7239's grammar (section 4), strictly, since its quoting
+// decides where the element your proxy wrote begins. A value is a token or a quoted
+// string, so a node with an IPv6 address or a port must be quoted: for="[2001:db8::1]",
+// for="192.0.2.1:4711" (and a host with a port, host="example.com:8080"). Parameter names
+// are case-insensitive; '=' has no whitespace around it; spaces and tabs may surround ','
+// and ';'; "for", "by", "host" and "proto" occur at most once in an element. A header
+// that breaks the grammar anywhere, even left of the client, is [ErrInvalidHeader], as
+// are a "for" value that is not a node of RFC 7239 section 6 (an IPv4 address, a
+// bracketed IPv6 address without a zone, "unknown" or an obfuscated identifier, each
+// with an optional port) and a chain of more than 64 elements: no address is guessed
+// from a header that does not parse. A proxy that writes IPv6 addresses or ports
+// unquoted must be configured to quote them.
+//
+// A hop reported as "unknown" or by an obfuscated identifier ("_hidden", with or without
+// a port), or by an element without a "for" parameter, cannot be checked against the
+// trusted list and hides the client's address: reaching it is [ErrNoClientIP], never the
+// address of the proxy that reported it (which would put every client of that proxy in
+// one budget).
 func Forwarded() IPOption {
 	return func(c *ipConfig) error { return c.setSource(srcForwarded) }
 }

@@ -45,10 +45,29 @@ func (c *ipConfig) fromForwarded(r *http.Request) (string, error) {
 	return c.key(hops[0].addr, hops[0].raw), nil
 }
 
-// parseForwarded parses the Forwarded header lines (RFC 7239 section 4) and appends one
-// hop per non-empty element, in order. It reports false for invalid syntax, an element
-// with two "for" parameters, a "for" value that is neither an address nor "unknown" nor
-// an obfuscated identifier, or more than maxForwardedHops elements.
+// Parameters that RFC 7239 section 5 registers; each may occur once per element.
+const (
+	paramFor = 1 << iota
+	paramBy
+	paramHost
+	paramProto
+)
+
+// parseForwarded parses the Forwarded header lines with the grammar of RFC 7239 section
+// 4 and appends one hop per non-empty element, in order:
+//
+//	Forwarded         = 1#forwarded-element
+//	forwarded-element = [ forwarded-pair ] *( ";" [ forwarded-pair ] )
+//	forwarded-pair    = token "=" value
+//	value             = token / quoted-string
+//
+// Spaces and tabs may surround ',' (an HTTP list) and ';' (which changes no value: no
+// token holds one). Lines are one list, in order, each parsed on its own. It reports
+// false for any other syntax, anywhere in the header: an unquoted value that is not a
+// token (an IPv6 address, a port), whitespace around '=', an unterminated quoted
+// string, a control character; for a "for", "by", "host" or "proto" parameter given
+// twice in an element; for a "for" value that is not a node (see parseForValue); and for
+// more than maxForwardedHops elements.
 func parseForwarded(lines []string, hops []hop) ([]hop, bool) {
 	for _, s := range lines {
 		i := 0
@@ -56,44 +75,38 @@ func parseForwarded(lines []string, hops []hop) ([]hop, bool) {
 			// One element: pairs separated by ';', ended by ',' or the end of the line.
 			i = skipOWS(s, i)
 			var h hop
-			hasFor, empty := false, true
+			seen, empty := 0, true
 			for i < len(s) && s[i] != ',' {
 				if s[i] == ';' {
 					i = skipOWS(s, i+1)
 					continue
 				}
-				j := i
-				for j < len(s) && isTchar(s[j]) {
-					j++
-				}
+				j := tokenEnd(s, i)
 				if j == i || j >= len(s) || s[j] != '=' {
 					return hops, false
 				}
 				name := s[i:j]
 				i = j + 1
 				var val string
-				var ok bool
 				if i < len(s) && s[i] == '"' {
-					val, i, ok = quoted(s, i)
-					if !ok {
+					var ok bool
+					if val, i, ok = quoted(s, i); !ok {
 						return hops, false
 					}
 				} else {
-					j = i
-					for j < len(s) && s[j] != ';' && s[j] != ',' && s[j] != ' ' && s[j] != '\t' && s[j] != '"' {
-						j++
-					}
-					if j == i {
+					if j = tokenEnd(s, i); j == i {
 						return hops, false
 					}
 					val, i = s[i:j], j
 				}
 				empty = false
-				if strings.EqualFold(name, "for") {
-					if hasFor {
-						return hops, false
-					}
-					hasFor = true
+				p := param(name)
+				if seen&p != 0 {
+					return hops, false
+				}
+				seen |= p
+				if p == paramFor {
+					var ok bool
 					if h, ok = parseForValue(val); !ok {
 						return hops, false
 					}
@@ -118,33 +131,53 @@ func parseForwarded(lines []string, hops []hop) ([]hop, bool) {
 	return hops, true
 }
 
-// parseForValue parses a node (RFC 7239 section 6): "unknown", an obfuscated identifier
-// "_x", an IPv4 address, or a bracketed IPv6 address, each with an optional port.
+// param returns the bit of a registered parameter name (case-insensitive), or 0 for an
+// extension.
+func param(name string) int {
+	switch {
+	case strings.EqualFold(name, "for"):
+		return paramFor
+	case strings.EqualFold(name, "by"):
+		return paramBy
+	case strings.EqualFold(name, "host"):
+		return paramHost
+	case strings.EqualFold(name, "proto"):
+		return paramProto
+	}
+	return 0
+}
+
+// parseForValue parses a node (RFC 7239 section 6), nodename [ ":" node-port ], where
+// nodename is an IPv4 address, a bracketed IPv6 address (without a zone), "unknown" or an
+// obfuscated identifier "_x", and node-port is 1 to 5 digits or an obfuscated port. An
+// "unknown" or obfuscated node, with or without a port, is an unknown hop.
 func parseForValue(v string) (hop, bool) {
-	if strings.EqualFold(v, "unknown") {
-		return hop{}, true
-	}
-	if v != "" && v[0] == '_' {
-		return hop{}, obfuscated(v[1:])
-	}
-	host, port := v, ""
 	if v != "" && v[0] == '[' {
 		j := strings.IndexByte(v, ']')
-		if j < 0 {
+		if j < 0 || !validPort(v[j+1:]) || strings.IndexByte(v[1:j], '%') >= 0 {
 			return hop{}, false
 		}
-		host, port = v[1:j], v[j+1:]
-		a, err := netip.ParseAddr(host)
-		if err != nil || !a.Is6() || !validPort(port) {
+		a, err := netip.ParseAddr(v[1:j])
+		if err != nil || !a.Is6() {
 			return hop{}, false
 		}
 		return hop{addr: normalize(a), known: true}, true
 	}
+	host, port := v, ""
 	if j := strings.IndexByte(v, ':'); j >= 0 {
 		host, port = v[:j], v[j:]
 	}
+	if !validPort(port) {
+		return hop{}, false
+	}
+	if strings.EqualFold(host, "unknown") {
+		return hop{}, true
+	}
+	if host != "" && host[0] == '_' {
+		return hop{}, obfuscated(host[1:])
+	}
 	a, err := netip.ParseAddr(host)
-	if err != nil || !a.Is4() || !validPort(port) {
+	if err != nil || !a.Is4() {
 		return hop{}, false
 	}
 	return hop{addr: a, raw: host, known: true}, true
@@ -189,24 +222,30 @@ func obfuscated(s string) bool {
 	return true
 }
 
-// quoted reads the quoted-string starting at s[i] == '"'. It returns the unescaped value
-// and the index after the closing quote.
+// quoted reads the quoted-string starting at s[i] == '"' (RFC 9110 section 5.6.4): qdtext
+// is HTAB, SP and any byte but '"', '\', other controls and DEL; a quoted-pair is '\'
+// followed by HTAB, SP or a byte that is not a control or DEL. It returns the unescaped
+// value and the index after the closing quote.
 func quoted(s string, i int) (string, int, bool) {
 	i++
 	start := i
 	escaped := false
 	for ; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '\\':
+		c := s[i]
+		if c == '\\' {
 			escaped = true
-			i++
-		case c == '"':
+			if i++; i == len(s) {
+				break
+			}
+			c = s[i]
+		} else if c == '"' {
 			v := s[start:i]
 			if escaped {
 				v = unescape(v)
 			}
 			return v, i + 1, true
-		case c < 0x20 && c != '\t' || c == 0x7f:
+		}
+		if c < 0x20 && c != '\t' || c == 0x7f {
 			return "", i, false
 		}
 	}
@@ -227,6 +266,14 @@ func unescape(v string) string {
 
 func skipOWS(s string, i int) int {
 	for i < len(s) && (s[i] == ' ' || s[i] == '\t') {
+		i++
+	}
+	return i
+}
+
+// tokenEnd returns the index after the run of token characters starting at s[i].
+func tokenEnd(s string, i int) int {
+	for i < len(s) && isTchar(s[i]) {
 		i++
 	}
 	return i

@@ -119,6 +119,16 @@ func FuzzForwarded(f *testing.F) {
 	f.Add("10.0.0.1:80", `for="`, "by=x;;for=1.2.3.4,,")
 	f.Add("198.51.100.1:80", "for=203.0.113.7", "")
 	f.Add("10.0.0.1:80", `host="a,b";for=203.0.113.9`, "")
+	// Forms RFC 7239 does not allow: non-token characters unquoted, whitespace around
+	// '=', a quoted-pair of a control, a registered parameter twice, an IPv6 zone.
+	f.Add("10.0.0.1:80", "for=[2001:db8::1]", "for=192.0.2.1:8080")
+	f.Add("10.0.0.1:80", "for=203.0.113.7;host=example.com:8080", "for=_hidden:_p")
+	f.Add("10.0.0.1:80", "for =203.0.113.7", "for= 203.0.113.7")
+	f.Add("10.0.0.1:80", "for=203.0.113.7;host=\"a\\\x01\"", "proto=http;PROTO=https;for=203.0.113.7")
+	f.Add("10.0.0.1:80", `for="[fe80::1%eth0]"`, `for="unknown:80", for="_x:8080"`)
+	f.Add("10.0.0.1:80", `for=6.6.6.6;x=", for=203.0.113.7`, `for=6.6.6.6;x=", for="[2001:db8::7]:1"`)
+	f.Add("10.0.0.1:80", `for=6.6.6.6;x="`, `", for=203.0.113.7`)
+	f.Add("10.0.0.1:80", "For=203.0.113.7 ;\tproto=https , for=10.0.0.3", "")
 	fn := mustClientIP(f, keyfuncs.TrustedProxies("10.0.0.0/8", "2001:db8:ffff::/48"), keyfuncs.Forwarded())
 	f.Fuzz(func(t *testing.T, peer, fwd1, fwd2 string) {
 		r := req(peer)
@@ -127,6 +137,44 @@ func FuzzForwarded(f *testing.F) {
 		checkKey(t, key, err, peer, fwd1, fwd2)
 		if want, ok := untrustedPeerKey(peer); ok && (key != want || err != nil) {
 			t.Fatalf("untrusted peer %q: got (%q, %v), want %q", peer, key, err, want)
+		}
+	})
+}
+
+// FuzzForwardedAppended: whatever a client sends in Forwarded, when its trusted proxy
+// appends the element it saw (on the same line, as nginx's "$http_forwarded, for=..."
+// does, or on a line of its own), the client's identity is that element's address or
+// an error: never an address the client wrote.
+func FuzzForwardedAppended(f *testing.F) {
+	f.Add("", "")
+	f.Add("for=203.0.113.7", "for=10.0.0.9")
+	f.Add(`for=6.6.6.6;x="`, "")
+	f.Add(`for="`, `x="a\`)
+	f.Add("for=6.6.6.6;proto", "for=6.6.6.6;x=")
+	f.Add(`for="[2001:db8::6]:1";host="a,for=6.6.6.6"`, "for=6.6.6.6\\")
+	f.Add("for=6.6.6.6, for=10.0.0.9", "for=6.6.6.6,for=10.0.0.8;")
+	proxy := []struct{ element, want string }{ // what the proxy appends, and its key
+		{"for=198.51.100.77", "198.51.100.77"},
+		{`for="198.51.100.77:4711";proto=https`, "198.51.100.77"},
+		{`for="[2001:db8:77::1]:4711"`, "2001:db8:77::/64"},
+	}
+	for _, p := range proxy {
+		f.Add(p.element, p.element) // the client repeats an element
+	}
+	fn := mustClientIP(f, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.Forwarded())
+	f.Fuzz(func(t *testing.T, client1, client2 string) {
+		for _, tc := range proxy {
+			for _, lines := range [][]string{
+				{client1, client2 + ", " + tc.element},
+				{client1, client2, tc.element},
+			} {
+				r := req("10.0.0.1:80")
+				r.Header["Forwarded"] = lines
+				key, err := fn(r)
+				if err == nil && key != tc.want || err != nil && key != "" {
+					t.Fatalf("%q: got (%q, %v), want %q or an error", lines, key, err, tc.want)
+				}
+			}
 		}
 	})
 }

@@ -208,7 +208,7 @@ func TestEventsPerRequestKind(t *testing.T) {
 // A failed settle is an event for the observers of every layer of the request, as its
 // decision is: also when the layer whose reservation failed to settle is on another
 // limiter than the outer layer, or holds the request's shadow rules. An observer given
-// to the outermost layer alone (as package metrics advises) sees every failure.
+// to the outermost layer alone sees every failure.
 func TestSettleFailureSeenByEveryLayer(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

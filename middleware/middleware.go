@@ -164,7 +164,10 @@ func (o Outcome) String() string {
 // Event describes one decision, or one failed settle of an admitted request
 // ([OutcomeSettleFailed]), for observers ([WithObserver]).
 type Event struct {
-	// Request is the request decided on. Observers must not retain it.
+	// Request is the request decided on. Observers must not retain it. When more than
+	// one stacked layer of the request has observers, it is a shallow copy of that
+	// request, the same for every event of the decision and every layer, whose context
+	// also carries what lets package metrics count each event once.
 	Request *http.Request
 	Outcome Outcome
 	// Decision is the limiter's (or the local fallback's) decision; zero when none was

@@ -115,12 +115,14 @@ func WithErrorHandler(f func(http.ResponseWriter, *http.Request, error)) Option 
 
 // WithObserver adds a function that sees every decision, allowed and denied alike, with
 // its latency (see [Event]), and every failed settle or lease renewal of an admitted
-// request ([OutcomeSettleFailed]). Observers run synchronously on the request path (a
-// renewal's, on its timer's goroutine), in the order added, and concurrently for
-// concurrent requests: keep them fast, non-blocking and safe for concurrent use. An
-// observer that panics on the request path leaves no lease held: what the request
-// reserved is given back when its handler has not run, and settled at the reservation
-// otherwise; the panic goes on.
+// request ([OutcomeSettleFailed]). Stacked layers make one decision, whose events every
+// layer's observers see: a function given to several layers of a stack is called once
+// per layer for each event (a metrics.Collector counts each once). Observers run
+// synchronously on the request path (a renewal's, on its timer's goroutine), in the
+// order added, and concurrently for concurrent requests: keep them fast, non-blocking
+// and safe for concurrent use. An observer that panics on the request path leaves no
+// lease held: what the request reserved is given back when its handler has not run,
+// and settled at the reservation otherwise; the panic goes on.
 func WithObserver(f func(Event)) Option {
 	return func(c *config) error {
 		if f == nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/delivery"
 )
 
 // settlement is what an admitted request's return settles: one target per limiter call
@@ -17,6 +18,9 @@ type settlement struct {
 	mu   sync.Mutex
 	done bool
 	req  *http.Request // the request, for the events of failed settles
+	// mark numbers the deliveries of the request's events (the stack's, nil when one
+	// layer has observers).
+	mark *delivery.Mark
 	// parts is every layer of the request (the stack's): its observers see every
 	// target's failures, as they see the decision.
 	parts   []part
@@ -40,7 +44,7 @@ type target struct {
 // observers see a failure to settle it.
 func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule) {
 	if st.settle == nil {
-		st.settle = &settlement{req: st.req, parts: st.parts}
+		st.settle = &settlement{req: st.req, mark: st.mark, parts: st.parts}
 	}
 	se := st.settle
 	se.targets = append(se.targets, target{s: s, m: m, checks: checks, tickets: tickets, rules: rules})
@@ -229,6 +233,9 @@ func (se *settlement) failed(t *target, err error, latency time.Duration) {
 		err = &ratebudget.StoreError{Class: "other", Err: err}
 	}
 	ev := Event{Request: se.req, Outcome: OutcomeSettleFailed, Err: err, Latency: latency}
+	if se.mark != nil {
+		se.mark.Next()
+	}
 	for i := range se.parts {
 		se.parts[i].m.observe(&ev)
 	}

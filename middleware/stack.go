@@ -10,6 +10,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
+	"github.com/ratebudget/ratebudget/internal/delivery"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
@@ -64,7 +65,10 @@ type stack struct {
 	shadow      []ratebudget.Check
 	shadowParts []part
 	settle      *settlement   // what the handler's return settles, once admitted
-	req         *http.Request // the request being decided (set by decideStack)
+	req         *http.Request // the request of the decision's events (set by decideStack)
+	// mark numbers the deliveries of the decision's events when more than one layer has
+	// observers (nil otherwise); req is then a copy of the request that carries it.
+	mark *delivery.Mark
 	// unasked marks the checks of limiters that a refusal left unasked (nil when every
 	// limiter was asked): their state is not known.
 	unasked []bool
@@ -86,7 +90,7 @@ func (st *stack) reset() {
 	clear(st.shadowParts)
 	st.decided, st.answered, st.settles = false, false, false
 	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
-	st.shadow, st.shadowParts, st.settle, st.req, st.unasked = st.shadow[:0], st.shadowParts[:0], nil, nil, nil
+	st.shadow, st.shadowParts, st.settle, st.req, st.mark, st.unasked = st.shadow[:0], st.shadowParts[:0], nil, nil, nil, nil
 }
 
 // rule returns the rule of the part's k-th check (of its enforced checks, or with shadow
@@ -292,10 +296,13 @@ type group struct {
 // decideStack decides every check of st and answers or calls next.
 func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Handler) {
 	st.decided, st.req = true, r
+	if observing(st.parts, nil) > 1 {
+		st.req, st.mark = delivery.Request(r)
+	}
 	ctx := r.Context()
 	innermost := st.parts[len(st.parts)-1].m
 	var ev Event
-	ev.Request = r
+	ev.Request = st.req
 	var outcomes []ratebudget.Outcome
 	single := true
 	for i := range st.parts {
@@ -779,16 +786,49 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 }
 
 // observeOuter shows ev to the observers of the layers whose checks are in st and of m,
-// the layer that answers without a decision.
+// the layer that answers without a decision: the request's only event. When more than
+// one of these layers has observers, they are shown a copy of the request that carries
+// a delivery mark, so that an observer given to several of them (a metrics collector)
+// can take the event once.
 func observeOuter(st *stack, m *mw, ev *Event) {
-	observeAll(st, ev)
-	m.observe(ev)
-}
-
-func observeAll(st *stack, ev *Event) {
+	if observing(st.parts, m) > 1 {
+		e := *ev
+		var mark *delivery.Mark
+		e.Request, mark = delivery.Request(ev.Request)
+		mark.Next()
+		ev = &e
+	}
 	for i := range st.parts {
 		st.parts[i].m.observe(ev)
 	}
+	m.observe(ev)
+}
+
+// observeAll shows ev, an event of st's decision, to the observers of every layer of
+// st, as one delivery of st's mark when it has one (its request is then the stack's
+// marked copy).
+func observeAll(st *stack, ev *Event) {
+	if st.mark != nil {
+		st.mark.Next()
+		ev.Request = st.req
+	}
+	for i := range st.parts {
+		st.parts[i].m.observe(ev)
+	}
+}
+
+// observing counts the layers of parts, and extra unless nil, that have observers.
+func observing(parts []part, extra *mw) int {
+	n := 0
+	for i := range parts {
+		if len(parts[i].m.cfg.observers) > 0 {
+			n++
+		}
+	}
+	if extra != nil && len(extra.cfg.observers) > 0 {
+		n++
+	}
+	return n
 }
 
 // decideEach is decide, asking a limiter that can report every check's outcome to write

@@ -1,35 +1,92 @@
 // Package metrics exports the middleware's decisions as Prometheus metrics, built on the
 // observer hooks: allowed, denied and degraded work are counted side by side.
 //
-//	ratebudget_decisions_total{rule,outcome}        counter    every decision, by reported rule and outcome
-//	ratebudget_decision_duration_seconds{result}    histogram  time the store took to answer: result "ok" or "error"
-//	ratebudget_store_errors_total{class,uncertain}  counter    budget-store failures by class
+//	metric                                          type       counts (unit)
+//	ratebudget_decisions_total{rule,outcome}        counter    decisions
+//	ratebudget_decision_duration_seconds{result}    histogram  the limiter's answer time per decision (seconds)
+//	ratebudget_store_errors_total{class,uncertain}  counter    store errors reported (failures)
 //	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open (the worst breaker's)
-//	ratebudget_breaker_transitions_total{to}        counter    breaker transitions (every state's series from 0)
-//	ratebudget_shadow_refusals_total{rule}          counter    requests that rules in shadow mode would have refused
-//	ratebudget_settle_failures_total                counter    failed settles and lease renewals of admitted requests
+//	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
+//	ratebudget_shadow_refusals_total{rule}          counter    admitted requests a shadow rule would have refused
+//	ratebudget_settle_failures_total                counter    failed settle, give-back and renewal calls
 //
-// The rule label is the rule the decision reported ("none" when no limiter decided:
-// degraded, unavailable, invalid and canceled requests, and admissions of requests whose
-// rules are all in shadow mode, which ratebudget_shadow_refusals_total counts by rule). Label values are bounded: rule
-// names, outcome names and error classes. A failed settle or renewal
-// (middleware.OutcomeSettleFailed) is no decision: it is counted, once per failed store
-// call (a request whose lease renewals fail counts each one, and its settle), by
-// ratebudget_settle_failures_total and, by its class, ratebudget_store_errors_total, and
-// in neither ratebudget_decisions_total nor the decision latency. A request whose client
-// went away during its decision counts as canceled in ratebudget_decisions_total only:
-// the store neither failed nor answered. A rule in shadow mode whose decision failed is
-// an admission counted in ratebudget_store_errors_total, its call's time in the
-// latency's "error" result.
+// Label values are bounded: rule names, outcome names, error classes and breaker states.
 //
-// Each middleware has a breaker of its own: with several, ratebudget_breaker_state is
-// open while any of them is open, else half-open while any is half-open, else closed.
+// # What each metric counts
 //
-// Stacked layers make one decision, and every layer's observers see its one event (and
-// its failed settles): pass a Collector's Observe to one layer of a stack (the
-// outermost), or each request is counted once per layer that has it. Layers with
-// another handler between them are no stack: each makes a decision of its own, which
-// only its observers see.
+// ratebudget_decisions_total counts decisions: one per [middleware.Event] other than a
+// failed settle, that is one per request through one layer or through stacked layers
+// (which decide together, see below), however it was answered. outcome is the event's
+// Outcome: allowed, denied, exceeded, degraded, unavailable, invalid or canceled. rule
+// is the rule the decision reported (Event.Decision.Rule): for a 429 the refusing rule
+// (of several, the one with the longest wait), for a 413 the rule whose capacity the
+// cost exceeds, for an admission the most restrictive rule of the request (fewest units
+// left: the one the metadata headers describe), also when the local fallback decided.
+// It is "none" when no rule decided: degraded, unavailable, invalid and canceled
+// requests, and admissions of requests whose rules are all in shadow mode. A decision
+// counts under one rule only: allowed{rule="x"} counts the admissions x was the most
+// restrictive rule of, not every admission x took part in, and the rules that admitted
+// a request another rule refused are counted nowhere (the refusal spent nothing from
+// them). The sum over every rule and outcome is the number of decisions.
+//
+// ratebudget_decision_duration_seconds samples the time the limiter took to answer a
+// decision (Event.Latency, in seconds): result "error" when the decision's event carries
+// a store error (Event.Err), "ok" otherwise. Decisions without an answer time (a 400, a
+// 413, an open breaker, a limiter's rejection of the checks as invalid) have no sample,
+// nor have canceled requests and failed settles. For stacked layers on several limiters, and for an admission with rules in
+// shadow mode, the sample is the sum of the calls' times, "error" when one failed.
+//
+// ratebudget_store_errors_total counts the store errors the events carry, by the error's
+// class (ratebudget.StoreError.Class: "timeout", "connection", "server", "reply",
+// "breaker_open", "other") and whether budget may have been spent before the failure
+// (uncertain "true" or "false"): one per decision whose event carries one (degraded and
+// unavailable requests, local fallback decisions, admissions whose shadow decision
+// failed, and decisions of stacked layers' other limiters while one failed: the last
+// failure when several limiters failed), and one per failed settle or renewal. A request
+// whose client went away during its decision counts as canceled in
+// ratebudget_decisions_total only: the store neither failed nor answered.
+//
+// ratebudget_shadow_refusals_total counts the admitted requests that their rules in
+// shadow mode would have refused (Event.ShadowRefused), by the shadow rule that would
+// have (Event.Shadow.Rule): at most one per request, also when several stacked layers'
+// shadow rules would have. The request is counted in ratebudget_decisions_total as the
+// admission it was. A shadow decision that failed is no refusal: its store error is
+// counted, and its call's time is in the latency's "error" result.
+//
+// ratebudget_settle_failures_total counts the failed store calls made for requests
+// already decided (middleware.OutcomeSettleFailed): settling an admitted request's
+// reservation when its handler returned, giving it back when a later limiter of a stack
+// refused the request, and renewing its in-flight leases while the handler ran. A
+// request can fail several (each renewal, then its settle), each counted once here and
+// once in ratebudget_store_errors_total by its class, and neither in
+// ratebudget_decisions_total nor in the latency. A failed settle leaves the reservation
+// spent as reserved (an overcount); a failed renewal may let a lease expire early.
+//
+// ratebudget_breaker_state is the state of the worst breaker of the middlewares given
+// [Collector.BreakerChanged]: open while any is open, else half-open while any is, else
+// closed. ratebudget_breaker_transitions_total counts their transitions by the state
+// entered, every state's series from 0. Each middleware has a breaker of its own;
+// stacked layers on one limiter decide their enforced rules under the innermost
+// layer's.
+//
+// # Stacked layers
+//
+// Layers stacked on one request (an r.Use and an r.With, nested groups, chi.Chain) make
+// one decision, and the middleware shows its event, and each failed settle of the
+// request, to the observers of every layer it passed. A Collector counts each such
+// event once, however many of those layers it was given to, so give one Collector to
+// every layer: the counts are those of one layer holding all the layers' rules. A
+// request is one decision under the rule reported for all the layers' rules (the
+// refusing one, or the most restrictive), a 400 or 413 by any layer is counted once, a
+// store failure once whatever policy applied, a shadow refusal once, each failed settle
+// once. A layer that answers a request itself (a 400, a 413) shows it to the layers
+// before it, not to those after it: a Collector given to inner layers only misses those
+// answers, while the outermost layer sees every event of its stacks. Different Collectors
+// count independently, each once.
+//
+// Layers with another handler between them (a logger, an authentication middleware) are
+// no stack: each makes a decision of its own, which only its observers see, and a
+// request the outer layer admitted is counted again with the inner layer's decision.
 package metrics
 
 import (
@@ -40,12 +97,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/delivery"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
 // Collector is a prometheus.Collector fed by [Collector.Observe] and
 // [Collector.BreakerChanged]. Register it once and pass its methods to every middleware
-// that should be counted:
+// that should be counted, every layer of a stacked route included (each event is
+// counted once):
 //
 //	m := metrics.New()
 //	prometheus.MustRegister(m)
@@ -121,7 +180,12 @@ func New() *Collector {
 }
 
 // Observe counts one decision, or one failed settle; pass it to middleware.WithObserver.
+// An event shown to several stacked layers of a request that were each given c's
+// Observe is counted by the first call only.
 func (c *Collector) Observe(e middleware.Event) {
+	if e.Request != nil && !delivery.First(e.Request.Context(), c) {
+		return // shown to another layer of the request's stack already
+	}
 	var se *ratebudget.StoreError
 	if e.Outcome == middleware.OutcomeSettleFailed {
 		c.settles.Inc()

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/ratebudget/ratebudget/internal/delivery"
 )
 
 // LogStoreErrors returns an observer ([WithObserver]) that logs budget-store failures at
@@ -13,7 +15,9 @@ import (
 // carries the outcome the policy produced, the error (for operators, never for clients)
 // and how many failures were suppressed since the previous line. A non-positive every
 // logs every failure. A nil log is slog.Default(), read when LogStoreErrors is called.
-// The observer is safe for concurrent use.
+// The observer given to several layers of a stack (one set of options for every layer)
+// takes each failure once; each call of LogStoreErrors returns an observer of its own.
+// It is safe for concurrent use.
 func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
 	if log == nil {
 		log = slog.Default()
@@ -24,6 +28,9 @@ func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
 	return func(e Event) {
 		if e.Err == nil || e.Outcome == OutcomeInvalid || e.Outcome == OutcomeCanceled {
 			return
+		}
+		if e.Request != nil && !delivery.First(e.Request.Context(), &mu) {
+			return // the same failure, shown to another stacked layer that has this observer
 		}
 		now := time.Now()
 		mu.Lock()

@@ -47,3 +47,26 @@ func TestLogStoreErrorsNilLoggerDoesNotPanic(t *testing.T) {
 	}()
 	obs(middleware.Event{Outcome: middleware.OutcomeUnavailable, Err: &ratebudget.StoreError{Class: "timeout", Err: errors.New("i/o timeout")}})
 }
+
+// One LogStoreErrors observer given to every stacked layer (one set of options for
+// every layer) logs a store failure of the stack's one decision once, as it would for
+// one layer.
+func TestLogStoreErrorsOnStackedLayers(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	logged := middleware.LogStoreErrors(slog.New(slog.NewTextHandler(&buf, nil)), 0)
+	lim := &flaky{next: memory(t, newClock())}
+	lim.down.Store(true)
+	opts := []middleware.Option{middleware.WithObserver(logged), middleware.WithStoreErrorPolicy(middleware.FailOpen), middleware.WithBreaker(middleware.Breaker{Disabled: true})}
+	outer := mustNew(t, lim, []middleware.Rule{{Rule: rule("outer", 5, time.Minute), Identity: global}}, opts...)
+	inner := mustNew(t, lim, []middleware.Rule{{Rule: rule("inner", 5, time.Minute), Identity: global}}, opts...)
+	h := outer(inner(ok))
+	for range 2 {
+		if rec := do(h, "GET", "/", nil); rec.Code != 200 {
+			t.Fatalf("%d, want 200 (FailOpen)", rec.Code)
+		}
+	}
+	if n := strings.Count(buf.String(), "outcome=degraded"); n != 2 {
+		t.Fatalf("%d lines for 2 failed decisions, want 2:\n%s", n, buf.String())
+	}
+}

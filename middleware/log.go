@@ -29,7 +29,7 @@ func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
 		if e.Err == nil || e.Outcome == OutcomeInvalid || e.Outcome == OutcomeCanceled {
 			return
 		}
-		if e.Request != nil && !delivery.First(e.Request.Context(), &mu) {
+		if !delivery.First(e.Request, &mu) {
 			return // the same failure, shown to another stacked layer that has this observer
 		}
 		now := time.Now()

@@ -5,9 +5,9 @@
 //
 // The middleware gives the observers of such a request a copy of it whose context
 // carries a [Mark] ([Request]), and calls [Mark.Next] before each event it shows them;
-// an observer that must see each event once asks [First] with itself as the taker.
-// Events of a request seen by one layer's observers carry no mark: First is always true
-// for them.
+// an observer that must see each event once asks [First] with the event's request and
+// itself as the taker. Events of a request seen by one layer's observers carry no mark:
+// First is always true for them.
 package delivery
 
 import (
@@ -15,8 +15,6 @@ import (
 	"net/http"
 	"sync"
 )
-
-type key struct{}
 
 // Mark numbers the deliveries of one request's events, and records which takers have
 // taken the current one. It is safe for concurrent use.
@@ -32,20 +30,16 @@ type taken struct {
 	n  uint64
 }
 
-// markCtx is a context that carries a Mark: one allocation for both.
+// markCtx is the context of a marked request: the request's own, with a Mark (one
+// allocation for both). First finds it as the request's context itself, without a walk
+// up the context's parents: a request that carries no mark costs a type assertion.
 type markCtx struct {
 	context.Context
 	mark Mark
 }
 
-func (c *markCtx) Value(k any) any {
-	if k == (key{}) {
-		return &c.mark
-	}
-	return c.Context.Value(k)
-}
-
-// Request returns a shallow copy of r whose context carries a new Mark, and the Mark.
+// Request returns a shallow copy of r whose context is r's, carrying a new Mark, and
+// the Mark.
 func Request(r *http.Request) (*http.Request, *Mark) {
 	c := &markCtx{Context: r.Context()}
 	c.mark.taken = c.mark.buf[:0]
@@ -60,13 +54,17 @@ func (m *Mark) Next() {
 }
 
 // First reports whether taker (a comparable value, such as a pointer) takes the event
-// being delivered with the request context ctx for the first time, and records that it
-// has. It is true when ctx carries no Mark.
-func First(ctx context.Context, taker any) bool {
-	m, _ := ctx.Value(key{}).(*Mark)
-	if m == nil {
+// being delivered with r (an event's request) for the first time, and records that it
+// has. It is true when r is nil or is not a request that [Request] returned.
+func First(r *http.Request, taker any) bool {
+	if r == nil {
 		return true
 	}
+	c, ok := r.Context().(*markCtx)
+	if !ok {
+		return true
+	}
+	m := &c.mark
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i := range m.taken {

@@ -183,7 +183,7 @@ func New() *Collector {
 // An event shown to several stacked layers of a request that were each given c's
 // Observe is counted by the first call only.
 func (c *Collector) Observe(e middleware.Event) {
-	if e.Request != nil && !delivery.First(e.Request.Context(), c) {
+	if !delivery.First(e.Request, c) {
 		return // shown to another layer of the request's stack already
 	}
 	var se *ratebudget.StoreError

@@ -79,9 +79,10 @@
 // request is one decision under the rule reported for all the layers' rules (the
 // refusing one, or the most restrictive), a 400 or 413 by any layer is counted once, a
 // store failure once whatever policy applied, a shadow refusal once, each failed settle
-// once. A layer that answers a request itself (a 400, a 413) shows it to the layers
-// before it, not to those after it: a Collector given to inner layers only misses those
-// answers, while the outermost layer sees every event of its stacks. Different Collectors
+// once. A layer that answers a request itself (a 400, a 413) shows it to its own
+// observers and the outer layers', not to the inner layers': a Collector given to inner
+// layers only misses those answers, while the outermost layer sees every event of its
+// stacks. Different Collectors
 // count independently, each once.
 //
 // Layers with another handler between them (a logger, an authentication middleware) are

@@ -30,7 +30,9 @@ const DefaultMaxBudgets = 100_000
 // Memory is safe for concurrent use. State is reclaimed once it no longer differs from no
 // state at all (the fixed window closed, the bucket refilled, the rolling window's events
 // aged out, the leases released or expired). No goroutine is started: reclaiming happens
-// during calls.
+// during calls, a sweep of each shard at most once per [WithSweepInterval], spread over
+// the calls that reach the shard: a call visits at most 32 of its shard's budgets, so
+// that no call pays for the whole shard.
 //
 // The number of budgets held is capped ([WithMaxBudgets], default [DefaultMaxBudgets]), so
 // that identities rotating faster than their windows end (a botnet, random IPv6
@@ -64,16 +66,22 @@ type Memory struct {
 // memShard is one shard's budgets: a map by hash of the key, where budgets whose hashes
 // collide are chained, and a queue of every budget, oldest first, that the sweep walks
 // and from whose head evictions are taken.
+//
+// While the map is being replaced by a smaller one (see sweep), old holds the chains not
+// yet moved: a chain is in one of the two maps, and is moved to m before it changes.
 type memShard struct {
 	mu          sync.Mutex
 	m           map[uint64]*budget
-	oldest      *budget // head of the queue
-	newest      *budget // tail of the queue
-	n, max, big int     // budgets held; at most; most held since the map was made
+	old         map[uint64]*budget // the map being replaced, or nil
+	oldest      *budget            // head of the queue
+	newest      *budget            // tail of the queue
+	kept        *budget            // the last budget the sweep under way kept; nil: it goes on at the head
+	n, max, big int                // budgets held; at most; most held since the map was made
+	unswept     int                // queue entries the sweep under way may still visit; 0: none under way
 	nextSweep   int64
 	evictions   uint64
 	leases      int64    // InFlight leases numbered so far
-	_           [48]byte // keep hot mutexes on separate cache lines
+	_           [24]byte // keep hot mutexes on separate cache lines
 }
 
 type memKey struct {
@@ -125,8 +133,11 @@ func WithClock(now func() time.Time) MemoryOption {
 	}
 }
 
-// WithSweepInterval sets how often each shard drops expired state (default 10s). It must
-// be at least one millisecond; it is used in whole milliseconds (a fraction is dropped).
+// WithSweepInterval sets how often each shard drops expired state (default 10s): a sweep
+// of a shard starts at most this often, once the previous one ended. A sweep visits at
+// most 32 budgets per call that reaches the shard, so a shard of n budgets is swept within
+// its next n/32 calls (rounded up). It must be at least one millisecond; it is used in
+// whole milliseconds (a fraction is dropped).
 func WithSweepInterval(d time.Duration) MemoryOption {
 	return func(m *Memory) error {
 		if d < time.Millisecond {
@@ -228,10 +239,31 @@ func (m *Memory) hashOf(k *memKey) uint64 {
 
 func (m *Memory) shardOf(k *memKey) int { return int(m.hashOf(k) % memShards) }
 
+// chain returns the first of the budgets of hash h, or nil.
+func (s *memShard) chain(h uint64) *budget {
+	head := s.m[h]
+	if head == nil && s.old != nil {
+		head = s.old[h]
+	}
+	return head
+}
+
+// own moves the chain of hash h from the map being replaced, if it is there, to s.m, so
+// that a change to the chain is made in s.m alone.
+func (s *memShard) own(h uint64) {
+	if s.old == nil {
+		return
+	}
+	if head, ok := s.old[h]; ok {
+		delete(s.old, h)
+		s.m[h] = head
+	}
+}
+
 // find returns the budget of k (hash h), or nil, and whether any budget has hash h.
 // Finding a budget marks it used.
 func (s *memShard) find(h uint64, k *memKey) (found *budget, collides bool) {
-	head := s.m[h]
+	head := s.chain(h)
 	for b := head; b != nil; b = b.next {
 		if b.is(k) {
 			b.used = true
@@ -261,6 +293,7 @@ func (s *memShard) insert(h uint64, k *memKey, collides bool, spare *budget) *bu
 	}
 	*b = budget{name: k.name, identity: k.identity, scope: k.scope, algo: k.algo, digest: k.digest, h: h}
 	if collides {
+		s.own(h)
 		if b.next = s.m[h]; b.next != nil {
 			b.shared = true
 			for o := b.next; o != nil; o = o.next {
@@ -283,11 +316,15 @@ func (s *memShard) insert(h uint64, k *memKey, collides bool, spare *budget) *bu
 // unchain removes b from the map; the queue is the caller's to fix.
 func (s *memShard) unchain(b *budget) {
 	h := b.h
-	if !b.shared { // alone under its hash: one map operation
+	if !b.shared { // alone under its hash: one map operation (two while the map is replaced)
 		delete(s.m, h)
+		if s.old != nil {
+			delete(s.old, h)
+		}
 		s.n--
 		return
 	}
+	s.own(h)
 	p := s.m[h]
 	if p == b {
 		if b.next == nil {
@@ -318,6 +355,9 @@ func (s *memShard) makeRoom(now int64, keep []*budget) (spare *budget) {
 		b := s.oldest
 		s.oldest = b.newer
 		b.newer = nil
+		if b == s.kept {
+			s.kept = nil // the sweep under way goes on at the new head, which followed b
+		}
 		if (b.expires <= now || !b.used) && !kept(keep, b) {
 			if s.oldest == nil {
 				s.newest = nil
@@ -516,22 +556,45 @@ func (m *Memory) unlock(locked *[memShards]bool) {
 	}
 }
 
-// maybeSweep drops the shard's expired state; s.mu must be held. It walks the queue, so
-// it costs time in proportion to the budgets held. When the shard holds less than a
-// quarter of the most it held since its map was made, the map is made again, small, so
-// that the memory of a past flood of identities is given back.
+// sweepBatch is the most queue entries a call visits in one shard to drop expired
+// state: a sweep of a shard is spread over the calls that reach it, so that no call pays
+// for the whole shard.
+const sweepBatch = 32
+
+// maybeSweep drops the shard's expired state; s.mu must be held. A sweep walks the
+// queue, at most sweepBatch entries per call, going on where the previous call stopped;
+// one starts at most once per sweep interval, and visits at most the budgets held when it
+// started (later ones wait for the next). When the shard holds less than a quarter of the
+// most it held since its map was made, the map is made again, small, so that the memory
+// of a past flood of identities is given back: the budgets move to the new map as the
+// next sweep passes them.
 func (m *Memory) maybeSweep(s *memShard, now int64) {
-	// Due at the planned time, or at once when the clock went back behind the last
-	// sweep: else a clock (WithClock) that jumped ahead and came back would stop the
-	// sweeps until it reached the far time again.
-	if now < s.nextSweep && s.nextSweep-now <= m.sweep {
-		return
+	if s.unswept == 0 {
+		// Due at the planned time, or at once when the clock went back behind the last
+		// sweep: else a clock (WithClock) that jumped ahead and came back would stop the
+		// sweeps until it reached the far time again.
+		if now < s.nextSweep && s.nextSweep-now <= m.sweep {
+			return
+		}
+		s.nextSweep = now + m.sweep
+		s.kept, s.unswept = nil, s.n
 	}
-	s.nextSweep = now + m.sweep
-	var prev *budget
-	for b := s.oldest; b != nil; {
+	s.sweep(now)
+}
+
+// sweep goes on with the sweep under way for at most sweepBatch queue entries, dropping
+// those expired at now; s.mu must be held.
+func (s *memShard) sweep(now int64) {
+	prev := s.kept
+	b := s.oldest
+	if prev != nil {
+		b = prev.newer
+	}
+	for steps := sweepBatch; steps > 0 && b != nil && s.unswept > 0; steps-- {
+		s.unswept--
 		newer := b.newer
 		if b.expires > now {
+			s.own(b.h)
 			prev = b
 		} else {
 			if prev == nil {
@@ -539,17 +602,28 @@ func (m *Memory) maybeSweep(s *memShard, now int64) {
 			} else {
 				prev.newer = newer
 			}
+			if newer == nil {
+				s.newest = prev
+			}
 			b.newer = nil
 			s.unchain(b)
 		}
 		b = newer
 	}
-	s.newest = prev
-	if s.big >= 1024 && s.n < s.big/4 {
-		fresh := make(map[uint64]*budget, s.n)
-		for h, b := range s.m {
-			fresh[h] = b
-		}
-		s.m, s.big = fresh, s.n
+	s.kept = prev
+	if b != nil && s.unswept > 0 {
+		return // more next call
+	}
+	s.kept, s.unswept = nil, 0
+	switch {
+	case s.old != nil && len(s.old) == 0:
+		s.old = nil
+	case s.old != nil:
+		// Some budgets were not reached (the eviction hand moved them behind budgets
+		// created since the sweep began): sweep again, at once, to move them.
+		s.unswept = s.n
+	case s.big >= 1024 && s.n < s.big/4:
+		s.old, s.m, s.big = s.m, make(map[uint64]*budget, s.n), s.n
+		s.unswept = s.n
 	}
 }

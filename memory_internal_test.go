@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -222,7 +223,7 @@ func (m *Memory) holds(k *memKey) bool {
 	s := &m.shards[h%memShards]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for b := s.m[h]; b != nil; b = b.next {
+	for b := s.chain(h); b != nil; b = b.next {
 		if b.is(k) {
 			return true
 		}
@@ -355,7 +356,8 @@ func TestCapKeepsRequestBudgets(t *testing.T) {
 }
 
 // TestSweepShrinksMap: a shard whose budgets mostly expired after a flood gets a map
-// sized for what it still holds.
+// sized for what it still holds, once calls have reached it enough times to sweep it
+// (sweepBatch budgets each) and to move what it holds.
 func TestSweepShrinksMap(t *testing.T) {
 	const sweep = 100 * time.Millisecond
 	m, clk := newTestMemory(t, WithSweepInterval(sweep))
@@ -371,16 +373,26 @@ func TestSweepShrinksMap(t *testing.T) {
 			t.Fatalf("%+v %v", d, err)
 		}
 	}
+	most := 0
+	for i := range m.shards {
+		most = max(most, m.shards[i].n)
+	}
 	clk.advance(time.Second + sweep)
-	for _, id := range identityPerShard(t, m, short) { // a call on every shard sweeps it
-		if _, err := m.Allow(ctx, []Check{{Rule: short, Identity: id, Cost: 2}}); err != nil {
-			t.Fatal(err)
+	// A sweep of the expired budgets, then one that moves the rest to the new map.
+	rounds := (most+sweepBatch-1)/sweepBatch + 2
+	ids := identityPerShard(t, m, short)
+	for range rounds {
+		for _, id := range ids { // a call on every shard goes on with its sweep
+			if _, err := m.Allow(ctx, []Check{{Rule: short, Identity: id, Cost: 2}}); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	for i := range m.shards {
 		s := &m.shards[i]
-		if s.n == 0 || s.n > 60 || s.big != s.n || len(s.m) != s.n {
-			t.Fatalf("shard %d: %d held, %d most since the map was made, map %d", i, s.n, s.big, len(s.m))
+		if s.n == 0 || s.n > 60 || s.big != s.n || len(s.m) != s.n || s.old != nil {
+			t.Fatalf("shard %d after %d calls: %d held, %d most since the map was made, map %d, old map %v",
+				i, rounds, s.n, s.big, len(s.m), s.old != nil)
 		}
 	}
 }
@@ -464,5 +476,172 @@ func TestSweepAfterClockWentBack(t *testing.T) {
 	call(2)
 	if n := m.Len(); n != 0 {
 		t.Fatalf("Len %d a sweep interval after every budget expired, want 0", n)
+	}
+}
+
+// TestSweepBoundedPerCall: a call sweeps a bounded number of budgets, whatever the shard
+// holds, and steady traffic still reclaims every expired budget within a bounded number
+// of calls. About 1,000 expired budgets per shard (a past flood) are reclaimed by traffic
+// that reaches every shard in turn and creates a new budget of one hour with each call:
+// no call may drop more than 32 budgets (as the Memory's documentation says), and within
+// ceil(share/32)+2 rounds only the traffic's budgets are left.
+func TestSweepBoundedPerCall(t *testing.T) {
+	const (
+		perShard = 1000
+		perCall  = 32 // the most budgets a call sweeps in a shard it reaches
+	)
+	m, clk := newTestMemory(t, WithMaxBudgets(1<<20), WithSweepInterval(time.Second))
+	flood := Rule{Name: "flood", Limit: 1, Window: time.Second}
+	for i := range perShard * memShards {
+		if d, err := m.Allow(context.Background(), []Check{{Rule: flood, Identity: fmt.Sprint("f-", i), Cost: 1}}); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	most := 0
+	for i := range m.shards {
+		most = max(most, m.shards[i].n)
+	}
+	clk.advance(2 * time.Second) // every window ended, every shard's sweep due
+
+	// rounds new identities per shard, under a rule whose budgets outlive the test.
+	traffic := Rule{Name: "traffic", Limit: 1, Window: time.Hour}
+	rounds := (most+perCall-1)/perCall + 2
+	ids := make([][]string, memShards)
+	for i, full := 0, 0; full < memShards; i++ {
+		id := fmt.Sprint("t-", i)
+		s := m.shardOf(&memKey{name: traffic.Name, identity: id, algo: traffic.Algorithm})
+		if len(ids[s]) < rounds {
+			if ids[s] = append(ids[s], id); len(ids[s]) == rounds {
+				full++
+			}
+		}
+	}
+	created := 0
+	for r := range rounds {
+		for s := range memShards {
+			before := m.Len()
+			if d, err := m.Allow(context.Background(), []Check{{Rule: traffic, Identity: ids[s][r], Cost: 1}}); err != nil || !d.Allowed {
+				t.Fatalf("%+v %v", d, err)
+			}
+			created++
+			if dropped := before + 1 - m.Len(); dropped > perCall {
+				t.Fatalf("round %d, shard %d: one call dropped %d budgets, want at most %d", r, s, dropped, perCall)
+			}
+		}
+	}
+	if n := m.Len(); n != created {
+		t.Fatalf("after %d rounds of traffic on every shard (a shard held %d expired budgets at most): Len %d, want the traffic's %d",
+			rounds, most, n, created)
+	}
+}
+
+// checkShard fails t unless s is consistent: its queue runs from oldest to newest and
+// holds s.n budgets, each found under its hash in exactly one of the maps (the one being
+// replaced included), which hold nothing else; the sweep's place is a budget of the
+// queue, or none. queued is scratch space.
+func checkShard(t *testing.T, s *memShard, step int, queued map[*budget]bool) {
+	t.Helper()
+	clear(queued)
+	var last *budget
+	for b := s.oldest; b != nil; b = b.newer {
+		if queued[b] {
+			t.Fatalf("step %d: the queue loops", step)
+		}
+		queued[b] = true
+		last = b
+	}
+	if last != s.newest || len(queued) != s.n {
+		t.Fatalf("step %d: queue of %d ending at %p, want %d ending at %p", step, len(queued), last, s.n, s.newest)
+	}
+	if s.kept != nil && !queued[s.kept] {
+		t.Fatalf("step %d: the sweep goes on after a budget that left the queue", step)
+	}
+	chained := 0
+	for _, mm := range []map[uint64]*budget{s.m, s.old} {
+		for h, head := range mm {
+			if _, dup := s.m[h]; dup && s.old != nil && s.old[h] != nil {
+				t.Fatalf("step %d: hash %d in both maps", step, h)
+			}
+			for b := head; b != nil; b = b.next {
+				if b.h != h || !queued[b] {
+					t.Fatalf("step %d: chain %d holds %+v, not a queued budget of that hash", step, h, b)
+				}
+				chained++
+			}
+		}
+	}
+	if chained != s.n {
+		t.Fatalf("step %d: %d budgets chained, %d held", step, chained, s.n)
+	}
+}
+
+// TestSweepResumesConsistently: a sweep spread over calls, evictions at the cap that move
+// and drop budgets around the sweep's place, budgets sharing a hash, and a map replaced
+// while all of this goes on leave the shard consistent, and every budget still held is
+// found by its key; once every budget expired, calls over two sweep intervals drop them
+// all.
+func TestSweepResumesConsistently(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	s := memShard{m: make(map[uint64]*budget), max: 600}
+	m := &Memory{sweep: 5}
+	type key struct {
+		k memKey
+		h uint64
+	}
+	var keys []key
+	queued := map[*budget]bool{}
+	now := int64(1)
+	var resumed, replaced int
+	for step := range 15_000 {
+		m.maybeSweep(&s, now)
+		if s.kept != nil {
+			resumed++
+		}
+		switch op := rng.IntN(100); {
+		case op < 60: // a new budget, at the cap evicting, hashes often shared
+			k := key{memKey{name: "r", identity: strconv.Itoa(step)}, uint64(rng.IntN(2048))}
+			b, collides := s.find(k.h, &k.k)
+			if b != nil {
+				t.Fatalf("step %d: a new key found", step)
+			}
+			b = s.insert(k.h, &k.k, collides, s.makeRoom(now, nil))
+			b.expires = now + 1 + rng.Int64N(100)
+			keys = append(keys, k)
+		case op < 95 && len(keys) > 0: // a lookup of a recent key, which marks its budget used
+			k := keys[max(0, len(keys)-1-rng.IntN(2*s.max))]
+			s.get(k.h, &k.k)
+		case op < 96: // every budget looked up: the eviction hand passes them all over
+			for b := s.oldest; b != nil; b = b.newer {
+				b.used = true
+			}
+		case op < 99:
+			now += rng.Int64N(3)
+		default: // as after a flood: the map is made again when this sweep ends
+			s.big = max(s.big, 4*s.n+1024)
+		}
+		if s.old != nil {
+			replaced++
+		}
+		checkShard(t, &s, step, queued)
+	}
+	// Every budget still held is found.
+	for b := s.oldest; b != nil; b = b.newer {
+		k := memKey{name: b.name, identity: b.identity}
+		if s.get(b.h, &k) != b {
+			t.Fatalf("budget %q held but not found", b.identity)
+		}
+	}
+	t.Logf("%d calls within a sweep under way, %d while the map was replaced, %d evictions", resumed, replaced, s.evictions)
+	if resumed < 800 || replaced < 100 || s.evictions < 1000 {
+		t.Fatal("the walk did not exercise resumed sweeps, replaced maps and evictions")
+	}
+	now += 200
+	for range 2 * (s.n/sweepBatch + 2) {
+		m.maybeSweep(&s, now)
+		now += m.sweep
+	}
+	checkShard(t, &s, -1, queued)
+	if s.n != 0 || s.old != nil {
+		t.Fatalf("%d budgets held after every one expired and two sweeps, old map %v", s.n, s.old != nil)
 	}
 }

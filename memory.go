@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/bits"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -291,7 +292,11 @@ func (s *memShard) insert(h uint64, k *memKey, collides bool, spare *budget) *bu
 	if b == nil {
 		b = new(budget)
 	}
-	*b = budget{name: k.name, identity: k.identity, scope: k.scope, algo: k.algo, digest: k.digest, h: h}
+	id, scope := k.identity, k.scope
+	if !k.digest { // a digest is the budget's own already
+		id, scope = s.ownKey(id, scope)
+	}
+	*b = budget{name: k.name, identity: id, scope: scope, algo: k.algo, digest: k.digest, h: h}
 	if collides {
 		s.own(h)
 		if b.next = s.m[h]; b.next != nil {
@@ -311,6 +316,24 @@ func (s *memShard) insert(h uint64, k *memKey, collides bool, spare *budget) *bu
 	s.n++
 	s.big = max(s.big, s.n)
 	return b
+}
+
+// ownKey returns copies of identity and scope, for a new budget of the shard: the scope
+// of the shard's newest budget when it is the same (a scope is most often a route
+// pattern, shared by many budgets), else in one allocation with the identity. A budget
+// holds copies, not the caller's strings: one sliced out of a large string (an address
+// out of a long header, a path out of a long request line) would keep all of it alive
+// for as long as the budget lives. Only a new budget copies its key: a decision on a
+// budget that exists allocates nothing.
+func (s *memShard) ownKey(identity, scope string) (string, string) {
+	if scope != "" && s.newest != nil && s.newest.scope == scope {
+		return strings.Clone(identity), s.newest.scope
+	}
+	if identity == "" || scope == "" {
+		return strings.Clone(identity), strings.Clone(scope)
+	}
+	both := identity + scope
+	return both[:len(identity)], both[len(identity):]
 }
 
 // unchain removes b from the map; the queue is the caller's to fix.

@@ -118,3 +118,51 @@ func TestMemoryLongKeysDistinct(t *testing.T) {
 		}
 	}
 }
+
+// sliced returns 32 bytes ending in i, sliced out of a fresh string of 1 MiB, as a key
+// taken from a large request (one address of a long X-Forwarded-For header, a path out
+// of a long request line) would be.
+func sliced(i int) string {
+	return longKey(1<<20, i)[1<<20-32:]
+}
+
+// TestMemoryKeysPinNothing: a budget holds a copy of its identity and scope, not the
+// caller's strings, so that a short key sliced out of a large string does not keep the
+// large one alive for as long as the budget lives. Budgets of 32-byte keys, each sliced
+// out of its own 1 MiB string, are created through every path that creates one (one
+// check, several checks, a reservation); the live heap they hold after a collection must
+// stay within 1 KiB per budget, not 1 MiB.
+func TestMemoryKeysPinNothing(t *testing.T) {
+	const n = 16
+	fixed := ratebudget.Rule{Name: "fixed", Algorithm: ratebudget.FixedWindow, Limit: 10, Window: time.Hour}
+	token := ratebudget.Rule{Name: "token", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: time.Hour}
+	ctx := context.Background()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	m, _ := newMemory(t)
+	for i := range n {
+		allow(t, m, ratebudget.Check{Rule: fixed, Identity: sliced(i), Cost: 1})
+		allow(t, m,
+			ratebudget.Check{Rule: fixed, Identity: "203.0.113.7", Scope: sliced(i), Cost: 1},
+			ratebudget.Check{Rule: token, Identity: sliced(i), Scope: sliced(n + i), Cost: 1})
+		checks := []ratebudget.Check{{Rule: token, Identity: sliced(2*n + i), Cost: 1}}
+		tickets := make([]ratebudget.Ticket, 1)
+		if d, err := m.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
+			t.Fatalf("Reserve: %+v %v", d, err)
+		}
+	}
+	const budgets = 4 * n
+	if got := m.Len(); got != budgets {
+		t.Fatalf("Len %d, want %d", got, budgets)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	// The limiter's own structures (64 shards, their maps) plus 1 KiB per budget.
+	if limit := int64(64<<10 + budgets<<10); held > limit {
+		t.Errorf("%d budgets of 32-byte keys sliced out of 1 MiB strings hold %d bytes of heap (%d per budget), want at most %d",
+			budgets, held, held/budgets, limit)
+	}
+	runtime.KeepAlive(m)
+}

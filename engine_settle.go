@@ -244,3 +244,44 @@ func freshState(b *budget, r *Rule, now int64) {
 		b.count, b.end = r.Capacity()*r.Window.Milliseconds(), now
 	}
 }
+
+// unspent is the outcome of a check that fits its budget under r at now, in a decision
+// that another check refused: admitted, and the budget b (nil: none) as it is, nothing
+// having been spent (see [Reporter]). decide reports such a check as if its cost had
+// been spent, which the decision only does when every check fits.
+func unspent(b *budget, r *Rule, now int64) Outcome {
+	o := Outcome{Allowed: true, Remaining: r.Limit}
+	if b == nil {
+		if r.Algorithm == TokenBucket {
+			o.Remaining = r.Capacity()
+		}
+		return o
+	}
+	switch r.Algorithm {
+	case FixedWindow:
+		if now < b.end && b.count != 0 {
+			o.Remaining, o.ResetAfter = r.Limit-b.count, ms(b.end-now)
+		}
+	case TokenBucket:
+		level, _, lag := tokenLevel(b, r, now)
+		w := r.Window.Milliseconds()
+		full := r.Capacity() * w
+		o.Remaining = level / w
+		if level < full {
+			o.ResetAfter = ms(lag + ceilDiv(full-level, r.Limit))
+		}
+	case RollingWindow:
+		if b.rolling != nil {
+			if ev := b.trimRolling(now, r.Window.Milliseconds()); len(ev) > 0 {
+				o.Remaining, o.ResetAfter = r.Limit-b.count, ms(ev[len(ev)-1].at+r.Window.Milliseconds()-now)
+			}
+		}
+	case InFlight:
+		if b.rolling != nil {
+			if leases := pruneLeases(b, now); len(leases) > 0 {
+				o.Remaining, o.ResetAfter = r.Limit-int64(len(leases)), ms(leases[len(leases)-1].at-now)
+			}
+		}
+	}
+	return o
+}

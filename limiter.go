@@ -29,6 +29,16 @@ type Limiter interface {
 // callers can describe every rule of a request (package middleware lists each in the
 // RateLimit header field). On an error the outcomes are undefined. Implementations must be
 // safe for concurrent use, as Limiter's are.
+//
+// Each outcome describes its budget as it is right after the decision. When the decision
+// admits, that is after the spend. When it refuses, nothing was spent, and so an outcome
+// reports its budget as it was: a check that alone would have been admitted keeps
+// Allowed true (it fits; another check refused), with Remaining the units left before
+// its cost and ResetAfter the reset of what was spent before: zero for an untouched
+// budget, the end of the open fixed window, the time a token bucket takes to refill its
+// current deficit, the time until a rolling window's newest event leaves it, the time
+// until the newest lease expires. That is what a decision that spends nothing (an
+// Exceeded one, say) reports for the budget at the same moment.
 type Reporter interface {
 	AllowEach(ctx context.Context, checks []Check, outcomes []Outcome) (Decision, error)
 }
@@ -84,18 +94,23 @@ type Decision struct {
 	Window time.Duration
 }
 
-// Outcome is one rule's part of a decision, as computed by a limiter engine.
+// Outcome is one rule's part of a decision, as computed by a limiter engine. It
+// describes the check's budget as it is right after the decision: spent from when the
+// decision admits, as it was when the decision refuses (see [Reporter]).
 type Outcome struct {
 	// Allowed is true when the check fits its budget (the request as a whole is admitted
-	// only when every check's is).
+	// only when every check's is). In a refused decision, a check that fits keeps
+	// Allowed true although nothing was spent: its Remaining and ResetAfter are then
+	// those of its budget without its cost.
 	Allowed bool
 	// Exceeded is true when the check's cost exceeds its rule's capacity, as
 	// [Decision.Exceeded].
 	Exceeded bool
-	// Remaining is the check's budget left, in cost units, as [Decision.Remaining].
+	// Remaining is the check's budget left, in cost units, as [Decision.Remaining]:
+	// after its cost only when the decision admitted.
 	Remaining int64
-	// ResetAfter is the time until the check's budget is whole again, as
-	// [Decision.ResetAfter]; zero when untouched.
+	// ResetAfter is the time until the check's budget is whole again if nothing more is
+	// spent, as [Decision.ResetAfter]; zero when untouched.
 	ResetAfter time.Duration
 	// RetryAfter is, when the check does not fit, the earliest time after which it could,
 	// as [Decision.RetryAfter]; zero when it fits or is Exceeded.

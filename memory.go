@@ -548,8 +548,17 @@ func (m *Memory) allowMany(checks []Check, now int64, out []Outcome, tickets []T
 				tickets[i] = ticketOf(b, &checks[i].Rule, now, lease)
 			}
 		}
-	} else if tickets != nil {
-		clear(tickets)
+	} else {
+		// Nothing was spent: the checks that fit are reported with their budgets as
+		// they are.
+		for i := range checks {
+			if outs[i].Allowed {
+				outs[i] = unspent(found[i], &checks[i].Rule, now)
+			}
+		}
+		if tickets != nil {
+			clear(tickets)
+		}
 	}
 	m.unlock(&locked)
 	copy(out, outs)

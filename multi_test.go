@@ -1,6 +1,7 @@
 package ratebudget_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -313,4 +314,36 @@ func TestManyChecks(t *testing.T) {
 
 func algorithmRule(a ratebudget.Algorithm, limit int64) ratebudget.Rule {
 	return ratebudget.Rule{Name: a.String(), Algorithm: a, Limit: limit, Window: time.Minute}
+}
+
+// TestRefusedOutcomesUnspent: in a decision that another check refused, a check that
+// fits is reported admitted with its budget as it is, which the refusal did not spend
+// from: an untouched fixed window whole (ResetAfter 0), as a probe right after reports
+// it; through AllowEach and Reserve alike.
+func TestRefusedOutcomesUnspent(t *testing.T) {
+	m, _ := newMemory(t)
+	a := ratebudget.Rule{Name: "a", Algorithm: ratebudget.FixedWindow, Limit: 10, Window: time.Minute}
+	b := ratebudget.Rule{Name: "b", Algorithm: ratebudget.FixedWindow, Limit: 1, Window: time.Minute}
+	allow(t, m, ratebudget.Check{Rule: b, Cost: 1}) // b is now full
+	checks := []ratebudget.Check{{Rule: a, Cost: 1}, {Rule: b, Cost: 1}}
+	want := ratebudget.Outcome{Allowed: true, Remaining: 10}
+	for _, reserve := range []bool{false, true} {
+		out := make([]ratebudget.Outcome, 2)
+		var d ratebudget.Decision
+		var err error
+		if reserve {
+			d, err = m.Reserve(context.Background(), checks, make([]ratebudget.Ticket, 2), out)
+		} else {
+			d, err = m.AllowEach(context.Background(), checks, out)
+		}
+		if err != nil || d.Allowed || d.Rule != "b" {
+			t.Fatalf("reserve %v: %+v, %v; want refused by b", reserve, d, err)
+		}
+		if out[0] != want {
+			t.Errorf("reserve %v: a's outcome %+v, want %+v: the refusal spent nothing", reserve, out[0], want)
+		}
+	}
+	if p := probe(t, m, a, "", ""); p.Remaining != 10 || p.ResetAfter != 0 {
+		t.Errorf("probe of a: %+v, want 10 remaining and ResetAfter 0", p)
+	}
 }

@@ -7,7 +7,7 @@
 --          that is not a Redis Cluster node (the Go limiter's WithOneServer).
 -- ARGV[1]  "1": decide and write (spend when all are admitted; trim aged rolling-window
 --          events and give a counter or bucket found without a TTL its TTL back, either
---          way); "0": decide only, write nothing.
+--          way); "0": decide only, write nothing; "2", "3", "4": see Modes below.
 -- ARGV[2+5(i-1) .. 6+5(i-1)], for check i:
 --          algorithm (0 fixed window, 1 token bucket, 2 rolling window, 3 in-flight),
 --          limit (units per window; refill per window for the token bucket),
@@ -18,6 +18,12 @@
 --          (ms), retry after (ms),
 --          and for an admitted rolling-window check the cumulative sum that names its log
 --          entry (a ticket's ID, used by settle.lua), else 0.
+--          Remaining and reset after describe the budget as the call leaves it: after
+--          the spend when every check was admitted and spent; else (a refusal, or
+--          decide only) as it is, nothing spent, also for a check that fits (allowed 1):
+--          its remaining before its cost, and the reset of what was spent before (0 for
+--          an untouched budget, the fixed window's end, the bucket's time to refill its
+--          deficit, the newest event leaving the window, the newest lease expiring).
 --
 -- State:
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY; a
@@ -86,9 +92,14 @@ end
 -- without refusing it, its cost cut so that a fixed or rolling window counts at most
 -- twice its limit and a token bucket's deficit stays within 2 x full and 2^53 (the
 -- extra of a settle above its reservation, run by settle.lua, which calls this script as
--- a function; never for in-flight checks).
+-- a function; never for in-flight checks); '4' as '2', and when the spend is made, reply
+-- after the tickets each check's reset after (ms) as it was before the spend: for a
+-- decision of several slot groups, whose spent groups are given back when a later
+-- group refuses, and then reported as they are again (their remaining is the reply's
+-- plus the cost).
 local mode = ARGV[1]
-local write, tickets, force = mode ~= '0', mode == '2', mode == '3'
+local unspent = mode == '4'
+local write, tickets, force = mode ~= '0', mode == '2' or unspent, mode == '3'
 if not (write or mode == '0') or write and not (mode == '1' or tickets or force) then
   return redis.error_reply('ERR ratebudget: bad mode')
 end
@@ -170,14 +181,15 @@ local now, nowstr -- server time in ms (and its digits), read on first use
 -- every outcome and what an admission would write (x1..x7, per algorithm below).
 local all = true
 local x1, x2, x3, x4, x5, x6, x7 -- the last check's, for a single check
-local ok, exc, rem, reset, retry
+-- idle: an admitted check's reset after as the budget is without its spend.
+local ok, exc, rem, reset, retry, idle
 for i = 1, n do
   local key = KEYS[i]
   if S then
     local p = 12 * i
     a, lim, w, capa, k = S[p - 11], S[p - 10], S[p - 9], S[p - 8], S[p - 7]
   end
-  ok, exc, rem, reset, retry = 0, 0, 0, 0, 0
+  ok, exc, rem, reset, retry, idle = 0, 0, 0, 0, 0, 0
   x1, x2, x3, x4, x5, x6, x7 = false, false, 0, 0, 0, false, false
   if a == 0 then
     -- x1: create the counter; x2: give an immortal counter its TTL.
@@ -212,6 +224,7 @@ for i = 1, n do
       rem, reset, retry = lim - count, left, left
     else
       ok, rem, reset = 1, lim - count - k, left
+      if count ~= 0 then idle = left end
     end
     if x2 and write and (ok == 0 or n > 1) then
       call('PEXPIRE', key, ARGV[5 * i - 1]) -- the window; the spend repeats it on admission
@@ -282,6 +295,7 @@ for i = 1, n do
       d = d + need
       level = full - d
       local r = fmod(d, rate)
+      idle = tofull
       tofull = lag + (d - r) / rate
       if r > 0 then tofull = tofull + 1 end
       ok, rem, reset = 1, (level - fmod(level, w)) / w, tofull
@@ -309,7 +323,7 @@ for i = 1, n do
     else
       local at = now + w
       if last > at then at = last end
-      ok, rem, reset, x1 = 1, lim - live - 1, at - now, at
+      ok, rem, idle, reset, x1 = 1, lim - live - 1, reset, at - now, at
     end
   else
     -- x1: time of the event, x2: the cumulative sum before the window (the string
@@ -410,7 +424,7 @@ for i = 1, n do
       local e = call('ZRANGE', key, lo, lo, 'WITHSCORES')
       retry = tonumber(e[2]) + w - now
     else
-      ok, rem, reset = 1, lim - sum - k, at + w - now
+      ok, rem, idle, reset = 1, lim - sum - k, reset, at + w - now
       if last ~= at then lastms = false end
       x1, x2, x3, x4, x5, x6, x7 = at, basestr or base, nacc, ncost, lastms, nmember, oms
     end
@@ -418,19 +432,34 @@ for i = 1, n do
   if ok == 0 then all = false end
   if S then
     local r = 6 * i
-    reply[r - 5], reply[r - 4], reply[r - 3], reply[r - 2], reply[r - 1], reply[r] = ok, exc, rem, reset, retry, 0
+    -- The sixth value holds idle until phase 2 (or the refusal) replaces it.
+    reply[r - 5], reply[r - 4], reply[r - 3], reply[r - 2], reply[r - 1], reply[r] = ok, exc, rem, reset, retry, idle
     local p = 12 * i
     S[p - 7] = k -- cut by force
     S[p - 6], S[p - 5], S[p - 4], S[p - 3], S[p - 2], S[p - 1], S[p] = x1, x2, x3, x4, x5, x6, x7
   end
 end
 
--- Phase 2: the spend, every check being admitted. It writes each check's new state and,
--- for a rolling window, its event's cumulative sum into the reply.
+-- Nothing is spent (a refusal, or decide only): a check that fits is reported with its
+-- budget as it is, its cost not taken (the remaining of a token bucket, too, is short
+-- by exactly its cost: whole units of tokens x window).
 if not (write and all) then
-  if S then return reply end
+  if S then
+    for i = 1, n do
+      local r = 6 * i
+      if reply[r - 5] == 1 then
+        reply[r - 3], reply[r - 2] = reply[r - 3] + S[12 * i - 7], reply[r]
+      end
+      reply[r] = 0
+    end
+    return reply
+  end
+  if ok == 1 then return {1, 0, rem + k, idle, 0, 0} end -- decide only
   return {ok, exc, rem, reset, retry, 0}
 end
+
+-- Phase 2: the spend, every check being admitted. It writes each check's new state and,
+-- for a rolling window, its event's cumulative sum into the reply.
 for i = 1, n do
   local key = KEYS[i]
   if S then
@@ -504,10 +533,16 @@ for i = 1, n do
     end
   end
   if not S then
-    if tickets then return {ok, exc, rem, reset, retry, acc, tk} end
+    if tickets then
+      if unspent then return {ok, exc, rem, reset, retry, acc, tk, idle} end
+      return {ok, exc, rem, reset, retry, acc, tk}
+    end
     return {ok, exc, rem, reset, retry, acc}
   end
+  if tickets then
+    reply[6 * n + i] = tk
+    if unspent then reply[7 * n + i] = reply[6 * i] end
+  end
   reply[6 * i] = acc
-  if tickets then reply[6 * n + i] = tk end
 end
 return reply

@@ -145,7 +145,12 @@
 // back more than the decision spent, nor to a window other than the one it spent in.
 // The refund runs within the caller's deadline; when a later group used it all up (its
 // master stalled), the refund runs after Allow returned, for at most 500ms, and the
-// error is uncertain.
+// error is uncertain. Through [Limiter.AllowEach] and [Limiter.Reserve], a decision
+// refused this way reports its checks as [ratebudget.Reporter] says, as a refusal in
+// one step does: the groups given back as they were before their spend (each admitted
+// group's call also replies its checks' resets as they were), and the groups after the
+// refusal, decided without writing, as they are (a refund that fails leaves the spend,
+// and its groups' outcomes as they are, spent).
 // When every key
 // lives on one server (a *redis.Client on a standalone server or a failover primary),
 // [WithOneServer] decides checks of every slot in one call, with no refunds.

@@ -352,6 +352,10 @@ type decision struct {
 	outs   []ratebudget.Outcome
 	aux    []int64 // per check: allow.lua's sixth value, a rolling window's ticket ID
 	spent  bool    // a group was admitted: to refund if a later one refuses
+	// idle, for checks of several slots, is each admitted check's reset after (ms) as it
+	// was before its spend (allow.lua's mode '4'): its outcome once a later group's
+	// refusal has given the spend back.
+	idle []int64
 	// members holds each in-flight check's lease member (nil when the decision has
 	// none), leases its number; tickets, when not nil, receives each check's ticket
 	// (always for checks of several slots, which a refund settles).
@@ -418,10 +422,13 @@ func (c *core) decide(ctx context.Context, checks []ratebudget.Check, tickets []
 		d.keys[i] = string(k)
 		single = single && (c.oneServer || d.slots[i] == d.slots[0])
 	}
-	if !single && tickets == nil {
-		// A refund is a settle at cost 0 of the groups already admitted: their tickets
-		// name exactly the spend to give back.
-		d.tickets = make([]ratebudget.Ticket, n)
+	if !single {
+		if tickets == nil {
+			// A refund is a settle at cost 0 of the groups already admitted: their
+			// tickets name exactly the spend to give back.
+			d.tickets = make([]ratebudget.Ticket, n)
+		}
+		d.idle = make([]int64, n)
 	}
 	if single {
 		all := idx[:0]
@@ -496,12 +503,34 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 		}
 		if !ok {
 			refused = true
-			_ = c.refund(ctx, d) // a refusal either way; a failure leaves an over-count
+			var given []int // the checks of the groups admitted so far
+			for j := range d.checks {
+				if !d.tickets[j].IsZero() {
+					given = append(given, j)
+				}
+			}
+			// A refusal either way; a failure leaves an over-count, and those groups'
+			// outcomes as they are (spent). Given back (or on its way, detached), they
+			// are reported as they were before their spend, as a refusal in one step
+			// reports them (see ratebudget.Reporter).
+			if err := c.refund(ctx, d); err == nil || errors.Is(err, errRefundDetached) {
+				for _, j := range given {
+					d.outs[j] = unspentOutcome(&d.checks[j], d.outs[j], d.idle[j])
+				}
+			}
 			continue
 		}
 		d.spent = true
 	}
 	return ratebudget.Combine(d.checks, d.outs), nil
+}
+
+// unspentOutcome is check c's outcome o of an admitted spend, once given back: its
+// budget as it was before, whose reset after was idle ms (allow.lua's mode '4').
+func unspentOutcome(c *ratebudget.Check, o ratebudget.Outcome, idle int64) ratebudget.Outcome {
+	o.Remaining += c.Cost // a token bucket's too: the spend took whole units
+	o.ResetAfter = msDuration(idle)
+	return o
 }
 
 // refund gives back the spend of the groups admitted so far, best effort: a settle at
@@ -621,6 +650,8 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 	switch {
 	case !write:
 		args = append(args, "0")
+	case d.idle != nil:
+		args = append(args, "4") // as "2", with each check's reset before the spend
 	case d.tickets != nil:
 		args = append(args, "2")
 	default:
@@ -777,7 +808,7 @@ func parseAllow(v any, d *decision, g []int) (bool, error) {
 	if !ok {
 		return false, badReply(fmt.Sprintf("%T, want an array", v))
 	}
-	if len(vals) != 6*len(g) && (d.tickets == nil || len(vals) != 7*len(g)) {
+	if len(vals) != 6*len(g) && (d.tickets == nil || len(vals) != 7*len(g)) && (d.idle == nil || len(vals) != 8*len(g)) {
 		return false, badReply(fmt.Sprintf("%d elements, want %d", len(vals), 6*len(g)))
 	}
 	all := true
@@ -807,7 +838,16 @@ func parseAllow(v any, d *decision, g []int) (bool, error) {
 		d.outs[j] = o
 		d.aux[j] = f[5]
 	}
-	if len(vals) == 7*len(g) {
+	if len(vals) == 8*len(g) {
+		for k, j := range g {
+			idle, ok := vals[7*len(g)+k].(int64)
+			if !ok || idle < 0 {
+				return false, badReply(fmt.Sprintf("reset before the spend %d is %v, want an integer, at least 0", k, vals[7*len(g)+k]))
+			}
+			d.idle[j] = idle
+		}
+	}
+	if len(vals) >= 7*len(g) {
 		for k, j := range g {
 			tk, ok := vals[6*len(g)+k].(int64)
 			if !ok {

@@ -349,8 +349,6 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		if err != nil {
 			failed = &g
-		} else if !ev.Decision.Allowed {
-			unspent(st.checks, outcomes) // all-or-nothing: the refusal spent nothing
 		}
 	default:
 		ev.Decision, outcomes, ev.Latency, failed, ev.Fallback, open, err = decideGroups(ctx, st)
@@ -509,9 +507,10 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 	return in
 }
 
-// unspent turns the outcomes of checks admitted within a decision that refused (another
-// check refused, and the decision spent nothing) into the state of their budgets as it
-// is: a limiter reports them as if their cost had been spent. Remaining gets the cost
+// unspent turns the outcomes of a limiter's admission, which it reports after the spend,
+// into the state of the budgets once the middleware gave that spend back (a later
+// limiter of a stacked decision refused); a limiter's own refusal spends nothing and
+// reports so (see ratebudget.Reporter). Remaining gets the cost
 // back; ResetAfter is 0 for a budget that is whole again, and shorter by the cost's
 // refill for a token bucket (for a rolling window or leases it stays an upper bound:
 // the time the budget's newest event or lease would have left).
@@ -643,16 +642,17 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 			gd.Index = g.index[gd.Index]
 		}
 		if !gd.Allowed {
-			// The refusing group spent nothing, and the groups before it that reserved
-			// were given their spend back (cancelAll); the others' spend stands.
+			// The refusing group spent nothing, and reports so; the groups before it
+			// that reserved were given their spend back (cancelAll); the others' spend
+			// stands.
 			for _, x := range groups {
-				if x == g || x.m.settler != nil {
+				if x == g {
+					break
+				}
+				if x.m.settler != nil {
 					for _, k := range x.index {
 						unspent(st.checks[k:k+1], all[k:k+1])
 					}
-				}
-				if x == g {
-					break
 				}
 			}
 			if known {

@@ -106,6 +106,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Run("MixedRulesOneIdentity", func(t *testing.T) { t.Parallel(); testMixed(newEnv(t, newHarness(t)), false) })
 	t.Run("MixedRulesSeveralIdentities", func(t *testing.T) { t.Parallel(); testMixed(newEnv(t, newHarness(t)), true) })
 	runSettle(t, newHarness)
+	runUnspent(t, newHarness)
 }
 
 type env struct {

@@ -507,14 +507,21 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 	return in
 }
 
-// unspent turns the outcomes of a limiter's admission, which it reports after the spend,
-// into the state of the budgets once the middleware gave that spend back (a later
-// limiter of a stacked decision refused); a limiter's own refusal spends nothing and
-// reports so (see ratebudget.Reporter). Remaining gets the cost
-// back; ResetAfter is 0 for a budget that is whole again, and shorter by the cost's
-// refill for a token bucket (for a rolling window or leases it stays an upper bound:
-// the time the budget's newest event or lease would have left).
-func unspent(checks []ratebudget.Check, outcomes []ratebudget.Outcome) {
+// givenBack turns the outcomes of a limiter's admission, which it reports after the
+// spend, into the state of the budgets once the middleware gave that spend back (a
+// later limiter of a stacked decision refused). A limiter's own refusal needs no such
+// turn: it spends nothing, and reports so (see ratebudget.Reporter).
+//
+// Remaining gets the cost back, exactly. ResetAfter is exact for a budget whole again
+// (0) and for a fixed window (a spend never moves an open window's end). A token bucket
+// is full again sooner by the refill of the cost, Window/Limit per unit (the step
+// available uses, so that the time to its next unit is the one the admission implied:
+// a spend of whole units does not change it); the limiter rounds waits to whole
+// milliseconds, so this is within a millisecond of its own. For a rolling window or
+// leases the admission does not say when the budget's earlier newest event leaves, or
+// its earlier newest lease expires: ResetAfter stays the time the given-back one would
+// have (an upper bound), which no header sends (their effective window is unknown).
+func givenBack(checks []ratebudget.Check, outcomes []ratebudget.Outcome) {
 	for i := range outcomes {
 		o := &outcomes[i]
 		if !o.Allowed || i >= len(checks) {
@@ -527,8 +534,12 @@ func unspent(checks []ratebudget.Check, outcomes []ratebudget.Outcome) {
 		case o.Remaining >= capacity:
 			o.ResetAfter = 0
 		case c.Rule.Algorithm == ratebudget.TokenBucket:
-			refill := time.Duration(float64(c.Cost) * float64(c.Rule.Window) / float64(c.Rule.Limit))
-			o.ResetAfter = max(o.ResetAfter-refill, 0)
+			per := c.Rule.Window / time.Duration(c.Rule.Limit)
+			if per > 0 && time.Duration(c.Cost) > o.ResetAfter/per {
+				o.ResetAfter = 0
+			} else {
+				o.ResetAfter -= time.Duration(c.Cost) * per
+			}
 		}
 	}
 }
@@ -651,7 +662,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 				}
 				if x.m.settler != nil {
 					for _, k := range x.index {
-						unspent(st.checks[k:k+1], all[k:k+1])
+						givenBack(st.checks[k:k+1], all[k:k+1])
 					}
 				}
 			}

@@ -327,6 +327,27 @@ func TestRefusalReportsOtherRulesUnspent(t *testing.T) {
 	}
 }
 
+// The same across two limiters: the bucket's limiter admitted and reserved, and the
+// middleware gave its spend back when the other limiter refused.
+func TestRefusalReportsGivenBackRulesUnspent(t *testing.T) {
+	t.Parallel()
+	a, b := memory(t, newClock()), memory(t, newClock()) // the clocks never move
+	bucket := ratebudget.Rule{Name: "bucket", Algorithm: ratebudget.TokenBucket, Limit: 60, Window: time.Minute, Burst: 10}
+	outer := mustNew(t, a, []middleware.Rule{{Rule: bucket, Identity: global}}, middleware.WithHeaders(headers.IETF))
+	inner := mustNew(t, b, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithHeaders(headers.IETF))
+	h := outer(inner(ok))
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 || rec.Header().Get("RateLimit") != `"bucket";r=9;t=1, "inner";r=0;t=60` {
+		t.Fatalf("first: %d %q", rec.Code, rec.Header().Get("RateLimit"))
+	}
+	rec := do(h, "GET", "/", nil)
+	if got := rec.Header().Get("RateLimit"); rec.Code != 429 || got != `"bucket";r=9;t=1, "inner";r=0;t=60` {
+		t.Errorf("refused: %d RateLimit %s, want the bucket's 9 units with the next in 1s", rec.Code, got)
+	}
+	if n := left(t, a, bucket, keyfuncs.GlobalKey); n != 9 {
+		t.Errorf("bucket has %d left, want 9", n)
+	}
+}
+
 // cmdCount is a go-redis hook counting the commands sent.
 type cmdCount struct {
 	mu sync.Mutex

@@ -632,3 +632,51 @@ func TestCoalescedOutcomes(t *testing.T) {
 		}
 	}
 }
+
+// TestCoalescedRefusedOutcomes: a coalesced group that a full budget refuses is decided
+// again member by member, and every member reports the check that fits with its budget
+// as it is, which no refusal spent from: whole, nothing to reset (every time rule that
+// coalesces: leases never do).
+func TestCoalescedRefusedOutcomes(t *testing.T) {
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			srv, _, l := coalescing(t, nil)
+			ctx := context.Background()
+			a := ratebudget.Rule{Name: "a", Algorithm: alg, Limit: 1000, Window: time.Hour}
+			// A capacity of 100, so that decisions of cost 1 group; all spent.
+			full := ratebudget.Rule{Name: "full", Limit: 100, Window: time.Hour}
+			// One identity, one slot: each decision is one script call, all-or-nothing.
+			if d, err := l.Allow(ctx, []ratebudget.Check{{Rule: full, Identity: "ann", Cost: 100}}); err != nil || !d.Allowed {
+				t.Fatalf("filling %s: %+v, %v", full.Name, d, err)
+			}
+			chk := []ratebudget.Check{{Rule: a, Identity: "ann", Cost: 1}, {Rule: full, Identity: "ann", Cost: 1}}
+			type each struct {
+				d    ratebudget.Decision
+				outs []ratebudget.Outcome
+				err  error
+			}
+			const n = 20
+			out := make(chan each, n)
+			decide := func() {
+				outs := make([]ratebudget.Outcome, len(chk))
+				d, err := l.AllowEach(ctx, chk, outs)
+				out <- each{d, outs, err}
+			}
+			srv.Freeze(t)
+			go decide()
+			waitFor(t, "the first decision in flight", func() bool { _, f := lua.Waiting(l); return f == 1 })
+			for range n - 1 {
+				go decide()
+			}
+			waitFor(t, "decisions to join a group", func() bool { m, _ := lua.Waiting(l); return m == n-1 })
+			srv.Thaw(t)
+			want := ratebudget.Outcome{Allowed: true, Remaining: 1000}
+			for i := range n {
+				r := <-out
+				if r.err != nil || r.d.Allowed || r.d.Rule != full.Name || r.outs[0] != want {
+					t.Fatalf("decision %d: %+v %+v, %v; want refused by %s, and %s %+v", i, r.d, r.outs, r.err, full.Name, a.Name, want)
+				}
+			}
+		})
+	}
+}

@@ -199,7 +199,7 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 		hotRules = append(rules[:len(rules):len(rules)], short)
 	}
 	w := &diffWalk{t: t, o: o, srv: servers[0], clock: clock, mem: mem, limiters: limiters,
-		rng: rand.New(rand.NewPCG(3, 4)), cold: 260}
+		rng: rand.New(rand.NewPCG(3, 4)), cold: 260, began: time.Now()}
 	scopes := []string{"", "/reports"}
 	rng := w.rng
 	var recent [][]ratebudget.Check
@@ -261,10 +261,14 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 		w.settle(1500, w.take(0))
 	}
 	fixed, rolling := refunds.since(t)
-	t.Logf("%d admitted, %d refused, %d exceeded; remaining compared %d times; refunds: %d to fixed windows, %d to rolling windows",
-		w.admitted, w.refused, w.exceeded, w.compared, fixed, rolling)
+	t.Logf("%d admitted, %d refused, %d exceeded; remaining compared %d times; %d outcomes of checks that fit in refused decisions; "+
+		"refunds: %d to fixed windows, %d to rolling windows",
+		w.admitted, w.refused, w.exceeded, w.compared, w.unspent, fixed, rolling)
 	if w.admitted < 300 || w.refused < 300 || w.exceeded < 50 || w.compared < 900*len(limiters) {
 		t.Fatalf("want at least 300 admitted, 300 refused, 50 exceeded and remaining compared %d times", 900*len(limiters))
+	}
+	if o.each && w.unspent < 200 {
+		t.Fatal("want at least 200 outcomes compared of checks that fit in refused decisions")
 	}
 	if !o.settles {
 		// (With settles, give-backs send the same commands: the count says nothing.)
@@ -320,7 +324,13 @@ type diffWalk struct {
 	refused       int
 	exceeded      int
 	compared      int
-	st            settleStats
+	// unspent counts the outcomes compared of checks that fit in refused decisions (per
+	// limiter), whose budgets no refusal spent from.
+	unspent int
+	// began is when the walk began: how far the server's clock may have moved from
+	// Memory's since.
+	began time.Time
+	st    settleStats
 }
 
 // settleStats is what the settles of a walk covered.
@@ -403,10 +413,20 @@ func (w *diffWalk) decide(i int, checks []ratebudget.Check, reserve bool) *reser
 				break
 			}
 			g, m := outs[j], wantOuts[j]
+			// Without waits given, resets are compared as far as the server's clock may
+			// have moved from Memory's since the walk began: zero (an untouched budget,
+			// which a refused decision, too, must report for a check that fits) exactly.
+			resets := w.o.waits
+			if resets == 0 {
+				resets = time.Since(w.began) + time.Second
+			}
 			if g.Allowed != m.Allowed || g.Exceeded != m.Exceeded || !w.sameRemaining(g.Remaining, m.Remaining, checks[j].Rule) ||
-				(g.RetryAfter > 0) != (m.RetryAfter > 0) ||
-				w.o.waits > 0 && (!near(g.ResetAfter, m.ResetAfter, w.o.waits) || !near(g.RetryAfter, m.RetryAfter, w.o.waits)) {
+				(g.RetryAfter > 0) != (m.RetryAfter > 0) || (g.ResetAfter > 0) != (m.ResetAfter > 0) || !near(g.ResetAfter, m.ResetAfter, resets) ||
+				w.o.waits > 0 && !near(g.RetryAfter, m.RetryAfter, w.o.waits) {
 				t.Fatalf("decision %d (reserve %v) of %+v, check %d:\n%s: %+v\nmemory: %+v", i, reserve, checks, j, nl.name, g, m)
+			}
+			if !want.Allowed && m.Allowed {
+				w.unspent++
 			}
 		}
 		if got.Allowed != want.Allowed || got.Exceeded != want.Exceeded ||

@@ -496,3 +496,15 @@ func TestReadmeTranscriptParser(t *testing.T) {
 		t.Fatalf("diff %q", d)
 	}
 }
+
+// TestReadmeIsShort: the README is for users, at most 250 lines; evidence and figures
+// belong in docs/.
+func TestReadmeIsShort(t *testing.T) {
+	src, err := os.ReadFile(readmePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(src), "\n"); n > 250 {
+		t.Fatalf("README.md has %d lines, at most 250: move detail to docs/", n)
+	}
+}

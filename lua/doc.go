@@ -158,8 +158,11 @@
 // # Refusal cache
 //
 // The limiter remembers refusals ([WithRefusalCache]): once Redis refuses a check of cost
-// c with RetryAfter r, requests for the same budget with cost at least c are refused
-// locally until r has passed, so a flooding client costs Redis one call per wait. Until
+// c with RetryAfter r, requests for the same budget with cost c are refused locally
+// until r has passed, so a flooding client costs Redis one call per wait. Under a fixed
+// window so are requests of any cost above c, which wait for the window's end too;
+// under a token bucket or a rolling window a larger cost waits longer than r, so Redis
+// is asked and tells its wait. Until
 // then the budget can only become fuller by the time rule itself, so this refuses
 // nothing Redis would admit, except after another process's refund or settle, a budget
 // lost on the server or a server clock stepping forward, for at most the cached wait

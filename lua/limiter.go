@@ -124,10 +124,10 @@ func WithKeySecret(secret []byte) Option {
 }
 
 // WithRefusalCache sets how many refusals the limiter remembers (default 65,536; 0
-// turns the cache off): a budget that refused a cost with
-// a known wait is refused again locally, without a call to Redis, for requests of at
-// least that cost until the wait is over (see the package documentation for why this
-// is exact). n must be 0 to 2^24; the cache holds at most n entries, plus one per
+// turns the cache off): a budget that refused a cost with a known wait is refused again
+// locally, without a call to Redis, for requests of that cost (of at least that cost
+// under a fixed window) until the wait is over, with the wait that is left (see the
+// package documentation for why this is exact). n must be 0 to 2^24; the cache holds at most n entries, plus one per
 // shard of rounding (32 shards).
 func WithRefusalCache(n int) Option {
 	return func(c *config) error {

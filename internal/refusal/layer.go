@@ -10,8 +10,9 @@ import (
 )
 
 // Limiter is a refusal cache in front of another limiter: a refusal that the inner
-// limiter decided with a wait is repeated, without asking it, for requests of at least
-// the refused cost on the same budget until the wait is over (see the package
+// limiter decided with a wait is repeated, without asking it, for requests of the
+// refused cost on the same budget (of at least that cost under a fixed window) until
+// the wait is over (see the package
 // documentation for why this is exact). It is safe for concurrent use.
 //
 // AllowEach repeats a refusal with every check's outcome only for the very checks
@@ -89,7 +90,7 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 			// A check that exceeds its capacity makes the decision Exceeded, which no
 			// cached refusal reports: the inner limiter decides it.
 			exceeded = exceeded || c.Cost > c.Rule.Capacity()
-			d, ok := l.cache.Lookup(keys[keyLen*i:keyLen*(i+1)], c.Cost, sent)
+			d, ok := l.cache.Lookup(keys[keyLen*i:keyLen*(i+1)], c.Cost, sameCost(&c.Rule), sent)
 			if ok && (!found || d.RetryAfter > best.RetryAfter) {
 				d.Index = i
 				best, found = d, true
@@ -180,6 +181,11 @@ func (l *Limiter) spent(key []byte) {
 	l.gens[genSlot(key)].Add(1)
 }
 
+// sameCost reports whether a refusal under r repeats for its own cost only: a fixed
+// window's wait is its end whatever the cost, a token bucket's and a rolling window's
+// grow with it.
+func sameCost(r *ratebudget.Rule) bool { return r.Algorithm != ratebudget.FixedWindow }
+
 func genSlot(key []byte) uint64 { return binary.LittleEndian.Uint64(key) % genSlots }
 
 // AllowEach is Allow, reporting every check's outcome in outs (len(checks) elements;
@@ -210,7 +216,7 @@ func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outs
 			exceeded = exceeded || checks[i].Cost > checks[i].Rule.Capacity()
 		}
 		for i := 0; i < len(checks) && !exceeded; i++ {
-			_, snap, ok := l.cache.LookupEach(keys[keyLen*i:keyLen*(i+1)], checks[i].Cost, sent)
+			_, snap, ok := l.cache.LookupEach(keys[keyLen*i:keyLen*(i+1)], checks[i].Cost, sameCost(&checks[i].Rule), sent)
 			if !ok || !l.holds(snap, sig, gens, sent) || ratebudget.ValidateChecks(checks) != nil {
 				continue
 			}

@@ -14,7 +14,12 @@
 //     enough of them have; new admissions only add events.
 //
 // So until RetryAfter has passed, every request with a cost at least the refused one
-// would be refused by the store too. The wait is measured from the moment the request
+// would be refused by the store too. Its wait is the refused request's only under a
+// fixed window, whose wait is the window's end whatever the cost: under a token bucket
+// or a rolling window a larger cost waits longer (more refill, more events to leave),
+// by an amount the refusal does not tell, so there a refusal answers requests of its
+// own cost only (see [Cache.Lookup]), so that the wait it reports is the store's. The
+// wait is measured from the moment the request
 // was sent, which is no later than the store's decision, so the local copy never
 // outlives the store's refusal. A refund (the Redis limiter refunds a group that a later
 // group refused) or a settle can make budget available earlier: a limiter tells its
@@ -135,15 +140,18 @@ func (c *Cache) shard(key []byte) *shard {
 	return &c.shards[maphash.Bytes(c.seed, key)%shards]
 }
 
-// Lookup reports whether key refused a cost no greater than cost less than the wait ago;
-// if so it returns the refusal to repeat, with its waits shortened by the time elapsed.
-func (c *Cache) Lookup(key []byte, cost int64, now int64) (ratebudget.Decision, bool) {
-	d, _, ok := c.LookupEach(key, cost, now)
+// Lookup reports whether key refused a cost no greater than cost (exactly cost when
+// sameCost is set) less than the wait ago; if so it returns the refusal to repeat, with
+// its waits shortened by the time elapsed. Set sameCost for a rule whose wait grows with
+// the cost (a token bucket, a rolling window): a refusal of a lower cost would report a
+// wait shorter than the request's.
+func (c *Cache) Lookup(key []byte, cost int64, sameCost bool, now int64) (ratebudget.Decision, bool) {
+	d, _, ok := c.LookupEach(key, cost, sameCost, now)
 	return d, ok
 }
 
 // LookupEach is Lookup, also returning the refusal's snapshot (nil when it has none).
-func (c *Cache) LookupEach(key []byte, cost int64, now int64) (ratebudget.Decision, *Snapshot, bool) {
+func (c *Cache) LookupEach(key []byte, cost int64, sameCost bool, now int64) (ratebudget.Decision, *Snapshot, bool) {
 	if c.Empty() {
 		return ratebudget.Decision{}, nil, false // a miss is always correct: the store decides
 	}
@@ -156,7 +164,7 @@ func (c *Cache) LookupEach(key []byte, cost int64, now int64) (ratebudget.Decisi
 		ok = false
 	}
 	s.mu.Unlock()
-	if !ok || cost < e.cost || e.tag != tag {
+	if !ok || cost < e.cost || sameCost && cost != e.cost || e.tag != tag {
 		return ratebudget.Decision{}, nil, false
 	}
 	d := e.d

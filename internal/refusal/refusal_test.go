@@ -32,7 +32,7 @@ func TestLookupRepeatsRefusalUntilTheWaitEnds(t *testing.T) {
 		{1300*ms - 1, 3, true, time.Millisecond, 201 * time.Millisecond},
 		{1300 * ms, 2, false, 0, 0}, // the wait is over
 	} {
-		d, hit := c.Lookup(key, tc.cost, tc.now)
+		d, hit := c.Lookup(key, tc.cost, false, tc.now)
 		if hit != tc.hit {
 			t.Fatalf("now %d cost %d: hit %v, want %v", tc.now, tc.cost, hit, tc.hit)
 		}
@@ -60,11 +60,11 @@ func TestStoreKeepsTheDominantEntry(t *testing.T) {
 	k := []byte("k")
 	c.Store(k, 1, 0, refused(time.Second, time.Second))
 	c.Store(k, 3, 0, refused(500*time.Millisecond, time.Second)) // dominated: kept the first
-	if _, hit := c.Lookup(k, 1, 600*ms); !hit {
+	if _, hit := c.Lookup(k, 1, false, 600*ms); !hit {
 		t.Fatal("dominant entry replaced")
 	}
 	c.Store(k, 1, 700*ms, refused(time.Second, time.Second)) // newer and as strong: replaces
-	if d, hit := c.Lookup(k, 1, 1500*ms); !hit || d.RetryAfter != 200*time.Millisecond {
+	if d, hit := c.Lookup(k, 1, false, 1500*ms); !hit || d.RetryAfter != 200*time.Millisecond {
 		t.Fatalf("%+v %v", d, hit)
 	}
 }
@@ -91,7 +91,7 @@ func BenchmarkLookupMiss(b *testing.B) {
 	key := []byte("rb:{AAAAAAAAAAAAAAAAAAAAAA}:api:fixed")
 	b.ReportAllocs()
 	for b.Loop() {
-		c.Lookup(key, 1, 0)
+		c.Lookup(key, 1, false, 0)
 	}
 }
 
@@ -102,10 +102,10 @@ func TestForget(t *testing.T) {
 	c.Store(a, 2, 0, refused(time.Second, time.Second))
 	c.Store(b, 2, 0, refused(time.Second, time.Second))
 	c.Forget(a)
-	if _, hit := c.Lookup(a, 2, 0); hit {
+	if _, hit := c.Lookup(a, 2, false, 0); hit {
 		t.Fatal("a forgotten refusal was repeated")
 	}
-	if _, hit := c.Lookup(b, 2, 0); !hit {
+	if _, hit := c.Lookup(b, 2, false, 0); !hit {
 		t.Fatal("forgetting one key dropped another's refusal")
 	}
 	if c.Len() != 1 {
@@ -114,5 +114,21 @@ func TestForget(t *testing.T) {
 	c.Forget(b)
 	if !c.Empty() || c.n.Load() != 0 {
 		t.Fatalf("%d entries counted after every key was forgotten", c.n.Load())
+	}
+}
+
+// TestLookupSameCost: a rule whose wait grows with the cost repeats a refusal for its
+// own cost only; a larger cost would be told the smaller one's wait.
+func TestLookupSameCost(t *testing.T) {
+	c := New(1024)
+	key := []byte("rb:{x}:r:token")
+	c.Store(key, 2, 0, refused(300*time.Millisecond, 500*time.Millisecond))
+	for _, tc := range []struct {
+		cost int64
+		hit  bool
+	}{{1, false}, {2, true}, {3, false}} {
+		if d, hit := c.Lookup(key, tc.cost, true, 0); hit != tc.hit || hit && d.RetryAfter != 300*time.Millisecond {
+			t.Fatalf("cost %d: %+v, hit %v; want hit %v", tc.cost, d, hit, tc.hit)
+		}
 	}
 }

@@ -79,12 +79,22 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 // overcount), its extras uncharged and its leases left to expire; when uncertain
 // (StoreError.Uncertain: the reply was lost, or a command failed after the group's
 // first write, which Redis keeps) the call may also have run, or run in part. The
-// tickets are cleared whatever the outcome: a settle is never retried.
+// tickets are cleared whatever the outcome: a settle is never retried. A ctx that has
+// already ended sends nothing (a certain error, as Renew's): settle work that ends at
+// shutdown with a context that outlives the caller's (context.WithoutCancel, with a
+// timeout of its own), as package middleware does.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
 		return err
 	}
-	err := l.core.settle(ctx, checks, tickets, costs, nil, nil, false)
+	var err error
+	if cerr := ctx.Err(); cerr != nil {
+		// Nothing is sent: certain, as for a decision. The tickets are cleared all the same.
+		err = certain(cerr)
+		clear(tickets[:len(checks)])
+	} else {
+		err = l.core.settle(ctx, checks, tickets, costs, nil, nil, false)
+	}
 	if l.refusals != nil {
 		// Budget given back may admit sooner than a cached refusal's wait. Other
 		// processes' caches still refuse for at most their cached wait.
@@ -98,6 +108,9 @@ func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets
 func (l *Limiter) Renew(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket) error {
 	if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
 		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return certain(err) // nothing is sent
 	}
 	return l.core.settle(ctx, checks, tickets, nil, nil, nil, true)
 }

@@ -279,3 +279,44 @@ func TestReserveFailureZeroesTickets(t *testing.T) {
 	_, err = l.Reserve(context.Background(), checks, tickets, nil)
 	expectZero("error reply", tickets, err)
 }
+
+// TestSettleEndedContextIsCertain: a worker that settles or renews with a context that
+// has already ended (canceled at shutdown, or past its deadline) sends nothing, and is
+// told so: a certain store error, as Allow and Reserve report it, not an uncertain one
+// that says the settle may have run. The reservation and the lease stay as they were.
+func TestSettleEndedContextIsCertain(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	l := newLimiter(t, c)
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	expired, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel2()
+	for name, ctx := range map[string]context.Context{"canceled": canceled, "expired": expired} {
+		t.Run(name, func(t *testing.T) {
+			checks, costs := settleGroup("yuri-" + name)
+			tickets := make([]ratebudget.Ticket, len(checks))
+			if d, err := l.Reserve(context.Background(), checks, tickets, nil); err != nil || !d.Allowed {
+				t.Fatalf("Reserve: %+v, %v", d, err)
+			}
+			certainErr := func(what string, err error) {
+				t.Helper()
+				var se *ratebudget.StoreError
+				if !errors.As(err, &se) || se.Uncertain {
+					t.Fatalf("%s with an ended context: %v, want a certain *StoreError", what, err)
+				}
+			}
+			certainErr("Renew", l.Renew(ctx, checks, tickets))
+			certainErr("Settle", l.Settle(ctx, checks, tickets, costs))
+			// Nothing was settled: the fixed window still counts its reservation of 4,
+			// and the lease is still held.
+			probe := checks[0]
+			probe.Cost = probe.Rule.Limit + 1 // Exceeded: spends nothing
+			if d, err := l.Allow(context.Background(), []ratebudget.Check{probe}); err != nil || d.Remaining != 6 {
+				t.Fatalf("fixed window after the failed settle: %+v, %v; want 6 remaining", d, err)
+			}
+			if d, err := l.Allow(context.Background(), checks[3:]); err != nil || d.Allowed {
+				t.Fatalf("lease after the failed settle: %+v, %v; want it still held", d, err)
+			}
+		})
+	}
+}

@@ -9,7 +9,9 @@ import (
 var ErrInvalidConfig = errors.New("ratebudget: invalid configuration")
 
 // ConfigError reports invalid configuration, naming the field at fault. Constructors
-// return it; nothing on a request path does.
+// return it, and so do a limiter's decisions and settles for invalid arguments (see
+// [ValidateChecks] and [ValidateSettle]): a caller's mistake, which neither waiting
+// nor another store fixes, and after which nothing was spent.
 type ConfigError struct {
 	Rule    string // the rule's name, when the field belongs to a rule
 	Field   string // the field or option at fault, e.g. "Limit" or "WithTimeout"

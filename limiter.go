@@ -11,9 +11,10 @@ import (
 // Allow decides all checks in one step, all-or-nothing: when it admits, every check's cost
 // has been spent; when it refuses, nothing has been spent and no deadline has moved.
 // Implementations must be safe for concurrent use. An error means no decision was made:
-// it is never a refusal and never an empty budget (see [StoreError]). A check whose cost
-// exceeds its rule's capacity is refused with [Decision.Exceeded] set, not reported as
-// an error.
+// it is never a refusal and never an empty budget (see [StoreError]). Checks that
+// [ValidateChecks] rejects (none, an invalid rule, a cost out of range, one budget named
+// twice) are a *[ConfigError], and nothing is spent. A check whose cost exceeds its
+// rule's capacity is refused with [Decision.Exceeded] set, not reported as an error.
 //
 // Allow must return by the context's deadline, whatever its store does: callers such as
 // package middleware bound a decision by the context's deadline alone and call Allow on
@@ -106,8 +107,11 @@ type Outcome struct {
 	// Exceeded is true when the check's cost exceeds its rule's capacity, as
 	// [Decision.Exceeded].
 	Exceeded bool
-	// Remaining is the check's budget left, in cost units, as [Decision.Remaining]:
-	// after its cost only when the decision admitted.
+	// Remaining is the check's budget left, in cost units, as [Decision.Remaining] (after
+	// its cost only when the decision admitted), but not clipped at zero: it is negative
+	// while the budget is in debt (a settle charged more than was reserved, see
+	// [Settler]) or when the rule's Limit was lowered under the same name, where the
+	// Decision reports 0.
 	Remaining int64
 	// ResetAfter is the time until the check's budget is whole again if nothing more is
 	// spent, as [Decision.ResetAfter]; zero when untouched.
@@ -225,9 +229,10 @@ var nameByte = func() (t [256]bool) {
 }()
 
 // ValidateChecks checks what a limiter must verify before it spends anything: at least one
-// check, valid rules, positive costs (exactly 1 for an [InFlight] rule) and no rule name
-// used twice. It returns a
-// *[ConfigError] naming the field at fault.
+// check, valid rules, costs in 1..MaxLimit (exactly 1 for an [InFlight] rule) and no
+// budget named twice: two checks of one rule name, identity and scope, whatever their
+// rules' other fields (one name with several identities or scopes is several budgets).
+// It returns a *[ConfigError] naming the field at fault.
 func ValidateChecks(checks []Check) error {
 	if len(checks) == 0 {
 		return &ConfigError{Field: "checks", Problem: "must not be empty"}

@@ -1,6 +1,7 @@
 // Package refusal remembers refusals so that a limiter can repeat them without asking its
 // store: once a budget refused cost units with a known wait, a request for the same
-// budget with at least that cost is refused locally until the wait is over.
+// budget with that cost (with at least that cost under a fixed window) is refused
+// locally until the wait is over.
 //
 // # Why this is exact
 //

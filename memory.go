@@ -413,7 +413,10 @@ func kept(keep []*budget, b *budget) bool {
 }
 
 // Allow decides all checks at once, all-or-nothing. It returns an error only for invalid
-// checks; the context is not consulted (a decision takes no I/O).
+// checks; the context is not consulted (a decision takes no I/O): a context already
+// canceled is decided, and spent, as any other, where the Redis limiter sends nothing
+// and spends nothing. A caller that must not spend for canceled work checks
+// ctx.Err() first, as package middleware does.
 func (m *Memory) Allow(_ context.Context, checks []Check) (Decision, error) {
 	return m.allow(checks, nil, nil)
 }

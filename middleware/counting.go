@@ -1,9 +1,7 @@
 package middleware
 
 import (
-	"bufio"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -230,7 +228,8 @@ func (cr *compiledRule) actual(r *http.Request, c *ratebudget.Check, rec *record
 
 // recorder sees what the handler did with the request and the response: the status, the
 // bytes written and the request body's bytes read. It passes every write on, and
-// http.ResponseController reaches the writer it wraps through Unwrap.
+// http.ResponseController reaches the writer it wraps through Unwrap. The handler gets
+// it as [recorder.writer] makes it, with the optional interfaces of the writer it wraps.
 type recorder struct {
 	http.ResponseWriter
 	code     int
@@ -293,27 +292,6 @@ func (rec *recorder) ReadFrom(src io.Reader) (int64, error) {
 // ReadFrom again.
 type writerOnly struct{ io.Writer }
 
-// Flush passes a flush on when the writer can, directly or through Unwrap.
-func (rec *recorder) Flush() {
-	_ = rec.FlushError()
-}
-
-// FlushError passes a flush on, as http.ResponseController does: through the wrapped
-// writers' Unwrap, with http.ErrNotSupported when none can flush.
-func (rec *recorder) FlushError() error {
-	return http.NewResponseController(rec.ResponseWriter).Flush()
-}
-
-// Hijack passes a hijack on, as http.ResponseController does: through the wrapped
-// writers' Unwrap, with http.ErrNotSupported when none can hijack.
-func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	conn, rw, err := http.NewResponseController(rec.ResponseWriter).Hijack()
-	if err == nil {
-		rec.hijacked = true
-	}
-	return conn, rw, err
-}
-
 // Unwrap returns the wrapped writer, for http.ResponseController.
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
 
@@ -331,18 +309,6 @@ func expectsContinue(r *http.Request) bool {
 		}
 	}
 	return false
-}
-
-// pushRecorder is a recorder for a writer that can push (HTTP/2), so that the handler
-// keeps http.Pusher, which http.ResponseController does not reach.
-type pushRecorder struct {
-	*recorder
-	pusher http.Pusher
-}
-
-// Push passes a push on.
-func (p pushRecorder) Push(target string, opts *http.PushOptions) error {
-	return p.pusher.Push(target, opts)
 }
 
 // countingBody counts the request body's bytes read into rec.

@@ -99,10 +99,7 @@ func serveSettled(w http.ResponseWriter, r *http.Request, se *settlement, next h
 		se.timer = time.AfterFunc(se.ttl/2, func() { se.renew(ctx) })
 		se.mu.Unlock()
 	}
-	var rw http.ResponseWriter = rec
-	if p, ok := w.(http.Pusher); ok {
-		rw = pushRecorder{rec, p} // HTTP/2: the handler can push, as it could without rec
-	}
+	rw := rec.writer() // with the optional interfaces of w, and no others
 	returned := false
 	defer func() {
 		rec.panicked = !returned

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -27,7 +28,12 @@ import (
 // budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
 // that panics is treated as a response with status 500; a contract's callback that
 // panics settles the request at its reservation (its leases released) and the panic
-// goes on. A handler that hijacks the connection (a WebSocket upgrade) is charged its
+// goes on. The status is the one the handler wrote, as seen where the middleware is
+// mounted, with two exceptions for timeout middlewares mounted outside it: a handler
+// that returns without writing a status after its request's deadline passed is treated
+// as a response with status 504 (chi's middleware.Timeout answers so), and one whose
+// write failed with http.ErrHandlerTimeout as a 503 (http.TimeoutHandler has answered
+// so). A handler that hijacks the connection (a WebSocket upgrade) is charged its
 // reservation: what it then reads and writes on the raw connection is not seen (a
 // request without a body is still charged nothing under CountRequestBytes). An InFlight
 // rule holds one lease per request, released when the handler returns; it has no other
@@ -237,6 +243,10 @@ type recorder struct {
 	read     int64
 	panicked bool
 	hijacked bool // the handler took the connection over
+	// timedOut: a write failed with http.ErrHandlerTimeout (http.TimeoutHandler has
+	// answered 503); late: the handler returned without a status after its request's
+	// deadline passed (chi's middleware.Timeout then answers 504).
+	timedOut, late bool
 	// awaitsBody: the client sends the body only once asked (Expect: 100-continue);
 	// askedBody: the handler read from it, which asks.
 	awaitsBody, askedBody bool
@@ -246,6 +256,10 @@ func (rec *recorder) status() int {
 	switch {
 	case rec.panicked:
 		return http.StatusInternalServerError
+	case rec.timedOut:
+		return http.StatusServiceUnavailable
+	case rec.code == 0 && rec.late:
+		return http.StatusGatewayTimeout
 	case rec.code == 0:
 		return http.StatusOK // nothing written: net/http answers 200
 	}
@@ -267,6 +281,9 @@ func (rec *recorder) Write(b []byte) (int, error) {
 	}
 	n, err := rec.ResponseWriter.Write(b)
 	rec.written += int64(n)
+	if errors.Is(err, http.ErrHandlerTimeout) {
+		rec.timedOut = true
+	}
 	return n, err
 }
 
@@ -285,6 +302,9 @@ func (rec *recorder) ReadFrom(src io.Reader) (int64, error) {
 		rec.code = http.StatusOK
 	}
 	rec.written += n
+	if errors.Is(err, http.ErrHandlerTimeout) {
+		rec.timedOut = true
+	}
 	return n, err
 }
 

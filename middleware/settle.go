@@ -103,6 +103,7 @@ func serveSettled(w http.ResponseWriter, r *http.Request, se *settlement, next h
 	returned := false
 	defer func() {
 		rec.panicked = !returned
+		rec.late = rec.code == 0 && r.Context().Err() == context.DeadlineExceeded
 		se.finish(ctx, r, rec)
 	}()
 	next.ServeHTTP(rw, r)

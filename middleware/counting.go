@@ -26,7 +26,11 @@ import (
 //
 // A settled cost above the reserved one spends the difference without refusing it: the
 // budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
-// that panics is treated as a response with status 500; a contract's callback that
+// that panics is treated as a response with status 500, unless it panics with
+// http.ErrAbortHandler after it wrote its status: that response was cut short, not
+// failed, and keeps its status (httputil.ReverseProxy aborts so when the client goes
+// away mid-body, and a client must not escape the charge of a response by leaving
+// before its last byte). A contract's callback that
 // panics settles the request at its reservation (its leases released) and the panic
 // goes on. The status is the one the handler wrote, as seen where the middleware is
 // mounted, with two exceptions for timeout middlewares mounted outside it: a handler
@@ -242,6 +246,7 @@ type recorder struct {
 	written  int64
 	read     int64
 	panicked bool
+	aborted  bool // the panic was http.ErrAbortHandler
 	hijacked bool // the handler took the connection over
 	// timedOut: a write failed with http.ErrHandlerTimeout (http.TimeoutHandler has
 	// answered 503); late: the handler returned without a status after its request's
@@ -254,7 +259,7 @@ type recorder struct {
 
 func (rec *recorder) status() int {
 	switch {
-	case rec.panicked:
+	case rec.panicked && !(rec.aborted && rec.code != 0):
 		return http.StatusInternalServerError
 	case rec.timedOut:
 		return http.StatusServiceUnavailable

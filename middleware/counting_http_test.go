@@ -237,12 +237,22 @@ func TestResponseBytesAndCompression(t *testing.T) {
 }
 
 // A handler that panics, http.ErrAbortHandler included, is settled: its bytes written
-// are charged, a status-charged rule gives its cost back (a panic is a 500), its lease is
-// released.
+// are charged, its lease is released, and a status-charged rule gives its cost back (a
+// panic is a 500), but for http.ErrAbortHandler after the status was written: that
+// response was cut short and keeps its status.
 func TestPanicOverRealServers(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
-		for _, p := range []any{http.ErrAbortHandler, "bug"} {
+		for _, c := range []struct {
+			p         any
+			write     bool  // the handler writes and flushes 10 bytes first
+			successes int64 // charged
+		}{
+			{http.ErrAbortHandler, true, 1},
+			{http.ErrAbortHandler, false, 0},
+			{"bug", true, 0},
+			{"bug", false, 0},
+		} {
 			lim := memory(t, newClock())
 			out := rule("out", 1000, time.Minute)
 			ok := rule("ok", 10, time.Minute)
@@ -252,9 +262,11 @@ func TestPanicOverRealServers(t *testing.T) {
 				{Rule: ok, Identity: global, Counts: middleware.CountSuccesses(nil)},
 				{Rule: slots, Identity: global},
 			})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				_, _ = io.WriteString(w, strings.Repeat("y", 10))
-				http.NewResponseController(w).Flush()
-				panic(p)
+				if c.write {
+					_, _ = io.WriteString(w, strings.Repeat("y", 10))
+					http.NewResponseController(w).Flush()
+				}
+				panic(c.p)
 			}))
 			url, client, served := realServer(t, h, h2)
 			req, _ := http.NewRequest("GET", url, nil)
@@ -263,14 +275,18 @@ func TestPanicOverRealServers(t *testing.T) {
 				resp.Body.Close()
 			}
 			<-served
-			if n := spent(t, lim, out); n != 10 {
-				t.Errorf("panic %v: %d bytes charged, want the 10 written", p, n)
+			written := int64(0)
+			if c.write {
+				written = 10
 			}
-			if n := spent(t, lim, ok); n != 0 {
-				t.Errorf("panic %v: %d successes charged, want 0", p, n)
+			if n := spent(t, lim, out); n != written {
+				t.Errorf("panic %v, written %v: %d bytes charged, want the %d written", c.p, c.write, n, written)
+			}
+			if n := spent(t, lim, ok); n != c.successes {
+				t.Errorf("panic %v, written %v: %d successes charged, want %d", c.p, c.write, n, c.successes)
 			}
 			if n := spent(t, lim, slots); n != 0 {
-				t.Errorf("panic %v: %d leases held, want 0", p, n)
+				t.Errorf("panic %v, written %v: %d leases held, want 0", c.p, c.write, n)
 			}
 		}
 	})

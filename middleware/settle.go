@@ -102,9 +102,20 @@ func serveSettled(w http.ResponseWriter, r *http.Request, se *settlement, next h
 	rw := rec.writer() // with the optional interfaces of w, and no others
 	returned := false
 	defer func() {
-		rec.panicked = !returned
 		rec.late = rec.code == 0 && r.Context().Err() == context.DeadlineExceeded
+		if returned {
+			se.finish(ctx, r, rec)
+			return
+		}
+		// A panic, looked at and sent on (its stack is still the handler's), or
+		// runtime.Goexit (nothing to recover).
+		p := recover()
+		rec.panicked = true
+		rec.aborted = p == any(http.ErrAbortHandler)
 		se.finish(ctx, r, rec)
+		if p != nil {
+			panic(p)
+		}
 	}()
 	next.ServeHTTP(rw, r)
 	returned = true

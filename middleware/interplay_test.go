@@ -757,18 +757,73 @@ func TestUsualChiStack(t *testing.T) {
 			})
 			r.Get("/boom", func(w http.ResponseWriter, r *http.Request) { panic("bug") })
 		})
-		url, client, _ := realServer(t, r, h2)
+		url, client, served := realServer(t, r, h2)
 		for i, c := range []struct {
 			path string
 			code int
 		}{{"/boom", 500}, {"/hello", 200}, {"/hello", 200}, {"/hello", 429}} {
 			got := get(t, client, url+c.path, "text/plain", h2)
+			<-served
 			if got.code != c.code {
 				t.Fatalf("request %d to %s: %d, want %d", i, c.path, got.code, c.code)
 			}
 			if c.code == 429 && (got.header.Get("Retry-After") != "60" || got.header.Get("Cache-Control") != "no-store" ||
 				got.header.Get("X-Ratelimit-Remaining") != "0" || got.encoding != "gzip" || !strings.Contains(got.body, "per-ip")) {
 				t.Errorf("429 through the stack: %+v", got)
+			}
+		}
+	})
+}
+
+// Settled layers across chi's Mount: a CountSuccesses layer in the parent's r.Use and
+// an InFlight and byte-counting layer in the mounted subrouter's r.Use, directly (one
+// decision) or with chi's Compress between them (two decisions, each settled on its
+// own). A 503 and a panic under Recoverer are not charged as successes, every lease is
+// released, and the bytes counted are the handler's, below Compress.
+func TestSettledLayersAcrossMount(t *testing.T) {
+	t.Parallel()
+	protos(t, func(t *testing.T, h2 bool) {
+		for _, between := range []bool{false, true} {
+			lim := memory(t, newClock())
+			okRule := rule("ok", 10, time.Minute)
+			out := rule("out", 1000, time.Minute)
+			slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
+			outer := mustNew(t, lim, []middleware.Rule{{Rule: okRule, Identity: global, Counts: middleware.CountSuccesses(nil)}})
+			inner := mustNew(t, lim, []middleware.Rule{
+				{Rule: slots, Identity: global},
+				{Rule: out, Identity: global, Counts: middleware.CountResponseBytes(1)},
+			})
+			r := chi.NewRouter()
+			r.Use(quietLogger, chimw.Recoverer, outer)
+			sub := chi.NewRouter()
+			if between {
+				sub.Use(chimw.Compress(5))
+			}
+			sub.Use(inner)
+			sub.Get("/ok", func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/plain")
+				_, _ = io.WriteString(w, strings.Repeat("k", 500))
+			})
+			sub.Get("/fail", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
+			sub.Get("/panic", func(w http.ResponseWriter, r *http.Request) { panic("bug") })
+			r.Mount("/api", sub)
+			url, client, served := realServer(t, r, h2)
+			for _, c := range []struct {
+				path string
+				code int
+			}{{"/api/ok", 200}, {"/api/fail", 503}, {"/api/panic", 500}} {
+				if got := get(t, client, url+c.path, "text/plain", h2); got.code != c.code {
+					t.Fatalf("Compress between %v: %s: %d, want %d", between, c.path, got.code, c.code)
+				}
+				<-served
+			}
+			for _, c := range []struct {
+				r    ratebudget.Rule
+				want int64
+			}{{okRule, 1}, {out, 500}, {slots, 0}} {
+				if n := spent(t, lim, c.r); n != c.want {
+					t.Errorf("Compress between %v: %s: %d charged, want %d", between, c.r.Name, n, c.want)
+				}
 			}
 		}
 	})

@@ -607,10 +607,12 @@ func TestChiThrottle(t *testing.T) {
 }
 
 // chi's RealIP in front of keyfuncs.ClientIP() (LimitByIP) lets each client name its
-// own budget with X-Forwarded-For, as the documentation warns; mounted after the
-// limiting middleware it changes nothing: the client is the TCP peer.
+// own budget with X-Forwarded-For, as the documentation (and chi's deprecation of
+// RealIP) warns; mounted after the limiting middleware it changes nothing: the client is
+// the TCP peer.
 func TestChiRealIPInFront(t *testing.T) {
 	t.Parallel()
+	realIP := chimw.RealIP //lint:ignore SA1019 the test shows the spoofing its deprecation warns of
 	for _, c := range []struct {
 		name    string
 		inFront bool
@@ -623,9 +625,9 @@ func TestChiRealIPInFront(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := chain(ok, chimw.RealIP, limit)
+		h := chain(ok, realIP, limit)
 		if !c.inFront {
-			h = chain(ok, limit, chimw.RealIP)
+			h = chain(ok, limit, realIP)
 		}
 		srv := httptest.NewServer(h)
 		for i, want := range c.want {

@@ -1,7 +1,9 @@
 package middleware_test
 
 import (
+	"context"
 	"net/http"
+	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +34,12 @@ func TestInFlightAndTimeoutHandler(t *testing.T) {
 			limit := mustNew(t, lim, []middleware.Rule{{Rule: slots, Identity: byHeader("X-Client")}})
 			release := make(chan struct{})
 			var running sync.WaitGroup
+			// The first request's context ends once its handler runs: TimeoutHandler
+			// answers it 503 as at a deadline, while the handler runs on. (A deadline
+			// short enough for the test would also time out the second request's
+			// decision on a loaded machine.)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
 			first := true
 			var mu sync.Mutex
 			slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -41,22 +49,26 @@ func TestInFlightAndTimeoutHandler(t *testing.T) {
 				mu.Unlock()
 				if f {
 					defer running.Done()
+					cancel()
 					<-release // runs on after TimeoutHandler answered
 				}
 			})
 			running.Add(1)
 			var h http.Handler
 			if tc.inside {
-				h = http.TimeoutHandler(limit(slow), time.Millisecond, "timed out")
+				h = http.TimeoutHandler(limit(slow), time.Minute, "timed out")
 			} else {
-				h = limit(http.TimeoutHandler(slow, time.Millisecond, "timed out"))
+				h = limit(http.TimeoutHandler(slow, time.Minute, "timed out"))
 			}
-			alice := map[string]string{"X-Client": "alice"}
-			if c := do(h, "GET", "/", alice).Code; c != http.StatusServiceUnavailable {
-				t.Fatalf("first request: %d, want TimeoutHandler's 503", c)
+			req := httptest.NewRequestWithContext(ctx, "GET", "/", nil)
+			req.Header.Set("X-Client", "alice")
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != http.StatusServiceUnavailable {
+				t.Fatalf("first request: %d, want TimeoutHandler's 503", rec.Code)
 			}
 			// The first handler is still running (it waits for release).
-			if c := do(h, "GET", "/", alice).Code; c != tc.second {
+			if c := do(h, "GET", "/", map[string]string{"X-Client": "alice"}).Code; c != tc.second {
 				t.Errorf("second request while the first handler runs: %d, want %d", c, tc.second)
 			}
 			close(release)

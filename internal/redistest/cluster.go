@@ -17,6 +17,19 @@ import (
 // stops when the test ends. Like Start it skips without a redis-server binary.
 func StartCluster(tb testing.TB, n int) (*redis.ClusterClient, []*Server) {
 	tb.Helper()
+	return startCluster(tb, n, nil)
+}
+
+// StartTLSCluster is [StartCluster] over TLS: every node is started as by [StartTLS],
+// with certificates of one CA, and talks to the others over TLS (tls-cluster yes). The
+// client and each node's [Server.Client] trust that CA.
+func StartTLSCluster(tb testing.TB, n int) (*redis.ClusterClient, []*Server) {
+	tb.Helper()
+	return startCluster(tb, n, newCA(tb))
+}
+
+func startCluster(tb testing.TB, n int, ca *testCA) (*redis.ClusterClient, []*Server) {
+	tb.Helper()
 	if n < 1 || n > 16 {
 		tb.Fatalf("redistest: cluster of %d nodes", n)
 	}
@@ -25,8 +38,12 @@ func StartCluster(tb testing.TB, n int) (*redis.ClusterClient, []*Server) {
 	for i := range nodes {
 		// The cluster bus needs a port of its own; the default (port+10000) may not exist.
 		bus[i] = freePort(tb)
-		nodes[i] = Start(tb, "--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus[i]),
-			"--cluster-node-timeout", "5000")
+		args := []string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus[i]),
+			"--cluster-node-timeout", "5000"}
+		if ca != nil {
+			args = append(args, "--tls-cluster", "yes")
+		}
+		nodes[i] = startWith(tb, "", ca, args)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -71,6 +88,7 @@ func StartCluster(tb testing.TB, n int) (*redis.ClusterClient, []*Server) {
 		DialTimeout:           2 * time.Second,
 		ReadTimeout:           2 * time.Second,
 		WriteTimeout:          2 * time.Second,
+		TLSConfig:             nodes[0].TLSConfig(),
 	})
 	tb.Cleanup(func() { c.Close() })
 	// The client learns the slot map on first use; wait until it routes every slot.

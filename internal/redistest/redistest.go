@@ -19,9 +19,14 @@ import (
 
 // Server is a redis-server process owned by one test.
 type Server struct {
-	// Addr is the server's TCP address on the loopback interface.
+	// Addr is the server's TCP address on the loopback interface (its TLS port for a
+	// server started by [StartTLS]).
 	Addr string
-	cmd  *exec.Cmd
+	// CAFile is, for a server started by [StartTLS], the PEM file of the CA that signed
+	// its certificate; it is "" otherwise.
+	CAFile string
+	cmd    *exec.Cmd
+	ca     *testCA // nil without TLS
 }
 
 // Binary returns the path of redis-server (from $REDIS_SERVER, else $PATH), or "" if
@@ -43,12 +48,13 @@ func Binary() string {
 // server's command line (e.g. "--cluster-enabled", "yes").
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
-	return startConf(tb, "", args)
+	return startWith(tb, "", nil, args)
 }
 
-// startConf is Start with a configuration file (e.g. a Sentinel's, which it rewrites),
-// if conf is not "", first on the command line as redis-server wants it.
-func startConf(tb testing.TB, conf string, args []string) *Server {
+// startWith is Start with a configuration file (e.g. a Sentinel's, which it rewrites),
+// if conf is not "", first on the command line as redis-server wants it, and TLS only
+// with certificates of ca if ca is not nil.
+func startWith(tb testing.TB, conf string, ca *testCA, args []string) *Server {
 	tb.Helper()
 	bin := Binary()
 	if bin == "" {
@@ -59,7 +65,7 @@ func startConf(tb testing.TB, conf string, args []string) *Server {
 	}
 	var lastErr error
 	for range 5 { // the free port can be taken between Close and the server's bind
-		s, err := start(tb, bin, conf, args)
+		s, err := start(tb, bin, conf, ca, args)
 		if err == nil {
 			return s
 		}
@@ -69,7 +75,7 @@ func startConf(tb testing.TB, conf string, args []string) *Server {
 	return nil
 }
 
-func start(tb testing.TB, bin, conf string, args []string) (*Server, error) {
+func start(tb testing.TB, bin, conf string, ca *testCA, args []string) (*Server, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -81,7 +87,12 @@ func start(tb testing.TB, bin, conf string, args []string) (*Server, error) {
 	if conf != "" {
 		line = append(line, conf)
 	}
-	line = append(line, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	if ca != nil {
+		line = append(line, ca.args(strconv.Itoa(port))...)
+	} else {
+		line = append(line, "--port", strconv.Itoa(port))
+	}
+	line = append(line, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--logfile", filepath.Join(dir, "redis.log"))
 	cmd := exec.Command(bin, append(line, args...)...)
@@ -90,8 +101,11 @@ func start(tb testing.TB, bin, conf string, args []string) (*Server, error) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second})
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, ca: ca}
+	if ca != nil {
+		s.CAFile = ca.caFile
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second, TLSConfig: s.TLSConfig()})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -127,7 +141,8 @@ func start(tb testing.TB, bin, conf string, args []string) (*Server, error) {
 }
 
 // Client returns a client of s configured as the limiter recommends (no retries, the
-// context bounds the socket), closed when the test ends.
+// context bounds the socket), over TLS for a server started by [StartTLS], closed when
+// the test ends.
 func (s *Server) Client(tb testing.TB) *redis.Client {
 	c := redis.NewClient(&redis.Options{
 		Addr:                  s.Addr,
@@ -136,6 +151,7 @@ func (s *Server) Client(tb testing.TB) *redis.Client {
 		DialTimeout:           2 * time.Second,
 		ReadTimeout:           2 * time.Second,
 		WriteTimeout:          2 * time.Second,
+		TLSConfig:             s.TLSConfig(),
 	})
 	tb.Cleanup(func() { c.Close() })
 	return c

@@ -57,7 +57,7 @@ func StartSentinel(tb testing.TB, replicas, sentinels int, downAfter time.Durati
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			tb.Fatal(err)
 		}
-		s := startConf(tb, conf, []string{"--sentinel"})
+		s := startWith(tb, conf, nil, []string{"--sentinel"})
 		set.Sentinels = append(set.Sentinels, s)
 	}
 	for _, s := range set.Sentinels {

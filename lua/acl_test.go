@@ -29,11 +29,11 @@ func limiterACL(p string) []any {
 }
 
 // aclClient sets the ACL user "limiter" to rule on srv and returns a client logged in
-// as that user with password pw.
+// as that user with password pw (over TLS for a server started by redistest.StartTLS).
 func aclClient(t *testing.T, srv *redistest.Server, control *redis.Client, pw string, rule []any) *redis.Client {
 	t.Helper()
 	must(t, control.Do(context.Background(), append([]any{"ACL", "SETUSER", "limiter", "reset"}, rule...)...).Err())
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: pw, MaxRetries: -1,
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: pw, MaxRetries: -1, TLSConfig: srv.TLSConfig(),
 		ContextTimeoutEnabled: true, DialerRetries: 1, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -44,10 +44,14 @@ func aclClient(t *testing.T, srv *redistest.Server, control *redis.Client, pw st
 // several slot groups (with a refund), Reserve, Settle below and above the
 // reservation, and Renew.
 func TestDocumentedACL(t *testing.T) {
-	ctx := context.Background()
 	srv := redistest.Start(t)
-	control := srv.Client(t)
-	c := aclClient(t, srv, control, "pw", limiterACL("acl"))
+	documentedACLCalls(t, aclClient(t, srv, srv.Client(t), "pw", limiterACL("acl")))
+}
+
+// documentedACLCalls loads a limiter of prefix acl on c and makes every kind of call.
+func documentedACLCalls(t *testing.T, c *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
 	l, err := lua.New(c, lua.WithPrefix("acl"), lua.WithRefusalCache(0))
 	must(t, err)
 	must(t, l.Load(ctx))

@@ -2,6 +2,7 @@ package lua
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -29,6 +30,8 @@ func classify(err error) error {
 		// No connection, so nothing was sent, even when the dial ran out of time (a
 		// blackholed address): checked before the context errors a dial timeout matches.
 		se.Class, se.Uncertain = "connection", false
+	case handshakeFailed(err):
+		se.Class, se.Uncertain = "connection", false
 	case errors.Is(err, context.Canceled):
 		se.Class = "canceled"
 	case errors.Is(err, context.DeadlineExceeded):
@@ -50,6 +53,36 @@ func classify(err error) error {
 		se.Class = "connection"
 	}
 	return se
+}
+
+// handshakeFailed reports whether err says that a TLS handshake failed, so that the
+// connection never carried a command: the server's certificate was not accepted, the
+// server's first reply was not TLS, or the server refused the handshake with an alert
+// it sends only then (RFC 8446, section 6.2: e.g. a client certificate required). With
+// TLS 1.3 the client learns of the server's refusal at its first read, after it has
+// written its first commands, which the server never ran.
+func handshakeFailed(err error) bool {
+	var verr *tls.CertificateVerificationError
+	var rerr tls.RecordHeaderError
+	var opErr *net.OpError
+	switch {
+	case errors.As(err, &verr):
+		return true
+	case errors.As(err, &rerr):
+		return rerr.Conn != nil // set for the connection's first record only
+	case errors.As(err, &opErr) && opErr.Op == "remote error" && opErr.Err != nil:
+		// handshake failure; bad, unsupported, revoked, expired, unknown certificate;
+		// unknown CA; access denied; protocol version; insufficient security; unknown
+		// PSK identity; certificate required; no application protocol.
+		for _, a := range [...]tls.AlertError{40, 42, 43, 44, 45, 46, 48, 49, 70, 71, 115, 116, 120} {
+			// crypto/tls reports a received alert as an unexported type with the
+			// text of the same AlertError.
+			if opErr.Err.Error() == a.Error() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // replyError reports a reply of an unexpected shape.

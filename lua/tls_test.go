@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -98,6 +99,61 @@ func TestDocumentedACLOverTLS(t *testing.T) {
 		t.Fatal("the ACL user's client does not use TLS")
 	}
 	documentedACLCalls(t, c)
+}
+
+// TestTLSHandshakeFailureIsCertain: a server whose certificate the client does not
+// accept (signed by a CA it does not trust: none but the system roots, or another
+// private CA; or for another host name), or that requires a client certificate the
+// client does not give (tls-auth-clients yes, a TLS alert from the server), refuses
+// the connection before any command runs. Load, decisions and reservations get a
+// certain connection StoreError that names the cause, and nothing is spent. Given the
+// right CA and a client certificate, the same server decides.
+func TestTLSHandshakeFailureIsCertain(t *testing.T) {
+	srv := redistest.StartTLS(t, "--tls-auth-clients", "optional")
+	certRequired := redistest.StartTLS(t, "--tls-auth-clients", "yes")
+	other := redistest.StartTLS(t)
+	wrongName := srv.TLSConfig()
+	wrongName.ServerName = "redis.invalid"
+	noCert := certRequired.TLSConfig()
+	noCert.Certificates = nil
+	for _, tc := range []struct {
+		name  string
+		srv   *redistest.Server
+		conf  *tls.Config
+		cause string
+	}{
+		{"system roots", srv, &tls.Config{}, "certificate signed by unknown authority"},
+		{"another CA", srv, other.TLSConfig(), "certificate signed by unknown authority"},
+		{"another host name", srv, wrongName, "not redis.invalid"},
+		{"no client certificate", certRequired, noCert, "remote error: tls: certificate required"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLimiter(t, tlsClient(t, tc.srv.Addr, tc.conf), lua.WithRefusalCache(0))
+			checks := stateChecks("ann")
+			wantCertainConnection(t, "Load", l.Load(context.Background()), tc.cause)
+			_, err := l.Allow(context.Background(), checks)
+			wantCertainConnection(t, "Allow", err, tc.cause)
+			_, err = l.Reserve(context.Background(), checks, make([]ratebudget.Ticket, len(checks)), nil)
+			wantCertainConnection(t, "Reserve", err, tc.cause)
+			wantUnspent(t, tc.srv.Client(t), l, checks)
+
+			l = newLimiter(t, tlsClient(t, tc.srv.Addr, tc.srv.TLSConfig()), lua.WithRefusalCache(0))
+			must(t, l.Load(context.Background()))
+			if d, err := l.Allow(context.Background(), checks); err != nil || !d.Allowed {
+				t.Fatalf("Allow with the server's CA and a client certificate: %+v, %v", d, err)
+			}
+		})
+	}
+}
+
+// wantCertainConnection fails unless err is a certain connection StoreError whose text
+// holds cause.
+func wantCertainConnection(t *testing.T, what string, err error, cause string) {
+	t.Helper()
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) || se.Class != "connection" || se.Uncertain || !strings.Contains(err.Error(), cause) {
+		t.Fatalf("%s: %v, want a certain connection StoreError naming %q", what, err, cause)
+	}
 }
 
 // TestPlaintextClientOfTLSServer: a client without TLS (redis:// for rediss://) of a

@@ -3,7 +3,6 @@ package lua_test
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,17 +14,30 @@ import (
 )
 
 // limiterACL is the ACL rule that docs/FAILURE.md gives for the limiter's Redis user,
-// for keys under the prefix p: the script commands, SCRIPT LOAD and PING for Load, and
-// every command the scripts call.
-func limiterACL(p string) []any {
-	rule := "on >pw resetkeys ~" + p + ":* resetchannels -@all +evalsha +eval +script|load +ping " +
-		"+time +get +set +incrby +decrby +del +pttl +pexpire +pexpireat +pexpiretime " +
-		"+zadd +zrem +zscore +zcard +zcount +zrank +zrange +zrangebyscore +zremrangebyscore"
-	var out []any
-	for _, f := range strings.Fields(rule) {
-		out = append(out, f)
+// for keys under the prefix p and the password pw: the script commands, SCRIPT LOAD
+// and PING for Load, and every command the scripts call.
+func limiterACL(t *testing.T, p string) []any {
+	t.Helper()
+	rules, _ := redistest.DocumentedACL(t, p, "pw")
+	return rules
+}
+
+// clusterACL is limiterACL with the rules docs/FAILURE.md adds for a ClusterClient.
+func clusterACL(t *testing.T, p string) []any {
+	t.Helper()
+	rules, cluster := redistest.DocumentedACL(t, p, "pw")
+	return append(rules, cluster...)
+}
+
+// wantNoPermissionErrors fails if any of servers has refused a command for lack of
+// permission (NOPERM): a user with the documented ACL never is.
+func wantNoPermissionErrors(t *testing.T, servers ...*redistest.Server) {
+	t.Helper()
+	for _, s := range servers {
+		if n := s.ErrorReplies(t, "NOPERM"); n != 0 {
+			t.Errorf("server %s refused %d commands for lack of permission", s.Addr, n)
+		}
 	}
-	return out
 }
 
 // aclClient sets the ACL user "limiter" to rule on srv and returns a client logged in
@@ -45,7 +57,8 @@ func aclClient(t *testing.T, srv *redistest.Server, control *redis.Client, pw st
 // reservation, and Renew.
 func TestDocumentedACL(t *testing.T) {
 	srv := redistest.Start(t)
-	documentedACLCalls(t, aclClient(t, srv, srv.Client(t), "pw", limiterACL("acl")))
+	documentedACLCalls(t, aclClient(t, srv, srv.Client(t), "pw", limiterACL(t, "acl")))
+	wantNoPermissionErrors(t, srv)
 }
 
 // documentedACLCalls loads a limiter of prefix acl on c and makes every kind of call.
@@ -79,18 +92,27 @@ func documentedACLCalls(t *testing.T, c *redis.Client) {
 	}
 }
 
-// TestDocumentedACLOnACluster: on a Redis Cluster the same user, with +cluster|slots
-// for the client's slot map, can Load and decide.
+// TestDocumentedACLOnACluster: on a Redis Cluster the same user, with the rules the
+// doc adds for a ClusterClient, can Load and decide, and is refused nothing.
 func TestDocumentedACLOnACluster(t *testing.T) {
-	ctx := context.Background()
 	_, nodes := redistest.StartCluster(t, 3)
+	documentedClusterACLCalls(t, nodes)
+}
+
+// documentedClusterACLCalls gives the user of clusterACL (prefix acl) to every node, and
+// over a ClusterClient logged in as that user (over TLS for nodes started with TLS),
+// loads a limiter and decides rules of several slots. No node refuses a command.
+func documentedClusterACLCalls(t *testing.T, nodes []*redistest.Server) {
+	t.Helper()
+	ctx := context.Background()
 	var addrs []string
 	for _, n := range nodes {
-		must(t, n.Client(t).Do(ctx, append([]any{"ACL", "SETUSER", "limiter", "reset"}, append(limiterACL("acl"), "+cluster|slots")...)...).Err())
+		must(t, n.Client(t).Do(ctx, append([]any{"ACL", "SETUSER", "limiter", "reset"}, clusterACL(t, "acl")...)...).Err())
+		must(t, n.Client(t).ConfigResetStat(ctx).Err())
 		addrs = append(addrs, n.Addr)
 	}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: "limiter", Password: "pw", MaxRetries: -1,
-		ContextTimeoutEnabled: true, DialerRetries: 1, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+		TLSConfig: nodes[0].TLSConfig(), ContextTimeoutEnabled: true, DialerRetries: 1, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
 	t.Cleanup(func() { c.Close() })
 	l, err := lua.New(c, lua.WithPrefix("acl"), lua.WithRefusalCache(0))
 	must(t, err)
@@ -102,6 +124,7 @@ func TestDocumentedACLOnACluster(t *testing.T) {
 			t.Fatalf("Allow for %s: %+v, %v", id, d, err)
 		}
 	}
+	wantNoPermissionErrors(t, nodes...)
 }
 
 // TestAuthAndPermissionErrors: a user refused by Redis (wrong password, none, no
@@ -111,7 +134,7 @@ func TestAuthAndPermissionErrors(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	control := srv.Client(t)
-	acl := limiterACL("acl")
+	acl := limiterACL(t, "acl")
 	without := func(field string) []any {
 		var out []any
 		for _, f := range acl {
@@ -181,7 +204,7 @@ func TestNoPexpiretimeWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	control := srv.Client(t)
-	acl := limiterACL("acl")
+	acl := limiterACL(t, "acl")
 	var without []any
 	for _, f := range acl {
 		if f != "+pexpiretime" {

@@ -94,7 +94,7 @@ func TestSettleFailingAfterWritesIsUncertain(t *testing.T) {
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	control := srv.Client(t)
-	acl := limiterACL("acl")
+	acl := limiterACL(t, "acl")
 	var without []any
 	for _, f := range acl {
 		if f != "+pttl" {

@@ -94,11 +94,12 @@ func TestTLSDecidesExactly(t *testing.T) {
 // slot groups with a refund, Reserve, Renew, Settle below and above the reservation).
 func TestDocumentedACLOverTLS(t *testing.T) {
 	srv := redistest.StartTLS(t)
-	c := aclClient(t, srv, srv.Client(t), "pw", limiterACL("acl"))
+	c := aclClient(t, srv, srv.Client(t), "pw", limiterACL(t, "acl"))
 	if c.Options().TLSConfig == nil {
 		t.Fatal("the ACL user's client does not use TLS")
 	}
 	documentedACLCalls(t, c)
+	wantNoPermissionErrors(t, srv)
 }
 
 // TestTLSHandshakeFailureIsCertain: a server whose certificate the client does not
@@ -211,21 +212,5 @@ func TestTLSCluster(t *testing.T) {
 		t.Fatalf("keys on %d of 3 masters, %d spent per identity: want at least 2, and 50 (the refused given back)", holding, spent)
 	}
 
-	var addrs []string
-	for _, n := range nodes {
-		must(t, n.Client(t).Do(ctx, append([]any{"ACL", "SETUSER", "limiter", "reset"}, append(limiterACL("acl"), "+cluster|slots")...)...).Err())
-		addrs = append(addrs, n.Addr)
-	}
-	acl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Username: "limiter", Password: "pw", TLSConfig: nodes[0].TLSConfig(),
-		MaxRetries: -1, ContextTimeoutEnabled: true, DialerRetries: 1, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
-	t.Cleanup(func() { acl.Close() })
-	la, err := lua.New(acl, lua.WithPrefix("acl"), lua.WithRefusalCache(0))
-	must(t, err)
-	must(t, la.Load(ctx))
-	aclSite := ratebudget.Check{Rule: ratebudget.Rule{Name: "site", Limit: 5, Window: time.Hour}, Cost: 1}
-	for _, id := range []string{"ann", "bob", "cy", "dee"} {
-		if d, err := la.Allow(ctx, append(stateChecks(id), aclSite)); err != nil || !d.Allowed {
-			t.Fatalf("the ACL user's Allow for %s: %+v, %v", id, d, err)
-		}
-	}
+	documentedClusterACLCalls(t, nodes)
 }

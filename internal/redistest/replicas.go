@@ -248,7 +248,7 @@ func (s *Server) Calls(tb testing.TB, commands ...string) int64 {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	a := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	a := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, TLSConfig: s.TLSConfig()})
 	defer a.Close()
 	stats, err := a.InfoMap(ctx, "commandstats").Result()
 	if err != nil {

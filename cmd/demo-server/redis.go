@@ -22,8 +22,10 @@ import (
 //	redis://host:port?addr=host2:port2&addr=host3:port3   a Redis Cluster (seed nodes)
 //	redis://host:port?master_name=name&addr=host2:port2   Sentinel (the Sentinels' addresses)
 //
-// A URL of the first form that names a Redis Cluster node (INFO cluster says so when
-// asked at start-up, within a second) is taken as the cluster's one seed node.
+// A URL of the first form that names a Redis Cluster node (it answers CLUSTER SLOTS
+// when asked at start-up, within a second) is taken as the cluster's one seed node.
+// CLUSTER SLOTS is what a cluster's client needs anyway, so the ACL of a cluster's
+// user grants it, and that of one server's user need not.
 //
 // It applies the client settings recommended for a limiter: socket deadlines that follow
 // the decision's context, and short timeouts with no retries of a failed dial, so that a
@@ -39,10 +41,10 @@ func newRedisClient(ctx context.Context, rawURL string, timeout time.Duration) (
 	client = newClient()
 	if asCluster != nil {
 		// One server's URL may name a cluster node: a plain client would get MOVED for
-		// most keys.
+		// most keys. A server without cluster support answers an error.
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		if info, err := client.Info(pctx, "cluster").Result(); err == nil && strings.Contains(info, "cluster_enabled:1") {
+		if err := client.ClusterSlots(pctx).Err(); err == nil {
 			client.Close()
 			return asCluster(), true, nil
 		}

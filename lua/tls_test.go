@@ -214,3 +214,24 @@ func TestTLSCluster(t *testing.T) {
 
 	documentedClusterACLCalls(t, nodes)
 }
+
+// TestTLSStalledHandshakeKeepsTheDeadline: a server that stops answering (SIGSTOP)
+// before a new connection's TLS handshake is done holds the decision no longer than
+// its deadline (100ms), not the client's DialTimeout (5s): go-redis dials in the
+// background. The error is a timeout, uncertain: the client cannot tell a handshake
+// that did not end from a reply that did not come.
+func TestTLSStalledHandshakeKeepsTheDeadline(t *testing.T) {
+	srv := redistest.StartTLS(t)
+	l := newLimiter(t, tlsClient(t, srv.Addr, srv.TLSConfig()), lua.WithRefusalCache(0))
+	srv.Freeze(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := l.Allow(ctx, stateChecks("ann")[:1])
+	took := time.Since(start)
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) || se.Class != "timeout" || took > 2*time.Second {
+		t.Fatalf("Allow on a frozen TLS server: %v after %v, want a timeout at the 100ms deadline", err, took)
+	}
+	srv.Thaw(t)
+}

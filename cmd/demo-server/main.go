@@ -160,7 +160,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.window, "window", time.Minute, "window, or token-bucket refill period")
 	algo := fs.String("algorithm", "fixed", "time rule of the rate limits: fixed | token | rolling")
 	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both | none; ietf10, both10: draft-10 fields")
-	fs.StringVar(&o.redisURL, "redis", "", "Redis URL: redis://127.0.0.1:6379/0; a Redis Cluster: redis://host:port?addr=host2:port2&addr=...; Sentinel: redis://sentinel:26379?master_name=mymaster&addr=sentinel2:26379; the client's timeouts are -store-timeout (at least 100ms) and it never retries, except where the URL sets dial_timeout, read_timeout, write_timeout, pool_timeout or max_retries (default: budgets in process)")
+	fs.StringVar(&o.redisURL, "redis", "", "Redis URL: redis://127.0.0.1:6379/0; over TLS rediss://user:password@host:port/0 (a private CA: set SSL_CERT_FILE=ca.pem); a Redis Cluster: redis://host:port?addr=host2:port2&addr=...; Sentinel: redis://sentinel:26379?master_name=mymaster&addr=sentinel2:26379; the client's timeouts are -store-timeout (at least 100ms) and it never retries, except where the URL sets dial_timeout, read_timeout, write_timeout, pool_timeout or max_retries (default: budgets in process)")
 	policy := fs.String("store-error", "closed", "when Redis cannot decide: closed (503) | open (admit) | local (limit/replicas in process)")
 	fs.IntVar(&o.replicas, "replicas", 1, "number of demo-server processes sharing the budget (for -store-error local)")
 	fs.DurationVar(&o.storeTimeout, "store-timeout", 50*time.Millisecond, "deadline of each Redis decision")

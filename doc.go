@@ -39,7 +39,7 @@
 //
 // [RollingWindow]: the sum of the costs admitted in the last Window (the interval
 // (now-Window, now]) plus cost must not exceed Limit. Exact, at the price of one stored
-// event per admission.
+// event per millisecond with an admission (admissions of one millisecond are merged).
 //
 // [InFlight]: at most Limit admitted requests running at once. Each admission holds a
 // lease until its decision is settled ([Settler.Settle]) or until Window (the lease's time

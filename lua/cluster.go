@@ -98,6 +98,9 @@ func topologyError(err error) bool {
 // gone down) are ERR replies, and the limiter's scripts reply no TRYAGAIN of their own.
 // So a script call answered TRYAGAIN did not run.
 func tryAgain(err error) bool {
+	if err == nil {
+		return false // before rErr, which escapes: every decision that succeeds comes here
+	}
 	var rErr redis.Error
 	return errors.As(err, &rErr) && strings.HasPrefix(rErr.Error(), "TRYAGAIN ")
 }

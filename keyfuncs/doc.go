@@ -94,7 +94,9 @@
 //
 // [RoutePattern] and [MethodAndRoutePattern] scope a budget to the route that matched
 // ("/users/{id}", not "/users/42"). On a chi router they work wherever the middleware is
-// mounted; with an http.ServeMux, wrap the handler given to mux.Handle, not the mux
+// mounted, but in the r.Use of a subrouter (r.Route, r.Mount) the pattern is the mount's
+// ("/api/*", one scope for the subtree: use r.With or r.Group there); with an
+// http.ServeMux, wrap the handler given to mux.Handle, not the mux
 // (around a mux no route is known yet: 500 and one log line). See [RoutePattern].
 // [URLPath] scopes by the raw
 // path, as httprate's KeyByEndpoint does, for code ported from it: every distinct URL

@@ -17,8 +17,9 @@
 //	X-RateLimit-Limit       cost units                   the rule's capacity (Limit, or Burst for a token bucket)
 //	X-RateLimit-Remaining   cost units                   units left after this request (a snapshot, not a reservation)
 //	X-RateLimit-Reset       seconds, rounded up          time until the budget is whole again if nothing more is spent
-//	RateLimit-Policy        structured field (list)      "<rule>";q=<capacity>[;qu="<unit>"];w=<window seconds>
-//	RateLimit               structured field (list)      "<rule>";r=<remaining>[;t=<seconds>]
+//	RateLimit-Policy        structured field (list)      "<rule>";q=<capacity>[;qu="<unit>"][;w=<window seconds>][;pk=<key>]
+//	                                                     (no w for a rule without a window: an in-flight limit)
+//	RateLimit               structured field (list)      "<rule>";r=<remaining>[;t=<seconds>][;pk=<key>]
 //	Retry-After             seconds, rounded up, >= 1    refusals only: earliest useful retry (RFC 9110 §10.2.3)
 //
 // The X-RateLimit-* names are a convention, not a standard. RateLimit-Policy and

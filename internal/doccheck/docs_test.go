@@ -1,5 +1,6 @@
 // Package doccheck holds tests of the user documentation (README.md and docs/*.md)
-// against the code: what the documents cite as evidence must exist.
+// against the repository: the tests they cite and the files and headings they link to
+// must exist.
 package doccheck
 
 import (
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // root is the repository's root, seen from this package's directory.
@@ -127,4 +129,94 @@ func TestDocsCiteExistingTests(t *testing.T) {
 		}
 	}
 	t.Logf("%d citations of tests in %d documents, %d functions in test files", len(cited), len(docs), len(defined))
+}
+
+// linkRE matches the target of a Markdown link or image: ](target).
+var linkRE = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// anchor returns GitHub's anchor of a heading's text: lower case, spaces to '-', and
+// anything but letters, digits, '-' and '_' dropped.
+func anchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// anchors returns the anchors of a Markdown text's headings, outside fenced blocks.
+func anchors(text string) map[string]bool {
+	out := map[string]bool{}
+	fenced := false
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "```") {
+			fenced = !fenced
+			continue
+		}
+		if h, ok := strings.CutPrefix(l, "#"); ok && !fenced {
+			out[anchor(strings.TrimLeft(h, "#"))] = true
+		}
+	}
+	return out
+}
+
+func TestAnchor(t *testing.T) {
+	for h, want := range map[string]string{
+		" Redis server settings, and what each server error costs": "redis-server-settings-and-what-each-server-error-costs",
+		" Handlers that stream, proxy or hijack":                   "handlers-that-stream-proxy-or-hijack",
+		" `Limit(n, w, WithKeyFuncs(KeyByIP, KeyByEndpoint))`":     "limitn-w-withkeyfuncskeybyip-keybyendpoint",
+	} {
+		if got := anchor(h); got != want {
+			t.Errorf("anchor(%q) = %q, want %q", h, got, want)
+		}
+	}
+}
+
+// TestDocsLinksResolve: every relative link of README.md and docs/*.md names a file of
+// the repository, and its #fragment, if any, a heading of the Markdown file it names.
+func TestDocsLinksResolve(t *testing.T) {
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs = append([]string{filepath.Join(root, "README.md")}, docs...)
+	links := 0
+	for _, p := range docs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel, _ := filepath.Rel(root, p)
+		for i, l := range strings.Split(string(b), "\n") {
+			for _, m := range linkRE.FindAllStringSubmatch(l, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				links++
+				file, frag, _ := strings.Cut(target, "#")
+				dest := p
+				if file != "" {
+					dest = filepath.Join(filepath.Dir(p), filepath.FromSlash(file))
+				}
+				db, err := os.ReadFile(dest)
+				if err != nil {
+					t.Errorf("%s:%d links to %s: %v", filepath.ToSlash(rel), i+1, target, err)
+					continue
+				}
+				if frag != "" && !anchors(string(db))[frag] {
+					drel, _ := filepath.Rel(root, dest)
+					t.Errorf("%s:%d links to %s: no heading of %s has the anchor %q", filepath.ToSlash(rel), i+1, target, filepath.ToSlash(drel), frag)
+				}
+			}
+		}
+	}
+	if links == 0 {
+		t.Fatal("no relative link found: the search is broken")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,10 +40,19 @@ type Node struct {
 // quick and certain: a replica fails over however stale its data
 // (cluster-replica-validity-factor 0), replicas never migrate, and replication is
 // diskless. It returns once every replica is in sync and every node reports the cluster
-// ok with every replica known. args are added to every server's command line (e.g.
-// "--cluster-require-full-coverage", "no"). Everything stops when the test ends. Like
-// [Start] it skips without a redis-server binary.
+// ok and agrees on it: every node connected, none failing, every slot with the master
+// the even split names (see [Cluster.SlotOwner]), every replica with its master. args
+// are added to every server's command line (e.g. "--cluster-require-full-coverage",
+// "no"). Everything stops when the test ends. Like [Start] it skips without a
+// redis-server binary.
 func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nodeTimeout time.Duration, args ...string) *Cluster {
+	tb.Helper()
+	return startClusterWithReplicas(tb, nil, masters, replicasPerMaster, nodeTimeout, args)
+}
+
+// startClusterWithReplicas is [StartClusterWithReplicas], over TLS with certificates of
+// ca (for clients, the cluster bus and replication) if ca is not nil.
+func startClusterWithReplicas(tb testing.TB, ca *testCA, masters, replicasPerMaster int, nodeTimeout time.Duration, args []string) *Cluster {
 	tb.Helper()
 	if masters < 1 || masters > 16 || replicasPerMaster < 0 || replicasPerMaster > 4 || nodeTimeout < 100*time.Millisecond {
 		tb.Fatalf("redistest: cluster of %d masters, %d replicas each, node timeout %v", masters, replicasPerMaster, nodeTimeout)
@@ -52,12 +62,16 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nod
 	bus := make([]int, n)
 	for i := range n {
 		bus[i] = freePort(tb) // the default bus port (port+10000) may not be free
-		s := Start(tb, append([]string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus[i]),
+		line := []string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus[i]),
 			"--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
 			"--cluster-replica-validity-factor", "0",
 			"--cluster-allow-replica-migration", "no",
 			"--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
-			"--repl-diskless-load", "on-empty-db"}, args...)...)
+			"--repl-diskless-load", "on-empty-db"}
+		if ca != nil {
+			line = append(line, "--tls-cluster", "yes", "--tls-replication", "yes")
+		}
+		s := startWith(tb, "", ca, append(line, args...))
 		master := -1
 		if i >= masters {
 			master = (i - masters) % masters
@@ -80,12 +94,8 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nod
 			tb.Fatalf("redistest: CLUSTER SET-CONFIG-EPOCH on node %d: %v", i, err)
 		}
 	}
-	per := 16384 / masters
 	for i := range masters {
-		lo, hi := i*per, (i+1)*per-1
-		if i == masters-1 {
-			hi = 16383
-		}
+		lo, hi := slotRange(i, masters)
 		if err := admins[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err(); err != nil {
 			tb.Fatalf("redistest: CLUSTER ADDSLOTSRANGE on node %d: %v", i, err)
 		}
@@ -121,18 +131,77 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nod
 			})
 		}
 	}
-	want := masters * replicasPerMaster
+	// cluster_state:ok alone is not enough: with cluster-require-full-coverage no a node
+	// reports it as soon as it serves slots of its own, before it has heard of the other
+	// masters' slots (it answers commands for those with CLUSTERDOWN Hash slot not
+	// served), and a node it has heard of by gossip only may not be connected yet.
 	for i, a := range admins {
-		poll(ctx, tb, fmt.Sprintf("node %d to see the cluster ok with %d replicas", i, want), func() (bool, string) {
+		poll(ctx, tb, fmt.Sprintf("node %d to agree on the cluster's nodes and slots", i), func() (bool, string) {
 			info, err := a.ClusterInfo(ctx).Result()
 			if err != nil || !strings.Contains(info, "cluster_state:ok") {
 				return false, fmt.Sprint(info, err)
 			}
 			nodes, err := a.ClusterNodes(ctx).Result()
-			return err == nil && strings.Count(nodes, " slave ")+strings.Count(nodes, ",slave ") == want, fmt.Sprint(nodes, err)
+			if err != nil {
+				return false, err.Error()
+			}
+			return cl.agrees(nodes, masters), nodes
 		})
 	}
 	return cl
+}
+
+// agrees reports whether nodes, a node's CLUSTER NODES reply, lists exactly c's nodes,
+// each connected and neither failing nor in a handshake, every master with the slots
+// StartClusterWithReplicas gave it and every replica replicating the master it was
+// started for.
+func (c *Cluster) agrees(nodes string, masters int) bool {
+	lines := strings.Split(strings.TrimSpace(nodes), "\n")
+	if len(lines) != len(c.Nodes) {
+		return false
+	}
+	byID := make(map[string][]string, len(lines))
+	for _, l := range lines {
+		// <id> <ip:port@cport> <flags> <master> <ping-sent> <pong-recv> <config-epoch> <link-state> <slot>...
+		f := strings.Fields(l)
+		if len(f) < 8 {
+			return false
+		}
+		byID[f[0]] = f
+	}
+	for i, n := range c.Nodes {
+		f, ok := byID[n.ID]
+		if !ok || f[7] != "connected" {
+			return false
+		}
+		flags := strings.Split(f[2], ",")
+		if slices.ContainsFunc(flags, func(fl string) bool {
+			return fl == "fail" || fl == "fail?" || fl == "handshake" || fl == "noaddr"
+		}) {
+			return false
+		}
+		if n.Master >= 0 {
+			if !slices.Contains(flags, "slave") || f[3] != c.Nodes[n.Master].ID || len(f) != 8 {
+				return false
+			}
+			continue
+		}
+		lo, hi := slotRange(i, masters)
+		if !slices.Contains(flags, "master") || len(f) != 9 || f[8] != strconv.Itoa(lo)+"-"+strconv.Itoa(hi) {
+			return false
+		}
+	}
+	return true
+}
+
+// slotRange returns the first and last slot of master i of masters by the even split.
+func slotRange(i, masters int) (lo, hi int) {
+	per := 16384 / masters
+	lo, hi = i*per, (i+1)*per-1
+	if i == masters-1 {
+		hi = 16383
+	}
+	return lo, hi
 }
 
 // poll calls cond until it reports true, failing the test with cond's last state when ctx
@@ -203,6 +272,7 @@ func (c *Cluster) Client(tb testing.TB, edit func(*redis.ClusterOptions)) *redis
 		DialTimeout:           2 * time.Second,
 		ReadTimeout:           2 * time.Second,
 		WriteTimeout:          2 * time.Second,
+		TLSConfig:             c.Nodes[0].TLSConfig(),
 	}
 	if edit != nil {
 		edit(opt)
@@ -222,7 +292,7 @@ func (c *Cluster) WaitPromoted(tb testing.TB, r *Node, within time.Duration) tim
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
-	a := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
+	a := redis.NewClient(&redis.Options{Addr: r.Addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second, TLSConfig: r.TLSConfig()})
 	defer a.Close()
 	poll(ctx, tb, "the promotion of "+r.Addr, func() (bool, string) {
 		role, err := a.Do(ctx, "ROLE").Slice()

@@ -2,6 +2,7 @@ package redistest_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -40,5 +41,57 @@ func TestClusterFailover(t *testing.T) {
 	}
 	if n := r.ScriptCalls(t); n != 0 {
 		t.Fatalf("%d script calls on a fresh node", n)
+	}
+}
+
+// TestClusterAgreesAtStart: when StartClusterWithReplicas returns, every node maps every
+// slot to the master the even split names, with that master's replicas, also with
+// cluster-require-full-coverage no, where a node reports cluster_state:ok before it has
+// heard of the other masters' slots. A node that has not answers a command for those
+// slots with CLUSTERDOWN Hash slot not served, and a cluster client that loads its slot
+// map from it routes them at random.
+func TestClusterAgreesAtStart(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		replicas int
+	}{{"masters", 0}, {"masters again", 0}, {"with replicas", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cl := redistest.StartClusterWithReplicas(t, 3, tc.replicas, time.Minute, "--cluster-require-full-coverage", "no")
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			for i, n := range cl.Nodes {
+				shards, err := n.Client(t).ClusterShards(ctx).Result()
+				if err != nil {
+					t.Fatalf("node %d: CLUSTER SHARDS: %v", i, err)
+				}
+				covered := 0
+				for _, sh := range shards {
+					var master string
+					var replicas []string
+					for _, sn := range sh.Nodes {
+						if sn.Role == "master" {
+							master = sn.ID
+						} else {
+							replicas = append(replicas, sn.ID)
+						}
+					}
+					for _, s := range sh.Slots {
+						covered += int(s.End - s.Start + 1)
+						m := cl.SlotOwner(int(s.Start))
+						var want []string
+						for _, r := range cl.ReplicasOf(m) {
+							want = append(want, r.ID)
+						}
+						if cl.SlotOwner(int(s.End)) != m || master != m.ID || !slices.Equal(replicas, want) {
+							t.Errorf("node %d maps slots %d-%d to master %s with replicas %v, want %s with %v", i, s.Start, s.End, master, replicas, m.ID, want)
+						}
+					}
+				}
+				if covered != 16384 {
+					t.Errorf("node %d maps %d slots, want all 16384: %+v", i, covered, shards)
+				}
+			}
+		})
 	}
 }

@@ -19,12 +19,15 @@ import (
 
 // tryAgainHook is a go-redis hook that counts the script calls (EVALSHA, EVAL) a client
 // returns, by outcome. The first call answered TRYAGAIN after hold was set sends on
-// seen and waits, before returning, until release is closed.
+// seen and waits, before returning, until release is closed. With slow set to n > 0,
+// the n-th call answered TRYAGAIN after that comes back late: once the time left until
+// its context's deadline is less than the time since it was sent.
 type tryAgainHook struct {
 	tryAgain, ok atomic.Int64
 	hold         atomic.Bool
 	seen         chan struct{}
 	release      chan struct{}
+	slow         atomic.Int64
 }
 
 func newScriptCalls() *tryAgainHook {
@@ -37,6 +40,7 @@ func (h *tryAgainHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 }
 func (h *tryAgainHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		sent := time.Now()
 		err := next(ctx, cmd)
 		if n := cmd.Name(); n != "evalsha" && n != "eval" {
 			return err
@@ -50,6 +54,12 @@ func (h *tryAgainHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			if h.hold.CompareAndSwap(true, false) {
 				h.seen <- struct{}{}
 				<-h.release
+			}
+			if dl, ok := ctx.Deadline(); ok && h.slow.Load() > 0 && h.slow.Add(-1) == 0 {
+				// The wait is the slowness of the reply, what the test is about, not a
+				// way to let something else happen first.
+				late := time.NewTimer(time.Until(sent.Add(dl.Sub(sent) / 2)))
+				<-late.C
 			}
 		}
 		return err
@@ -189,17 +199,29 @@ func TestTryAgainWhileResharding(t *testing.T) {
 		}
 		splitSlot(t, c, nodes, keys)
 		tries := h.tryAgain.Load()
-		dctx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+		// The first try comes back at once, the second one late: with less time left
+		// than it took, which a third try could not come back in. The limiter stops
+		// there, before the deadline, with the second try's certain TRYAGAIN; had it
+		// sent a third try, the deadline would cut it short, an uncertain error. (Both
+		// tries taken as they come, the last one can be cut short by a stall of the
+		// process or of the server, on a loaded machine.) The deadline is a bound on the
+		// first try.
+		h.slow.Store(2)
+		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 		_, err := l.Allow(dctx, checks)
+		early := dctx.Err() == nil
 		var se *ratebudget.StoreError
 		var rErr redis.Error
 		if !errors.As(err, &se) || se.Class != "server" || se.Uncertain ||
 			!errors.As(err, &rErr) || !strings.HasPrefix(rErr.Error(), "TRYAGAIN ") {
 			t.Fatalf("Allow = %v; want a certain server error carrying TRYAGAIN", err)
 		}
-		if n := h.tryAgain.Load() - tries; n < 2 {
-			t.Errorf("%d TRYAGAIN replies before the deadline, want the call sent again", n)
+		if n := h.tryAgain.Load() - tries; n != 2 {
+			t.Errorf("%d TRYAGAIN replies before the deadline, want 2: the call sent again once, and not after a try that took longer than the time left", n)
+		}
+		if !early {
+			t.Errorf("Allow returned after its deadline, want it to stop when the next try could not come back in time")
 		}
 		if got := counters(t, c, keys); got[0] != 3 || got[1] != 3 {
 			t.Fatalf("counters %v, want [3 3]: the failed decision spent", got)

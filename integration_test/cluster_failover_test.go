@@ -226,7 +226,8 @@ func TestClusterFailover(t *testing.T) {
 		// the uncovered ones.
 		fullCoverage bool
 		// graceful hands the master's slots over with CLUSTER FAILOVER on its replica
-		// instead of killing it: no decision may fail (MOVED is followed).
+		// instead of killing it: no decision may fail but by a timeout (MOVED is
+		// followed).
 		graceful bool
 	}{
 		{"default", false, false},
@@ -358,10 +359,23 @@ wait:
 	if notRecovered > 0 {
 		t.Errorf("decisions on the failed-over slots: %d identities never answered again within %v of the promotion", notRecovered, target+10*time.Second)
 	}
-	if graceful {
-		if n := sumFailures(failures[true]) + sumFailures(failures[false]); n > 0 {
-			t.Errorf("a graceful failover failed %d decisions (%v, %v); want none", n, failures[true], failures[false])
+	decisions := [2]int{} // after the kill: the failed master's identities, the others
+	r.mu.Lock()
+	for a := range decisions {
+		for _, st := range r.timeline[a] {
+			decisions[a] += st[0] + st[1]
 		}
+	}
+	r.mu.Unlock()
+	if graceful {
+		// MOVED is followed: no decision fails but by a timeout. The handover pauses the
+		// old master's clients until its replica has taken over (Redis's manual
+		// failover), which on a loaded machine can outlast the 200 ms read timeout, and
+		// any caller can be stalled past its deadline there: timeouts are figures of the
+		// load, logged, and bounded only where a stuck handover would show, most
+		// decisions timing out.
+		onlyTimeouts(t, "the failed-over master's identities", failures[true], decisions[0])
+		onlyTimeouts(t, "the other masters' identities", failures[false], decisions[1])
 		return
 	}
 	if fullCoverage {
@@ -372,37 +386,28 @@ wait:
 	// load (the 250 ms deadline is tight for a shared 2-core runner, which can stall a
 	// caller for a second): logged above, and bounded only where a dead master holding
 	// them up would show, most decisions timing out and a wait as long as the failover.
-	others := 0
-	r.mu.Lock()
-	for _, st := range r.timeline[1] {
-		others += st[0] + st[1]
-	}
-	r.mu.Unlock()
-	timeouts := 0
-	for k, v := range failures[false] {
-		switch {
-		case strings.HasPrefix(k, "before"):
-		case k == "context deadline exceeded" || k == "i/o timeout":
-			timeouts += v
-		default:
-			t.Errorf("identities on the other masters' slots failed %d times with %s; want them unaffected", v, k)
-		}
-	}
-	t.Logf("identities on the other masters' slots timed out %d times in %d decisions", timeouts, others)
-	if timeouts*2 > others {
-		t.Errorf("identities on the other masters' slots timed out %d times in %d decisions; want them unaffected", timeouts, others)
-	}
+	onlyTimeouts(t, "the other masters' identities", failures[false], decisions[1])
 	if g, outage := otherGaps[len(otherGaps)-1], promoted.Sub(r.killed); g >= outage {
 		t.Errorf("an identity on another master's slots went %v without an answer, as long as the failover (%v): held up by the dead master", g, outage)
 	}
 }
 
-func sumFailures(m map[string]int) int {
-	n := 0
-	for k, v := range m {
-		if !strings.HasPrefix(k, "before") {
-			n += v
+// onlyTimeouts fails the test if failures, of who's decisions after the kill, has a
+// class other than a timeout, or if they timed out in more than half of them.
+func onlyTimeouts(t *testing.T, who string, failures map[string]int, decisions int) {
+	t.Helper()
+	timeouts := 0
+	for k, v := range failures {
+		switch {
+		case strings.HasPrefix(k, "before"):
+		case k == "context deadline exceeded" || k == "i/o timeout":
+			timeouts += v
+		default:
+			t.Errorf("%s failed %d times with %s; want no failure but a timeout", who, v, k)
 		}
 	}
-	return n
+	t.Logf("%s timed out %d times in %d decisions", who, timeouts, decisions)
+	if timeouts*2 > decisions {
+		t.Errorf("%s timed out %d times in %d decisions; want them unaffected", who, timeouts, decisions)
+	}
 }

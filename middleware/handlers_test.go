@@ -419,3 +419,38 @@ func upgrade(t *testing.T, h http.Handler) string {
 	<-served
 	return string(got)
 }
+
+// A refusal handler is given the wait the default refusal sends: for an InFlight rule a
+// slot frees when any running request of the client ends, so Retry-After is 1s, not the
+// lease's time to live. A handler that answers with d.RetryAfter (as
+// headers.WriteTooManyRequests does from an Info built from d) must not tell clients to
+// wait a whole TTL.
+func TestRefusalHandlerInFlightRetryAfter(t *testing.T) {
+	t.Parallel()
+	var rr refusalRecorder
+	lim := memory(t, newClock())
+	in, release := make(chan struct{}), make(chan struct{})
+	h := mustNew(t, lim, []middleware.Rule{
+		{Rule: ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: 30 * time.Second}, Identity: keyfuncs.Global()},
+		{Rule: rule("hourly", 100, time.Hour), Identity: keyfuncs.Global()},
+	}, middleware.WithRefusalHandler(rr.handle))(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			close(in)
+			<-release
+		}
+	}))
+	done := make(chan int)
+	go func() { done <- do(h, "GET", "/hold", nil).Code }()
+	<-in
+	rec := do(h, "GET", "/", nil)
+	close(release)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("holding request: %d, want 200", code)
+	}
+	if rec.Code != http.StatusTeapot || rr.calls != 1 || rr.d.Rule != "slots" {
+		t.Fatalf("refusal: status %d, calls %d, decision %+v; want 418 from the handler for slots", rec.Code, rr.calls, rr.d)
+	}
+	if rr.d.RetryAfter != time.Second {
+		t.Fatalf("decision given to the refusal handler: RetryAfter %v, want 1s (the default's Retry-After for an in-flight refusal, not the lease TTL)", rr.d.RetryAfter)
+	}
+}

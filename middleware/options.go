@@ -81,9 +81,12 @@ func WithQuotaUnit(unit string) Option {
 // headers.WriteTooManyRequests, or 413 from headers.WriteCostExceeded when the cost can
 // never be admitted). For a refusal the limiter decided, metadata headers are already set
 // on w when it is called; a cost above a rule's capacity (Decision.Exceeded) is refused
-// before the limiter is asked, and w has none. For stacked layers the handler of the
-// layer whose rule is reported answers, and Decision.Index counts the checks of every
-// layer, outermost first.
+// before the limiter is asked, and w has none. The Decision's RetryAfter is the wait the
+// default refusal sends as Retry-After: for an InFlight rule at most 1s (a slot frees as
+// soon as any of the client's running requests ends), not the lease's expiry that the
+// limiter reports (observers see that one, in Event.Decision). For stacked layers the
+// handler of the layer whose rule is reported answers, and Decision.Index counts the
+// checks of every layer, outermost first.
 func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.Decision)) Option {
 	return func(c *config) error {
 		if f == nil {

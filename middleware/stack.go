@@ -444,7 +444,11 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		observeAll(st, &ev)
 		headers.Write(w.Header(), rep.m.cfg.style, infos, d.Index)
-		rep.m.cfg.onRefusal(w, r, *d)
+		rd := *d
+		if d.Index >= 0 && d.Index < len(st.checks) && st.checks[d.Index].Rule.Algorithm == ratebudget.InFlight {
+			rd.RetryAfter = leaseRetryAfter(rd.RetryAfter)
+		}
+		rep.m.cfg.onRefusal(w, r, rd)
 	case d.Exceeded:
 		ev.Outcome = OutcomeExceeded
 		observeAll(st, &ev)
@@ -499,12 +503,17 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 	if !in.Unreported {
 		in.Available = available(&c.Rule, in.Limit, in.Remaining, in.Reset)
 	}
-	if lease && in.RetryAfter > time.Second {
-		// A slot frees when any of the client's running requests ends: the lease's
-		// expiry only bounds a crashed holder's.
-		in.RetryAfter = time.Second
+	if lease {
+		in.RetryAfter = leaseRetryAfter(in.RetryAfter)
 	}
 	return in
+}
+
+// leaseRetryAfter is the wait a refusal by an InFlight rule tells the client: at most 1s.
+// A slot frees when any of the client's running requests ends: the lease's expiry, which
+// the limiter reports, only bounds a crashed holder's.
+func leaseRetryAfter(d time.Duration) time.Duration {
+	return min(d, time.Second)
 }
 
 // givenBack turns the outcomes of a limiter's admission, which it reports after the

@@ -28,6 +28,9 @@ const DefaultMaxBudgets = 100_000
 // Memory implements [Settler]: settling is exact, and a decision's checks are settled
 // atomically, as they are decided.
 //
+// Make one with [NewMemory]: the zero Memory holds no budgets, and its decisions and
+// settles return a *[ConfigError] naming Memory (package middleware refuses it in New).
+//
 // Memory is safe for concurrent use. State is reclaimed once it no longer differs from no
 // state at all (the fixed window closed, the bucket refilled, the rolling window's events
 // aged out, the leases released or expired). No goroutine is started: reclaiming happens
@@ -194,6 +197,10 @@ func NewMemory(opts ...MemoryOption) (*Memory, error) {
 }
 
 var _ Limiter = (*Memory)(nil)
+
+// errZeroMemory is the error of every decision and settle of a Memory that NewMemory did
+// not make: the zero Memory has no shards to hold budgets in, nor a clock.
+var errZeroMemory = &ConfigError{Field: "Memory", Problem: "is the zero value, which holds no budgets: make it with NewMemory"}
 
 // monotonicClock returns a clock (Unix milliseconds) that reads wall time once and then
 // advances with the monotonic clock, so that setting the system clock moves no budget.
@@ -451,6 +458,9 @@ func (m *Memory) Reserve(_ context.Context, checks []Check, tickets []Ticket, ou
 // allow decides checks; out is nil or receives each check's outcome, tickets is nil or
 // receives each check's ticket.
 func (m *Memory) allow(checks []Check, out []Outcome, tickets []Ticket) (Decision, error) {
+	if m.now == nil {
+		return Decision{}, errZeroMemory
+	}
 	if !checksValid(checks) {
 		if err := ValidateChecks(checks); err != nil {
 			return Decision{}, err

@@ -9,6 +9,9 @@ var _ Settler = (*Memory)(nil)
 // check are locked at once. costs nil cancels every check. It returns an error only for
 // invalid arguments; the context is not consulted.
 func (m *Memory) Settle(_ context.Context, checks []Check, tickets []Ticket, costs []int64) error {
+	if m.now == nil {
+		return errZeroMemory
+	}
 	if err := ValidateSettle(checks, tickets, costs); err != nil {
 		return err
 	}
@@ -46,6 +49,9 @@ func (m *Memory) Settle(_ context.Context, checks []Check, tickets []Ticket, cos
 // rule's Window from now, as [Settler] describes; it reports [ErrLeaseLost] when a lease
 // had expired. It returns no other error than for invalid arguments.
 func (m *Memory) Renew(_ context.Context, checks []Check, tickets []Ticket) error {
+	if m.now == nil {
+		return errZeroMemory
+	}
 	if err := ValidateSettle(checks, tickets, nil); err != nil {
 		return err
 	}

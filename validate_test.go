@@ -273,3 +273,34 @@ func TestErrors(t *testing.T) {
 		}
 	}
 }
+
+// A Memory declared as a value (var m ratebudget.Memory, &ratebudget.Memory{}) was
+// never made by NewMemory: it holds no shards and no clock. Every method that decides
+// or settles reports that as a *ConfigError naming Memory, and never panics (a
+// middleware calls them on the request path).
+func TestZeroMemoryIsAConfigError(t *testing.T) {
+	var m ratebudget.Memory
+	ctx := context.Background()
+	checks := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "r", Limit: 1, Window: time.Second}, Cost: 1}}
+	tickets := []ratebudget.Ticket{{At: 1, ID: 1}}
+	calls := map[string]func() error{
+		"Allow":     func() error { _, err := m.Allow(ctx, checks); return err },
+		"AllowEach": func() error { _, err := m.AllowEach(ctx, checks, make([]ratebudget.Outcome, 1)); return err },
+		"Reserve":   func() error { _, err := m.Reserve(ctx, checks, make([]ratebudget.Ticket, 1), nil); return err },
+		"Settle":    func() error { return m.Settle(ctx, checks, tickets, []int64{0}) },
+		"Renew":     func() error { return m.Renew(ctx, checks, tickets) },
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("%s on a zero Memory panicked: %v", name, r)
+				}
+			}()
+			wantConfigError(t, call(), "", "Memory")
+		})
+	}
+	if n := m.Len(); n != 0 {
+		t.Fatalf("zero Memory: Len %d, want 0", n)
+	}
+}

@@ -330,7 +330,10 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	if m.settles && m.settler == nil {
 		return nil, configErr("limiter", "must implement ratebudget.Settler for rules that count other than attempts or that are InFlight")
 	}
-	_, inProcess := lim.(*ratebudget.Memory)
+	mem, inProcess := lim.(*ratebudget.Memory)
+	if inProcess && zeroMemory(mem) {
+		return nil, configErr("limiter", "is a zero ratebudget.Memory, which holds no budgets: make it with ratebudget.NewMemory")
+	}
 	m.io = !inProcess
 	if m.io && !m.cfg.breaker.Disabled {
 		m.breaker = newBreaker(m.cfg.breaker, m.cfg.onBreaker)
@@ -476,4 +479,13 @@ func (m *mw) observe(ev *Event) {
 	for _, f := range m.cfg.observers {
 		f(*ev)
 	}
+}
+
+// zeroMemory reports whether mem was not made by ratebudget.NewMemory: its decisions then
+// all fail with a *ratebudget.ConfigError naming Memory (a call without checks decides
+// nothing and tells which).
+func zeroMemory(mem *ratebudget.Memory) bool {
+	_, err := mem.Allow(context.Background(), nil)
+	var ce *ratebudget.ConfigError
+	return errors.As(err, &ce) && ce.Field == "Memory"
 }

@@ -2,10 +2,12 @@ package middleware_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -40,5 +42,16 @@ func TestUnavailableRetryAfter(t *testing.T) {
 	var ce *ratebudget.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "WithUnavailableRetryAfter" {
 		t.Fatalf("999ms: err %v, want a ConfigError naming WithUnavailableRetryAfter", err)
+	}
+}
+
+// A zero ratebudget.Memory (never made by NewMemory) is refused at construction, naming
+// the limiter, instead of failing every request.
+func TestNewRefusesZeroMemory(t *testing.T) {
+	t.Parallel()
+	_, err := middleware.New(&ratebudget.Memory{}, []middleware.Rule{{Rule: rule("api", 1, time.Minute), Identity: keyfuncs.Global()}})
+	var ce *ratebudget.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "limiter" || !strings.Contains(err.Error(), "NewMemory") {
+		t.Fatalf("New with a zero Memory: %v; want a *ConfigError naming limiter and NewMemory", err)
 	}
 }

@@ -34,7 +34,8 @@ const refundTimeout = 500 * time.Millisecond
 
 // Limiter is the Redis [ratebudget.Limiter]. It holds no budget state itself: every
 // decision is made by the Redis server (or repeated from the refusal cache, see
-// [WithRefusalCache]). It is safe for concurrent use.
+// [WithRefusalCache]). It is safe for concurrent use. Make one with [New]: the zero
+// Limiter has no client and must not be used.
 type Limiter struct {
 	top       layer // the refusal cache around core, or core
 	core      *core

@@ -113,7 +113,8 @@ import (
 //		middleware.WithObserver(m.Observe),
 //		middleware.WithBreakerObserver(m.BreakerChanged))
 //
-// It is safe for concurrent use.
+// It is safe for concurrent use. Make one with [New]: the zero Collector has no metrics
+// and must not be used.
 type Collector struct {
 	decisions   *prometheus.CounterVec
 	latency     *prometheus.HistogramVec

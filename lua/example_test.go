@@ -31,6 +31,8 @@ func Example() {
 	client := redis.NewClient(opts)
 	defer client.Close()
 
+	// The secret must be 16 to 1024 bytes, the same on every replica: New refuses an
+	// empty one, so set RATEBUDGET_KEY_SECRET (or leave WithKeySecret out, and warn).
 	limiter, err := lua.New(client, lua.WithPrefix("rb"), lua.WithKeySecret([]byte(os.Getenv("RATEBUDGET_KEY_SECRET"))))
 	if err != nil {
 		log.Fatal(err)

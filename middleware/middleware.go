@@ -169,6 +169,7 @@ type Event struct {
 	// request, the same for every event of the decision and every layer, whose context
 	// also carries what lets package metrics count each event once.
 	Request *http.Request
+	// Outcome classifies the decision (or the failed settle) for metrics and logs.
 	Outcome Outcome
 	// Decision is the limiter's (or the local fallback's) decision; zero when none was
 	// made. For stacked layers it is the decision of every layer's checks, and every

@@ -405,7 +405,7 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 	d, err := allow(dctx)
 	cancel()
 	latency := time.Since(start)
-	if err != nil && dctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if err != nil && ended(dctx) && !ended(ctx) && !errors.Is(err, ratebudget.ErrInvalidConfig) {
 		// The decision's own deadline passed: whatever the limiter returned, it is a
 		// store timeout, and the command may have reached the store.
 		var se *ratebudget.StoreError
@@ -417,7 +417,7 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 		switch {
 		case err == nil:
 			done(nil)
-		case ctx.Err() != nil || errors.Is(err, ratebudget.ErrInvalidConfig):
+		case ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig):
 			// A canceled request or a rejected input says nothing about the store.
 			done(errNotCounted)
 		default:
@@ -426,6 +426,18 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 		done = nil
 	}
 	return d, latency, err
+}
+
+// ended reports whether ctx is done or its deadline has passed. A limiter cut short by
+// the deadline (a client's socket deadline, set from the context's) can return before
+// the context's timer has marked it done: for what the failure says, the context has
+// ended all the same. Asked only of a failed call: it reads the clock.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // exceeded answers a request whose cost exceeds the capacity of rule i: 413, decided

@@ -295,7 +295,7 @@ func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, l
 		}
 		latency += lat
 		if derr != nil {
-			if ctx.Err() == nil {
+			if !ended(ctx) {
 				var se *ratebudget.StoreError
 				if !errors.As(derr, &se) && !errors.Is(derr, ratebudget.ErrInvalidConfig) {
 					derr = &ratebudget.StoreError{Class: "other", Err: derr}

@@ -366,7 +366,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			err = &ratebudget.StoreError{Class: "other", Err: err}
 		}
 		ev.Err = err
-		if ctx.Err() != nil {
+		if ended(ctx) {
 			ev.Outcome = OutcomeCanceled
 			observeAll(st, &ev)
 			if st.settle != nil {
@@ -637,7 +637,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 		}
 		if gerr != nil {
 			policy := strictest(g.parts)
-			if policy == FailClosed || ctx.Err() != nil || errors.Is(gerr, ratebudget.ErrInvalidConfig) {
+			if policy == FailClosed || ended(ctx) || errors.Is(gerr, ratebudget.ErrInvalidConfig) {
 				return ratebudget.Decision{}, nil, latency, g, false, false, gerr
 			}
 			failed, err = g, gerr

@@ -132,7 +132,10 @@ const (
 	// error handler), or the limiter rejected the checks as invalid (a
 	// *ratebudget.ConfigError, answered 500); nothing counted.
 	OutcomeInvalid
-	// OutcomeCanceled: the request's context ended before the decision; nothing written.
+	// OutcomeCanceled: the request's context ended (its client went away, or its deadline
+	// passed) before the decision; nothing written. A store failure that comes once the
+	// request's deadline has passed is such a request's, not a store failure: no policy
+	// applies, and the breaker does not count it.
 	OutcomeCanceled
 	// OutcomeSettleFailed: not a decision, but the store failing to settle an admitted
 	// request's reservation once its handler returned (or to give it back because a

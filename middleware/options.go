@@ -50,7 +50,9 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 // draft-ietf-httpapi-ratelimit-headers-11, listing every rule of the request (of every
 // stacked layer); headers.IETFDraft10 and headers.BothDraft10 send them per draft-10
 // (t rounded up); headers.None sends none, for routes such as authentication endpoints.
-// With stacked layers, the style of the layer whose rule is reported applies.
+// With stacked layers, the style of the layer whose rule is reported applies, and the
+// rules of a layer with headers.None are never disclosed: the RateLimit fields of another
+// layer's style do not list them, and a refusal's violated-policies does not name them.
 func WithHeaders(s headers.Style) Option {
 	return func(c *config) error {
 		if _, ok := headers.ParseStyle(s.String()); !ok {

@@ -415,6 +415,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	for i := range st.checks {
 		infos = append(infos, st.info(i, d, outcomes))
 	}
+	infos, index := st.visible(infos, d.Index)
 	switch {
 	case d.Allowed:
 		ev.Outcome = OutcomeAllowed
@@ -429,7 +430,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		observeAll(st, &ev)
 		if len(infos) > 0 {
-			headers.Write(w.Header(), rep.m.cfg.style, infos, d.Index)
+			headers.Write(w.Header(), rep.m.cfg.style, infos, index)
 		}
 		if st.settle != nil {
 			served = true
@@ -443,7 +444,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			ev.Outcome = OutcomeExceeded
 		}
 		observeAll(st, &ev)
-		headers.Write(w.Header(), rep.m.cfg.style, infos, d.Index)
+		headers.Write(w.Header(), rep.m.cfg.style, infos, index)
 		rd := *d
 		if d.Index >= 0 && d.Index < len(st.checks) && st.checks[d.Index].Rule.Algorithm == ratebudget.InFlight {
 			rd.RetryAfter = leaseRetryAfter(rd.RetryAfter)
@@ -452,12 +453,44 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	case d.Exceeded:
 		ev.Outcome = OutcomeExceeded
 		observeAll(st, &ev)
-		headers.WriteCostExceeded(w, r, rep.m.cfg.style, infos, d.Index, rep.cost)
+		headers.WriteCostExceeded(w, r, rep.m.cfg.style, infos, index, rep.cost)
 	default:
 		ev.Outcome = OutcomeDenied
 		observeAll(st, &ev)
-		headers.WriteTooManyRequests(w, r, rep.m.cfg.style, infos, d.Index)
+		headers.WriteTooManyRequests(w, r, rep.m.cfg.style, infos, index)
 	}
+}
+
+// visible drops from infos (one per check) the rules of the layers that send no
+// metadata (headers.None), so that a stacked layer with another style, whose rule is
+// reported, neither lists them in the RateLimit fields nor names them as violated: such
+// a layer guards something (a login) whose remaining attempts help an attacker. It
+// returns the rules left and the index of the reported check among them. When the
+// reported layer's style is None nothing is written, and infos is returned as it is.
+func (st *stack) visible(infos []headers.Info, reported int) ([]headers.Info, int) {
+	if st.partOf(reported).m.cfg.style == headers.None {
+		return infos, reported
+	}
+	hidden := false
+	for k := range st.parts {
+		if st.parts[k].m.cfg.style == headers.None && st.parts[k].to > st.parts[k].from {
+			hidden = true
+		}
+	}
+	if !hidden {
+		return infos, reported
+	}
+	kept, index := infos[:0], reported
+	for i := range infos {
+		if st.partOf(i).m.cfg.style == headers.None {
+			if i < reported {
+				index--
+			}
+			continue
+		}
+		kept = append(kept, infos[i])
+	}
+	return kept, index
 }
 
 // partOf returns the part that holds check i (the first part when i is out of range).

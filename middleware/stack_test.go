@@ -663,3 +663,66 @@ func TestUnavailableRetryAfterOfTheFailedLimiter(t *testing.T) {
 		t.Fatalf("%d, Retry-After %q; want 503 with the failed outer layer's 7", rec.Code, rec.Header().Get("Retry-After"))
 	}
 }
+
+// A layer with headers.None discloses nothing of its rules, also when it is stacked with
+// a layer whose style writes metadata and whose rule is reported: the IETF fields list
+// the other layers' rules only, whichever order the layers are in, and a refusal's
+// violated-policies names no hidden rule (it names policies of RateLimit-Policy).
+func TestNoneLayerStaysHiddenWhenStacked(t *testing.T) {
+	t.Parallel()
+	login := rule("login", 10, 15*time.Minute) // less restrictive: never the reported one here
+	api := rule("api", 2, time.Minute)
+	for _, order := range []string{"none outer", "none inner"} {
+		lim := memory(t, newClock())
+		hidden := mustNew(t, lim, []middleware.Rule{{Rule: login, Identity: global}}, middleware.WithHeaders(headers.None))
+		shown := mustNew(t, lim, []middleware.Rule{{Rule: api, Identity: global}}, middleware.WithHeaders(headers.Both))
+		h := hidden(shown(ok))
+		if order == "none inner" {
+			h = shown(hidden(ok))
+		}
+		for i, want := range []struct {
+			code              int
+			policy, ratelimit string
+		}{
+			{200, `"api";q=2;w=60`, `"api";r=1;t=60`},
+			{200, `"api";q=2;w=60`, `"api";r=0;t=60`},
+			{429, `"api";q=2;w=60`, `"api";r=0;t=60`},
+		} {
+			rec := do(h, "GET", "/", map[string]string{"Accept": "application/json"})
+			if rec.Code != want.code || rec.Header().Get("RateLimit-Policy") != want.policy || rec.Header().Get("RateLimit") != want.ratelimit {
+				t.Errorf("%s, request %d: %d RateLimit-Policy %q RateLimit %q, want %d %q %q", order, i+1, rec.Code,
+					rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"), want.code, want.policy, want.ratelimit)
+			}
+			if rec.Header().Get("X-RateLimit-Limit") != "2" {
+				t.Errorf("%s, request %d: X-RateLimit-Limit %q, want the api rule's 2", order, i+1, rec.Header().Get("X-RateLimit-Limit"))
+			}
+			if strings.Contains(rec.Body.String(), "login") {
+				t.Errorf("%s, request %d: the body names the hidden rule: %s", order, i+1, rec.Body)
+			}
+		}
+	}
+}
+
+// When the hidden rule refuses too, the 429 reports the other (its wait is longer) and
+// names only it.
+func TestNoneLayerRefusingTooStaysHidden(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	hidden := mustNew(t, lim, []middleware.Rule{{Rule: rule("login", 2, time.Minute), Identity: global}}, middleware.WithHeaders(headers.None))
+	shown := mustNew(t, lim, []middleware.Rule{{Rule: rule("api", 2, time.Hour), Identity: global}}, middleware.WithHeaders(headers.IETF))
+	h := hidden(shown(ok))
+	for range 2 {
+		do(h, "GET", "/", nil)
+	}
+	rec := do(h, "GET", "/", map[string]string{"Accept": "application/json"})
+	if rec.Code != 429 || rec.Header().Get("Retry-After") != "3600" || rec.Header().Get("RateLimit-Policy") != `"api";q=2;w=3600` {
+		t.Errorf("%d Retry-After %q RateLimit-Policy %q, want 429 from api", rec.Code, rec.Header().Get("Retry-After"), rec.Header().Get("RateLimit-Policy"))
+	}
+	var p struct {
+		Policy   string   `json:"policy"`
+		Violated []string `json:"violated-policies"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Policy != "api" || len(p.Violated) != 1 || p.Violated[0] != "api" {
+		t.Errorf("body %s (%v), want policy api and violated-policies [api]", rec.Body, err)
+	}
+}

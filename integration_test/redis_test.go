@@ -299,7 +299,8 @@ func multiRuleRawState(t *testing.T, c *redis.Client, algs []ratebudget.Algorith
 
 func parseDeficit(t *testing.T, v string) int64 {
 	t.Helper()
-	d, err := strconv.ParseInt(v, 10, 64)
+	ds, _, _ := strings.Cut(v, ":") // "<deficit>:<time until full>"
+	d, err := strconv.ParseInt(ds, 10, 64)
 	if err != nil || d < 0 {
 		t.Fatalf("bucket %q: not a deficit (%v)", v, err)
 	}
@@ -474,7 +475,7 @@ func TestBytesPerKey(t *testing.T) {
 					// One token spent: a deficit of one token (window ms units). The
 					// script gives it the TTL until full (1.2s); the TTL's length does
 					// not change the memory a key takes.
-					pipe.Set(ctx, key, strconv.FormatInt(window.Milliseconds(), 10), window)
+					pipe.Set(ctx, key, fmt.Sprintf("%d:%d", window.Milliseconds(), window.Milliseconds()/100), window)
 				case ratebudget.RollingWindow:
 					pipe.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: fmt.Sprintf("%d:%d:%d:%d:%d", 1, 1, now, 0, now)})
 					pipe.PExpire(ctx, key, window)

@@ -29,18 +29,21 @@
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY; a
 --                   value not in INCRBY's decimal form, or beyond 2^53, is an error reply
 --                   before any write (for a single check, INCRBY's own).
---   token bucket:   string integer d, the deficit (full - level, in tokens x window ms;
---                   rate = limit per ms, full = capacity x window) at the time of the
---                   write, written with SET key d PX lag + ceil(d / rate): the key expires
---                   when the bucket is full again, and no key is a full bucket. Redis
---                   keeps the expiry as an absolute time and PTTL = expiry - now, so a
---                   reader gets the time since the write as ceil(d / rate) - PTTL; below
---                   zero, the clock went back by that much (the lag: no refill, and
---                   every wait includes it, as in engine.go). A value without a TTL
---                   counts as written now; a deficit above full is debt (level below
---                   zero, from a settle above its reservation), cut at 2 x full (a
---                   lowered capacity); a value that is not a decimal integer below 2^53
---                   is an error reply.
+--   token bucket:   string "<d>:<t>": d, the deficit (full - level, in tokens x window
+--                   ms; rate = limit per ms, full = capacity x window) at the time of the
+--                   write, and t = ceil(d / rate), its time until full, written with SET
+--                   key "<d>:<t>" PX lag + t: the key expires when the bucket is full
+--                   again, and no key is a full bucket. Redis keeps the expiry as an
+--                   absolute time and PTTL = expiry - now, so a reader gets the time
+--                   since the write as t - PTTL, whatever rate it decides with (a rule
+--                   whose Limit changed under the same name refills at its new rate from
+--                   the level written, as in engine.go); below zero, the clock went back
+--                   by that much (the lag: no refill, and every wait includes it, as in
+--                   engine.go). A plain "<d>" (as written before t was) is read with t =
+--                   ceil(d / rate). A value without a TTL counts as written now; a
+--                   deficit above full is debt (level below zero, from a settle above
+--                   its reservation), cut at 2 x full (a lowered capacity); a value of
+--                   another form, d beyond 2^53 or t beyond d is an error reply.
 --   in-flight:      sorted set of leases, member = the caller's lease member, score =
 --                   the lease's expiry (ms, never before the newest lease's); expired
 --                   leases are trimmed when writing; PEXPIREAT = the newest expiry.
@@ -230,29 +233,40 @@ for i = 1, n do
       call('PEXPIRE', key, ARGV[5 * i - 1]) -- the window; the spend repeats it on admission
     end
   elseif a == 1 then
-    -- x1: new deficit, x2: its TTL (lag + time until full).
+    -- x1: the value to write ("<deficit>:<time until full>"), x2: its TTL (lag + time
+    -- until full).
     local rate, full = lim, capa * w
     local d, lag, fix = 0, 0, false -- the deficit now (full - level), the backward clock's lag, a TTL to give back
     local v = call('GET', key)
     if v then
-      if not find(v, '^%d+$') then
+      local ds, ts = match(v, '^(%d+):(%d+)$')
+      if not ds then ds = match(v, '^%d+$') end
+      d = tonumber(ds)
+      if not d or d > MAXSCALED then
         return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
       end
-      d = tonumber(v)
-      if d > MAXSCALED then
-        return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
-      end
-      -- The deficit was written with PX = lag + ceil(d / rate), so the time since the
-      -- bucket's timestamp is ceil(d / rate) - PTTL; negative when the clock went back.
+      -- The value was written with PX = lag + t, t its time until full at the writer's
+      -- rate (ceil(d / rate), the reader's, for a value that does not name it), so the
+      -- time since the bucket's timestamp is t - PTTL; negative when the clock went
+      -- back. The writer's own t keeps a rule's rate changed under the same name from
+      -- reading as time passed or as a clock gone back.
       local r = fmod(d, rate)
       local t = (d - r) / rate
       if r > 0 then t = t + 1 end
+      local tw = t
+      if ts then
+        -- t = ceil(d / rate) for a rate of 1 to 2^40: at most d.
+        tw = tonumber(ts)
+        if tw > d then
+          return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
+        end
+      end
       local pttl = call('PTTL', key)
       if pttl == -1 then
         -- No TTL (written by hand): its time is now; give it its TTL back.
-        if write then fix = t end
+        if write then fix = tw end
       else
-        local elapsed = t - pttl
+        local elapsed = tw - pttl
         if elapsed < 0 then
           -- The clock went back: no refill, keep the later timestamp. Refill resumes when
           -- the clock passes it again, so every wait below (and the TTL) includes the lag.
@@ -299,7 +313,7 @@ for i = 1, n do
       tofull = lag + (d - r) / rate
       if r > 0 then tofull = tofull + 1 end
       ok, rem, reset = 1, (level - fmod(level, w)) / w, tofull
-      x1, x2 = d, tofull
+      x1, x2 = format('%d:%d', d, tofull - lag), tofull
     end
     if fix and (ok == 0 or n > 1) then
       call('PEXPIRE', key, fix) -- the spend's SET PX repeats it on admission

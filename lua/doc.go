@@ -99,10 +99,11 @@
 // matter. The rules are exactly those of [ratebudget.Memory]:
 //   - fixed window: a counter created with SET key cost PX window at the first admission
 //     of an idle budget, then INCRBY. A counter found without a TTL is given one.
-//   - token bucket: one integer, the deficit at the time of the write, written with SET
-//     PX (time until full), so that the key expires when the bucket is full again; the
-//     time since the write is read from the TTL. If the server clock goes back, the
-//     bucket does not refill until it catches up.
+//   - token bucket: the deficit at the time of the write and its time until full,
+//     written with SET PX (that time), so that the key expires when the bucket is full
+//     again; the time since the write is read from the TTL, so a rule whose Limit
+//     changes under the same name refills at its new rate from the level written. If
+//     the server clock goes back, the bucket does not refill until it catches up.
 //   - rolling window: a sorted set of admitted events over (now-window, now], each named
 //     by its cumulative cost, so that a decision reads only the newest event while none
 //     has left the window; events of one millisecond are merged.

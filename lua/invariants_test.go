@@ -308,9 +308,16 @@ func spentNow(c *redis.Client, r ratebudget.Rule, key string) (int64, error) {
 		}
 		return sum, nil
 	}
-	v, err := c.Get(ctx, key).Int64()
+	s, err := c.Get(ctx, key).Result()
 	if err == redis.Nil {
 		return 0, nil
+	}
+	if r.Algorithm == ratebudget.TokenBucket {
+		s, _, _ = strings.Cut(s, ":") // "<deficit>:<time until full>"
+	}
+	v, perr := strconv.ParseInt(s, 10, 64)
+	if err == nil {
+		err = perr
 	}
 	if err != nil {
 		return 0, fmt.Errorf("key %q: %v", key, err)

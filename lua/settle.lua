@@ -196,7 +196,15 @@ for i = 1, n do
     end
   elseif a.algo == 1 then
     local v = first('GET', key)
-    local d = v and string.find(v, '^%d+$') and tonumber(v)
+    -- allow.lua's form "<deficit>:<time until full at the writer's rate>", or a plain
+    -- deficit, whose time until full is read at this rule's rate.
+    local ds, ts
+    if v then
+      ds, ts = string.match(v, '^(%d+):(%d+)$')
+      if not ds then ds = string.match(v, '^%d+$') end
+    end
+    local d = ds and tonumber(ds)
+    if d and ts and tonumber(ts) > d then d = nil end -- t = ceil(d / rate) <= d
     local w, rate = a.win, a.limit
     local full = a.cap * w
     if d and d <= 2 * full and d <= MAXSCALED then
@@ -204,7 +212,7 @@ for i = 1, n do
       local pttl = call('PTTL', key)
       if pttl ~= -1 then
         local t = ceildiv(d, rate)
-        local elapsed = t - pttl
+        local elapsed = (ts and tonumber(ts) or t) - pttl
         if elapsed < 0 then
           lag = -elapsed
         elseif elapsed >= t then
@@ -219,7 +227,8 @@ for i = 1, n do
       if d <= 0 then
         write('DEL', key)
       else
-        write('SET', key, d, 'PX', lag + ceildiv(d, rate))
+        local t = ceildiv(d, rate)
+        write('SET', key, string.format('%d:%d', d, t), 'PX', lag + t)
       end
       done = 1
     end

@@ -285,8 +285,10 @@ func (l *Limiter) Load(ctx context.Context) error {
 
 // Key returns the Redis key that holds c's budget. It is meant for tools and tests;
 // [Limiter.Allow] does not need it. Every key of the limiter starts with its prefix
-// ([WithPrefix], default "rb") and a colon, so SCAN with the pattern prefix+":*" lists
-// them.
+// ([WithPrefix], default "rb") and a colon, so SCAN with MATCH prefix+":*" lists them,
+// once any of the glob characters * ? [ ] \ in the prefix is escaped with a backslash.
+// The pattern also matches the keys of a limiter whose prefix starts with this one's and
+// a colon ("rb:eu" under "rb").
 func (l *Limiter) Key(c ratebudget.Check) string {
 	k, _, _ := l.core.keys.appendKey(nil, nil, &c)
 	return string(k)

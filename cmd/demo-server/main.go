@@ -189,6 +189,22 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q (flags only; -h lists them)", fs.Arg(0))
 	}
+	// An empty value given on purpose (often an unset variable, -redis "$REDIS_URL") is
+	// refused, not read as the default: -addr "" would listen on every interface, and
+	// -redis "" would give each process budgets of its own.
+	var empty error
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case empty != nil || f.Value.String() != "":
+		case f.Name == "addr":
+			empty = errors.New("-addr: must not be empty (host:port; :8080 listens on every interface)")
+		case f.Name == "redis":
+			empty = errors.New("-redis: must not be empty (leave the flag out to keep budgets in process)")
+		}
+	})
+	if empty != nil {
+		return o, empty
+	}
 	for _, f := range []struct {
 		name string
 		d    time.Duration

@@ -215,6 +215,16 @@ func TestBadFlagValuesNameTheFlag(t *testing.T) {
 		{[]string{"-no-limit", "-limit", "-5"}, "-limit"},
 		{[]string{"-no-limit", "-window", "-5s"}, "-window"},
 		{[]string{"-addr", "nope"}, "-addr"},
+		// An empty value is no way to ask for the default (-addr "" would listen on
+		// every interface; -redis "" would keep budgets in each process).
+		{[]string{"-addr", ""}, "-addr"},
+		{[]string{"-redis", ""}, "-redis"},
+		// A port that cannot be dialled never becomes a Redis that is merely down.
+		{[]string{"-redis", "redis://127.0.0.1:99999/0"}, "-redis"},
+		{[]string{"-redis", "redis://127.0.0.1:0/0"}, "-redis"},
+		{[]string{"-redis", "rediss://user:pass@127.0.0.1:70000/0"}, "-redis"},
+		{[]string{"-redis", "redis://127.0.0.1:1?addr=127.0.0.1:99999"}, "-redis"},
+		{[]string{"-redis", "redis://127.0.0.1:1?master_name=m&addr=127.0.0.1:99999"}, "-redis"},
 	} {
 		args := tc.args
 		if args[0] != "-addr" {

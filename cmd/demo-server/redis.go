@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,6 +78,9 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 			// NewFailoverClient panics on them.
 			return nil, false, nil, errors.New("route_by_latency and route_randomly do not apply to Sentinel: the limiter's scripts run on the primary")
 		}
+		if err := checkPorts(opt.SentinelAddrs...); err != nil {
+			return nil, false, nil, err
+		}
 		opt.DialerRetries, opt.ContextTimeoutEnabled = 1, true
 		limiterDefaults(q, t, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 		return func() redis.UniversalClient { return redis.NewFailoverClient(opt) }, false, nil, nil
@@ -88,6 +93,9 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 			// ParseClusterURL ignores the path.
 			return nil, false, nil, fmt.Errorf("a Redis Cluster has only database 0, got path %q", u.Path)
 		}
+		if err := checkPorts(opt.Addrs...); err != nil {
+			return nil, false, nil, err
+		}
 		opt.DialerRetries, opt.ContextTimeoutEnabled = 1, true
 		limiterDefaults(q, t, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
 		return func() redis.UniversalClient { return redis.NewClusterClient(opt) }, true, nil, nil
@@ -95,6 +103,11 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 	opt, err := redis.ParseURL(rawURL)
 	if err != nil {
 		return nil, false, nil, err
+	}
+	if opt.Network == "tcp" {
+		if err := checkPorts(opt.Addr); err != nil {
+			return nil, false, nil, err
+		}
 	}
 	opt.DialerRetries, opt.ContextTimeoutEnabled = 1, true
 	limiterDefaults(q, t, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
@@ -116,6 +129,22 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 		})
 	}
 	return newClient, false, asCluster, nil
+}
+
+// checkPorts reports an address whose port is not one that can be dialled (1 to
+// 65535). go-redis takes any digits, and the dial fails on every request: the demo
+// would start with a Redis that is not down but unreachable by construction.
+func checkPorts(addrs ...string) error {
+	for _, a := range addrs {
+		_, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return fmt.Errorf("address %q: %w", a, err)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return fmt.Errorf("address %q: port must be from 1 to 65535", a)
+		}
+	}
+	return nil
 }
 
 // limiterDefaults sets the client settings recommended for a limiter, each unless the

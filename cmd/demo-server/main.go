@@ -7,7 +7,8 @@
 //
 // GET / lists the routes and their limits; HEAD is answered on every GET route and
 // spends the same budget. On SIGINT or SIGTERM it stops accepting connections and lets
-// running requests finish, for up to 15 s; a second signal stops it at once. The server's connection limits (-read-header-timeout,
+// running requests finish, for up to 15 s, then closes the connections left and exits
+// with status 2; a second signal stops it at once. The server's connection limits (-read-header-timeout,
 // -read-timeout, -write-timeout, -idle-timeout, -max-header-bytes) default to values
 // for a service exposed to untrusted clients; -h lists every flag.
 package main
@@ -342,7 +343,13 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		return err
+		// The grace is over: close the connections left, whose handlers then fail to
+		// write and return (their leases are released or expire after -lease-ttl).
+		_ = srv.Close()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("shutdown: requests still running after %v were cut off", shutdownGrace)
+		}
+		return fmt.Errorf("shutdown: %w", err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
 		return err
@@ -485,7 +492,8 @@ const (
 
 // shutdownGrace is how long a stopping server lets running requests finish: longer than
 // the longest GET /api/slow, so that none is cut (and its lease left to expire).
-const shutdownGrace = maxSlow + 5*time.Second
+// (A variable, for tests.)
+var shutdownGrace = maxSlow + 5*time.Second
 
 // slowHandler sleeps ?ms=N milliseconds (at most 10 s), or until the client goes away.
 func slowHandler(w http.ResponseWriter, r *http.Request) {

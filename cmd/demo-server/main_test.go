@@ -280,6 +280,39 @@ func TestShutdownLetsSlowRequestFinish(t *testing.T) {
 	}
 }
 
+// A request still running when the shutdown grace ends (here a download to a client that
+// reads nothing) is cut off: run closes its connection and says so, instead of returning
+// a bare context error.
+func TestShutdownGraceCutsStalledRequests(t *testing.T) {
+	grace := shutdownGrace
+	shutdownGrace = 200 * time.Millisecond
+	t.Cleanup(func() { shutdownGrace = grace })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-addr", "127.0.0.1:0"}, io.Discard, ready) }()
+	c, br := rawConn(t, "http://"+<-ready)
+	defer c.Close()
+	// 64 MiB: more than the loopback socket buffers hold, so the handler blocks writing.
+	if _, err := io.WriteString(c, "GET /api/download?bytes=67108864 HTTP/1.1\r\nHost: demo\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("status line %q, %v", line, err)
+	}
+	cancel()
+	err := <-done
+	if err == nil || !strings.Contains(err.Error(), "cut off") {
+		t.Fatalf("run: %v, want an error saying that running requests were cut off", err)
+	}
+	// The connection was closed: reading the rest of the answer ends before 64 MiB.
+	n, _ := io.Copy(io.Discard, br)
+	if n >= 64<<20 {
+		t.Errorf("read the whole answer (%d bytes) after the grace, want it cut off", n)
+	}
+}
+
 func TestMetricsCountAllowedAndDenied(t *testing.T) {
 	base := startDemo(t, "-limit", "1", "-window", "1m")
 	get(t, "GET", base+"/api/hello", nil)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -253,6 +254,16 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 	return l, nil
 }
 
+// unauthenticated adds what Redis's reply to a long command sent before AUTH does not
+// say ("Protocol error: unauthenticated bulk length"): that the server wants a password.
+func unauthenticated(err error) error {
+	var re redis.Error
+	if errors.As(err, &re) && strings.Contains(re.Error(), "unauthenticated") {
+		return fmt.Errorf("%w (the server requires a password, and the client sent none: set it in the client's options)", err)
+	}
+	return err
+}
+
 // Keyed reports whether the budget keys' digests are keyed by a secret
 // ([WithKeySecret]). When false, anyone can compute an identity's key and hash slot
 // offline.
@@ -272,7 +283,7 @@ func (l *Limiter) Load(ctx context.Context) error {
 	}
 	for _, sc := range []*redis.Script{allowScript, settleScript} {
 		if err := sc.Load(ctx, s).Err(); err != nil {
-			return classify(err)
+			return classify(unauthenticated(err))
 		}
 	}
 	if p := c.pipeline(); p != nil {

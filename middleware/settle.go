@@ -3,7 +3,9 @@ package middleware
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -122,13 +124,22 @@ func serveSettled(w http.ResponseWriter, r *http.Request, se *settlement, next h
 }
 
 // renew extends every lease of the settlement, unless it has been settled, and schedules
-// the next renewal.
+// the next renewal. It runs on the timer's goroutine, where nothing would recover a
+// panic (a client hook's, an observer's): one would end the process, where the same
+// panic in the decision or the settle only ends its request. A panic stops the
+// renewals, which leaves the leases to expire after their TTL, as a failed renewal
+// may, and is logged, under mu so that the line is written before the request ends.
 func (se *settlement) renew(ctx context.Context) {
 	se.mu.Lock()
 	defer se.mu.Unlock()
 	if se.done {
 		return
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			logRenewalPanic(ctx, se.req, p)
+		}
+	}()
 	for i := range se.targets {
 		t := &se.targets[i]
 		if !t.holdsLease() {
@@ -143,6 +154,19 @@ func (se *settlement) renew(ctx context.Context) {
 		}
 	}
 	se.timer.Reset(se.ttl / 2)
+}
+
+// logRenewalPanic logs the panic p of a lease renewal for r, with its stack, as
+// http.Server logs a handler's.
+func logRenewalPanic(ctx context.Context, r *http.Request, p any) {
+	buf := make([]byte, 64<<10)
+	buf = buf[:runtime.Stack(buf, false)]
+	path := ""
+	if r != nil {
+		path = r.URL.Path
+	}
+	slog.Default().LogAttrs(ctx, slog.LevelError, "ratebudget: a lease renewal panicked; the request's leases are no longer renewed and expire after their TTL",
+		slog.Any("panic", p), slog.String("path", path), slog.String("stack", string(buf)))
 }
 
 func (t *target) holdsLease() bool {

@@ -643,15 +643,18 @@ func (c *core) releaseLost(ctx context.Context, d *decision, g []int, err error)
 
 // settleDetached settles tickets (at cost 0) on a goroutine of its own, detached from
 // ctx's cancellation and deadline and bounded by refundTimeout, then calls done when it
-// is not nil. The slices are the goroutine's: the caller must not reuse them.
+// is not nil. The slices are the goroutine's: the caller must not reuse them. A panic
+// of the settle (a client hook's bug) has no caller to reach on that goroutine, where it
+// would end the process: it ends the settle, as a failure does, and done still runs.
 func (c *core) settleDetached(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, keys []string, slots []uint16, done func()) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 	go func() {
 		defer cancel()
-		_ = c.settle(rctx, checks, tickets, nil, keys, slots, false)
+		defer func() { _ = recover() }()
 		if done != nil {
-			done()
+			defer done()
 		}
+		_ = c.settle(rctx, checks, tickets, nil, keys, slots, false)
 	}()
 }
 

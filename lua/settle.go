@@ -141,6 +141,10 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 		charge bool // only extras: allow.lua's mode '3'
 		err    error
 		lost   bool
+		// panicked is set when the call panicked (a client hook's bug) on a goroutine
+		// of its own, with p its value: the panic goes on on the caller's goroutine.
+		panicked bool
+		p        any
 	}
 	var calls []*call
 	seen := make([]bool, n)
@@ -230,13 +234,21 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 	} else {
 		var wg sync.WaitGroup
 		for _, k := range calls {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
+				defer func() {
+					if p := recover(); p != nil {
+						k.panicked, k.p = true, p
+					}
+				}()
 				do(k)
-			}()
+			})
 		}
 		wg.Wait()
+		for _, k := range calls {
+			if k.panicked {
+				panic(k.p) // on the caller's goroutine, as with a single call
+			}
+		}
 	}
 	if !renewing {
 		clear(tickets[:n])

@@ -97,9 +97,10 @@ const (
 )
 
 type modelRule struct {
-	rule   ratebudget.Rule
-	id     int
-	scoped bool // keyfuncs.RoutePattern()
+	rule      ratebudget.Rule
+	id        int
+	scoped    bool // keyfuncs.RoutePattern()
+	successes bool // CountSuccesses(nil): a 5xx is given back when the handler returns
 }
 
 type modelLayer struct {
@@ -114,7 +115,7 @@ func (l *modelLayer) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s{lim=%d cost=%v", l.name, l.lim, l.cost)
 	for _, r := range l.rules {
-		fmt.Fprintf(&b, " %s:%v/%d/b%d/%v/id%d/scoped=%v", r.rule.Name, r.rule.Algorithm, r.rule.Limit, r.rule.Burst, r.rule.Window, r.id, r.scoped)
+		fmt.Fprintf(&b, " %s:%v/%d/b%d/%v/id%d/scoped=%v/successes=%v", r.rule.Name, r.rule.Algorithm, r.rule.Limit, r.rule.Burst, r.rule.Window, r.id, r.scoped, r.successes)
 	}
 	return b.String() + "}"
 }
@@ -193,6 +194,11 @@ func modelRun(t *testing.T, seed uint64, lims []ratebudget.Limiter, exact bool, 
 			if mr.scoped {
 				rule.Scope = keyfuncs.RoutePattern()
 			}
+			if r.Algorithm != ratebudget.InFlight && rng.IntN(3) == 0 {
+				mr.successes = true
+				rule.Counts = middleware.CountSuccesses(nil)
+			}
+			l.rules[len(l.rules)-1] = mr
 			rules = append(rules, rule)
 		}
 		opts := []middleware.Option{middleware.WithHeaders(headers.Both), middleware.WithTimeout(time.Minute)}
@@ -241,11 +247,12 @@ func modelRun(t *testing.T, seed uint64, lims []ratebudget.Limiter, exact bool, 
 	}
 	top := pick(1)
 	aw, gu, su, pw := pick(2, top), pick(1, top), pick(1, top), pick(3, top)
-	bw, xw := pick(2, top, gu), pick(2, top, su)
+	bw, xw, ew := pick(2, top, gu), pick(2, top, su), pick(2, top)
 
 	r := chi.NewRouter()
 	r.Use(mws(top)...)
 	r.With(mws(aw)...).Get("/a/{id}", ok)
+	r.With(mws(ew)...).Get("/e", failing)
 	r.Group(func(r chi.Router) {
 		r.Use(mws(gu)...)
 		r.With(mws(bw)...).Get("/b", ok)
@@ -278,6 +285,7 @@ func modelRun(t *testing.T, seed uint64, lims []ratebudget.Limiter, exact bool, 
 		{path: "/s/y", stack: sub("/s/y", su), status: 200},
 		{path: "/p", stack: at("/p", top, pw), status: 200},
 		{path: "/nope", stack: at("~unmatched", top), status: 404},
+		{path: "/e", stack: at("/e", top, ew), status: 500},
 	}
 
 	var trace []string
@@ -337,6 +345,11 @@ func modelRun(t *testing.T, seed uint64, lims []ratebudget.Limiter, exact bool, 
 	}
 	return true
 }
+
+// failing answers 500, which CountSuccesses(nil) does not charge.
+var failing = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusInternalServerError)
+})
 
 // pickValue returns one of vals, or "-" (the header is not sent) one time in ten.
 func pickValue(rng *rand.Rand, vals ...string) string {
@@ -533,6 +546,9 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 			}
 			s.used[c.key] += c.cost
 			outs[i] = s.outcomeOf(&modelCheck{r: c.r, key: c.key, cost: 0})
+			if c.r.successes && rt.status >= 500 {
+				s.used[c.key] -= c.cost // settled once the headers are sent
+			}
 		}
 		// Each limiter reports its most restrictive rule (fewest remaining, then the
 		// longest reset, then the first); of those, the first limiter's most restrictive.

@@ -86,18 +86,42 @@ func CountActual(estimate int64, actual func(r *http.Request, status int, header
 
 // CountResponseHeader reserves estimate units at admission and settles at the decimal
 // integer the handler sets in the response header name (a token count, query cost
-// units). A header that is missing or not a non-negative integer keeps the estimate.
-// estimate must be in 1..the rule's capacity, and name a valid header field name (New
-// refuses others).
+// units): as a header, as a declared trailer, or as an undeclared trailer (a header
+// map key of http.TrailerPrefix and name, in any case), which is read first, since it
+// is set once the header went out. A header that is missing or not a non-negative
+// integer keeps the estimate. estimate must be in 1..the rule's capacity, and name a
+// valid header field name (New refuses others).
 func CountResponseHeader(estimate int64, name string) Counting {
 	key := http.CanonicalHeaderKey(name)
 	return Counting{kind: countActual, estimate: estimate, header: name, byHeader: true, actual: func(_ *http.Request, _ int, h http.Header) int64 {
-		v, err := strconv.ParseInt(h.Get(key), 10, 64)
+		vv, ok := trailerValues(h, key)
+		if !ok {
+			vv = h[key]
+		}
+		if len(vv) == 0 {
+			return -1
+		}
+		v, err := strconv.ParseInt(vv[0], 10, 64)
 		if err != nil || v < 0 {
 			return -1
 		}
 		return v
 	}}
+}
+
+// trailerValues returns the values of the undeclared trailer key (canonical) in h: the
+// entry of http.TrailerPrefix and key, or of the prefix and key in another case, which
+// net/http sends as key (header map keys with a colon are not canonicalized).
+func trailerValues(h http.Header, key string) ([]string, bool) {
+	if vv, ok := h[http.TrailerPrefix+key]; ok {
+		return vv, true
+	}
+	for k, vv := range h {
+		if rest, ok := strings.CutPrefix(k, http.TrailerPrefix); ok && strings.EqualFold(rest, key) {
+			return vv, true
+		}
+	}
+	return nil, false
 }
 
 // validFieldName reports whether s is an HTTP field name: a non-empty token of RFC 9110

@@ -643,3 +643,51 @@ func TestResponseHeaderAsTrailer(t *testing.T) {
 		}
 	})
 }
+
+// The cost may also come as an undeclared trailer (http.TrailerPrefix, set once the
+// body went out, as gRPC sends its trailers): CountResponseHeader reads it there, in
+// any case of the name, as the client does, and before a header of that name sent
+// first.
+func TestResponseHeaderAsUndeclaredTrailer(t *testing.T) {
+	t.Parallel()
+	protos(t, func(t *testing.T, h2 bool) {
+		for _, c := range []struct {
+			name   string
+			key    string // the trailer's key in the handler's header map
+			header string // X-Tokens-Used sent as a header first, if not ""
+		}{
+			{"canonical", http.TrailerPrefix + "X-Tokens-Used", ""},
+			{"lower case", http.TrailerPrefix + "x-tokens-used", ""},
+			{"after a header", http.TrailerPrefix + "X-Tokens-Used", "3"},
+		} {
+			lim := memory(t, newClock())
+			tokens := rule("tokens", 1000, time.Minute)
+			h := mustNew(t, lim, []middleware.Rule{{Rule: tokens, Identity: global, Counts: middleware.CountResponseHeader(10, "X-Tokens-Used")}})(
+				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if c.header != "" {
+						w.Header().Set("X-Tokens-Used", c.header)
+					}
+					for i := 0; i < 3; i++ {
+						_, _ = io.WriteString(w, "token ")
+						_ = http.NewResponseController(w).Flush()
+					}
+					w.Header()[c.key] = []string{"37"}
+				}))
+			url, client, served := realServer(t, h, h2)
+			req, _ := http.NewRequest("POST", url, strings.NewReader("prompt"))
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			<-served
+			if got := resp.Trailer.Get("X-Tokens-Used"); got != "37" {
+				t.Errorf("%s: trailer %q", c.name, got)
+			}
+			if n := spent(t, lim, tokens); n != 37 {
+				t.Errorf("%s: %d tokens charged, want the trailer's 37", c.name, n)
+			}
+		}
+	})
+}

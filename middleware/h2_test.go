@@ -422,3 +422,47 @@ func TestResponseControllerThroughSettledWriter(t *testing.T) {
 		}
 	})
 }
+
+// A handler whose body does not match the Content-Length it declared: CountResponseBytes
+// charges the bytes net/http took. Over HTTP/1.1 that is none of a write past the
+// length, which net/http refuses whole; over HTTP/2 net/http takes (and sends) what is
+// written before the header went out, and the client sees a stream error.
+func TestResponseBytesContentLengthMismatch(t *testing.T) {
+	t.Parallel()
+	protos(t, func(t *testing.T, h2 bool) {
+		for _, c := range []struct {
+			declared string
+			writes   []string
+			want     int64
+		}{
+			{"10", []string{"abcdef", "ghijkl", "mn"}, 6},
+			{"100", []string{"abcdef"}, 6},
+			{"10", []string{strings.Repeat("x", 64<<10)}, 0},
+		} {
+			lim := memory(t, newClock())
+			out := rule("out", 1<<20, time.Minute)
+			var took atomic.Int64
+			h := mustNew(t, lim, []middleware.Rule{{Rule: out, Identity: global, Counts: middleware.CountResponseBytes(1)}})(
+				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("Content-Length", c.declared)
+					for _, s := range c.writes {
+						n, _ := io.WriteString(w, s)
+						took.Add(int64(n))
+					}
+				}))
+			url, client, served := realServer(t, h, h2)
+			req, _ := http.NewRequest("GET", url, nil)
+			if resp, err := client.Do(req); err == nil {
+				_, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			<-served
+			if !h2 && took.Load() != c.want {
+				t.Errorf("declared %s, %d writes: net/http took %d, want %d", c.declared, len(c.writes), took.Load(), c.want)
+			}
+			if n := spent(t, lim, out); n != took.Load() {
+				t.Errorf("declared %s, %d writes: %d bytes charged, net/http took %d", c.declared, len(c.writes), n, took.Load())
+			}
+		}
+	})
+}

@@ -10,7 +10,9 @@ import (
 // platforms): every tracked identity costs one.
 type budget struct {
 	// FixedWindow: count admitted in the window that ends at end.
-	// TokenBucket: count is the level in scaled units (tokens × window ms) at time end.
+	// TokenBucket: count is the deficit (full - level) in scaled units (tokens × window
+	// ms) at time end, as the Redis limiter keeps it: a rule whose Burst changes under
+	// the same name keeps what was spent, whatever its capacity (see tokenLevel).
 	// RollingWindow: count is the sum of the events' costs.
 	// InFlight: unused.
 	count, end int64
@@ -190,9 +192,9 @@ func resetIfUsed(used, d int64) int64 {
 func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 	rate, w := r.Limit, r.Window.Milliseconds()
 	capacity := r.Capacity()
-	full := capacity * w // fits: Validate bounds it by 2^53
-	level, ts := full, now
-	lag := int64(0) // how far the clock is behind the bucket's timestamp
+	full := capacity * w   // fits: Validate bounds it by 2^53
+	d, ts := int64(0), now // the deficit, and the time it is measured at
+	lag := int64(0)        // how far the clock is behind the bucket's timestamp
 	if b != nil {
 		ts = b.end
 		elapsed := now - ts
@@ -203,13 +205,16 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 		} else {
 			ts = now
 		}
-		gap := full - b.count
-		if elapsed >= ceilDiv(gap, rate) {
-			level = full
+		d = b.count
+		if elapsed >= ceilDiv(d, rate) {
+			d = 0
 		} else {
-			level = b.count + elapsed*rate
+			d -= elapsed * rate
 		}
+		// Debt is at most one capacity (of the rule deciding: it may have been lowered).
+		d = min(d, 2*full)
 	}
+	level := full - d
 	// wait is the time from now until the bucket holds want scaled units.
 	wait := func(want int64) int64 {
 		if want <= level {
@@ -231,7 +236,7 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 	level -= need
 	toFull := wait(full)
 	if commit {
-		b.count, b.end, b.expires = level, ts, now+toFull
+		b.count, b.end, b.expires = full-level, ts, now+toFull
 	}
 	return Outcome{Allowed: true, Remaining: level / w, ResetAfter: ms(toFull)}
 }

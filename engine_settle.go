@@ -211,7 +211,9 @@ func charge(b *budget, r *Rule, n, now int64) {
 // tokenLevel is a token bucket's level at now (scaled units, below zero in debt), the
 // timestamp it is measured at and the clock's lag behind it, as decideToken reads them
 // (there inline: the call, which the compiler does not inline, cost a single-check
-// decision 8-35% in BenchmarkMemoryAllow/token).
+// decision 8-35% in BenchmarkMemoryAllow/token). The bucket keeps its deficit, so that
+// the level is the rule's capacity less what was spent and not yet refilled, however
+// the capacity changed since; debt is cut at one capacity below zero.
 func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
 	full := r.Capacity() * r.Window.Milliseconds()
 	ts = b.end
@@ -221,16 +223,16 @@ func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
 	} else {
 		ts = now
 	}
-	if elapsed >= ceilDiv(full-b.count, r.Limit) {
+	if elapsed >= ceilDiv(b.count, r.Limit) {
 		return full, ts, lag
 	}
-	return b.count + elapsed*r.Limit, ts, lag
+	return full - min(b.count-elapsed*r.Limit, 2*full), ts, lag
 }
 
 // setToken writes a token bucket's level at ts, and its expiry: when it is full again.
 func setToken(b *budget, r *Rule, level, ts, lag, now int64) {
 	full := r.Capacity() * r.Window.Milliseconds()
-	b.count, b.end = level, ts
+	b.count, b.end = full-level, ts
 	b.expires = now
 	if level < full {
 		b.expires = now + lag + ceilDiv(full-level, r.Limit)
@@ -238,10 +240,10 @@ func setToken(b *budget, r *Rule, level, ts, lag, now int64) {
 }
 
 // freshState gives a budget just created the state that equals no state at all: a closed
-// fixed window, a full token bucket, an empty log.
+// fixed window, a full token bucket (no deficit), an empty log.
 func freshState(b *budget, r *Rule, now int64) {
 	if r.Algorithm == TokenBucket {
-		b.count, b.end = r.Capacity()*r.Window.Milliseconds(), now
+		b.count, b.end = 0, now
 	}
 }
 

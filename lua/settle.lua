@@ -38,8 +38,8 @@
 -- are distinct, so the order changes no result. A fixed window is given back only while
 -- its PEXPIRETIME is the ticket's (the same window); a count back to 0 deletes the key,
 -- so that the next admission opens its own window. A token bucket's deficit (read with
--- PTTL as allow.lua reads it, up to 2 x full in debt) is lowered, never below a full
--- bucket. A rolling-window event is given back only while it is the newest, in the
+-- PTTL as allow.lua reads it, and cut at 2 x full in debt) is lowered, never below a
+-- full bucket. A rolling-window event is given back only while it is the newest, in the
 -- window, and has the ticket's time and sum: it is removed, or rewritten in allow.lua's
 -- member form when it merged other admissions; the event that becomes the newest loses
 -- its name of the window only if the given-back admission trimmed events; and the key
@@ -207,7 +207,7 @@ for i = 1, n do
     if d and ts and tonumber(ts) > d then d = nil end -- t = ceil(d / rate) <= d
     local w, rate = a.win, a.limit
     local full = a.cap * w
-    if d and d <= 2 * full and d <= MAXSCALED then
+    if d and d <= MAXSCALED then
       local lag = 0
       local pttl = call('PTTL', key)
       if pttl ~= -1 then
@@ -221,6 +221,9 @@ for i = 1, n do
           d = d - elapsed * rate
         end
       end
+      -- Debt beyond one capacity (the rule's capacity was lowered under the same name)
+      -- is cut there first, as allow.lua reads it.
+      if d > 2 * full then d = 2 * full end
       local give = a.give
       if give > a.cap then give = a.cap end -- an admitted cost is at most the capacity
       d = d - give * w

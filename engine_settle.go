@@ -4,9 +4,10 @@ package ratebudget
 // engine.go): times are Unix milliseconds, and every function works on one budget whose
 // shard lock the caller holds.
 
-// decideInFlight admits while fewer than Limit leases are live. Leases are kept in order
-// of expiry, which a new lease's expiry (now + Window, or later if the clock went back)
-// never precedes.
+// decideInFlight admits while fewer than Limit leases are live. A new lease expires
+// Window from now, also when an older lease expires later (taken under a longer Window
+// of the same rule name, or before the clock went back): leases are kept in order of
+// expiry (see insertLease).
 func decideInFlight(b *budget, r *Rule, now int64, commit bool, lease int64) Outcome {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	var leases []event
@@ -22,15 +23,29 @@ func decideInFlight(b *budget, r *Rule, now int64, commit bool, lease int64) Out
 	if live+1 > limit {
 		return Outcome{Remaining: limit - live, ResetAfter: ms(reset), RetryAfter: ms(leases[0].at - now)}
 	}
-	at := max(now+w, last)
+	at := now + w
 	if commit {
 		if b.rolling == nil {
 			b.rolling = &rollingEvents{}
 		}
-		b.rolling.events = append(b.rolling.events, event{at: at, n: lease})
-		b.expires = at
+		insertLease(b, event{at: at, n: lease})
 	}
-	return Outcome{Allowed: true, Remaining: limit - live - 1, ResetAfter: ms(at - now)}
+	return Outcome{Allowed: true, Remaining: limit - live - 1, ResetAfter: ms(max(at, last) - now)}
+}
+
+// insertLease adds lease e to b's leases in order of expiry, after those that expire at
+// the same time, and sets b's expiry to the newest lease's. A lease most often expires
+// last: the search starts from the newest.
+func insertLease(b *budget, e event) {
+	ev := append(b.rolling.events, e)
+	i := len(ev) - 1
+	for i > 0 && ev[i-1].at > e.at {
+		ev[i] = ev[i-1]
+		i--
+	}
+	ev[i] = e
+	b.rolling.events = ev
+	b.expires = ev[len(ev)-1].at
 }
 
 // pruneLeases drops the leases that have expired at now and returns the live ones.
@@ -94,19 +109,16 @@ func release(b *budget, t Ticket, now int64) {
 	}
 }
 
-// renew moves the lease of t in b to expire Window from now (later, if the clock went
-// back behind the newest lease), keeping the leases in order of expiry. It reports false
-// when the lease is no longer held or has expired.
+// renew moves the lease of t in b to expire Window from now, keeping the leases in order
+// of expiry. It reports false when the lease is no longer held or has expired.
 func renew(b *budget, r *Rule, t Ticket, now int64) bool {
 	i := findLease(b, t.ID)
 	if i < 0 || b.rolling.events[i].at <= now {
 		return false
 	}
 	ev := b.rolling.events
-	at := max(now+r.Window.Milliseconds(), ev[len(ev)-1].at)
-	copy(ev[i:], ev[i+1:])
-	ev[len(ev)-1] = event{at: at, n: t.ID}
-	b.expires = at
+	b.rolling.events = append(ev[:i], ev[i+1:]...)
+	insertLease(b, event{at: now + r.Window.Milliseconds(), n: t.ID})
 	return true
 }
 

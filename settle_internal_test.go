@@ -71,7 +71,8 @@ func TestSettleDebtBounded(t *testing.T) {
 }
 
 // TestLeasesStayOrdered: leases are kept in order of expiry when the clock goes back and
-// when leases are renewed, so that pruning the oldest keeps every live one.
+// when leases are renewed, so that pruning the oldest keeps every live one; each expires
+// a Window after it was taken or renewed, by the clock then.
 func TestLeasesStayOrdered(t *testing.T) {
 	clk := &manualClock{t: time.UnixMilli(1_767_225_600_250)}
 	m, err := NewMemory(WithClock(clk.now))
@@ -102,8 +103,16 @@ func TestLeasesStayOrdered(t *testing.T) {
 			t.Fatalf("leases out of order: %+v", ev)
 		}
 	}
-	if ev[len(ev)-1].n != tickets[1][0].ID {
-		t.Fatalf("the renewed lease is not the last to expire: %+v", ev)
+	// Taken at t0, +100ms, +200ms, then (the clock gone back) -300ms, -200ms, -100ms;
+	// lease 1 renewed at t0: each expires a second later.
+	t0 := int64(1_767_225_600_250)
+	want := map[int64]int64{0: t0, 1: t0, 2: t0 + 200, 3: t0 - 300, 4: t0 - 200, 5: t0 - 100}
+	for _, e := range ev {
+		for i, tk := range tickets {
+			if tk[0].ID == e.n && e.at != want[int64(i)]+1000 {
+				t.Errorf("lease %d expires at t0%+dms, want t0%+dms", i, e.at-t0, want[int64(i)]+1000-t0)
+			}
+		}
 	}
 	// Every lease expires within a Window of the latest clock reading.
 	clk.advance(time.Second + 500*time.Millisecond)

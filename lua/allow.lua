@@ -45,7 +45,7 @@
 --                   its reservation), cut at 2 x full (a lowered capacity); a value of
 --                   another form, d beyond 2^53 or t beyond d is an error reply.
 --   in-flight:      sorted set of leases, member = the caller's lease member, score =
---                   the lease's expiry (ms, never before the newest lease's); expired
+--                   the lease's expiry (ms, now + window when taken or renewed); expired
 --                   leases are trimmed when writing; PEXPIREAT = the newest expiry.
 --   rolling window: sorted set of admitted events, score = ms (never decreasing), member =
 --                   "<cumulative cost after the event>:<cost>:<ms>:<base>:<oldest ms>",
@@ -320,7 +320,9 @@ for i = 1, n do
     end
   elseif a == 3 then
     -- In-flight leases: a sorted set of lease members scored by expiry (ms). x1: the new
-    -- lease's expiry, never before the newest lease's (if the clock went back).
+    -- lease's expiry, now + window (also when a lease taken under a longer window of the
+    -- rule's name, or before the clock went back, expires later); x2: the key's, the
+    -- newest lease's expiry.
     if not now then
       local t = call('TIME')
       nowstr = t[1] .. sub(sub('00000' .. t[2], -6), 1, 3)
@@ -335,9 +337,9 @@ for i = 1, n do
       rem = lim - live
       retry = tonumber(call('ZRANGEBYSCORE', key, '(' .. nowstr, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')[2]) - now
     else
-      local at = now + w
-      if last > at then at = last end
-      ok, rem, idle, reset, x1 = 1, lim - live - 1, reset, at - now, at
+      local at, top = now + w, now + w
+      if last > top then top = last end
+      ok, rem, idle, reset, x1, x2 = 1, lim - live - 1, reset, top - now, at, top
     end
   else
     -- x1: time of the event, x2: the cumulative sum before the window (the string
@@ -496,7 +498,7 @@ for i = 1, n do
     call('SET', key, x1, 'PX', x2)
   elseif a == 3 then
     call('ZADD', key, x1, ARGV[1 + 5 * n + i])
-    call('PEXPIREAT', key, x1)
+    call('PEXPIREAT', key, x2)
     tk = x1
   elseif force and k == 0 then
     -- A forced extra cut to nothing (the window already counts twice its limit): no

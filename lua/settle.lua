@@ -166,11 +166,12 @@ for i = 1, n do
     if renewing then
       local s = first('ZSCORE', key, a.member)
       if s and tonumber(s) > clock() then
+        -- Window from now, also when another lease expires later (taken under a
+        -- longer window of the rule's name, or before the clock went back); the key
+        -- expires with its newest lease.
         local at = now + a.win
-        local last = tonumber(call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
-        if last > at then at = last end
         write('ZADD', key, 'XX', at, a.member)
-        write('PEXPIREAT', key, at)
+        write('PEXPIREAT', key, call('ZRANGE', key, '-1', '-1', 'WITHSCORES')[2])
         done = 1
       end
     else

@@ -78,6 +78,23 @@ const (
 //
 // The rule's Name identifies the budget in the store: every route and every replica that
 // uses a rule of that name, for the same identity and scope, spends from one budget.
+//
+// Its Limit, Window and Burst may change under the same Name (a deploy, or two versions
+// side by side during one), and the budget goes on from its state; [Memory] and the
+// Redis limiter treat the change alike:
+//   - FixedWindow: an open window keeps its end, so a shortened Window takes effect at
+//     the next window; a lowered Limit leaves a negative [Outcome.Remaining] until then.
+//   - TokenBucket: the bucket keeps what was spent and not yet refilled (its deficit):
+//     a changed Limit refills at the new rate from the level it had, a raised Burst is
+//     there at once less what was spent, a lowered one holds at most its new capacity,
+//     and debt is cut at one new capacity. The deficit is kept in units of the Window,
+//     which are not converted: give a token bucket whose Window changes a new Name.
+//   - RollingWindow: admitted events keep their times and are counted over the Window
+//     of the rule deciding, while they are kept: a decision under a shorter Window may
+//     drop those that left it, and the state may expire when the newest event leaves
+//     the Window it was written under.
+//   - InFlight: leases taken keep their expiry, a lease taken or renewed expires a new
+//     Window later, and a lowered Limit refuses until enough leases have ended.
 type Rule struct {
 	// Name names the budget: 1 to 64 bytes of [A-Za-z0-9_.-]. It appears in store keys,
 	// response bodies, metrics and logs.

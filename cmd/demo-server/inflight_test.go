@@ -325,6 +325,7 @@ func startDemoProcess(t *testing.T, args ...string) *demoProcess {
 // lease's expiry in Redis is at most a lease TTL after the kill, because a running
 // request's lease is renewed only while its process lives.
 func TestDemoKilledFreesLeases(t *testing.T) {
+	needSignals(t)
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	url := "redis://" + srv.Addr + "/0"
@@ -432,6 +433,7 @@ func TestDemoKilledFreesLeases(t *testing.T) {
 // once, as the default action of the signal does: the first only starts the graceful
 // shutdown.
 func TestSecondSignalStopsAtOnce(t *testing.T) {
+	needSignals(t)
 	p := startDemoProcess(t)
 	resp, err := slowRequest(context.Background(), http.DefaultClient, p.base, 10000)
 	if err != nil {

@@ -50,7 +50,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -143,6 +142,7 @@ func TestReadmeTranscripts(t *testing.T) {
 	if len(blocks) == 0 {
 		t.Fatal("README.md has no ```console block: the parser or the README changed")
 	}
+	needSignals(t) // the transcripts' processes are a process group, killed whole
 	for _, tool := range []string{"bash", "curl"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("RATEBUDGET_REQUIRE_REDIS") == "1" {
@@ -367,11 +367,10 @@ func runBash(t *testing.T, script string) (string, error) {
 	cmd.Stdout, cmd.Stderr = out, out
 	// curl must not send the test's loopback traffic to a proxy from the environment.
 	cmd.Env = append(os.Environ(), "no_proxy=127.0.0.1,localhost", "NO_PROXY=127.0.0.1,localhost")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	inGroup(cmd)
 	runErr := cmd.Run()
 	if cmd.Process != nil {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = killGroup(cmd)
 	}
 	got, err := os.ReadFile(outPath)
 	if err != nil {

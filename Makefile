@@ -15,6 +15,8 @@ LOCAL_REDIS_IMAGE := ratebudget-test/redis:local
 REDIS_IMAGE ?= $(LOCAL_REDIS_IMAGE)
 NOIMAGE := so $(LOCAL_REDIS_IMAGE) is not built: the tests in a Redis container (integration_test) will skip
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# the platforms make lint also vets (test files included): 32-bit ints, no Unix signals
+PLATFORMS ?= linux/386 linux/arm darwin/arm64 windows/amd64 freebsd/amd64
 REDIS_ENV = REDIS_IMAGE="$(REDIS_IMAGE)" TESTCONTAINERS_RYUK_DISABLED="$${TESTCONTAINERS_RYUK_DISABLED:-true}" \
 	TESTCONTAINERS_HOST_OVERRIDE="$${TESTCONTAINERS_HOST_OVERRIDE:-localhost}"
 
@@ -61,11 +63,13 @@ demo:
 	$(GO) run ./cmd/demo-server
 
 ## lint: gofmt (of the files git tracks, or of every .go file outside a git checkout), vet,
-## staticcheck
+## vet on each of PLATFORMS (so that every package and its tests compile there), staticcheck
 lint:
 	@files=$$(git ls-files '*.go' 2>/dev/null) || files=$$(find . -name '*.go' -not -path './.git/*'); \
 	out=$$(gofmt -l $$files); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@for p in $(PLATFORMS); do echo "GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet $(PKGS)"; \
+	GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet $(PKGS) || exit 1; done
 	$(GO) run $(STATICCHECK) $(PKGS)
 
 ## cover: test coverage summary (HTML in cover.html)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -35,9 +36,24 @@ import (
 
 func TestStackModelMemory(t *testing.T) {
 	t.Parallel()
-	runStackModel(t, 300, func(t *testing.T, run int) []ratebudget.Limiter {
+	runStackModel(t, 300, func(t *testing.T, run int) modelEnv {
 		clk := newClock()
-		return []ratebudget.Limiter{memory(t, clk), memory(t, clk)}
+		return modelEnv{lims: []ratebudget.Limiter{memory(t, clk), memory(t, clk)}}
+	}, true)
+}
+
+// TestStackModelMemoryClock is the model with a clock that moves: between requests the
+// limiters' fake clock advances by random amounts, often to exactly a window's end, a
+// bucket's next unit or a rolling-window event's leaving, or 1 ms either side, and the
+// model follows every time rule's state. Windows are a second or a few, so that the
+// headers' whole seconds change. After a refusal the same request is often sent again
+// once its Retry-After has passed (admitted unless a limiter the refusal left unasked
+// refuses), or 1 ms before (refused when the wait was exactly those seconds).
+func TestStackModelMemoryClock(t *testing.T) {
+	t.Parallel()
+	runStackModel(t, 300, func(t *testing.T, run int) modelEnv {
+		clk := newClock()
+		return modelEnv{lims: []ratebudget.Limiter{memory(t, clk), memory(t, clk)}, clk: clk}
 	}, true)
 }
 
@@ -45,7 +61,7 @@ func TestStackModelRedis(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	client := srv.Client(t)
-	runStackModel(t, 100, func(t *testing.T, run int) []ratebudget.Limiter {
+	runStackModel(t, 100, func(t *testing.T, run int) modelEnv {
 		lim, err := lua.New(client, lua.WithPrefix("model"+strconv.Itoa(run)))
 		if err != nil {
 			t.Fatal(err)
@@ -54,15 +70,22 @@ func TestStackModelRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return []ratebudget.Limiter{lim, mem}
+		return modelEnv{lims: []ratebudget.Limiter{lim, mem}}
 	}, false)
+}
+
+// modelEnv is one run's limiters, and the fake clock they share when the run moves it
+// (nil: nothing moves the clock the model knows of).
+type modelEnv struct {
+	lims []ratebudget.Limiter
+	clk  *fakeClock
 }
 
 // runStackModel runs the model runs times. newLimiters gives each run two limiters: half
 // of the runs put every layer on the first, the others some layers on the second (layers
 // on different limiters decide limiter by limiter). exact is set when nothing moves the
 // limiters' clock: every time the headers send is then compared too.
-func runStackModel(t *testing.T, runs int, newLimiters func(*testing.T, int) []ratebudget.Limiter, exact bool) {
+func runStackModel(t *testing.T, runs int, newLimiters func(*testing.T, int) modelEnv, exact bool) {
 	base := uint64(20261201)
 	if s := os.Getenv("RATEBUDGET_MODEL_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
@@ -138,8 +161,193 @@ type budgetKey struct {
 	rule, identity, scope string
 }
 
+// modelState is every budget's state, kept from the documented time rules at the
+// model's clock (now, milliseconds since the run began). Leases are released when the
+// handler returns, and requests are sent one at a time, so no lease is ever held when a
+// request is decided.
 type modelState struct {
-	used map[budgetKey]int64 // units spent (leases are released when the handler returns)
+	now     int64
+	fixed   map[budgetKey]fixedState
+	tokens  map[budgetKey]tokenState
+	rolling map[budgetKey][]rollEvent
+}
+
+// fixedState is a fixed window: count admitted in the window that closes at end.
+type fixedState struct{ count, end int64 }
+
+// tokenState is a token bucket's level at, in scaled units: tokens × window ms, so that
+// a refill of Limit tokens per Window is Limit scaled units per millisecond, exactly.
+type tokenState struct{ level, at int64 }
+
+// rollEvent is one admission of a rolling window.
+type rollEvent struct{ at, cost int64 }
+
+func newModelState() *modelState {
+	return &modelState{fixed: map[budgetKey]fixedState{}, tokens: map[budgetKey]tokenState{}, rolling: map[budgetKey][]rollEvent{}}
+}
+
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}
+
+// tokenLevel is the level of a token bucket at now: full until first spent, then
+// refilled at Limit scaled units per millisecond up to its capacity.
+func (s *modelState) tokenLevel(r *ratebudget.Rule, key budgetKey) int64 {
+	w := r.Window.Milliseconds()
+	full := r.Capacity() * w
+	b, ok := s.tokens[key]
+	if !ok {
+		return full
+	}
+	return min(full, b.level+(s.now-b.at)*r.Limit)
+}
+
+// rollingEvents are the events of a rolling window still in (now-Window, now].
+func (s *modelState) rollingEvents(r *ratebudget.Rule, key budgetKey) []rollEvent {
+	var in []rollEvent
+	for _, e := range s.rolling[key] {
+		if e.at > s.now-r.Window.Milliseconds() {
+			in = append(in, e)
+		}
+	}
+	return in
+}
+
+// budgetView is a budget as the headers describe it: the units left, the time until it
+// is whole again (0: untouched), and the time until more quota is made available (0:
+// unknown, or nothing is used), all times in milliseconds.
+type budgetView struct{ remaining, reset, avail int64 }
+
+func (s *modelState) view(r *ratebudget.Rule, key budgetKey) budgetView {
+	w := r.Window.Milliseconds()
+	switch r.Algorithm {
+	case ratebudget.FixedWindow:
+		if b, ok := s.fixed[key]; ok && s.now < b.end && b.count > 0 {
+			return budgetView{r.Limit - b.count, b.end - s.now, b.end - s.now}
+		}
+		return budgetView{remaining: r.Limit}
+	case ratebudget.TokenBucket:
+		full := r.Capacity() * w
+		level := s.tokenLevel(r, key)
+		v := budgetView{remaining: level / w, reset: ceilDiv(full-level, r.Limit)}
+		if level < full {
+			// The next whole unit.
+			v.avail = ceilDiv((level/w+1)*w-level, r.Limit)
+		}
+		return v
+	case ratebudget.RollingWindow:
+		ev := s.rollingEvents(r, key)
+		v := budgetView{remaining: r.Limit}
+		for _, e := range ev {
+			v.remaining -= e.cost
+		}
+		if len(ev) > 0 {
+			v.reset = ev[len(ev)-1].at + w - s.now
+		}
+		return v
+	}
+	return budgetView{remaining: r.Limit}
+}
+
+// wait is the time from now until cost fits the budget if nothing more is spent, in
+// milliseconds: 0 when it fits now.
+func (s *modelState) wait(r *ratebudget.Rule, key budgetKey, cost int64) int64 {
+	w := r.Window.Milliseconds()
+	switch r.Algorithm {
+	case ratebudget.FixedWindow:
+		if b, ok := s.fixed[key]; ok && s.now < b.end && b.count+cost > r.Limit {
+			return b.end - s.now
+		}
+	case ratebudget.TokenBucket:
+		return ceilDiv(cost*w-s.tokenLevel(r, key), r.Limit)
+	case ratebudget.RollingWindow:
+		ev := s.rollingEvents(r, key)
+		sum := int64(0)
+		for _, e := range ev {
+			sum += e.cost
+		}
+		need := sum + cost - r.Limit
+		for _, e := range ev {
+			if need <= 0 {
+				break
+			}
+			need -= e.cost
+			if need <= 0 {
+				return e.at + w - s.now // the event whose leaving frees enough
+			}
+		}
+	}
+	return 0
+}
+
+// spend admits cost into the budget at now. It returns a function that puts the budget
+// back as it was, as a settle that gives the spend back does.
+func (s *modelState) spend(r *ratebudget.Rule, key budgetKey, cost int64) (undo func()) {
+	switch r.Algorithm {
+	case ratebudget.FixedWindow:
+		old, had := s.fixed[key]
+		b := old
+		if !had || s.now >= b.end || b.count == 0 {
+			b = fixedState{end: s.now + r.Window.Milliseconds()} // the first admission opens the window
+		}
+		b.count += cost
+		s.fixed[key] = b
+		return func() {
+			if had {
+				s.fixed[key] = old
+			} else {
+				delete(s.fixed, key)
+			}
+		}
+	case ratebudget.TokenBucket:
+		old, had := s.tokens[key]
+		s.tokens[key] = tokenState{level: s.tokenLevel(r, key) - cost*r.Window.Milliseconds(), at: s.now}
+		return func() {
+			if had {
+				s.tokens[key] = old
+			} else {
+				delete(s.tokens, key)
+			}
+		}
+	case ratebudget.RollingWindow:
+		old := s.rolling[key]
+		s.rolling[key] = append(s.rollingEvents(r, key), rollEvent{s.now, cost})
+		return func() { s.rolling[key] = old }
+	}
+	return func() {}
+}
+
+// deadlines are the times, after now, at which some budget's state changes: a fixed
+// window closes, a token bucket gains a unit or is full, a rolling window's event leaves.
+func (s *modelState) deadlines(rules map[string]*ratebudget.Rule) []int64 {
+	var ds []int64
+	for _, b := range s.fixed {
+		if b.end > s.now {
+			ds = append(ds, b.end)
+		}
+	}
+	for k := range s.tokens {
+		r := rules[k.rule]
+		v := s.view(r, k)
+		if v.avail > 0 {
+			ds = append(ds, s.now+v.avail)
+		}
+		if v.reset > 0 {
+			ds = append(ds, s.now+v.reset)
+		}
+	}
+	for k, ev := range s.rolling {
+		for _, e := range ev {
+			if at := e.at + rules[k.rule].Window.Milliseconds(); at > s.now {
+				ds = append(ds, at)
+			}
+		}
+	}
+	slices.Sort(ds) // map order would make the runs irreproducible
+	return ds
 }
 
 type modelCheck struct {
@@ -153,16 +361,26 @@ type modelResponse struct {
 	retryAfter int    // -1: absent
 	reported   string // X-RateLimit-Remaining, -Limit and -Reset: "r/l/reset", "" when absent
 	rateLimit  string // the rules and remaining of RateLimit, "" when absent
+	rateLimitT string // rateLimit with the t of each rule
+	// wait is the model's exact wait of a refusal (ms), refusedGroup the index of the
+	// refusing limiter's call (-1 when admitted).
+	wait         int64
+	refusedGroup int
 	// reportedAny lists the rules whose X-RateLimit-Remaining and -Limit ("r/l") a
 	// limiter whose clock moves may report (ties of times within a few seconds).
 	reportedAny []string
 }
 
-func modelRun(t *testing.T, seed uint64, lims []ratebudget.Limiter, exact bool, statuses map[int]int) bool {
+func modelRun(t *testing.T, seed uint64, env modelEnv, exact bool, statuses map[int]int) bool {
 	t.Helper()
+	lims := env.lims
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	two := rng.IntN(2) == 0
 	windows := []time.Duration{time.Hour, 2 * time.Hour, 3 * time.Hour, 5 * time.Hour, 7 * time.Hour}
+	if env.clk != nil {
+		windows = []time.Duration{999 * time.Millisecond, time.Second, 1500 * time.Millisecond, 2 * time.Second, 3 * time.Second, 7 * time.Second}
+	}
+	ruleByName := map[string]*ratebudget.Rule{}
 	var pool []*modelLayer
 	for i := range 2 + rng.IntN(3) {
 		l := &modelLayer{name: "L" + strconv.Itoa(i), cost: rng.IntN(2) == 0}
@@ -181,6 +399,7 @@ func modelRun(t *testing.T, seed uint64, lims []ratebudget.Limiter, exact bool, 
 				r.Burst = 1 + rng.Int64N(5)
 			}
 			mr := modelRule{rule: r, id: rng.IntN(3), scoped: rng.IntN(2) == 0}
+			ruleByName[r.Name] = &mr.rule
 			l.rules = append(l.rules, mr)
 			rule := middleware.Rule{Rule: r}
 			switch mr.id {
@@ -308,26 +527,74 @@ func modelRun(t *testing.T, seed uint64, lims []ratebudget.Limiter, exact bool, 
 		return false
 	}
 
-	st := &modelState{used: map[budgetKey]int64{}}
-	for range 40 {
-		rt := routes[rng.IntN(len(routes))]
+	var ruleList []*ratebudget.Rule
+	for _, l := range pool {
+		for i := range l.rules {
+			ruleList = append(ruleList, &l.rules[i].rule)
+		}
+	}
+	st := newModelState()
+	steps := 40
+	if env.clk != nil {
+		steps = 80
+	}
+	// last is the previous request and its response, when that was a refusal.
+	var last struct {
+		rt   modelRoute
+		hdr  map[string]string
+		resp *modelResponse
+	}
+	for range steps {
+		var rt modelRoute
+		var hdr map[string]string
+		adv := int64(0)
+		// probe, when not "", says what a request sent again after a refusal must get.
+		probe, refusedAgain := "", false
+		if env.clk != nil && last.resp != nil && rng.IntN(2) == 0 {
+			rt, hdr = last.rt, last.hdr
+			ra := int64(last.resp.retryAfter) * 1000
+			switch rng.IntN(4) {
+			case 0:
+				adv, probe = ra, "at Retry-After"
+			case 1:
+				if last.resp.wait == ra {
+					adv, probe, refusedAgain = ra-1, "1ms before Retry-After, the exact wait", true
+				} else {
+					adv, probe, refusedAgain = last.resp.wait-1, "1ms before the wait", true
+				}
+			case 2:
+				adv, probe = last.resp.wait, "at the wait"
+			default:
+				adv, probe, refusedAgain = last.resp.wait-1, "1ms before the wait", true
+			}
+		} else {
+			rt = routes[rng.IntN(len(routes))]
+			hdr = map[string]string{}
+			if v := pickValue(rng, "u1", "u2"); v != "-" {
+				hdr["X-User"] = v
+			}
+			if v := pickValue(rng, "t1", "t2"); v != "-" {
+				hdr["X-Team"] = v
+			}
+			switch n := rng.IntN(20); {
+			case n < 8:
+			case n == 8:
+				hdr["X-Cost"] = "0"
+			case n == 9:
+				hdr["X-Cost"] = "x"
+			default:
+				hdr["X-Cost"] = strconv.Itoa(1 + rng.IntN(6))
+			}
+			if env.clk != nil {
+				adv = st.pickAdvance(rng, ruleByName, ruleList)
+			}
+		}
+		if adv > 0 {
+			env.clk.Advance(time.Duration(adv) * time.Millisecond)
+			st.now += adv
+			trace = append(trace, fmt.Sprintf("+%dms (now %dms)", adv, st.now))
+		}
 		req := httptest.NewRequest(http.MethodGet, rt.path, nil)
-		hdr := map[string]string{}
-		if v := pickValue(rng, "u1", "u2"); v != "-" {
-			hdr["X-User"] = v
-		}
-		if v := pickValue(rng, "t1", "t2"); v != "-" {
-			hdr["X-Team"] = v
-		}
-		switch n := rng.IntN(20); {
-		case n < 8:
-		case n == 8:
-			hdr["X-Cost"] = "0"
-		case n == 9:
-			hdr["X-Cost"] = "x"
-		default:
-			hdr["X-Cost"] = strconv.Itoa(1 + rng.IntN(6))
-		}
 		for k, v := range hdr {
 			req.Header.Set(k, v)
 		}
@@ -339,11 +606,44 @@ func modelRun(t *testing.T, seed uint64, lims []ratebudget.Limiter, exact bool, 
 		trace = append(trace, fmt.Sprintf("GET %s %v -> %+v (model %+v)", rt.path, hdr, got, want))
 		if got.status != want.status || (got.retryAfter >= 0) != (want.retryAfter >= 0) ||
 			got.rateLimit != want.rateLimit || !reportedMatches(got.reported, want, exact) ||
-			exact && got.retryAfter != want.retryAfter {
+			exact && (got.retryAfter != want.retryAfter || got.rateLimitT != want.rateLimitT) {
 			return fail("GET %s %v: got %+v, model %+v; body %q", rt.path, hdr, got, want, rec.Body.String())
+		}
+		if probe != "" {
+			// Waiting never makes a limiter that admitted refuse: after the wait, a refusal
+			// can only come from a limiter the first refusal left unasked.
+			switch {
+			case refusedAgain && (got.status != http.StatusTooManyRequests || want.refusedGroup != last.resp.refusedGroup):
+				return fail("sent again %s (%dms): got %+v, want the same refusal as %+v", probe, adv, got, *last.resp)
+			case !refusedAgain && got.status == http.StatusTooManyRequests && want.refusedGroup <= last.resp.refusedGroup:
+				return fail("sent again %s (%dms): refused again, %+v after %+v", probe, adv, got, *last.resp)
+			}
+		}
+		last.resp = nil
+		if got.status == http.StatusTooManyRequests {
+			last.rt, last.hdr, last.resp = rt, hdr, &want
 		}
 	}
 	return true
+}
+
+// pickAdvance picks how far the clock moves before the next request (ms): not at all,
+// a little, a rule's window or 1 ms either side, exactly when some budget's state changes
+// or 1 ms either side, or anything up to a few windows.
+func (s *modelState) pickAdvance(rng *rand.Rand, rules map[string]*ratebudget.Rule, ruleList []*ratebudget.Rule) int64 {
+	switch n := rng.IntN(10); {
+	case n < 3:
+		return 0
+	case n < 4:
+		return rng.Int64N(50)
+	case n < 6:
+		return ruleList[rng.IntN(len(ruleList))].Window.Milliseconds() + rng.Int64N(3) - 1
+	case n < 9:
+		if ds := s.deadlines(rules); len(ds) > 0 {
+			return max(ds[rng.IntN(len(ds))]-s.now+rng.Int64N(3)-1, 0)
+		}
+	}
+	return rng.Int64N(3 * 7000)
 }
 
 // failing answers 500, which CountSuccesses(nil) does not charge.
@@ -382,7 +682,7 @@ func reportedMatches(got string, want modelResponse, exact bool) bool {
 }
 
 func observed(rec *httptest.ResponseRecorder) modelResponse {
-	res := modelResponse{status: rec.Code, retryAfter: -1}
+	res := modelResponse{status: rec.Code, retryAfter: -1, refusedGroup: -1}
 	if h := rec.Header(); h.Get("X-RateLimit-Remaining") != "" {
 		res.reported = h.Get("X-RateLimit-Remaining") + "/" + h.Get("X-RateLimit-Limit") + "/" + h.Get("X-RateLimit-Reset")
 	}
@@ -394,61 +694,49 @@ func observed(rec *httptest.ResponseRecorder) modelResponse {
 		res.retryAfter = n
 	}
 	if v := rec.Header().Get("RateLimit"); v != "" {
-		var parts []string
+		var parts, partsT []string
 		for _, m := range strings.Split(v, ", ") {
 			fields := strings.Split(m, ";")
-			item := fields[0]
+			item, itemT := fields[0], fields[0]
 			for _, f := range fields[1:] {
 				if strings.HasPrefix(f, "r=") {
 					item += ";" + f
 				}
+				if strings.HasPrefix(f, "r=") || strings.HasPrefix(f, "t=") {
+					itemT += ";" + f
+				}
 			}
 			parts = append(parts, item)
+			partsT = append(partsT, itemT)
 		}
 		res.rateLimit = strings.Join(parts, ", ")
+		res.rateLimitT = strings.Join(partsT, ", ")
 	}
 	return res
 }
 
 // outcome is the model of one check against its budget, before any spend.
 type outcome struct {
-	fits              bool
-	remaining         int64 // after the spend when the request is admitted, before otherwise
-	reset, retryAfter time.Duration
+	fits      bool
+	remaining int64 // after the spend when the request is admitted, before otherwise
+	// reset, retryAfter and avail (the effective window of RateLimit's t) in ms.
+	reset, retryAfter, avail int64
 }
 
 func (s *modelState) outcomeOf(c *modelCheck) outcome {
 	r := &c.r.rule
-	used := s.used[c.key]
-	capacity := r.Capacity()
-	o := outcome{fits: used+c.cost <= capacity, remaining: capacity - used}
-	per := r.Window / time.Duration(r.Limit)
-	switch r.Algorithm {
-	case ratebudget.FixedWindow, ratebudget.RollingWindow:
-		if used > 0 {
-			o.reset = r.Window
-		}
-		if !o.fits {
-			o.retryAfter = r.Window
-		}
-	case ratebudget.TokenBucket:
-		o.reset = time.Duration(used) * per
-		if !o.fits {
-			o.retryAfter = time.Duration(used+c.cost-capacity) * per
-		}
-	case ratebudget.InFlight:
-		// Requests run one at a time: no lease is held when one is decided.
-	}
-	return o
+	v := s.view(r, c.key)
+	wait := s.wait(r, c.key, c.cost)
+	return outcome{fits: wait == 0, remaining: v.remaining, reset: v.reset, avail: v.avail, retryAfter: wait}
 }
 
-// seconds rounds d up to whole seconds, as the headers do.
-func seconds(d time.Duration) int { return int((d + time.Second - 1) / time.Second) }
+// seconds rounds n milliseconds up to whole seconds, as the headers do.
+func seconds(n int64) int64 { return (n + 999) / 1000 }
 
 // predict is the reference model: the response to a request on rt with headers hdr,
 // and the state of every budget after it.
 func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) modelResponse {
-	none := func(status int) modelResponse { return modelResponse{status: status, retryAfter: -1} }
+	none := func(status int) modelResponse { return modelResponse{status: status, retryAfter: -1, refusedGroup: -1} }
 	var checks []modelCheck
 	for _, p := range rt.stack {
 		cost := int64(1)
@@ -535,19 +823,19 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 			break
 		}
 	}
-	res := modelResponse{status: rt.status, retryAfter: -1}
+	res := modelResponse{status: rt.status, retryAfter: -1, refusedGroup: -1}
 	if refused < 0 {
 		for i := range checks {
 			c := &checks[i]
 			if c.r.rule.Algorithm == ratebudget.InFlight {
 				outs[i].remaining--
-				outs[i].reset = c.r.rule.Window
+				outs[i].reset = c.r.rule.Window.Milliseconds()
 				continue
 			}
-			s.used[c.key] += c.cost
+			undo := s.spend(&c.r.rule, c.key, c.cost)
 			outs[i] = s.outcomeOf(&modelCheck{r: c.r, key: c.key, cost: 0})
 			if c.r.successes && rt.status >= 500 {
-				s.used[c.key] -= c.cost // settled once the headers are sent
+				undo() // settled once the headers are sent
 			}
 		}
 		// Each limiter reports its most restrictive rule (fewest remaining, then the
@@ -572,9 +860,11 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 				best = i
 			}
 		}
-		res.retryAfter = seconds(outs[best].retryAfter)
+		res.retryAfter = int(max(seconds(outs[best].retryAfter), 1))
+		res.wait = outs[best].retryAfter
+		res.refusedGroup = refused
 	}
-	const near = 10 * time.Second
+	const near = 10_000 // ms
 	for i := range outs {
 		b := &outs[best]
 		if refused < 0 && outs[i].remaining == b.remaining && b.reset-outs[i].reset < near ||
@@ -583,12 +873,18 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 		}
 	}
 	res.reported = fmt.Sprintf("%d/%d/%d", max(outs[best].remaining, 0), checks[best].r.rule.Capacity(), seconds(outs[best].reset))
-	var parts []string
+	var parts, partsT []string
 	for i := range checks {
 		if listed[i] { // the rules of limiters a refusal left unasked are not known
-			parts = append(parts, fmt.Sprintf("%q;r=%d", checks[i].r.rule.Name, max(outs[i].remaining, 0)))
+			p := fmt.Sprintf("%q;r=%d", checks[i].r.rule.Name, max(outs[i].remaining, 0))
+			parts = append(parts, p)
+			if outs[i].avail > 0 && outs[i].remaining < checks[i].r.rule.Capacity() {
+				p += fmt.Sprintf(";t=%d", outs[i].avail/1000) // draft-11: rounded down
+			}
+			partsT = append(partsT, p)
 		}
 	}
 	res.rateLimit = strings.Join(parts, ", ")
+	res.rateLimitT = strings.Join(partsT, ", ")
 	return res
 }

@@ -50,6 +50,11 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 // draft-ietf-httpapi-ratelimit-headers-11, listing every rule of the request (of every
 // stacked layer); headers.IETFDraft10 and headers.BothDraft10 send them per draft-10
 // (t rounded up); headers.None sends none, for routes such as authentication endpoints.
+// RateLimit's t is the end of a fixed window, or the time until a token bucket's next
+// whole unit, which the middleware derives from the bucket's reset in whole
+// milliseconds: it may be 1 ms early, never late (so a draft-11 t can be one second low
+// when the next unit is exactly on a second). A rolling window or an in-flight rule
+// sends no t.
 // With stacked layers, the style of the layer whose rule is reported applies, and the
 // rules of a layer with headers.None are never disclosed: the RateLimit fields of another
 // layer's style do not list them, and a refusal's violated-policies does not name them.

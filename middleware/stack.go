@@ -556,10 +556,11 @@ func leaseRetryAfter(d time.Duration) time.Duration {
 //
 // Remaining gets the cost back, exactly. ResetAfter is exact for a budget whole again
 // (0) and for a fixed window (a spend never moves an open window's end). A token bucket
-// is full again sooner by the refill of the cost, Window/Limit per unit (the step
-// available uses, so that the time to its next unit is the one the admission implied:
-// a spend of whole units does not change it); the limiter rounds waits to whole
-// milliseconds, so this is within a millisecond of its own. For a rolling window or
+// is full again sooner by the refill of the cost, Window/Limit per unit, so that the time
+// to its next unit is the one the admission implied (a spend of whole units does not
+// change it); the limiter rounds waits to whole milliseconds, so this is within a
+// millisecond of its own, and available, which rounds it up to whole milliseconds,
+// stays at most 1 ms early. For a rolling window or
 // leases the admission does not say when the budget's earlier newest event leaves, or
 // its earlier newest lease expires: ResetAfter stays the time the given-back one would
 // have (an upper bound), which no header sends (their effective window is unknown).
@@ -597,11 +598,25 @@ func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duratio
 	case ratebudget.FixedWindow:
 		return reset
 	case ratebudget.TokenBucket:
-		// The bucket refills Limit per Window, linearly: the next whole unit arrives
-		// (capacity-remaining-1) units' time before it is full.
-		per := r.Window / time.Duration(r.Limit)
-		next := reset - time.Duration(capacity-remaining-1)*per
-		return max(next, time.Nanosecond) // sent as t=0 when under a second
+		// The bucket refills Limit units per Window, Limit scaled units (units × window
+		// ms) a millisecond: the next whole unit arrives k = capacity-remaining-1 units,
+		// k×Window scaled units, before it is full. The reset is the deficit D's refill
+		// rounded up to whole ms, R = ceil(D/Limit), which leaves D within Limit scaled
+		// units; the next unit comes ceil((D-k×Window)/Limit) ms from now, of which this
+		// is the least (exact when Limit divides k×Window, else at most 1 ms early), in
+		// integers: a per-unit Duration loses its fraction k times over, or is zero for a
+		// unit that refills in under a nanosecond.
+		w := r.Window.Milliseconds()
+		resetMs := int64(reset / time.Millisecond)
+		if reset%time.Millisecond != 0 {
+			resetMs++
+		}
+		kw := (capacity - remaining - 1) * w // at most capacity×Window <= 2^53
+		next := resetMs - kw/r.Limit
+		if kw%r.Limit != 0 {
+			next--
+		}
+		return max(time.Duration(next)*time.Millisecond, time.Nanosecond) // sent as t=0 when under a second
 	}
 	return 0
 }

@@ -206,7 +206,10 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 			ts = now
 		}
 		d = b.count
-		if elapsed >= ceilDiv(d, rate) {
+		// Full once refilled at this rule's rate, or at the latest when the rule that
+		// wrote the bucket would have refilled it (its expiry, as a Redis key's: a
+		// Limit lowered under the same name), whether or not the sweep dropped it.
+		if elapsed >= ceilDiv(d, rate) || now >= b.expires {
 			d = 0
 		} else {
 			d -= elapsed * rate

@@ -225,7 +225,9 @@ func charge(b *budget, r *Rule, n, now int64) {
 // (there inline: the call, which the compiler does not inline, cost a single-check
 // decision 8-35% in BenchmarkMemoryAllow/token). The bucket keeps its deficit, so that
 // the level is the rule's capacity less what was spent and not yet refilled, however
-// the capacity changed since; debt is cut at one capacity below zero.
+// the capacity changed since; debt is cut at one capacity below zero. The bucket is full
+// at its expiry, when the rule that wrote it would have refilled it, also if this rule's
+// Limit is lower.
 func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
 	full := r.Capacity() * r.Window.Milliseconds()
 	ts = b.end
@@ -235,7 +237,7 @@ func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
 	} else {
 		ts = now
 	}
-	if elapsed >= ceilDiv(b.count, r.Limit) {
+	if elapsed >= ceilDiv(b.count, r.Limit) || now >= b.expires {
 		return full, ts, lag
 	}
 	return full - min(b.count-elapsed*r.Limit, 2*full), ts, lag

@@ -64,3 +64,37 @@ func TestTokenBucketCapacityChange(t *testing.T) {
 		})
 	}
 }
+
+// TestTokenBucketRateLowered: a token bucket whose Limit is lowered under the same name
+// refills at the new rate from the level it had, and is full at the latest when it
+// would have been under the rule that last spent from it, as on Redis, where that
+// spend's key expires then. Whether the sweep has dropped the bucket by that time makes
+// no difference.
+func TestTokenBucketRateLowered(t *testing.T) {
+	rule := func(limit int64) ratebudget.Rule {
+		return ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: limit, Burst: 100, Window: time.Hour}
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		after     time.Duration // from the spend of the whole bucket under Limit 100
+		remaining int64         // after a spend of 1 under Limit 10
+	}{
+		{name: "before-the-old-refill", after: 30 * time.Minute, remaining: 4},
+		{name: "at-the-old-refill", after: time.Hour, remaining: 99},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, sweep := range []time.Duration{time.Millisecond, 24 * time.Hour} {
+				m, clk := newMemory(t, ratebudget.WithSweepInterval(sweep))
+				if d, err := m.Allow(ctx, []ratebudget.Check{{Rule: rule(100), Identity: "id", Cost: 100}}); err != nil || !d.Allowed {
+					t.Fatalf("emptying the bucket: %+v, %v", d, err)
+				}
+				clk.Advance(tc.after)
+				d, err := m.Allow(ctx, []ratebudget.Check{{Rule: rule(10), Identity: "id", Cost: 1}})
+				if err != nil || !d.Allowed || d.Remaining != tc.remaining {
+					t.Errorf("sweep %v: %+v, %v; want admitted with %d remaining", sweep, d, err, tc.remaining)
+				}
+			}
+		})
+	}
+}

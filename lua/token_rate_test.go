@@ -146,3 +146,43 @@ func TestTokenBucketCapacityChange(t *testing.T) {
 		})
 	}
 }
+
+// TestTokenBucketRateLoweredFullAtOldRefill: a token bucket whose Limit is lowered under
+// the same name is full again once the rule that last spent from it would have refilled
+// it (its key expires then), also when it was refused since; Memory reports the same.
+func TestTokenBucketRateLoweredFullAtOldRefill(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
+	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now), ratebudget.WithSweepInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 100 tokens refill in 200ms under Limit 100, in 2s under Limit 10.
+	rule := func(limit int64) ratebudget.Rule {
+		return ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: limit, Burst: 100, Window: 200 * time.Millisecond}
+	}
+	for _, lim := range []ratebudget.Limiter{l, mem} {
+		if d, err := lim.Allow(ctx, []ratebudget.Check{{Rule: rule(100), Identity: "id", Cost: 100}}); err != nil || !d.Allowed {
+			t.Fatalf("emptying the bucket: %+v, %v", d, err)
+		}
+		if d, err := lim.Allow(ctx, []ratebudget.Check{{Rule: rule(10), Identity: "id", Cost: 50}}); err != nil || d.Allowed {
+			t.Fatalf("50 tokens of an empty bucket: %+v, %v", d, err)
+		}
+	}
+	key := l.Key(ratebudget.Check{Rule: rule(10), Identity: "id"})
+	for deadline := time.Now().Add(10 * time.Second); c.Exists(ctx, key).Val() == 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("key %s still there, PTTL %v", key, c.PTTL(ctx, key).Val())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	clock.Advance(200 * time.Millisecond)
+	for _, lim := range []ratebudget.Limiter{l, mem} {
+		d, err := lim.Allow(ctx, []ratebudget.Check{{Rule: rule(10), Identity: "id", Cost: 1}})
+		if err != nil || !d.Allowed || d.Remaining != 99 {
+			t.Errorf("%T: %+v, %v; want admitted from a full bucket, 99 remaining", lim, d, err)
+		}
+	}
+}

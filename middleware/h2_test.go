@@ -57,9 +57,15 @@ func h2Server(t *testing.T, h http.Handler, clear bool) (url string, client *htt
 		p.SetUnencryptedHTTP2(true)
 		srv.Config.Protocols = &p
 		srv.Start()
+		// One client connection, not a Transport's pool: on a loaded machine the pool
+		// was seen to dial a connection for each request of the burst below.
 		tr := &http.Transport{Protocols: &p, DisableCompression: true}
-		t.Cleanup(tr.CloseIdleConnections)
-		client = &http.Client{Transport: tr}
+		cc, err := tr.NewClientConn(context.Background(), "http", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cc.Close() })
+		client = &http.Client{Transport: cc}
 	} else {
 		srv.EnableHTTP2 = true
 		srv.StartTLS()

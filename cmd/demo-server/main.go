@@ -340,14 +340,18 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	grace := shutdownGrace
+	if g, ok := ctx.Value(graceKey{}).(time.Duration); ok {
+		grace = g
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		// The grace is over: close the connections left, whose handlers then fail to
 		// write and return (their leases are released or expire after -lease-ttl).
 		_ = srv.Close()
 		if errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("shutdown: requests still running after %v were cut off", shutdownGrace)
+			return fmt.Errorf("shutdown: requests still running after %v were cut off", grace)
 		}
 		return fmt.Errorf("shutdown: %w", err)
 	}
@@ -492,8 +496,11 @@ const (
 
 // shutdownGrace is how long a stopping server lets running requests finish: longer than
 // the longest GET /api/slow, so that none is cut (and its lease left to expire).
-// (A variable, for tests.)
-var shutdownGrace = maxSlow + 5*time.Second
+const shutdownGrace = maxSlow + 5*time.Second
+
+// graceKey is the key of a context value (a time.Duration) that replaces shutdownGrace
+// for the run given that context: a test's, which leaves other runs theirs.
+type graceKey struct{}
 
 // slowHandler sleeps ?ms=N milliseconds (at most 10 s), or until the client goes away.
 func slowHandler(w http.ResponseWriter, r *http.Request) {

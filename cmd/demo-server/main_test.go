@@ -284,10 +284,7 @@ func TestShutdownLetsSlowRequestFinish(t *testing.T) {
 // reads nothing) is cut off: run closes its connection and says so, instead of returning
 // a bare context error.
 func TestShutdownGraceCutsStalledRequests(t *testing.T) {
-	grace := shutdownGrace
-	shutdownGrace = 200 * time.Millisecond
-	t.Cleanup(func() { shutdownGrace = grace })
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), graceKey{}, 200*time.Millisecond))
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)

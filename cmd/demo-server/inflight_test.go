@@ -482,9 +482,15 @@ func TestShutdownReleasesLeaseOnRedis(t *testing.T) {
 	defer cancel()
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
+	exited := make(chan struct{})
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-redis", "redis://" + srv.Addr + "/0", "-lease-ttl", "1h"}, io.Discard, ready)
+		// The test is about the shutdown, not the decision's deadline: a loaded machine
+		// under the race detector may take more than the default 50 ms.
+		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-redis", "redis://" + srv.Addr + "/0", "-lease-ttl", "1h", "-store-timeout", "2s"}, io.Discard, ready)
+		close(exited)
 	}()
+	// On a failure below, the server is stopped before the next test starts.
+	t.Cleanup(func() { cancel(); <-exited })
 	var base string
 	select {
 	case addr := <-ready:

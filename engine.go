@@ -2,6 +2,7 @@ package ratebudget
 
 import (
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -11,8 +12,9 @@ import (
 type budget struct {
 	// FixedWindow: count admitted in the window that ends at end.
 	// TokenBucket: count is the deficit (full - level) in scaled units (tokens × window
-	// ms) at time end, as the Redis limiter keeps it: a rule whose Burst changes under
-	// the same name keeps what was spent, whatever its capacity (see tokenLevel).
+	// ms, of the Window in winHi and winLo) at time end, as the Redis limiter keeps it: a
+	// rule whose Burst or Window changes under the same name keeps what was spent, in
+	// tokens, whatever its capacity or window (see tokenLevel).
 	// RollingWindow: count is the sum of the events' costs.
 	// InFlight: unused.
 	count, end int64
@@ -29,12 +31,46 @@ type budget struct {
 	// its shard's queue, oldest first.
 	next, newer *budget
 	algo        Algorithm
-	// used is set by every lookup that finds the budget and cleared when the shard's
-	// eviction hand passes it over (see memShard.makeRoom).
-	used bool
-	// shared is set once another budget has had the same hash (see memShard.unchain).
-	shared bool
-	digest bool
+	digest      bool
+	// marks holds marked (set by every lookup that finds the budget and cleared when the
+	// shard's eviction hand passes it over, see memShard.makeRoom) and sharedHash (set
+	// once another budget has had the same hash, see memShard.unchain).
+	marks uint8
+	// winHi<<32 | winLo is a TokenBucket's Window in ms, the unit of its deficit (35 bits
+	// for 366 days; 0 until the first write). They fill what would be padding.
+	winHi uint8
+	winLo uint32
+}
+
+// budget marks.
+const (
+	marked     = 1 << iota // used since the eviction hand last passed it
+	sharedHash             // another budget has had the same hash
+)
+
+// window is the Window (ms) of b's token-bucket deficit, 0 when none was written.
+func (b *budget) window() int64 { return int64(b.winHi)<<32 | int64(b.winLo) }
+
+// setWindow records w (ms, below 2^40) as the Window of b's token-bucket deficit.
+func (b *budget) setWindow(w int64) { b.winHi, b.winLo = uint8(w>>32), uint32(w) }
+
+// convertDeficit converts a token bucket's deficit d (at most 2^53) from units of the
+// window from (ms) to units of the window to: the same number of tokens, d × to / from
+// rounded up (a partly refilled token is never rounded away), at most 2^53. The Redis
+// limiter computes the same, exactly, in allow.lua and settle.lua.
+func convertDeficit(d, from, to int64) int64 {
+	hi, lo := bits.Mul64(uint64(d), uint64(to))
+	if hi >= uint64(from) {
+		return maxScaled // the quotient is 2^64 or more
+	}
+	q, r := bits.Div64(hi, lo, uint64(from))
+	if q >= maxScaled {
+		return maxScaled
+	}
+	if r > 0 {
+		q++
+	}
+	return int64(q)
 }
 
 // is reports whether b is the budget of k.
@@ -206,6 +242,9 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 			ts = now
 		}
 		d = b.count
+		if bw := b.window(); bw != w && d > 0 {
+			d = convertDeficit(d, bw, w) // the Window changed under the same name
+		}
 		// Full once refilled at this rule's rate, or at the latest when the rule that
 		// wrote the bucket would have refilled it (its expiry, as a Redis key's: a
 		// Limit lowered under the same name), whether or not the sweep dropped it.
@@ -240,6 +279,7 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 	toFull := wait(full)
 	if commit {
 		b.count, b.end, b.expires = full-level, ts, now+toFull
+		b.setWindow(w)
 	}
 	return Outcome{Allowed: true, Remaining: level / w, ResetAfter: ms(toFull)}
 }

@@ -225,11 +225,13 @@ func charge(b *budget, r *Rule, n, now int64) {
 // (there inline: the call, which the compiler does not inline, cost a single-check
 // decision 8-35% in BenchmarkMemoryAllow/token). The bucket keeps its deficit, so that
 // the level is the rule's capacity less what was spent and not yet refilled, however
-// the capacity changed since; debt is cut at one capacity below zero. The bucket is full
-// at its expiry, when the rule that wrote it would have refilled it, also if this rule's
-// Limit is lower.
+// the capacity or the window changed since (a deficit written under another Window is
+// converted to this one's units, see convertDeficit); debt is cut at one capacity below
+// zero. The bucket is full at its expiry, when the rule that wrote it would have
+// refilled it, also if this rule's Limit is lower.
 func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
-	full := r.Capacity() * r.Window.Milliseconds()
+	w := r.Window.Milliseconds()
+	full := r.Capacity() * w
 	ts = b.end
 	elapsed := now - ts
 	if elapsed < 0 {
@@ -237,16 +239,22 @@ func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
 	} else {
 		ts = now
 	}
-	if elapsed >= ceilDiv(b.count, r.Limit) || now >= b.expires {
+	d := b.count
+	if bw := b.window(); bw != w && d > 0 {
+		d = convertDeficit(d, bw, w)
+	}
+	if elapsed >= ceilDiv(d, r.Limit) || now >= b.expires {
 		return full, ts, lag
 	}
-	return full - min(b.count-elapsed*r.Limit, 2*full), ts, lag
+	return full - min(d-elapsed*r.Limit, 2*full), ts, lag
 }
 
 // setToken writes a token bucket's level at ts, and its expiry: when it is full again.
 func setToken(b *budget, r *Rule, level, ts, lag, now int64) {
-	full := r.Capacity() * r.Window.Milliseconds()
+	w := r.Window.Milliseconds()
+	full := r.Capacity() * w
 	b.count, b.end = full-level, ts
+	b.setWindow(w)
 	b.expires = now
 	if level < full {
 		b.expires = now + lag + ceilDiv(full-level, r.Limit)

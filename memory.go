@@ -274,7 +274,7 @@ func (s *memShard) find(h uint64, k *memKey) (found *budget, collides bool) {
 	head := s.chain(h)
 	for b := head; b != nil; b = b.next {
 		if b.is(k) {
-			b.used = true
+			b.marks |= marked
 			return b, true
 		}
 	}
@@ -307,9 +307,9 @@ func (s *memShard) insert(h uint64, k *memKey, collides bool, spare *budget) *bu
 	if collides {
 		s.own(h)
 		if b.next = s.m[h]; b.next != nil {
-			b.shared = true
+			b.marks |= sharedHash
 			for o := b.next; o != nil; o = o.next {
-				o.shared = true
+				o.marks |= sharedHash
 			}
 		}
 	}
@@ -346,7 +346,7 @@ func (s *memShard) ownKey(identity, scope string) (string, string) {
 // unchain removes b from the map; the queue is the caller's to fix.
 func (s *memShard) unchain(b *budget) {
 	h := b.h
-	if !b.shared { // alone under its hash: one map operation (two while the map is replaced)
+	if b.marks&sharedHash == 0 { // alone under its hash: one map operation (two while the map is replaced)
 		delete(s.m, h)
 		if s.old != nil {
 			delete(s.old, h)
@@ -388,7 +388,7 @@ func (s *memShard) makeRoom(now int64, keep []*budget) (spare *budget) {
 		if b == s.kept {
 			s.kept = nil // the sweep under way goes on at the new head, which followed b
 		}
-		if (b.expires <= now || !b.used) && !kept(keep, b) {
+		if (b.expires <= now || b.marks&marked == 0) && !kept(keep, b) {
 			if s.oldest == nil {
 				s.newest = nil
 			}
@@ -399,7 +399,7 @@ func (s *memShard) makeRoom(now int64, keep []*budget) (spare *budget) {
 			spare = b
 			continue
 		}
-		b.used = false
+		b.marks &^= marked
 		if s.oldest == nil {
 			s.oldest = b
 		} else {

@@ -612,7 +612,7 @@ func TestSweepResumesConsistently(t *testing.T) {
 			s.get(k.h, &k.k)
 		case op < 96: // every budget looked up: the eviction hand passes them all over
 			for b := s.oldest; b != nil; b = b.newer {
-				b.used = true
+				b.marks |= marked
 			}
 		case op < 99:
 			now += rng.Int64N(3)

@@ -84,12 +84,13 @@ const (
 // Redis limiter treat the change alike:
 //   - FixedWindow: an open window keeps its end, so a shortened Window takes effect at
 //     the next window; a lowered Limit leaves a negative [Outcome.Remaining] until then.
-//   - TokenBucket: the bucket keeps what was spent and not yet refilled (its deficit):
-//     a changed Limit refills at the new rate from the level it had (a lowered one
-//     until the bucket would have been full under the rule that last spent from it:
-//     it is full then), a raised Burst is there at once less what was spent, a lowered
-//     one holds at most its new capacity, and debt is cut at one new capacity. The deficit is kept in units of the Window,
-//     which are not converted: give a token bucket whose Window changes a new Name.
+//   - TokenBucket: the bucket keeps what was spent and not yet refilled (its deficit, in
+//     tokens): a changed Limit or Window refills at the new rate from the level it had
+//     (the time since the bucket was last written refills at the rate of the rule
+//     deciding; a lowered rate until the bucket would have been full under the rule that
+//     last spent from it: it is full then), a raised Burst is there at once less what
+//     was spent, a lowered one holds at most its new capacity, and debt is cut at one
+//     new capacity.
 //   - RollingWindow: admitted events keep their times and are counted over the Window
 //     of the rule deciding, while they are kept: a decision under a shorter Window may
 //     drop those that left it, and the state may expire when the newest event leaves

@@ -29,21 +29,27 @@
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY; a
 --                   value not in INCRBY's decimal form, or beyond 2^53, is an error reply
 --                   before any write (for a single check, INCRBY's own).
---   token bucket:   string "<d>:<t>": d, the deficit (full - level, in tokens x window
---                   ms; rate = limit per ms, full = capacity x window) at the time of the
---                   write, and t = ceil(d / rate), its time until full, written with SET
---                   key "<d>:<t>" PX lag + t: the key expires when the bucket is full
+--   token bucket:   string "<d>:<t>:<w>": d, the deficit (full - level, in tokens x
+--                   window ms; rate = limit per ms, full = capacity x window) at the
+--                   time of the write, t = ceil(d / rate), its time until full, and w
+--                   the window (ms) d is in units of, written with SET key
+--                   "<d>:<t>:<w>" PX lag + t: the key expires when the bucket is full
 --                   again, and no key is a full bucket. Redis keeps the expiry as an
 --                   absolute time and PTTL = expiry - now, so a reader gets the time
 --                   since the write as t - PTTL, whatever rate it decides with (a rule
 --                   whose Limit changed under the same name refills at its new rate from
 --                   the level written, as in engine.go); below zero, the clock went back
 --                   by that much (the lag: no refill, and every wait includes it, as in
---                   engine.go). A plain "<d>" (as written before t was) is read with t =
+--                   engine.go). A reader under another window (a rule whose Window
+--                   changed under the same name) converts d to its own units: the same
+--                   tokens, d x window / w rounded up, at most 2^53 (engine.go's
+--                   convertDeficit). "<d>:<t>" and a plain "<d>" (as written before w
+--                   and t were) are read in the reader's units, the latter with t =
 --                   ceil(d / rate). A value without a TTL counts as written now; a
 --                   deficit above full is debt (level below zero, from a settle above
 --                   its reservation), cut at 2 x full (a lowered capacity); a value of
---                   another form, d beyond 2^53 or t beyond d is an error reply.
+--                   another form, d beyond 2^53, t beyond d or w out of 1 ms..366 days is
+--                   an error reply.
 --   in-flight:      sorted set of leases, member = the caller's lease member, score =
 --                   the lease's expiry (ms, now + window when taken or renewed); expired
 --                   leases are trimmed when writing; PEXPIREAT = the newest expiry.
@@ -233,17 +239,46 @@ for i = 1, n do
       call('PEXPIRE', key, ARGV[5 * i - 1]) -- the window; the spend repeats it on admission
     end
   elseif a == 1 then
-    -- x1: the value to write ("<deficit>:<time until full>"), x2: its TTL (lag + time
-    -- until full).
+    -- x1: the value to write ("<deficit>:<time until full>:<window>"), x2: its TTL (lag
+    -- + time until full).
     local rate, full = lim, capa * w
     local d, lag, fix = 0, 0, false -- the deficit now (full - level), the backward clock's lag, a TTL to give back
     local v = call('GET', key)
     if v then
-      local ds, ts = match(v, '^(%d+):(%d+)$')
-      if not ds then ds = match(v, '^%d+$') end
+      local ds, ts, wv = match(v, '^(%d+):(%d+):(%d+)$')
+      if not ds then
+        ds, ts = match(v, '^(%d+):(%d+)$')
+        if not ds then ds = match(v, '^%d+$') end
+      end
       d = tonumber(ds)
-      if not d or d > MAXSCALED then
+      if not d or d > MAXSCALED or ts and tonumber(ts) > d then
+        -- t = ceil(d / rate) for a rate of 1 to 2^40: at most d.
         return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
+      end
+      if wv and wv ~= ARGV[5 * i - 1] then
+        -- Written under another window (the rule's Window changed under the same name):
+        -- the same number of tokens in this window's units, d x w / wo rounded up, at
+        -- most 2^53, as engine.go's convertDeficit. Exactly: d = q x wo + r, and r x w
+        -- (up to 2^70) is divided in two parts, w split at 2^17, every product below 2^53.
+        local wo = tonumber(wv)
+        if wo < 1 or wo > MAXWINDOW then
+          return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
+        end
+        local r = fmod(d, wo)
+        local q = (d - r) / wo
+        if q > (MAXSCALED - fmod(MAXSCALED, w)) / w then
+          d = MAXSCALED
+        else
+          local wl = fmod(w, 131072)
+          local x = r * ((w - wl) / 131072)
+          local rx = fmod(x, wo)
+          local y = rx * 131072 + r * wl
+          local ry = fmod(y, wo)
+          local f = (x - rx) / wo * 131072 + (y - ry) / wo
+          if ry > 0 then f = f + 1 end
+          d = q * w + f -- above 2^53 it may round, but not below 2^53
+          if d > MAXSCALED then d = MAXSCALED end
+        end
       end
       -- The value was written with PX = lag + t, t its time until full at the writer's
       -- rate (ceil(d / rate), the reader's, for a value that does not name it), so the
@@ -254,13 +289,7 @@ for i = 1, n do
       local t = (d - r) / rate
       if r > 0 then t = t + 1 end
       local tw = t
-      if ts then
-        -- t = ceil(d / rate) for a rate of 1 to 2^40: at most d.
-        tw = tonumber(ts)
-        if tw > d then
-          return redis.error_reply('ERR ratebudget: corrupt bucket in check ' .. i)
-        end
-      end
+      if ts then tw = tonumber(ts) end
       local pttl = call('PTTL', key)
       if pttl == -1 then
         -- No TTL (written by hand): its time is now; give it its TTL back.
@@ -313,7 +342,7 @@ for i = 1, n do
       tofull = lag + (d - r) / rate
       if r > 0 then tofull = tofull + 1 end
       ok, rem, reset = 1, (level - fmod(level, w)) / w, tofull
-      x1, x2 = format('%d:%d', d, tofull - lag), tofull
+      x1, x2 = format('%d:%d:%s', d, tofull - lag, ARGV[5 * i - 1]), tofull
     end
     if fix and (ok == 0 or n > 1) then
       call('PEXPIRE', key, fix) -- the spend's SET PX repeats it on admission

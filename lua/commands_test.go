@@ -483,8 +483,8 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 		t.Fatalf("full bucket: %+v, %v", d, err)
 	}
 	between("ResetAfter", d.ResetAfter, (lag+1000)*time.Millisecond, start)
-	if v := c.Get(ctx, key).Val(); v != "10000:1000" {
-		t.Errorf("bucket %q after spending one token of a full one, want deficit \"10000\", full in 1000ms", v)
+	if v := c.Get(ctx, key).Val(); v != "10000:1000:10000" {
+		t.Errorf("bucket %q after spending one token of a full one, want deficit \"10000\", full in 1000ms, window 10000ms", v)
 	}
 	if pttl, slack := c.PTTL(ctx, key).Val(), time.Since(start)+2*time.Millisecond; pttl < d.ResetAfter-slack || pttl > d.ResetAfter {
 		t.Errorf("PTTL %v, want the reported reset %v minus at most %v", pttl, d.ResetAfter, slack)
@@ -505,14 +505,15 @@ func TestTokenBucketBackwardClock(t *testing.T) {
 	}
 }
 
-// TestTokenBucketState: a token bucket is one string, "<deficit>:<time until full>",
-// its deficit (full - level, in tokens x window ms) and ceil(deficit / rate) as decimal
-// integers, whose TTL is the time until full; the time since it was written is that
-// time until full - PTTL (a plain deficit, as written before, is read with
-// ceil(deficit / rate)). A bucket found without a TTL is read as written now and given
-// its TTL back; a deficit above full is debt (refused, Remaining reported as 0, the
-// decision's floor); a value of another form, a deficit beyond 2^53 or a time until
-// full beyond the deficit is an error reply and is left as it was.
+// TestTokenBucketState: a token bucket is one string,
+// "<deficit>:<time until full>:<window>", its deficit (full - level, in tokens x window
+// ms), ceil(deficit / rate) and the window (ms) as decimal integers, whose TTL is the
+// time until full; the time since it was written is that time until full - PTTL (a
+// plain deficit, as written before, is read with ceil(deficit / rate)). A bucket found
+// without a TTL is read as written now and given its TTL back; a deficit above full is
+// debt (refused, Remaining reported as 0, the decision's floor); a value of another
+// form, a deficit beyond 2^53, a time until full beyond the deficit or a window out of
+// 1ms..366 days is an error reply and is left as it was.
 func TestTokenBucketState(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
@@ -529,8 +530,8 @@ func TestTokenBucketState(t *testing.T) {
 	if typ := c.Type(ctx, key).Val(); typ != "string" {
 		t.Fatalf("bucket type %q, want string", typ)
 	}
-	if v := c.Get(ctx, key).Val(); v != "30000:3000" {
-		t.Fatalf("bucket %q, want the deficit \"30000\", full in 3000ms", v)
+	if v := c.Get(ctx, key).Val(); v != "30000:3000:10000" {
+		t.Fatalf("bucket %q, want the deficit \"30000\", full in 3000ms, window 10000ms", v)
 	}
 	if pttl, slack := c.PTTL(ctx, key).Val(), time.Since(first)+2*time.Millisecond; pttl < 3*time.Second-slack || pttl > 3*time.Second {
 		t.Fatalf("PTTL %v, want the time until full, 3s, minus at most %v", pttl, slack)
@@ -549,9 +550,10 @@ func TestTokenBucketState(t *testing.T) {
 		t.Fatalf("after 2s of refill: %+v, %v; want admitted, 6 left, reset 4s minus at most %v", d, err, slack)
 	}
 	ds, ts, _ := strings.Cut(c.Get(ctx, key).Val(), ":")
+	ts, ws, _ := strings.Cut(ts, ":")
 	v, _ := strconv.ParseInt(ds, 10, 64)
-	if ts != strconv.FormatInt((v+9)/10, 10) {
-		t.Fatalf("bucket %q: time until full %q, want ceil(deficit / 10)", c.Get(ctx, key).Val(), ts)
+	if ts != strconv.FormatInt((v+9)/10, 10) || ws != "10000" {
+		t.Fatalf("bucket %q: time until full %q, window %q, want ceil(deficit / 10) and 10000", c.Get(ctx, key).Val(), ts, ws)
 	}
 	if el := (40000 - v) / 10; v > 40000 || (40000-v)%10 != 0 || time.Duration(el)*time.Millisecond > slack {
 		t.Fatalf("deficit %d, want 40000 less 10 per ms since the write (at most %v)", v, slack)
@@ -591,7 +593,8 @@ func TestTokenBucketState(t *testing.T) {
 	}
 	// Strict parsing: anything but a decimal integer below 2^53 is an error reply.
 	for _, bad := range []string{"", "-1", "+1", "1.5", " 1", "1 ", "1e3", "0x10", "a",
-		"99999999999999999999", "70000:1796069878916", "1:", ":1", "1:2", "1:-1", "1:1:1", "99999999999999999999:1"} {
+		"99999999999999999999", "70000:1796069878916", "1:", ":1", "1:2", "1:-1", "1:1:1:1", "99999999999999999999:1",
+		"1:1:0", "1:1:31622400001", "1:1:", "1:1:-1", "1:2:10000", "99999999999999999999:1:10000"} {
 		if err := c.Set(ctx, key, bad, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -693,8 +696,8 @@ func TestTokenBucketRefundKeepsLag(t *testing.T) {
 	if got := hook.take(); got["evalsha"] != 3 {
 		t.Fatalf("client sent %v, want two allow calls and a refund", got)
 	}
-	if v := c.Get(ctx, l.Key(tb)).Val(); v != "50000:5000" {
-		t.Fatalf("bucket %q after the refund, want \"50000:5000\" (no refill while the clock lags)", v)
+	if v := c.Get(ctx, l.Key(tb)).Val(); v != "50000:5000:10000" {
+		t.Fatalf("bucket %q after the refund, want \"50000:5000:10000\" (no refill while the clock lags)", v)
 	}
 	p := c.PTTL(ctx, l.Key(tb)).Val()
 	if slack := time.Since(start) + 2*time.Millisecond; p > lag+5*time.Second || p < lag+5*time.Second-slack {

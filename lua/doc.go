@@ -99,9 +99,10 @@
 // matter. The rules are exactly those of [ratebudget.Memory]:
 //   - fixed window: a counter created with SET key cost PX window at the first admission
 //     of an idle budget, then INCRBY. A counter found without a TTL is given one.
-//   - token bucket: the deficit at the time of the write and its time until full,
-//     written with SET PX (that time), so that the key expires when the bucket is full
-//     again; the time since the write is read from the TTL, so a rule whose Limit
+//   - token bucket: the deficit at the time of the write, its time until full and the
+//     window its units are of, written with SET PX (that time), so that the key expires
+//     when the bucket is full again; the time since the write is read from the TTL, and
+//     the deficit is converted to the reader's window, so a rule whose Limit or Window
 //     changes under the same name refills at its new rate from the level written. If
 //     the server clock goes back, the bucket does not refill until it catches up.
 //   - rolling window: a sorted set of admitted events over (now-window, now], each named

@@ -38,7 +38,8 @@
 -- are distinct, so the order changes no result. A fixed window is given back only while
 -- its PEXPIRETIME is the ticket's (the same window); a count back to 0 deletes the key,
 -- so that the next admission opens its own window. A token bucket's deficit (read with
--- PTTL as allow.lua reads it, and cut at 2 x full in debt) is lowered, never below a
+-- PTTL as allow.lua reads it, converted to this rule's window's units, and cut at 2 x
+-- full in debt) is lowered, never below a
 -- full bucket. A rolling-window event is given back only while it is the newest, in the
 -- window, and has the ticket's time and sum: it is removed, or rewritten in allow.lua's
 -- member form when it merged other admissions; the event that becomes the newest loses
@@ -98,6 +99,28 @@ local function ceildiv(a, b)
   local q = (a - r) / b
   if r > 0 then q = q + 1 end
   return q
+end
+
+-- convert is allow.lua's conversion of a token bucket's deficit d, written under the
+-- window wo, to the units of the window w (engine.go's convertDeficit): d x w / wo
+-- rounded up, at most 2^53, exactly. nil for a window out of range (a corrupt bucket).
+local function convert(d, wo, w)
+  if wo == w then return d end
+  if wo < 1 or wo > MAXWINDOW then return nil end
+  local fmod = math.fmod
+  local r = fmod(d, wo)
+  local q = (d - r) / wo
+  if q > (MAXSCALED - fmod(MAXSCALED, w)) / w then return MAXSCALED end
+  local wl = fmod(w, 131072)
+  local x = r * ((w - wl) / 131072)
+  local rx = fmod(x, wo)
+  local y = rx * 131072 + r * wl
+  local ry = fmod(y, wo)
+  local f = (x - rx) / wo * 131072 + (y - ry) / wo
+  if ry > 0 then f = f + 1 end
+  d = q * w + f
+  if d > MAXSCALED then d = MAXSCALED end
+  return d
 end
 
 local args = {}
@@ -197,17 +220,24 @@ for i = 1, n do
     end
   elseif a.algo == 1 then
     local v = first('GET', key)
-    -- allow.lua's form "<deficit>:<time until full at the writer's rate>", or a plain
-    -- deficit, whose time until full is read at this rule's rate.
-    local ds, ts
+    -- allow.lua's form "<deficit>:<time until full at the writer's rate>:<the writer's
+    -- window>", or either older form: "<deficit>:<time until full>", a plain deficit
+    -- (whose time until full is read at this rule's rate), both in this rule's units.
+    local ds, ts, wv
     if v then
-      ds, ts = string.match(v, '^(%d+):(%d+)$')
-      if not ds then ds = string.match(v, '^%d+$') end
+      ds, ts, wv = string.match(v, '^(%d+):(%d+):(%d+)$')
+      if not ds then
+        ds, ts = string.match(v, '^(%d+):(%d+)$')
+        if not ds then ds = string.match(v, '^%d+$') end
+      end
     end
     local d = ds and tonumber(ds)
     if d and ts and tonumber(ts) > d then d = nil end -- t = ceil(d / rate) <= d
     local w, rate = a.win, a.limit
     local full = a.cap * w
+    if d and d <= MAXSCALED and wv then
+      d = convert(d, tonumber(wv), w)
+    end
     if d and d <= MAXSCALED then
       local lag = 0
       local pttl = call('PTTL', key)
@@ -232,7 +262,7 @@ for i = 1, n do
         write('DEL', key)
       else
         local t = ceildiv(d, rate)
-        write('SET', key, string.format('%d:%d', d, t), 'PX', lag + t)
+        write('SET', key, string.format('%d:%d:%d', d, t, w), 'PX', lag + t)
       end
       done = 1
     end

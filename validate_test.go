@@ -304,3 +304,20 @@ func TestZeroMemoryIsAConfigError(t *testing.T) {
 		t.Fatalf("zero Memory: Len %d, want 0", n)
 	}
 }
+
+// Algorithm's String: each time rule's name, without allocating; "Algorithm(n)" for another.
+func TestAlgorithmString(t *testing.T) {
+	for a, want := range map[ratebudget.Algorithm]string{
+		ratebudget.FixedWindow: "fixed", ratebudget.TokenBucket: "token", ratebudget.RollingWindow: "rolling",
+		ratebudget.InFlight: "inflight", ratebudget.Algorithm(4): "Algorithm(4)", ratebudget.Algorithm(255): "Algorithm(255)",
+	} {
+		if got := a.String(); got != want {
+			t.Errorf("Algorithm %d: String() = %q, want %q", uint8(a), got, want)
+		}
+		if a <= ratebudget.InFlight {
+			if n := testing.AllocsPerRun(100, func() { _ = a.String() }); n != 0 {
+				t.Errorf("Algorithm %d: String() allocates %v times, want 0", uint8(a), n)
+			}
+		}
+	}
+}

@@ -269,3 +269,20 @@ func TestDraft10Fields(t *testing.T) {
 		t.Errorf("X-RateLimit-Reset %s, want 60", got)
 	}
 }
+
+// Style's String: each named style's name, without allocating; "Style(n)" for another.
+func TestStyleString(t *testing.T) {
+	for s, want := range map[headers.Style]string{
+		headers.XRateLimit: "x", headers.IETF: "ietf", headers.Both: "both", headers.None: "none",
+		headers.IETFDraft10: "ietf10", headers.BothDraft10: "both10", headers.Style(6): "Style(6)", headers.Style(255): "Style(255)",
+	} {
+		if got := s.String(); got != want {
+			t.Errorf("Style %d: String() = %q, want %q", uint8(s), got, want)
+		}
+		if s <= headers.BothDraft10 {
+			if n := testing.AllocsPerRun(100, func() { _ = s.String() }); n != 0 {
+				t.Errorf("Style %d: String() allocates %v times, want 0", uint8(s), n)
+			}
+		}
+	}
+}

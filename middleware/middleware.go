@@ -156,12 +156,13 @@ const (
 var outcomeNames = [...]string{"allowed", "denied", "exceeded", "degraded", "unavailable", "invalid", "canceled", "settle_failed"}
 
 // String returns the outcome's metric label: "allowed", "denied", "exceeded", "degraded",
-// "unavailable", "invalid", "canceled" or "settle_failed".
+// "unavailable", "invalid", "canceled" or "settle_failed"; "Outcome(n)" for a value
+// that is none of the named ones.
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) {
 		return outcomeNames[o]
 	}
-	return "unknown"
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
 // Event describes one decision, or one failed settle of an admitted request

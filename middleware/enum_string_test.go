@@ -1,0 +1,52 @@
+package middleware_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/ratebudget/ratebudget/middleware"
+)
+
+// The enums' String methods: every named value has its label, without allocating (the
+// metrics collector and the log use them per decision), and a value outside the named
+// ones says its type and number, as ratebudget.Algorithm's does.
+func TestEnumStrings(t *testing.T) {
+	cases := []struct {
+		v    fmt.Stringer
+		want string
+	}{
+		{middleware.OutcomeAllowed, "allowed"},
+		{middleware.OutcomeDenied, "denied"},
+		{middleware.OutcomeExceeded, "exceeded"},
+		{middleware.OutcomeDegraded, "degraded"},
+		{middleware.OutcomeUnavailable, "unavailable"},
+		{middleware.OutcomeInvalid, "invalid"},
+		{middleware.OutcomeCanceled, "canceled"},
+		{middleware.OutcomeSettleFailed, "settle_failed"},
+		{middleware.Outcome(8), "Outcome(8)"},
+		{middleware.Outcome(42), "Outcome(42)"},
+		{middleware.Outcome(255), "Outcome(255)"},
+		{middleware.BreakerClosed, "closed"},
+		{middleware.BreakerOpen, "open"},
+		{middleware.BreakerHalfOpen, "half-open"},
+		{middleware.BreakerState(3), "BreakerState(3)"},
+		{middleware.BreakerState(255), "BreakerState(255)"},
+		{middleware.FailClosed, "closed"},
+		{middleware.FailOpen, "open"},
+		{middleware.LocalFallback, "local"},
+		{middleware.Policy(3), "Policy(3)"},
+		{middleware.Policy(255), "Policy(255)"},
+	}
+	for _, tc := range cases {
+		if got := tc.v.String(); got != tc.want {
+			t.Errorf("%T(%d).String() = %q, want %q", tc.v, tc.v, got, tc.want)
+		}
+		if tc.want[len(tc.want)-1] == ')' {
+			continue
+		}
+		v := tc.v
+		if n := testing.AllocsPerRun(100, func() { _ = v.String() }); n != 0 {
+			t.Errorf("%T(%d).String() allocates %v times, want 0", tc.v, tc.v, n)
+		}
+	}
+}

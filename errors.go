@@ -3,6 +3,7 @@ package ratebudget
 import (
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 // ErrInvalidConfig matches (with errors.Is) every *[ConfigError].
@@ -16,14 +17,32 @@ type ConfigError struct {
 	Rule    string // the rule's name, when the field belongs to a rule
 	Field   string // the field or option at fault, e.g. "Limit" or "WithTimeout"
 	Problem string // what is wrong, e.g. "must be positive, got 0"
+
+	// at is where, among several rules or checks, the rule at fault is when it has no
+	// name to be named by (e.g. "rules[2]"); "" otherwise.
+	at string
 }
 
-// Error names the rule (if any), the field and the problem.
+// Error names the rule (if any), the field and the problem. A rule without a name, in
+// [ValidateRules] or [ValidateChecks], is named by its index, as in
+// "ratebudget: rules[2]: Name must not be empty".
 func (e *ConfigError) Error() string {
 	if e.Rule != "" {
 		return fmt.Sprintf("ratebudget: rule %q: %s %s", e.Rule, e.Field, e.Problem)
 	}
+	if e.at != "" {
+		return fmt.Sprintf("ratebudget: %s: %s %s", e.at, e.Field, e.Problem)
+	}
 	return fmt.Sprintf("ratebudget: %s %s", e.Field, e.Problem)
+}
+
+// locate gives err, a [Rule.Validate] error of element i of the slice named list, the
+// rule's index when the rule has no name to be named by.
+func locate(err error, list string, i int) error {
+	if ce, ok := err.(*ConfigError); ok && ce.Rule == "" {
+		ce.at = list + "[" + strconv.Itoa(i) + "]"
+	}
+	return err
 }
 
 // Is makes errors.Is(err, ErrInvalidConfig) true.

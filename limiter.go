@@ -232,7 +232,8 @@ var nameByte = func() (t [256]bool) {
 // check, valid rules, costs in 1..MaxLimit (exactly 1 for an [InFlight] rule) and no
 // budget named twice: two checks of one rule name, identity and scope, whatever their
 // rules' other fields (one name with several identities or scopes is several budgets).
-// It returns a *[ConfigError] naming the field at fault.
+// It returns a *[ConfigError] naming the field at fault (and a rule without a name by
+// its check's index: "checks[1]: Name must not be empty").
 func ValidateChecks(checks []Check) error {
 	if len(checks) == 0 {
 		return &ConfigError{Field: "checks", Problem: "must not be empty"}
@@ -240,7 +241,7 @@ func ValidateChecks(checks []Check) error {
 	for i := range checks {
 		c := &checks[i]
 		if err := c.Rule.Validate(); err != nil {
-			return err
+			return locate(err, "checks", i)
 		}
 		if c.Cost <= 0 {
 			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be positive"}

@@ -176,15 +176,16 @@ func (r Rule) Validate() error {
 }
 
 // ValidateRules validates each rule ([Rule.Validate]) and checks that there is at least
-// one and that names are unique. It returns a *[ConfigError] naming the field at fault.
+// one and that names are unique. It returns a *[ConfigError] naming the field at fault
+// (and a rule without a name by its index: "rules[2]: Name must not be empty").
 func ValidateRules(rules []Rule) error {
 	if len(rules) == 0 {
 		return &ConfigError{Field: "rules", Problem: "must contain at least one rule"}
 	}
 	seen := make(map[string]struct{}, len(rules))
-	for _, r := range rules {
+	for i, r := range rules {
 		if err := r.Validate(); err != nil {
-			return err
+			return locate(err, "rules", i)
 		}
 		if _, dup := seen[r.Name]; dup {
 			return &ConfigError{Rule: r.Name, Field: "Name", Problem: "is used by more than one rule"}

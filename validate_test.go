@@ -321,3 +321,31 @@ func TestAlgorithmString(t *testing.T) {
 		}
 	}
 }
+
+// Among several rules or checks, a rule without a name cannot be named by its Name: the
+// error says which one by its index, and keeps Rule empty and Field "Name".
+func TestUnnamedRuleErrorSaysWhich(t *testing.T) {
+	a := ratebudget.Rule{Name: "a", Limit: 1, Window: time.Second}
+	b := ratebudget.Rule{Name: "b", Limit: 1, Window: time.Second}
+	unnamed := ratebudget.Rule{Limit: 1, Window: time.Second}
+	want := func(t *testing.T, err error, text string) {
+		t.Helper()
+		wantConfigError(t, err, "", "Name")
+		if err.Error() != text {
+			t.Fatalf("error %q, want %q", err, text)
+		}
+	}
+	want(t, unnamed.Validate(), "ratebudget: Name must not be empty")
+	want(t, ratebudget.ValidateRules([]ratebudget.Rule{a, b, unnamed}), "ratebudget: rules[2]: Name must not be empty")
+	want(t, ratebudget.ValidateRules([]ratebudget.Rule{unnamed, a}), "ratebudget: rules[0]: Name must not be empty")
+	checks := []ratebudget.Check{{Rule: a, Cost: 1}, {Rule: unnamed, Cost: 1}}
+	want(t, ratebudget.ValidateChecks(checks), "ratebudget: checks[1]: Name must not be empty")
+	m, _ := newMemory(t)
+	_, err := m.Allow(context.Background(), checks)
+	want(t, err, "ratebudget: checks[1]: Name must not be empty")
+	// A rule with a name, valid or not, is named by it.
+	bad := ratebudget.Rule{Name: "a b", Limit: 1, Window: time.Second}
+	if err := ratebudget.ValidateRules([]ratebudget.Rule{a, bad}); err == nil || strings.Contains(err.Error(), "rules[") {
+		t.Fatalf("error %v, want one naming rule \"a b\" alone", err)
+	}
+}

@@ -553,3 +553,18 @@ func TestMountingMistakeLoggedWithErrorHandler(t *testing.T) {
 		t.Errorf("logged %d times, want once: %q", n, logged.String())
 	}
 }
+
+// A rule without a name among several is pointed at by its index in New's rules.
+func TestNewUnnamedRuleSaysWhich(t *testing.T) {
+	t.Parallel()
+	lim := memory(t, newClock())
+	rules := []middleware.Rule{
+		{Rule: rule("a", 1, time.Minute), Identity: global},
+		{Rule: rule("", 1, time.Minute), Identity: global},
+	}
+	_, err := middleware.New(lim, rules)
+	var ce *ratebudget.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Name" || ce.Rule != "" || err.Error() != "ratebudget: rules[1]: Name must not be empty" {
+		t.Fatalf("err %v, want rules[1]'s Name named", err)
+	}
+}

@@ -1,7 +1,6 @@
 package middleware_test
 
 import (
-	"context"
 	"io"
 	"log"
 	"net/http"
@@ -44,18 +43,7 @@ func TestClientGoneMidBodyIsCharged(t *testing.T) {
 			okRule := rule("ok", 10, time.Minute)
 			limit := mustNew(t, lim, []middleware.Rule{{Rule: okRule, Identity: global, Counts: middleware.CountSuccesses(nil)}})
 			url, client, served := realServer(t, limit(c.h), h2)
-			ctx, cancel := context.WithCancel(context.Background())
-			req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-			resp, err := client.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := io.ReadFull(resp.Body, make([]byte, 256<<10)); err != nil {
-				t.Fatal(err)
-			}
-			cancel()
-			resp.Body.Close()
-			<-served
+			leaveMidBody(t, client, url, served, 256<<10)
 			if n := spent(t, lim, okRule); n != 1 {
 				t.Errorf("%s: %d charged for a 200 whose client went away mid-body, want 1", c.name, n)
 			}

@@ -64,6 +64,25 @@ func realServer(t *testing.T, h http.Handler, h2 bool) (url string, client *http
 	return srv.URL, client, served
 }
 
+// leaveMidBody requests url, reads the first n bytes of the answer, then goes away (the
+// request's context canceled) and waits for the handler to return.
+func leaveMidBody(t *testing.T, client *http.Client, url string, served <-chan struct{}, n int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	<-served
+}
+
 // protos runs f over HTTP/1.1 and HTTP/2.
 func protos(t *testing.T, f func(t *testing.T, h2 bool)) {
 	for _, h2 := range []bool{false, true} {
@@ -318,18 +337,7 @@ func TestResponseBytesClientGone(t *testing.T) {
 			}
 		}))
 		url, client, served := realServer(t, h, h2)
-		ctx, cancel := context.WithCancel(context.Background())
-		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadFull(resp.Body, make([]byte, 1<<20)); err != nil {
-			t.Fatal(err)
-		}
-		cancel()
-		resp.Body.Close()
-		<-served
+		leaveMidBody(t, client, url, served, 1<<20)
 		if n := spent(t, lim, out); n != accepted.Load() || n < 1<<20 {
 			t.Errorf("%d bytes charged, the handler's writes accepted %d", n, accepted.Load())
 		}

@@ -23,7 +23,7 @@
 --          decide only) as it is, nothing spent, also for a check that fits (allowed 1):
 --          its remaining before its cost, and the reset of what was spent before (0 for
 --          an untouched budget, the fixed window's end, the bucket's time to refill its
---          deficit, the newest event leaving the window, the newest lease expiring).
+--          deficit, the newest event leaving the window, the last lease expiring).
 --
 -- State:
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY; a
@@ -88,8 +88,8 @@
 -- Formatting a number costs about as much as a whole command, so the common paths
 -- pass strings: the caller's window and cost strings (required in canonical decimal
 -- form), the server time as TIME's own digits, and literal ranks. Numbers that must be
--- computed are passed to redis.call as Lua numbers, which Redis formats with %.17g,
--- exact for integers below 2^53 (Lua's own conversion, %.14g, rounds above 14 digits).
+-- computed go to redis.call as Lua numbers, which Redis formats with %.17g, exact below
+-- 2^53 (Lua's %.14g rounds above 14 digits); a token bucket's value is one format call.
 
 local n = #KEYS
 if n == 0 or #ARGV ~= 1 + 5 * n and #ARGV ~= 1 + 6 * n then

@@ -108,9 +108,10 @@
 //   - rolling window: a sorted set of admitted events over (now-window, now], each named
 //     by its cumulative cost, so that a decision reads only the newest event while none
 //     has left the window; events of one millisecond are merged.
-//   - in-flight ([ratebudget.InFlight]): a sorted set of leases scored by their expiry,
-//     each a random 64-bit member drawn by the limiter; expired leases are pruned by the
-//     next decision, and the key expires with its last lease.
+//   - in-flight ([ratebudget.InFlight]): a sorted set of leases scored by their expiry
+//     (Window after each was taken or last renewed), each a random 64-bit member drawn
+//     by the limiter; expired leases are pruned by the next decision, and the key
+//     expires with its last lease.
 //
 // # Settling
 //

@@ -274,7 +274,10 @@ func (l *Limiter) Keyed() bool { return l.secretSet }
 // Redis Cluster), which opens connections on the way, and checks that the pipeline
 // answers. Call it at start-up, so that no early decision pays for dialing and loading
 // within its deadline. Decisions do not need it: after a server's script cache was
-// emptied the limiter sends the script again. It returns a *[ratebudget.StoreError].
+// emptied the limiter sends the script again. It returns a *[ratebudget.StoreError]:
+// against a server that wants a password the client did not send, Redis's reply to the
+// script ("ERR Protocol error: unauthenticated bulk length"), with the limiter's addition
+// that the server requires a password.
 func (l *Limiter) Load(ctx context.Context) error {
 	c := l.core
 	s := c.direct

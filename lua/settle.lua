@@ -39,13 +39,13 @@
 -- its PEXPIRETIME is the ticket's (the same window); a count back to 0 deletes the key,
 -- so that the next admission opens its own window. A token bucket's deficit (read with
 -- PTTL as allow.lua reads it, converted to this rule's window's units, and cut at 2 x
--- full in debt) is lowered, never below a
--- full bucket. A rolling-window event is given back only while it is the newest, in the
--- window, and has the ticket's time and sum: it is removed, or rewritten in allow.lua's
--- member form when it merged other admissions; the event that becomes the newest loses
--- its name of the window only if the given-back admission trimmed events; and the key
--- expires again when its newest event leaves the window (PEXPIREAT, from that event's
--- own time).
+-- full in debt) is lowered, never below a full bucket, and written in allow.lua's form.
+-- A renewed lease expires window from now. A rolling-window event is given back only
+-- while it is the newest, in the window, and has the ticket's time and sum: it is
+-- removed, or rewritten in allow.lua's member form when it merged other admissions; the
+-- event that becomes the newest loses its name of the window only if the given-back
+-- admission trimmed events; and the key expires again when its newest event leaves the
+-- window (PEXPIREAT, from that event's own time).
 
 local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53

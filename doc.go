@@ -47,7 +47,8 @@
 // Allow, which returns no ticket, is held until it expires.
 //
 // When the clock goes back, stored state keeps its later time: a fixed window keeps its
-// end, rolling-window events keep their times, and a token bucket refills nothing until
-// the clock passes its timestamp again. Every reported wait (ResetAfter, RetryAfter) is
-// measured from the current clock and includes that lag.
+// end, rolling-window events keep their times, a token bucket refills nothing until the
+// clock passes its timestamp again, and leases keep their expiry (a lease taken or
+// renewed then expires Window from the current reading). Every reported wait
+// (ResetAfter, RetryAfter) is measured from the current clock and includes that lag.
 package ratebudget

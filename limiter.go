@@ -38,7 +38,7 @@ type Limiter interface {
 // its cost and ResetAfter the reset of what was spent before: zero for an untouched
 // budget, the end of the open fixed window, the time a token bucket takes to refill its
 // current deficit, the time until a rolling window's newest event leaves it, the time
-// until the newest lease expires. That is what a decision that spends nothing (an
+// until the last lease expires. That is what a decision that spends nothing (an
 // Exceeded one, say) reports for the budget at the same moment.
 type Reporter interface {
 	AllowEach(ctx context.Context, checks []Check, outcomes []Outcome) (Decision, error)
@@ -88,8 +88,8 @@ type Decision struct {
 	// RetryAfter is, on a refusal, the earliest time after which the same request could be
 	// admitted if nothing else is spent meanwhile. Zero when admitted or Exceeded. It is a
 	// lower bound, not a promise: others may spend first. For an [InFlight] rule it is
-	// when the oldest lease expires if it is neither released nor renewed: a bound for
-	// holders that crashed, while a running request usually releases its lease sooner.
+	// when the first of the leases expires if it is neither released nor renewed: a bound
+	// for holders that crashed, while a running request usually releases its lease sooner.
 	RetryAfter time.Duration
 	// Window is the reported rule's window or refill period.
 	Window time.Duration

@@ -17,8 +17,9 @@ const (
 	TokenBucket
 	// RollingWindow admits while the cost admitted in the last Rule.Window, plus the
 	// request's cost, stays within Rule.Limit. Its state is one event per millisecond in
-	// which it admitted, up to Limit events for costs of 1 (docs/MEMORY.md), where the
-	// other time rules keep one number.
+	// which it admitted, up to Limit events for costs of 1 (docs/MEMORY.md), where a
+	// fixed window or a token bucket keeps one value (and an InFlight rule one lease per
+	// running request).
 	RollingWindow
 	// InFlight admits while fewer than Rule.Limit admitted requests of the budget are
 	// still running. Each admission holds a lease until its decision is settled (see

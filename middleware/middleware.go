@@ -22,6 +22,8 @@
 //	store unavailable, policy LocalFallback   handler's or 429 from the per-replica budget
 //	request context already canceled          nothing is written, nothing is spent
 //	request canceled while the store decides  nothing is written; the store may have spent (uncertain)
+//	  (its client gone, or its own deadline   (OutcomeCanceled): no policy applies, the breaker does not count it
+//	  passed)
 //
 // 5xx answers from the handler itself are passed through untouched.
 //
@@ -29,15 +31,16 @@
 //
 // Any number of layers on one request (an r.Use on a group and an r.With on a route,
 // nested groups, chi.Chain, plain wrapping, a top-level r.Use with r.With routes) make
-// one decision: each layer computes its checks where it is mounted, the innermost
-// decides them all in one Limiter.Allow call (one script call per hash-slot group on
-// Redis; one in all with lua.WithOneServer), and a refusal, 400 or 413 by any layer
-// leaves every layer's budget as it was. The metadata and the refusal describe the most
-// restrictive rule of all layers. A layer hands its checks on when the next thing to run
-// is another layer: its next handler, or the first handler of the route a chi router
-// will run. A handler of another kind between two layers (a logger, an authentication
-// middleware) may answer on its own, so the layer before it decides first, and the one
-// after it decides again: two decisions.
+// one decision: each layer computes its checks where it is mounted, the innermost decides
+// them all in one Limiter.Allow call (one script call per hash-slot group on Redis; one
+// in all with lua.WithOneServer), and a refusal, 400 or 413 by any layer leaves every
+// layer's budget as it was. The metadata and the refusal describe the most restrictive
+// rule of all layers, but a layer with headers.None keeps its rules out of the fields and
+// the refusal body that another layer's style writes ([WithHeaders]). A layer hands its
+// checks on when the next thing to run is another layer: its next handler, or the first
+// handler of the route a chi router will run. A handler of another kind between two
+// layers (a logger, an authentication middleware) may answer on its own, so the layer
+// before it decides first, and the one after it decides again: two decisions.
 //
 // Layers on different limiters (one Memory, one Redis) cannot decide in one call: they
 // decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops the
@@ -58,7 +61,9 @@
 // at least 20 decisions in the last 10s failed, probes again after 100ms). A store error
 // is never read as an empty budget: the [Policy] decides (default FailClosed). Only
 // store errors take the policy and count toward the breaker: a request's fault (a bad
-// identity or cost, a cost above a rule's capacity) and a configuration error never do.
+// identity or cost, a cost above a rule's capacity), a request whose context ended
+// (canceled, or its own deadline passed, also when the store's client returns before
+// the context is marked done) and a configuration error never do.
 //
 // # In-flight leases and timeouts
 //
@@ -253,7 +258,9 @@ type mw struct {
 
 // New returns middleware that spends each request's cost from every rule's budget in lim.
 // Rules and options are validated here; an invalid one returns a *ratebudget.ConfigError
-// naming the field or option.
+// naming the field or option (a rule without a name by its index, "rules[1]"), and so
+// does a limiter that cannot serve the rules (field "limiter": a zero ratebudget.Memory,
+// or one that is not a ratebudget.Settler for rules that settle).
 //
 // The middleware, and every handler it wraps, is safe for concurrent use. The functions
 // it is given (the rules' Identity and Scope, WithCost, the Counting callbacks, the

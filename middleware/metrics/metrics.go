@@ -43,8 +43,8 @@
 // unavailable requests, local fallback decisions, admissions whose shadow decision
 // failed, and decisions of stacked layers' other limiters while one failed: the last
 // failure when several limiters failed), and one per failed settle or renewal. A request
-// whose client went away during its decision counts as canceled in
-// ratebudget_decisions_total only: the store neither failed nor answered.
+// whose client went away, or whose own deadline passed, during its decision counts as
+// canceled in ratebudget_decisions_total only: the store neither failed nor answered.
 //
 // ratebudget_shadow_refusals_total counts the admitted requests that their rules in
 // shadow mode would have refused (Event.ShadowRefused), by the shadow rule that would
@@ -207,7 +207,7 @@ func (c *Collector) Observe(e middleware.Event) {
 	}
 	ctr.(prometheus.Counter).Inc()
 	if e.Outcome == middleware.OutcomeCanceled {
-		return // the client went away: the store neither failed nor answered
+		return // the request's context ended: the store neither failed nor answered
 	}
 	if e.Latency > 0 {
 		if e.Err != nil {

@@ -7,10 +7,13 @@
 //
 // GET / lists the routes and their limits; HEAD is answered on every GET route and
 // spends the same budget. On SIGINT or SIGTERM it stops accepting connections and lets
-// running requests finish, for up to 15 s, then closes the connections left and exits
-// with status 2; a second signal stops it at once. The server's connection limits (-read-header-timeout,
+// running requests finish, for up to 15 s, and exits with status 0; requests still
+// running then are cut off (their connections closed) and it exits with status 2. A
+// second signal stops it at once. The server's connection limits (-read-header-timeout,
 // -read-timeout, -write-timeout, -idle-timeout, -max-header-bytes) default to values
-// for a service exposed to untrusted clients; -h lists every flag.
+// for a service exposed to untrusted clients; -h lists every flag. A flag value it
+// cannot use (an empty -addr or -redis, a -redis port outside 1 to 65535) is refused,
+// naming the flag, with status 2.
 package main
 
 import (
@@ -156,12 +159,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		fmt.Fprint(fs.Output(), "Usage: demo-server [flags]\n\nServes ratebudget's demo routes (GET / lists them). Flags:\n\n")
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address")
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:8080", "listen address, host:port (not empty; :8080 listens on every interface)")
 	fs.Int64Var(&o.limit, "limit", 10, "budget per window, in cost units, of /api/hello, /api/jobs and /api/flaky per client IP and of /api/accounts/{id}/report per account (5× for that route as a whole); /api/slow has -inflight, /api/download -byte-limit")
 	fs.DurationVar(&o.window, "window", time.Minute, "window, or token-bucket refill period")
 	algo := fs.String("algorithm", "fixed", "time rule of the rate limits: fixed | token | rolling")
 	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both | none; ietf10, both10: draft-10 fields")
-	fs.StringVar(&o.redisURL, "redis", "", "Redis URL: redis://127.0.0.1:6379/0; over TLS rediss://user:password@host:port/0 (a private CA: set SSL_CERT_FILE=ca.pem); a Redis Cluster: redis://host:port?addr=host2:port2&addr=...; Sentinel: redis://sentinel:26379?master_name=mymaster&addr=sentinel2:26379; the client's timeouts are -store-timeout (at least 100ms) and it never retries, except where the URL sets dial_timeout, read_timeout, write_timeout, pool_timeout or max_retries (default: budgets in process)")
+	fs.StringVar(&o.redisURL, "redis", "", "Redis URL: redis://127.0.0.1:6379/0; over TLS rediss://user:password@host:port/0 (a private CA: set SSL_CERT_FILE=ca.pem); a Redis Cluster: redis://host:port?addr=host2:port2&addr=...; Sentinel: redis://sentinel:26379?master_name=mymaster&addr=sentinel2:26379; the client's timeouts are -store-timeout (at least 100ms) and it never retries, except where the URL sets dial_timeout, read_timeout, write_timeout, pool_timeout or max_retries (left out: budgets in process; an empty value is refused)")
 	policy := fs.String("store-error", "closed", "when Redis cannot decide: closed (503) | open (admit) | local (limit/replicas in process)")
 	fs.IntVar(&o.replicas, "replicas", 1, "number of demo-server processes sharing the budget (for -store-error local)")
 	fs.DurationVar(&o.storeTimeout, "store-timeout", 50*time.Millisecond, "deadline of each Redis decision")

@@ -299,7 +299,7 @@ func multiRuleRawState(t *testing.T, c *redis.Client, algs []ratebudget.Algorith
 
 func parseDeficit(t *testing.T, v string) int64 {
 	t.Helper()
-	ds, _, _ := strings.Cut(v, ":") // "<deficit>:<time until full>"
+	ds, _, _ := strings.Cut(v, ":") // "<deficit>:<time until full>:<window>"
 	d, err := strconv.ParseInt(ds, 10, 64)
 	if err != nil || d < 0 {
 		t.Fatalf("bucket %q: not a deficit (%v)", v, err)
@@ -472,10 +472,12 @@ func TestBytesPerKey(t *testing.T) {
 				case ratebudget.FixedWindow:
 					pipe.Set(ctx, key, "1", window)
 				case ratebudget.TokenBucket:
-					// One token spent: a deficit of one token (window ms units). The
-					// script gives it the TTL until full (1.2s); the TTL's length does
-					// not change the memory a key takes.
-					pipe.Set(ctx, key, fmt.Sprintf("%d:%d", window.Milliseconds(), window.Milliseconds()/100), window)
+					// One token spent: a deficit of one token (window ms units), its
+					// time until full (1.2s) and the window, as the script writes it. The
+					// script gives it the TTL until full; the TTL's length does not
+					// change the memory a key takes.
+					w := window.Milliseconds()
+					pipe.Set(ctx, key, fmt.Sprintf("%d:%d:%d", w, w/100, w), window)
 				case ratebudget.RollingWindow:
 					pipe.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: fmt.Sprintf("%d:%d:%d:%d:%d", 1, 1, now, 0, now)})
 					pipe.PExpire(ctx, key, window)

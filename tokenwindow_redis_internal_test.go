@@ -1,0 +1,73 @@
+package ratebudget
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ratebudget/ratebudget/internal/redistest"
+)
+
+// FuzzConvertDeficitRedis: allow.lua converts a token bucket's deficit written under
+// another Window exactly as convertDeficit does, for every deficit (0 to 2^53, debt
+// included) and pair of windows (1 ms to 366 days). The bucket is written by hand
+// without a TTL (so nothing refills) and decided on a real redis-server under a rule of
+// rate 1 unit per ms, in decide-only mode with a cost above capacity: its reset is then
+// the converted deficit in ms (cut at 2 x full, as decideToken cuts debt), and its
+// Remaining is decideToken's for the same budget.
+func FuzzConvertDeficitRedis(f *testing.F) {
+	maxW := maxWindow.Milliseconds()
+	for _, s := range [][3]int64{
+		{0, 1, maxW}, {1, 1, maxW}, {1, maxW, 1}, {maxScaled, 1, maxW}, {maxScaled, maxW, 1},
+		{maxScaled, maxW, maxW - 1}, {maxScaled - 1, maxW - 1, maxW}, {maxScaled - 1, maxW, maxW - 1},
+		{7_200_000, 3_600_000, 60_000}, {maxW - 1, maxW, maxW - 1}, {1 << 43, maxW - 1, maxW},
+		{7, 3, 2}, {maxScaled, 131072, 131073}, {maxScaled - 131071, 131071, 131072},
+		{1<<53 - 1, 3, 1<<17 + 1}, {86_400_000 * 200, 3_600_000, 86_400_000}, {5, 2, 1},
+		{maxScaled / 2, maxW / 2, maxW}, {maxScaled/3 + 1, 1 << 34, 3 << 33},
+	} {
+		f.Add(s[0], s[1], s[2])
+	}
+	src, err := os.ReadFile("lua/allow.lua")
+	if err != nil {
+		f.Fatal(err)
+	}
+	c := redistest.Start(f).Client(f)
+	ctx := context.Background()
+	script := redis.NewScript(string(src))
+	f.Fuzz(func(t *testing.T, d, from, to int64) {
+		d = int64(uint64(d) % (maxScaled + 1))
+		from = 1 + int64(uint64(from-1)%uint64(maxW))
+		to = 1 + int64(uint64(to-1)%uint64(maxW))
+		capacity := min(MaxLimit-1, maxScaled/to) // a cost of capacity + 1 is exceeded
+		r := Rule{Name: "conv", Algorithm: TokenBucket, Limit: 1, Burst: capacity, Window: ms(to)}
+		full := capacity * to
+
+		stored := fmt.Sprintf("%d:%d:%d", d, min(d, 1), from)
+		if err := c.Set(ctx, "conv", stored, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		v, err := script.Run(ctx, c, []string{"conv"}, "0", "1", "1", strconv.FormatInt(to, 10),
+			strconv.FormatInt(capacity, 10), strconv.FormatInt(capacity+1, 10)).Int64Slice()
+		if err != nil {
+			t.Fatalf("%q read under %dms: %v", stored, to, err)
+		}
+		want := d
+		if from != to && d > 0 {
+			want = convertDeficit(d, from, to)
+		}
+		want = min(want, 2*full)
+		if v[3] != want {
+			t.Fatalf("%q read under %dms: allow.lua's deficit %d, convertDeficit's %d (cut at 2 x full %d)", stored, to, v[3], want, 2*full)
+		}
+		const now = 1_700_000_000_000
+		b := &budget{algo: TokenBucket, count: d, end: now, expires: now + 1<<60}
+		b.setWindow(from)
+		if o := decideToken(b, &r, capacity+1, now, false); v[1] != 1 || v[2] != o.Remaining {
+			t.Fatalf("%q read under %dms: allow.lua's exceeded %d, remaining %d; decideToken's %+v", stored, to, v[1], v[2], o)
+		}
+	})
+}

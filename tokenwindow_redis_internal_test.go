@@ -18,7 +18,9 @@ import (
 // without a TTL (so nothing refills) and decided on a real redis-server under a rule of
 // rate 1 unit per ms, in decide-only mode with a cost above capacity: its reset is then
 // the converted deficit in ms (cut at 2 x full, as decideToken cuts debt), and its
-// Remaining is decideToken's for the same budget.
+// Remaining is decideToken's for the same budget. settle.lua, which has its own copy of
+// the conversion, then gives back give units of a reservation under that rule: the
+// bucket it writes (deleted when full) is the one refund writes into the same budget.
 func FuzzConvertDeficitRedis(f *testing.F) {
 	maxW := maxWindow.Milliseconds()
 	for _, s := range [][3]int64{
@@ -29,22 +31,31 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 		{1<<53 - 1, 3, 1<<17 + 1}, {86_400_000 * 200, 3_600_000, 86_400_000}, {5, 2, 1},
 		{maxScaled / 2, maxW / 2, maxW}, {maxScaled/3 + 1, 1 << 34, 3 << 33},
 	} {
-		f.Add(s[0], s[1], s[2])
+		f.Add(s[0], s[1], s[2], int64(1))
 	}
-	src, err := os.ReadFile("lua/allow.lua")
+	f.Add(int64(maxScaled), int64(1), maxW, int64(1<<30))
+	f.Add(int64(1<<52+3), int64(3), int64(1<<17+1), int64(7))
+	allow, err := os.ReadFile("lua/allow.lua")
+	if err != nil {
+		f.Fatal(err)
+	}
+	settleBody, err := os.ReadFile("lua/settle.lua")
 	if err != nil {
 		f.Fatal(err)
 	}
 	c := redistest.Start(f).Client(f)
 	ctx := context.Background()
-	script := redis.NewScript(string(src))
-	f.Fuzz(func(t *testing.T, d, from, to int64) {
+	script := redis.NewScript(string(allow))
+	// As the Redis limiter runs it: after allow.lua as a function.
+	settle := redis.NewScript("local function allow(KEYS, ARGV)\n" + string(allow) + "\nend\n" + string(settleBody))
+	f.Fuzz(func(t *testing.T, d, from, to, give int64) {
 		d = int64(uint64(d) % (maxScaled + 1))
 		from = 1 + int64(uint64(from-1)%uint64(maxW))
 		to = 1 + int64(uint64(to-1)%uint64(maxW))
 		capacity := min(MaxLimit-1, maxScaled/to) // a cost of capacity + 1 is exceeded
 		r := Rule{Name: "conv", Algorithm: TokenBucket, Limit: 1, Burst: capacity, Window: ms(to)}
 		full := capacity * to
+		give = 1 + int64(uint64(give-1)%uint64(capacity))
 
 		stored := fmt.Sprintf("%d:%d:%d", d, min(d, 1), from)
 		if err := c.Set(ctx, "conv", stored, 0).Err(); err != nil {
@@ -68,6 +79,26 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 		b.setWindow(from)
 		if o := decideToken(b, &r, capacity+1, now, false); v[1] != 1 || v[2] != o.Remaining {
 			t.Fatalf("%q read under %dms: allow.lua's exceeded %d, remaining %d; decideToken's %+v", stored, to, v[1], v[2], o)
+		}
+
+		if err := c.Set(ctx, "conv", stored, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		done, err := settle.Run(ctx, c, []string{"conv"}, "settle", "1", "1", strconv.FormatInt(to, 10),
+			strconv.FormatInt(capacity, 10), strconv.FormatInt(give, 10), "0", "0", "0", "-").Int64Slice()
+		if err != nil || len(done) != 1 || done[0] != 1 {
+			t.Fatalf("%q given back %d under %dms: %v, %v", stored, give, to, done, err)
+		}
+		refund(b, &r, Ticket{}, give, now)
+		want = b.count
+		got, err := c.Get(ctx, "conv").Result()
+		if err == redis.Nil {
+			got = "none"
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if w := fmt.Sprintf("%d:%d:%d", want, want, to); want > 0 && got != w || want == 0 && got != "none" {
+			t.Fatalf("%q given back %d under %dms: settle.lua wrote %q, refund a deficit of %d", stored, give, to, got, want)
 		}
 	})
 }

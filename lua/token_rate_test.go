@@ -200,6 +200,12 @@ func TestTokenBucketWindowChange(t *testing.T) {
 		{"odd-windows", []tokenStep{
 			{r: odd1, cost: 3, want: left(47)}, {r: odd2, cost: 3, want: left(44)}, {r: odd1, cost: 40, want: left(4)},
 			{r: odd2, cost: 4, want: left(0)}, {r: odd1, cost: 1}, {r: odd2, cost: 1}}},
+		// settle.lua's copy of the conversion: given back under the other odd window.
+		{"odd-windows-given-back", []tokenStep{
+			{r: odd1, cost: 10, hold: "a", want: left(40)}, {r: odd2, cost: 3, want: left(37)},
+			{settle: "a", cost: 2}, {r: odd2, cost: 1, want: left(44)}, {r: odd2, cost: 4, hold: "b", want: left(40)},
+			{r: odd1, cost: 1, want: left(39)}, {settle: "b", cost: 0}, {r: odd1, cost: 1, want: left(42)},
+			{r: odd2, cost: 1, hold: "c"}, {settle: "c", cost: 120}, {r: odd1, cost: 1}, {r: odd2, cost: 1}}},
 		{"capacity-and-window", []tokenStep{{r: bigDay, cost: 900, want: left(100)}, {r: hour, cost: 1, want: left(-100)}, {r: bigDay, cost: 1, want: left(99)}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { runTokenSteps(t, mem, l, "client-"+tc.name, tc.steps) })

@@ -313,7 +313,7 @@ func spentNow(c *redis.Client, r ratebudget.Rule, key string) (int64, error) {
 		return 0, nil
 	}
 	if r.Algorithm == ratebudget.TokenBucket {
-		s, _, _ = strings.Cut(s, ":") // "<deficit>:<time until full>"
+		s, _, _ = strings.Cut(s, ":") // "<deficit>:<time until full>:<window>", the rule's own
 	}
 	v, perr := strconv.ParseInt(s, 10, 64)
 	if err == nil {

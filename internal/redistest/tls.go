@@ -24,6 +24,22 @@ type testCA struct {
 	caFile, certFile, keyFile string
 	pool                      *x509.CertPool
 	client                    tls.Certificate
+	// leaf makes a certificate the CA signs, for 127.0.0.1 and the names dns.
+	leaf func(serial int64, name string, dns []string, usage ...x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey)
+}
+
+// ipOnly returns a copy of ca whose servers' certificate (another one, signed by the
+// same CA) names 127.0.0.1 only, not localhost: a client that checks it against the
+// name localhost fails.
+func (ca *testCA) ipOnly(tb testing.TB) *testCA {
+	tb.Helper()
+	dir := tb.TempDir()
+	c := *ca
+	c.certFile, c.keyFile = filepath.Join(dir, "server-ip.pem"), filepath.Join(dir, "server-ip-key.pem")
+	der, key := ca.leaf(4, "redistest server by address", nil, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	writePEM(tb, c.certFile, "CERTIFICATE", der)
+	writePEM(tb, c.keyFile, "PRIVATE KEY", pkcs8(tb, key))
+	return &c
 }
 
 // newCA makes a CA and its two certificates with ECDSA P-256 keys, valid from an hour
@@ -49,7 +65,13 @@ func newCA(tb testing.TB) *testCA {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	leaf := func(serial int64, name string, usage ...x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
+	ca := &testCA{
+		caFile:   filepath.Join(dir, "ca.pem"),
+		certFile: filepath.Join(dir, "server.pem"),
+		keyFile:  filepath.Join(dir, "server-key.pem"),
+		pool:     x509.NewCertPool(),
+	}
+	ca.leaf = func(serial int64, name string, dns []string, usage ...x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
 		key := newKey(tb)
 		der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
 			SerialNumber: big.NewInt(serial),
@@ -59,25 +81,19 @@ func newCA(tb testing.TB) *testCA {
 			KeyUsage:     x509.KeyUsageDigitalSignature,
 			ExtKeyUsage:  usage,
 			IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-			DNSNames:     []string{"localhost"},
+			DNSNames:     dns,
 		}, caCert, &key.PublicKey, caKey)
 		if err != nil {
 			tb.Fatalf("redistest: %s certificate: %v", name, err)
 		}
 		return der, key
 	}
-	ca := &testCA{
-		caFile:   filepath.Join(dir, "ca.pem"),
-		certFile: filepath.Join(dir, "server.pem"),
-		keyFile:  filepath.Join(dir, "server-key.pem"),
-		pool:     x509.NewCertPool(),
-	}
 	ca.pool.AddCert(caCert)
-	srvDER, srvKey := leaf(2, "redistest server", x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	srvDER, srvKey := ca.leaf(2, "redistest server", []string{"localhost"}, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
 	writePEM(tb, ca.caFile, "CERTIFICATE", caDER)
 	writePEM(tb, ca.certFile, "CERTIFICATE", srvDER)
 	writePEM(tb, ca.keyFile, "PRIVATE KEY", pkcs8(tb, srvKey))
-	cliDER, cliKey := leaf(3, "redistest client", x509.ExtKeyUsageClientAuth)
+	cliDER, cliKey := ca.leaf(3, "redistest client", []string{"localhost"}, x509.ExtKeyUsageClientAuth)
 	ca.client = tls.Certificate{Certificate: [][]byte{cliDER}, PrivateKey: cliKey}
 	return ca
 }

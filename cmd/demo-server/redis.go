@@ -33,7 +33,9 @@ import (
 // the decision's context, and short timeouts with no retries of a failed dial, so that a
 // failing Redis costs a request at most the decision deadline (the limiter itself never
 // lets the client re-send a script). Timeouts and retries the URL sets (dial_timeout,
-// read_timeout, write_timeout, pool_timeout, max_retries) are kept. cluster reports a Redis Cluster. Its errors start
+// read_timeout, write_timeout, pool_timeout, max_retries) are kept. Over TLS, a
+// Sentinel client checks each server's certificate for the host it dials (the
+// Sentinels name the data nodes), not for the first Sentinel's. cluster reports a Redis Cluster. Its errors start
 // with -redis and never show the URL's user name or password.
 func newRedisClient(ctx context.Context, rawURL string, timeout time.Duration) (client redis.UniversalClient, cluster bool, err error) {
 	newClient, cluster, asCluster, err := parseRedisURL(rawURL, timeout)
@@ -80,6 +82,13 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 		}
 		if err := checkPorts(opt.SentinelAddrs...); err != nil {
 			return nil, false, nil, err
+		}
+		if opt.TLSConfig != nil {
+			// go-redis checks every certificate, the data nodes' included, against the
+			// first Sentinel's host name. Sentinels name the primary by its address, and
+			// each server has a certificate of its own: check the host each connection
+			// dials instead.
+			opt.TLSConfig.ServerName = ""
 		}
 		opt.DialerRetries, opt.ContextTimeoutEnabled = 1, true
 		limiterDefaults(q, t, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)

@@ -127,8 +127,9 @@ func TestDemoOnTLSCluster(t *testing.T) {
 }
 
 // TestRedisURLTLS: rediss:// gives every form of -redis a TLS client that verifies the
-// server's certificate for the URL's host, and skip_verify=true turns verification
-// off, except in the cluster's form, where go-redis refuses it.
+// server's certificate for the URL's host (in Sentinel's form, for the host each
+// connection dials: the Sentinels name the data nodes), and skip_verify=true turns
+// verification off, except in the cluster's form, where go-redis refuses it.
 func TestRedisURLTLS(t *testing.T) {
 	for _, u := range []string{
 		"rediss://u:p@127.0.0.1:6380/0",
@@ -154,8 +155,15 @@ func TestRedisURLTLS(t *testing.T) {
 			conf := tlsConfigOf(t, c)
 			c.Close()
 			host, _ := url.Parse(raw)
-			if conf == nil || conf.ServerName != host.Hostname() || conf.InsecureSkipVerify != skip {
-				t.Errorf("%s: TLS config %+v, want one for %s, InsecureSkipVerify %v", raw, conf, host.Hostname(), skip)
+			want := host.Hostname()
+			if strings.Contains(raw, "master_name=") {
+				want = ""
+			}
+			if conf == nil {
+				t.Fatalf("%s: no TLS config", raw)
+			}
+			if conf.ServerName != want || conf.InsecureSkipVerify != skip {
+				t.Errorf("%s: TLS config ServerName %q, InsecureSkipVerify %v, want %q, %v", raw, conf.ServerName, conf.InsecureSkipVerify, want, skip)
 			}
 		}
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,7 +37,9 @@ import (
 // lets the client re-send a script). Timeouts and retries the URL sets (dial_timeout,
 // read_timeout, write_timeout, pool_timeout, max_retries) are kept. Over TLS, a
 // Sentinel client checks each server's certificate for the host it dials (the
-// Sentinels name the data nodes), not for the first Sentinel's. cluster reports a Redis Cluster. Its errors start
+// Sentinels name the data nodes), not for the first Sentinel's, and a cluster client
+// takes a node's certificate if it is valid for the host it dials or for the first
+// seed's host (see [checkEachNode]). cluster reports a Redis Cluster. Its errors start
 // with -redis and never show the URL's user name or password.
 func newRedisClient(ctx context.Context, rawURL string, timeout time.Duration) (client redis.UniversalClient, cluster bool, err error) {
 	newClient, cluster, asCluster, err := parseRedisURL(rawURL, timeout)
@@ -107,6 +111,7 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 		}
 		opt.DialerRetries, opt.ContextTimeoutEnabled = 1, true
 		limiterDefaults(q, t, &opt.MaxRetries, &opt.DialTimeout, &opt.ReadTimeout, &opt.WriteTimeout, &opt.PoolTimeout)
+		checkEachNode(opt)
 		return func() redis.UniversalClient { return redis.NewClusterClient(opt) }, true, nil, nil
 	}
 	opt, err := redis.ParseURL(rawURL)
@@ -125,7 +130,7 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 		return newClient, false, nil, nil // a cluster node listens on TCP, with database 0 only
 	}
 	asCluster = func() redis.UniversalClient {
-		return redis.NewClusterClient(&redis.ClusterOptions{
+		copt := &redis.ClusterOptions{
 			Addrs: []string{opt.Addr}, ClientName: opt.ClientName, Protocol: opt.Protocol,
 			Username: opt.Username, Password: opt.Password, TLSConfig: opt.TLSConfig,
 			MaxRetries: opt.MaxRetries, DialerRetries: 1, ContextTimeoutEnabled: true,
@@ -135,9 +140,70 @@ func parseRedisURL(rawURL string, timeout time.Duration) (newClient func() redis
 			PoolFIFO: opt.PoolFIFO, PoolSize: opt.PoolSize, MinIdleConns: opt.MinIdleConns,
 			MaxIdleConns: opt.MaxIdleConns, MaxActiveConns: opt.MaxActiveConns,
 			ConnMaxIdleTime: opt.ConnMaxIdleTime, ConnMaxLifetime: opt.ConnMaxLifetime,
-		})
+		}
+		checkEachNode(copt)
+		return redis.NewClusterClient(copt)
 	}
 	return newClient, false, asCluster, nil
+}
+
+// checkEachNode makes a cluster client over TLS that verifies certificates take a
+// node's certificate if it is valid for the host the connection dials, or else for the
+// first seed's host. go-redis checks every node against the first seed's host name
+// alone (ServerName), and the cluster names its nodes by address, or by the names of
+// cluster-announce-hostname: nodes with certificates of their own failed every
+// handshake but the first seed's. A certificate for the seed's name is still taken
+// from every node, as go-redis takes it, for services whose nodes share one
+// certificate for the seed's name and are announced by address. A connection to an
+// address sends the seed's name (SNI), as before; one to a host name sends that name.
+func checkEachNode(opt *redis.ClusterOptions) {
+	conf := opt.TLSConfig
+	if conf == nil || conf.InsecureSkipVerify {
+		return
+	}
+	seed := conf.ServerName
+	opt.NewClient = func(o *redis.Options) *redis.Client {
+		if host, _, err := net.SplitHostPort(o.Addr); err == nil && host != seed {
+			o.TLSConfig = nodeTLSConfig(conf, host, seed)
+		}
+		return redis.NewClient(o)
+	}
+}
+
+// nodeTLSConfig is conf for a connection to host, that takes a certificate valid for
+// host or for seed (which may be "": host only).
+func nodeTLSConfig(conf *tls.Config, host, seed string) *tls.Config {
+	c := conf.Clone()
+	if net.ParseIP(host) == nil || seed == "" {
+		c.ServerName = host
+	} else {
+		c.ServerName = seed
+	}
+	c.InsecureSkipVerify = true // the chain and the name are verified below, with the same roots
+	c.VerifyConnection = func(cs tls.ConnectionState) error {
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("tls: the server gave no certificate")
+		}
+		vo := x509.VerifyOptions{Roots: conf.RootCAs, Intermediates: x509.NewCertPool(), DNSName: host}
+		if conf.Time != nil {
+			vo.CurrentTime = conf.Time()
+		}
+		for _, ic := range cs.PeerCertificates[1:] {
+			vo.Intermediates.AddCert(ic)
+		}
+		_, err := cs.PeerCertificates[0].Verify(vo)
+		if err == nil {
+			return nil
+		}
+		if seed != "" {
+			vo.DNSName = seed
+			if _, serr := cs.PeerCertificates[0].Verify(vo); serr == nil {
+				return nil
+			}
+		}
+		return fmt.Errorf("tls: %w", err)
+	}
+	return c
 }
 
 // checkPorts reports an address whose port is not one that can be dialled (1 to

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -105,7 +107,11 @@ func TestDemoOverTLS(t *testing.T) {
 // TestDemoOnTLSCluster: the demo on a Redis Cluster over TLS (tls-cluster yes), logged
 // in as the user of the documented ACL with the cluster's rules, with SSL_CERT_FILE
 // naming the CA, given the seed nodes (rediss://...?addr=...) or one node's URL: every
-// client gets exactly the limit, as on a cluster without TLS.
+// client gets exactly the limit, as on a cluster without TLS. Also when the first seed
+// is named by a host name that only its own certificate names (as
+// redistest.StartTLSCluster makes them) and the cluster announces the nodes by
+// address: 100 concurrent requests of each of 6 clients on -limit 50 get exactly 50
+// answers 200 and 50 answers 429.
 func TestDemoOnTLSCluster(t *testing.T) {
 	_, nodes := redistest.StartTLSCluster(t, 3)
 	setACLUser(t, true, nodes...)
@@ -122,6 +128,42 @@ func TestDemoOnTLSCluster(t *testing.T) {
 			}
 			d := startDemoProcess(t, "-redis", u, "-limit", "3", "-window", "1m", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
 			checkDemoOnCluster(t, d.base, nodes)
+		})
+	}
+	// The first node named by host name (its certificate names localhost, the others'
+	// 127.0.0.1 only), the others as the cluster announces them, by address: each
+	// connection must check the name it dials.
+	_, port, _ := net.SplitHostPort(nodes[0].Addr)
+	seed := "localhost:" + port
+	for name, u := range map[string]string{
+		"SeedsByName":   "rediss://limiter:pw@" + seed + "?addr=" + nodes[1].Addr + "&addr=" + nodes[2].Addr,
+		"OneNodeByName": "rediss://limiter:pw@" + seed,
+	} {
+		t.Run(name, func(t *testing.T) {
+			for _, n := range nodes {
+				if err := n.Client(t).FlushAll(t.Context()).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d := startDemoProcess(t, "-redis", u, "-limit", "50", "-window", "1m", "-store-timeout", "2s", "-trusted-proxies", "127.0.0.1/32")
+			for ip := 1; ip <= 6; ip++ {
+				if got := burst(t, d.base+"/api/hello", "203.0.113."+strconv.Itoa(ip), 100); got[200] != 50 || got[429] != 50 {
+					t.Fatalf("client %d: 100 concurrent requests on -limit 50: %v, want 50 x 200 and 50 x 429", ip, got)
+				}
+			}
+			holding := 0
+			for _, n := range nodes {
+				keys, err := n.Client(t).Keys(t.Context(), "rb-demo:*").Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(keys) > 0 {
+					holding++
+				}
+			}
+			if holding < 2 {
+				t.Fatalf("the budgets of 6 clients are on %d of 3 masters, want at least 2", holding)
+			}
 		})
 	}
 }

@@ -22,6 +22,9 @@ func StartCluster(tb testing.TB, n int) (*redis.ClusterClient, []*Server) {
 
 // StartTLSCluster is [StartCluster] over TLS: every node is started as by [StartTLS],
 // with certificates of one CA, and talks to the others over TLS (tls-cluster yes). The
+// first node's certificate names 127.0.0.1 and localhost, the others' 127.0.0.1 only:
+// a client that checks every node's certificate against the name it dialled the first
+// by (localhost) fails, as it would where each node has a certificate of its own. The
 // client and each node's [Server.Client] trust that CA.
 func StartTLSCluster(tb testing.TB, n int) (*redis.ClusterClient, []*Server) {
 	tb.Helper()

@@ -51,7 +51,8 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicasPerMaster int, nod
 }
 
 // startClusterWithReplicas is [StartClusterWithReplicas], over TLS with certificates of
-// ca (for clients, the cluster bus and replication) if ca is not nil.
+// ca (for clients, the cluster bus and replication) if ca is not nil: the first
+// node's certificate names 127.0.0.1 and localhost, the others' 127.0.0.1 only.
 func startClusterWithReplicas(tb testing.TB, ca *testCA, masters, replicasPerMaster int, nodeTimeout time.Duration, args []string) *Cluster {
 	tb.Helper()
 	if masters < 1 || masters > 16 || replicasPerMaster < 0 || replicasPerMaster > 4 || nodeTimeout < 100*time.Millisecond {
@@ -60,6 +61,10 @@ func startClusterWithReplicas(tb testing.TB, ca *testCA, masters, replicasPerMas
 	n := masters * (1 + replicasPerMaster)
 	cl := &Cluster{NodeTimeout: nodeTimeout}
 	bus := make([]int, n)
+	rest := ca
+	if ca != nil {
+		rest = ca.ipOnly(tb)
+	}
 	for i := range n {
 		bus[i] = freePort(tb) // the default bus port (port+10000) may not be free
 		line := []string{"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus[i]),
@@ -71,7 +76,11 @@ func startClusterWithReplicas(tb testing.TB, ca *testCA, masters, replicasPerMas
 		if ca != nil {
 			line = append(line, "--tls-cluster", "yes", "--tls-replication", "yes")
 		}
-		s := startWith(tb, "", ca, append(line, args...))
+		nodeCA := ca
+		if i > 0 {
+			nodeCA = rest
+		}
+		s := startWith(tb, "", nodeCA, append(line, args...))
 		master := -1
 		if i >= masters {
 			master = (i - masters) % masters

@@ -44,23 +44,6 @@ func (a Algorithm) String() string {
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
 }
 
-// ParseAlgorithm maps "fixed", "token", "rolling" and "inflight" (the results of
-// [Algorithm.String])
-// to an Algorithm.
-func ParseAlgorithm(s string) (Algorithm, error) {
-	switch s {
-	case "fixed":
-		return FixedWindow, nil
-	case "token":
-		return TokenBucket, nil
-	case "rolling":
-		return RollingWindow, nil
-	case "inflight":
-		return InFlight, nil
-	}
-	return 0, &ConfigError{Field: "Algorithm", Problem: fmt.Sprintf("unknown algorithm %q (want fixed, token, rolling or inflight)", s)}
-}
-
 // Limits that keep every value exact in a Redis Lua number (a float64, exact below 2^53).
 const (
 	// MaxLimit is the largest accepted Rule.Limit and Rule.Burst.

@@ -233,22 +233,6 @@ func TestNewMemoryOptions(t *testing.T) {
 	}
 }
 
-func TestParseAlgorithm(t *testing.T) {
-	for _, a := range append(algorithms[:len(algorithms):len(algorithms)], ratebudget.InFlight) {
-		got, err := ratebudget.ParseAlgorithm(a.String())
-		if err != nil || got != a {
-			t.Errorf("ParseAlgorithm(%q) = %v, %v", a.String(), got, err)
-		}
-	}
-	for _, s := range []string{"", "Fixed", "fixed ", "sliding", "concurrency"} {
-		_, err := ratebudget.ParseAlgorithm(s)
-		wantConfigError(t, err, "", "Algorithm")
-	}
-	if s := ratebudget.Algorithm(7).String(); s != "Algorithm(7)" {
-		t.Errorf("Algorithm(7).String() = %q", s)
-	}
-}
-
 func TestErrors(t *testing.T) {
 	ce := &ratebudget.ConfigError{Rule: "api", Field: "Limit", Problem: "must be positive"}
 	if got, want := ce.Error(), `ratebudget: rule "api": Limit must be positive`; got != want {

@@ -114,18 +114,6 @@ func (s Style) String() string {
 	return "Style(" + strconv.Itoa(int(s)) + ")"
 }
 
-// ParseStyle maps the results of [Style.String] to a Style, and reports false for any
-// other string. ParseStyle(s.String()) reports whether s is one of the defined styles
-// (an undefined one's String is "Style(n)").
-func ParseStyle(s string) (Style, bool) {
-	for st := XRateLimit; st <= BothDraft10; st++ {
-		if st.String() == s {
-			return st, true
-		}
-	}
-	return 0, false
-}
-
 // valid reports whether s is one of the defined styles.
 func (s Style) valid() bool { return s <= BothDraft10 }
 

@@ -74,8 +74,8 @@ func TestStoppedRedisPolicies(t *testing.T) {
 			name string
 			opt  middleware.Option
 		}{
-			{"closed", middleware.WithStoreErrorPolicy(middleware.FailClosed)},
-			{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen)},
+			{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */},
+			{"open", middleware.WithFailOpen()},
 			{"local", middleware.WithLocalFallback(2)},
 		} {
 			// No breaker: every request goes to the stopped server and must still be fast.
@@ -552,8 +552,8 @@ func TestMetricsUnderFaults(t *testing.T) {
 	// Three budgets: one spent while Redis is up, two asked only once it is stopped (a
 	// refusal the limiter remembers would otherwise be repeated without a store call).
 	up, upEv, _ := faultHandler(t, c, 3, faultDeadline, obs...)
-	open, openEv, _ := faultHandler(t, c, 3, faultDeadline, append(obs, middleware.WithStoreErrorPolicy(middleware.FailOpen))...)
-	closed, closedEv, _ := faultHandler(t, c, 3, faultDeadline, append(obs, middleware.WithStoreErrorPolicy(middleware.FailClosed))...)
+	open, openEv, _ := faultHandler(t, c, 3, faultDeadline, append(obs, middleware.WithFailOpen())...)
+	closed, closedEv, _ := faultHandler(t, c, 3, faultDeadline, append(obs, middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */)...)
 	// Load the script and open a connection outside the counted sequence.
 	hw, evw, _ := faultHandler(t, c, 3, faultDeadline)
 	warm(t, hw, evw)

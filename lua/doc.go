@@ -89,7 +89,7 @@
 // With [WithKeySecret] the digests are HMAC-SHA-256 under the secret, so that nobody
 // without it can compute which hash slot (and so which Redis Cluster node) an identity
 // lands in, or pick identities that share one. Without it they are plain SHA-256 and
-// anyone can; [Limiter.Keyed] reports which, so that a service can warn. Every replica
+// anyone can, so a service without a secret should log a warning. Every replica
 // must use the same prefix and secret. Every key carries a TTL no longer than its rule
 // needs.
 //

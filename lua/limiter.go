@@ -38,11 +38,10 @@ const refundTimeout = 500 * time.Millisecond
 // [WithRefusalCache]). It is safe for concurrent use. Make one with [New]: the zero
 // Limiter has no client and must not be used.
 type Limiter struct {
-	top       layer // the refusal cache around core, or core
-	core      *core
-	coal      *coalescer // WithCoalescing's layer, if any
-	refusals  *refusal.Limiter
-	secretSet bool
+	top      layer // the refusal cache around core, or core
+	core     *core
+	coal     *coalescer // WithCoalescing's layer, if any
+	refusals *refusal.Limiter
 }
 
 var (
@@ -114,7 +113,7 @@ func WithPrefix(prefix string) Option {
 // identity gets: without a secret anyone can search offline for identities that share
 // a slot. Every replica sharing the budgets must use the same secret; changing it
 // starts every budget afresh. It must be 16 to 1024 bytes; the limiter keeps a copy.
-// Without this option digests are unkeyed SHA-256 (see [Limiter.Keyed]).
+// Without this option digests are unkeyed SHA-256.
 func WithKeySecret(secret []byte) Option {
 	return func(c *config) error {
 		if len(secret) < 16 || len(secret) > 1024 {
@@ -191,8 +190,8 @@ func WithOneServer() Option {
 // between shards. New makes no call to Redis; see [Limiter.Load] to warm up. It
 // returns a *[ratebudget.ConfigError] naming the option or field at fault.
 //
-// Without [WithKeySecret] the keys' digests are unkeyed ([Limiter.Keyed] reports
-// false): a service should log a warning then.
+// Without [WithKeySecret] the keys' digests are unkeyed: a service should log a
+// warning then.
 func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 	cfg := config{prefix: "rb", cacheSize: 1 << 16}
 	for _, o := range opts {
@@ -204,7 +203,7 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 		}
 	}
 	c := &core{keys: newKeyer(cfg.prefix, cfg.secret), oneServer: cfg.oneServer, direct: client}
-	l := &Limiter{core: c, top: c, secretSet: cfg.secret != nil}
+	l := &Limiter{core: c, top: c}
 	noTimeout := &ratebudget.ConfigError{Field: "ContextTimeoutEnabled", Problem: "must be true in the client's options, so that a decision returns by its context's deadline"}
 	switch cl := client.(type) {
 	case nil:
@@ -263,11 +262,6 @@ func unauthenticated(err error) error {
 	}
 	return err
 }
-
-// Keyed reports whether the budget keys' digests are keyed by a secret
-// ([WithKeySecret]). When false, anyone can compute an identity's key and hash slot
-// offline.
-func (l *Limiter) Keyed() bool { return l.secretSet }
 
 // Load makes the limiter ready for its first decision: it loads the scripts into the
 // script cache of every server that will run them (SCRIPT LOAD, on every primary of a

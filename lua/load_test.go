@@ -128,8 +128,8 @@ func TestReturnsByDeadline(t *testing.T) {
 	}
 }
 
-// TestKeyed: a limiter with a key secret reports it, and keeps its budgets under other
-// keys than a limiter without one.
+// TestKeyed: a limiter with a key secret keeps its budgets under other keys than a
+// limiter without one.
 func TestKeyed(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer c.Close()
@@ -140,9 +140,6 @@ func TestKeyed(t *testing.T) {
 	keyed, err := lua.New(c, lua.WithKeySecret([]byte("0123456789abcdef")))
 	if err != nil {
 		t.Fatal(err)
-	}
-	if plain.Keyed() || !keyed.Keyed() {
-		t.Fatalf("Keyed: %v without a secret, %v with one", plain.Keyed(), keyed.Keyed())
 	}
 	chk := ratebudget.Check{Rule: ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute}, Identity: "ann"}
 	if plain.Key(chk) == keyed.Key(chk) {

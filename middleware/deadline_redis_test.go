@@ -27,8 +27,8 @@ func TestRequestDeadlineWhileStoreHangsIsCanceled(t *testing.T) {
 	}
 	srv.Freeze(t)
 	for name, policy := range map[string]middleware.Option{
-		"FailClosed":    middleware.WithStoreErrorPolicy(middleware.FailClosed),
-		"FailOpen":      middleware.WithStoreErrorPolicy(middleware.FailOpen),
+		"FailClosed":    middleware.WithUnavailableRetryAfter(time.Second), /* the default policy, fail-closed */
+		"FailOpen":      middleware.WithFailOpen(),
 		"LocalFallback": middleware.WithLocalFallback(2),
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -31,11 +31,6 @@ func TestEnumStrings(t *testing.T) {
 		{middleware.BreakerHalfOpen, "half-open"},
 		{middleware.BreakerState(3), "BreakerState(3)"},
 		{middleware.BreakerState(255), "BreakerState(255)"},
-		{middleware.FailClosed, "closed"},
-		{middleware.FailOpen, "open"},
-		{middleware.LocalFallback, "local"},
-		{middleware.Policy(3), "Policy(3)"},
-		{middleware.Policy(255), "Policy(255)"},
 	}
 	for _, tc := range cases {
 		if got := tc.v.String(); got != tc.want {

@@ -38,7 +38,7 @@ func TestEventsPerRequestKind(t *testing.T) {
 		name string
 		// store: "ok", "down" (fails), "settle" (settles fail).
 		store  string
-		policy middleware.Policy
+		policy string // "closed" (the default), "open" or "local"
 		// outerRule and innerRule are the layers' rules; a zero innerRule means one layer.
 		outerRule, innerRule    middleware.Rule
 		innerCost               int64 // the inner layer's cost (WithCost), 0 for the default
@@ -84,15 +84,15 @@ func TestEventsPerRequestKind(t *testing.T) {
 			alone:   want{200, all(allowed), nil, "outer"},
 			stacked: want{413, all(exceeded), all(exceeded), "inner"},
 			between: want{413, all(allowed), all(exceeded), "outer"}},
-		{name: "unavailable", store: "down", policy: middleware.FailClosed, outerRule: r5, innerRule: r1, path: "/", hdr: alice,
+		{name: "unavailable", store: "down", policy: "closed", outerRule: r5, innerRule: r1, path: "/", hdr: alice,
 			alone:   want{503, all(unavailable), nil, ""},
 			stacked: want{503, all(unavailable), all(unavailable), ""},
 			between: want{503, all(unavailable), nil, ""}},
-		{name: "degraded", store: "down", policy: middleware.FailOpen, outerRule: r5, innerRule: r1, path: "/", hdr: alice,
+		{name: "degraded", store: "down", policy: "open", outerRule: r5, innerRule: r1, path: "/", hdr: alice,
 			alone:   want{200, all(degraded), nil, ""},
 			stacked: want{200, all(degraded), all(degraded), ""},
 			between: want{200, all(degraded), all(degraded), ""}},
-		{name: "local fallback refuses", store: "down", policy: middleware.LocalFallback, outerRule: r5, innerRule: r1, path: "/", hdr: alice, before: 1,
+		{name: "local fallback refuses", store: "down", policy: "local", outerRule: r5, innerRule: r1, path: "/", hdr: alice, before: 1,
 			alone:   want{200, all(allowed), nil, "outer"},
 			stacked: want{429, all(denied), all(denied), "inner"},
 			between: want{429, all(allowed), all(denied), "outer"}},
@@ -131,9 +131,9 @@ func TestEventsPerRequestKind(t *testing.T) {
 				}
 				opts := []middleware.Option{middleware.WithBreaker(middleware.Breaker{Disabled: true})}
 				switch k.policy {
-				case middleware.FailOpen:
-					opts = append(opts, middleware.WithStoreErrorPolicy(middleware.FailOpen))
-				case middleware.LocalFallback:
+				case "open":
+					opts = append(opts, middleware.WithFailOpen())
+				case "local":
 					opts = append(opts, middleware.WithLocalFallback(1))
 				}
 				var outerEvs, innerEvs events

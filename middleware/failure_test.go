@@ -48,8 +48,8 @@ func TestStoreErrorPolicies(t *testing.T) {
 		codes   []int
 		outcome []middleware.Outcome
 	}{
-		{"closed", middleware.WithStoreErrorPolicy(middleware.FailClosed), []int{503, 503}, []middleware.Outcome{middleware.OutcomeUnavailable, middleware.OutcomeUnavailable}},
-		{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen), []int{200, 200, 200}, []middleware.Outcome{middleware.OutcomeDegraded, middleware.OutcomeDegraded, middleware.OutcomeDegraded}},
+		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, []middleware.Outcome{middleware.OutcomeUnavailable, middleware.OutcomeUnavailable}},
+		{"open", middleware.WithFailOpen(), []int{200, 200, 200}, []middleware.Outcome{middleware.OutcomeDegraded, middleware.OutcomeDegraded, middleware.OutcomeDegraded}},
 		// 10 / 2 replicas = 5 per process.
 		{"local", middleware.WithLocalFallback(2), []int{200, 200, 200, 200, 200, 429, 429}, []middleware.Outcome{0, 0, 0, 0, 0, middleware.OutcomeDenied, middleware.OutcomeDenied}},
 	} {
@@ -221,7 +221,7 @@ func TestBreakerIgnoresNonStoreErrors(t *testing.T) {
 	})
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
 		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour}),
-		middleware.WithStoreErrorPolicy(middleware.FailOpen))(ok)
+		middleware.WithFailOpen())(ok)
 	for i := range 20 {
 		if rec := do(h, "GET", "/", nil); rec.Code != 500 {
 			t.Fatalf("request %d: %d, want 500 (a configuration error, under FailOpen too)", i, rec.Code)
@@ -360,8 +360,8 @@ func TestHugeCostIsNeverAStoreFailure(t *testing.T) {
 		name string
 		opt  middleware.Option
 	}{
-		{"closed", middleware.WithStoreErrorPolicy(middleware.FailClosed)},
-		{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen)},
+		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */},
+		{"open", middleware.WithFailOpen()},
 		{"local", middleware.WithLocalFallback(2)},
 	} {
 		for _, store := range []string{"memory", "io"} {
@@ -427,8 +427,8 @@ func TestLimiterConfigErrorIs500(t *testing.T) {
 		return ratebudget.Decision{Allowed: true}, &ratebudget.ConfigError{Field: "checks", Problem: "rejected"}
 	})
 	for _, opt := range []middleware.Option{
-		middleware.WithStoreErrorPolicy(middleware.FailOpen),
-		middleware.WithStoreErrorPolicy(middleware.FailClosed),
+		middleware.WithFailOpen(),
+		middleware.WithUnavailableRetryAfter(time.Second), // the default policy, fail-closed
 		middleware.WithLocalFallback(1),
 	} {
 		var got middleware.Event

@@ -178,23 +178,6 @@ func TestHandlerOptionsRefuseNil(t *testing.T) {
 	}
 }
 
-func TestParsePolicy(t *testing.T) {
-	t.Parallel()
-	for s, want := range map[string]middleware.Policy{"closed": middleware.FailClosed, "open": middleware.FailOpen, "local": middleware.LocalFallback} {
-		p, err := middleware.ParsePolicy(s)
-		if err != nil || p != want || p.String() != s {
-			t.Errorf("ParsePolicy(%q) = %v (%q), %v; want %v", s, p, p.String(), err, want)
-		}
-	}
-	for _, s := range []string{"", "Closed", "fail-open", "local "} {
-		_, err := middleware.ParsePolicy(s)
-		var ce *ratebudget.ConfigError
-		if !errors.As(err, &ce) || !errors.Is(err, ratebudget.ErrInvalidConfig) {
-			t.Errorf("ParsePolicy(%q): %v; want a ConfigError", s, err)
-		}
-	}
-}
-
 // TestCountActual: the callback sees the request, the status the handler wrote (500 for
 // a panic) and the header it left; its result is the settled cost, a negative one keeps
 // the estimate.

@@ -57,7 +57,7 @@ func TestLogStoreErrorsOnStackedLayers(t *testing.T) {
 	logged := middleware.LogStoreErrors(slog.New(slog.NewTextHandler(&buf, nil)), 0)
 	lim := &flaky{next: memory(t, newClock())}
 	lim.down.Store(true)
-	opts := []middleware.Option{middleware.WithObserver(logged), middleware.WithStoreErrorPolicy(middleware.FailOpen), middleware.WithBreaker(middleware.Breaker{Disabled: true})}
+	opts := []middleware.Option{middleware.WithObserver(logged), middleware.WithFailOpen(), middleware.WithBreaker(middleware.Breaker{Disabled: true})}
 	outer := mustNew(t, lim, []middleware.Rule{{Rule: rule("outer", 5, time.Minute), Identity: global}}, opts...)
 	inner := mustNew(t, lim, []middleware.Rule{{Rule: rule("inner", 5, time.Minute), Identity: global}}, opts...)
 	h := outer(inner(ok))

@@ -17,9 +17,9 @@
 //	  (outside any router)                            (keyfuncs.ErrNoRoutePattern: a mounting mistake)
 //	the limiter rejects the checks as invalid 500     Cache-Control: no-store, one log line (a *ratebudget.ConfigError:
 //	  (stacked layers with rules of one name)         never a store failure)
-//	store unavailable, policy FailClosed      503     Retry-After, Cache-Control: no-store
-//	store unavailable, policy FailOpen        handler's  none (the event is OutcomeDegraded)
-//	store unavailable, policy LocalFallback   handler's or 429 from the per-replica budget
+//	store unavailable (default: fail-closed)  503     Retry-After, Cache-Control: no-store
+//	store unavailable, WithFailOpen           handler's  none (the event is OutcomeDegraded)
+//	store unavailable, WithLocalFallback      handler's or 429 from the per-replica budget
 //	request context already canceled          nothing is written, nothing is spent
 //	request canceled while the store decides  nothing is written; the store may have spent (uncertain)
 //	  (its client gone, or its own deadline   (OutcomeCanceled): no policy applies, the breaker does not count it
@@ -47,10 +47,10 @@
 // walk, so later limiters spend nothing; earlier limiters' spend is given back when they
 // implement ratebudget.Settler (their decisions are then reserved), and stays spent
 // otherwise. On a store failure the strictest policy of the
-// failed limiter's layers applies (FailClosed, then LocalFallback, then FailOpen; a
-// layer whose rules are all in shadow mode has no say); under FailOpen and LocalFallback
+// failed limiter's layers applies (fail-closed, then local fallback, then fail-open; a
+// layer whose rules are all in shadow mode has no say); under fail-open and local fallback
 // the other limiters still decide their layers' rules, and a refusal gives back the
-// local fallback's spend too. An admission with a limiter failed under FailOpen is
+// local fallback's spend too. An admission with a limiter failed under fail-open is
 // OutcomeDegraded, without metadata, even when a local fallback decided another failed
 // limiter's layers (Event.Fallback is then set too).
 //
@@ -59,8 +59,9 @@
 // A limiter that does I/O (anything but *ratebudget.Memory) gets a deadline per decision
 // ([WithTimeout], default 50ms) and a circuit breaker ([WithBreaker]: opens when half of
 // at least 20 decisions in the last 10s failed, probes again after 100ms). A store error
-// is never read as an empty budget: the [Policy] decides (default FailClosed). Only
-// store errors take the policy and count toward the breaker: a request's fault (a bad
+// is never read as an empty budget: the store-error policy decides what is admitted
+// (default fail-closed: 503; [WithFailOpen]: everyone; [WithLocalFallback]: a
+// per-replica share of each budget, in process). Only store errors take the policy and count toward the breaker: a request's fault (a bad
 // identity or cost, a cost above a rule's capacity), a request whose context ended
 // (canceled, or its own deadline passed, also when the store's client returns before
 // the context is marked done) and a configuration error never do.
@@ -127,11 +128,11 @@ const (
 	OutcomeDenied
 	// OutcomeExceeded: refused with 413, the cost exceeds a rule's capacity.
 	OutcomeExceeded
-	// OutcomeDegraded: admitted without a decision because the store failed under FailOpen
-	// (for stacked layers, a failed limiter's layers under FailOpen were not enforced;
+	// OutcomeDegraded: admitted without a decision because the store failed under fail-open
+	// (for stacked layers, a failed limiter's layers under fail-open were not enforced;
 	// Event.Fallback tells whether a local fallback decided another's).
 	OutcomeDegraded
-	// OutcomeUnavailable: refused with 503 because the store failed under FailClosed.
+	// OutcomeUnavailable: refused with 503 because the store failed under fail-closed.
 	OutcomeUnavailable
 	// OutcomeInvalid: identity, scope or cost could not be determined (answered by the
 	// error handler), or the limiter rejected the checks as invalid (a
@@ -292,9 +293,6 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 			return nil, err
 		}
 	}
-	if m.cfg.policy == LocalFallback && m.cfg.replicas == 0 {
-		return nil, configErr("WithStoreErrorPolicy", "LocalFallback needs the number of replicas sharing the budget: use WithLocalFallback(replicas)")
-	}
 	plain := make([]ratebudget.Rule, len(rules))
 	for i, r := range rules {
 		plain[i] = r.Rule
@@ -311,7 +309,7 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		if err := cr.compileCounts(); err != nil {
 			return nil, err
 		}
-		if m.cfg.policy == LocalFallback {
+		if m.cfg.policy == localFallback {
 			cr.local = localRule(r.Rule, m.cfg.replicas)
 		}
 		m.rules = append(m.rules, cr)
@@ -350,7 +348,7 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	if m.io && !m.cfg.breaker.Disabled {
 		m.breaker = newBreaker(m.cfg.breaker, m.cfg.onBreaker)
 	}
-	if m.cfg.policy == LocalFallback {
+	if m.cfg.policy == localFallback {
 		fb, err := ratebudget.NewMemory()
 		if err != nil {
 			return nil, err

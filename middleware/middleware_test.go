@@ -339,7 +339,6 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"duplicate", lim, []middleware.Rule{good, good}, nil, "Name"},
 		{"timeout", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithTimeout(0)}, "WithTimeout"},
 		{"replicas", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithLocalFallback(0)}, "WithLocalFallback"},
-		{"local fallback without replicas", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithStoreErrorPolicy(middleware.LocalFallback)}, "WithStoreErrorPolicy"},
 		{"breaker", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithBreaker(middleware.Breaker{FailureRatio: 2})}, "WithBreaker"},
 		{"nil cost", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithCost(nil)}, "WithCost"},
 		{"undefined style", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithHeaders(headers.BothDraft10 + 1)}, "WithHeaders"},

@@ -20,7 +20,7 @@ type config struct {
 	onRefusal  func(http.ResponseWriter, *http.Request, ratebudget.Decision)
 	onError    func(http.ResponseWriter, *http.Request, error)
 	observers  []func(Event)
-	policy     Policy
+	policy     policy
 	replicas   int
 	timeout    time.Duration
 	retryAfter time.Duration
@@ -60,7 +60,9 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 // layer's style do not list them, and a refusal's violated-policies does not name them.
 func WithHeaders(s headers.Style) Option {
 	return func(c *config) error {
-		if _, ok := headers.ParseStyle(s.String()); !ok {
+		switch s {
+		case headers.XRateLimit, headers.IETF, headers.Both, headers.None, headers.IETFDraft10, headers.BothDraft10:
+		default:
 			return configErr("WithHeaders", "unknown style "+s.String())
 		}
 		c.style = s
@@ -159,7 +161,7 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithUnavailableRetryAfter sets the Retry-After of 503 answers under FailClosed (default
+// WithUnavailableRetryAfter sets the Retry-After of 503 answers under fail-closed (default
 // 1s, at least 1s).
 func WithUnavailableRetryAfter(d time.Duration) Option {
 	return func(c *config) error {

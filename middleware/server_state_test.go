@@ -41,8 +41,8 @@ func TestPoliciesOnAReplica(t *testing.T) {
 		codes   []int
 		outcome middleware.Outcome
 	}{
-		{"closed", middleware.WithStoreErrorPolicy(middleware.FailClosed), []int{503, 503}, middleware.OutcomeUnavailable},
-		{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen), []int{200, 200}, middleware.OutcomeDegraded},
+		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, middleware.OutcomeUnavailable},
+		{"open", middleware.WithFailOpen(), []int{200, 200}, middleware.OutcomeDegraded},
 		// 4 / 2 replicas = 2 per process.
 		{"local", middleware.WithLocalFallback(2), []int{200, 200, 429}, 0},
 	} {

@@ -324,7 +324,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	}()
 	var err error
 	var failed *group
-	open := false // a limiter failed under FailOpen, and its rules went unenforced
+	open := false // a limiter failed under fail-open, and its rules went unenforced
 	switch {
 	case len(st.checks) == 0:
 		// Every rule is in shadow mode: nothing is enforced.
@@ -375,13 +375,13 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			return
 		}
 		policy := strictest(failed.parts)
-		// decideGroups applies a policy other than FailClosed itself and goes on with the
+		// decideGroups applies a policy other than fail-closed itself and goes on with the
 		// other limiters, whose refusal refuses: the request was decided, and an
-		// admission is degraded when a limiter failed under FailOpen (whatever the local
+		// admission is degraded when a limiter failed under fail-open (whatever the local
 		// fallback decided for another), whose rules went unenforced.
-		decided := !single && policy != FailClosed
+		decided := !single && policy != failClosed
 		switch {
-		case policy == FailOpen && !decided, decided && ev.Decision.Allowed && open:
+		case policy == failOpen && !decided, decided && ev.Decision.Allowed && open:
 			ev.Outcome = OutcomeDegraded
 			ev.Decision = ratebudget.Decision{}
 			observeAll(st, &ev)
@@ -393,7 +393,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			next.ServeHTTP(w, r)
 			return
 		case decided:
-		case policy == LocalFallback:
+		case policy == localFallback:
 			ev.Decision, outcomes = fallback(ctx, st, failed)
 			ev.Fallback = true
 		default:
@@ -625,10 +625,10 @@ func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duratio
 // call per limiter, in the order the layers were mounted (outermost first). A group's
 // refusal stops the walk: later groups spend nothing; earlier groups' spend is given
 // back when their limiter implements ratebudget.Settler (it was reserved), and stays
-// spent otherwise. A group's store failure under FailOpen or LocalFallback is decided
-// by that policy (fellBack reports a local decision, open an admission under FailOpen)
+// spent otherwise. A group's store failure under fail-open or local fallback is decided
+// by that policy (fellBack reports a local decision, open an admission under fail-open)
 // and the walk goes on, so that the other limiters' rules still apply; failed and err
-// are then the last failure. Any other failure (FailClosed, a configuration error, a
+// are then the last failure. Any other failure (fail-closed, a configuration error, a
 // canceled request) stops the walk with the earlier groups' reservations standing:
 // decideStack answers it. The decision
 // reported is the refusing group's, or when all admit the most restrictive rule of all.
@@ -685,12 +685,12 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 		}
 		if gerr != nil {
 			policy := strictest(g.parts)
-			if policy == FailClosed || ended(ctx) || errors.Is(gerr, ratebudget.ErrInvalidConfig) {
+			if policy == failClosed || ended(ctx) || errors.Is(gerr, ratebudget.ErrInvalidConfig) {
 				return ratebudget.Decision{}, nil, latency, g, false, false, gerr
 			}
 			failed, err = g, gerr
 			known = false // the failed group's state is not known
-			if policy == FailOpen {
+			if policy == failOpen {
 				open = true
 				continue
 			}
@@ -734,7 +734,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 		}
 	}
 	if best < 0 {
-		d.Allowed = true // every group failed under FailOpen: degraded
+		d.Allowed = true // every group failed under fail-open: degraded
 	}
 	if known {
 		outcomes = all
@@ -779,26 +779,26 @@ func enforcing(parts []part) []part {
 }
 
 // unavailableRetryAfter is the Retry-After of a 503 for a failed limiter's parts: the
-// setting of its innermost layer under FailClosed, whose policy refuses.
+// setting of its innermost layer under fail-closed, whose policy refuses.
 func unavailableRetryAfter(parts []part) time.Duration {
 	for i := len(parts) - 1; i >= 0; i-- {
-		if parts[i].m.cfg.policy == FailClosed {
+		if parts[i].m.cfg.policy == failClosed {
 			return parts[i].m.cfg.retryAfter
 		}
 	}
 	return parts[len(parts)-1].m.cfg.retryAfter
 }
 
-// strictest returns the strictest store-error policy of parts: FailClosed, then
-// LocalFallback, then FailOpen.
-func strictest(parts []part) Policy {
-	p := FailOpen
+// strictest returns the strictest store-error policy of parts: fail-closed, then
+// local fallback, then fail-open.
+func strictest(parts []part) policy {
+	p := failOpen
 	for i := range parts {
 		switch parts[i].m.cfg.policy {
-		case FailClosed:
-			return FailClosed
-		case LocalFallback:
-			p = LocalFallback
+		case failClosed:
+			return failClosed
+		case localFallback:
+			p = localFallback
 		}
 	}
 	return p
@@ -808,7 +808,7 @@ func strictest(parts []part) Policy {
 // layer (a degraded mode: each layer's local decision is all-or-nothing on its own).
 // Every admission is reserved on the local budget, so that a refusal, by a later layer's
 // local budget or by a later limiter, gives the spend back as it gives a healthy
-// limiter's back. Layers under FailOpen admit.
+// limiter's back. Layers under fail-open admit.
 func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []ratebudget.Outcome) {
 	d := ratebudget.Decision{Allowed: true, Index: -1}
 	for _, p := range g.parts {

@@ -51,11 +51,11 @@ var (
 func policyOpt(p string) middleware.Option {
 	switch p {
 	case "open":
-		return middleware.WithStoreErrorPolicy(middleware.FailOpen)
+		return middleware.WithFailOpen()
 	case "local":
 		return middleware.WithLocalFallback(1)
 	}
-	return middleware.WithStoreErrorPolicy(middleware.FailClosed)
+	return middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */
 }
 
 // Three layers on three limiters (a, b, c, outermost first), one of which fails under

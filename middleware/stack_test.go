@@ -510,7 +510,7 @@ func TestStoreFailureKeepsOtherLimitersEnforced(t *testing.T) {
 		name   string
 		policy middleware.Option
 	}{
-		{"open", middleware.WithStoreErrorPolicy(middleware.FailOpen)},
+		{"open", middleware.WithFailOpen()},
 		{"local", middleware.WithLocalFallback(1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -634,7 +634,7 @@ func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
 	for _, r := range []ratebudget.Rule{outerRule, innerRule} {
 		f := &flaky{next: memory(t, newClock())}
 		f.down.Store(true)
-		layers = append(layers, mustNew(t, f, []middleware.Rule{{Rule: r, Identity: global}}, middleware.WithStoreErrorPolicy(middleware.FailOpen),
+		layers = append(layers, mustNew(t, f, []middleware.Rule{{Rule: r, Identity: global}}, middleware.WithFailOpen(),
 			middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe)))
 	}
 	h := layers[0](layers[1](ok))

@@ -92,7 +92,7 @@ type options struct {
 	algorithm      ratebudget.Algorithm
 	style          headers.Style
 	redisURL       string
-	storeError     middleware.Policy
+	storeError     string // -store-error: "closed", "open" or "local"
 	replicas       int
 	storeTimeout   time.Duration
 	trustedProxies []string
@@ -246,11 +246,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		return o, fmt.Errorf("-ipv6-prefix: must be from 1 to 128 bits, got %d", o.ipv6Prefix)
 	}
 	var err error
+	var ok bool
 	if _, err = ratebudget.NewMemory(ratebudget.WithMaxBudgets(o.maxBudgets)); err != nil {
 		return o, fmt.Errorf("-max-budgets: %w", err)
 	}
-	if o.algorithm, err = ratebudget.ParseAlgorithm(*algo); err != nil {
-		return o, fmt.Errorf("-algorithm: %w", err)
+	if o.algorithm, ok = parseEnum(*algo, ratebudget.FixedWindow, ratebudget.InFlight); !ok {
+		return o, fmt.Errorf("-algorithm: unknown algorithm %q (want fixed, token, rolling or inflight)", *algo)
 	}
 	if o.algorithm == ratebudget.InFlight {
 		return o, fmt.Errorf("-algorithm: inflight limits requests running at once, not a rate: use -inflight for /api/slow")
@@ -269,12 +270,13 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			return o, flagError(err, c.limitFlag, c.windowFlag)
 		}
 	}
-	var ok bool
-	if o.style, ok = headers.ParseStyle(*style); !ok {
+	if o.style, ok = parseEnum(*style, headers.XRateLimit, headers.BothDraft10); !ok {
 		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, both, none, ietf10 or both10)", *style)
 	}
-	if o.storeError, err = middleware.ParsePolicy(*policy); err != nil {
-		return o, fmt.Errorf("-store-error: %w", err)
+	switch o.storeError = *policy; o.storeError {
+	case "closed", "open", "local":
+	default:
+		return o, fmt.Errorf("-store-error: unknown policy %q (want closed, open or local)", *policy)
 	}
 	if o.coalesce != 0 && (o.coalesce < 2 || o.coalesce > 4096) {
 		return o, fmt.Errorf("-coalesce: must be 0 (off) or 2 to 4096 requests, got %d", o.coalesce)
@@ -288,6 +290,19 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		}
 	}
 	return o, nil
+}
+
+// parseEnum returns the value from first to last whose String is s.
+func parseEnum[E interface {
+	~uint8
+	String() string
+}](s string, first, last E) (E, bool) {
+	for v := first; v <= last; v++ {
+		if v.String() == s {
+			return v, true
+		}
+	}
+	return 0, false
 }
 
 // flagError names the flag behind a rule's invalid field: limitFlag for its Limit,
@@ -404,7 +419,6 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 	}
 	common := []middleware.Option{
 		middleware.WithHeaders(o.style),
-		middleware.WithStoreErrorPolicy(o.storeError),
 		middleware.WithTimeout(o.storeTimeout),
 		middleware.WithObserver(m.Observe),
 		middleware.WithObserver(logRefusals(log)),
@@ -412,7 +426,10 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 		middleware.WithBreakerObserver(m.BreakerChanged),
 		middleware.WithBreakerObserver(logBreaker(log)),
 	}
-	if o.storeError == middleware.LocalFallback {
+	switch o.storeError {
+	case "open":
+		common = append(common, middleware.WithFailOpen())
+	case "local":
 		common = append(common, middleware.WithLocalFallback(o.replicas))
 	}
 	mk := func(rules []middleware.Rule, extra ...middleware.Option) (func(http.Handler) http.Handler, error) {

@@ -302,7 +302,7 @@ func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudg
 		}
 		return nil, nil, fmt.Errorf("-redis: %w", err)
 	}
-	if !lim.Keyed() {
+	if os.Getenv(keySecretEnv) == "" {
 		log.Warn("budget keys are not keyed by a secret: anyone can compute which Redis Cluster slot an identity lands in; set " + keySecretEnv + " (16 to 1024 bytes, the same on every replica)")
 	}
 	// Load the scripts and open connections now, so that the first decisions do not
@@ -311,7 +311,7 @@ func newRedisLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudg
 	lctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if err := lim.Load(lctx); err != nil {
-		log.Warn("redis not ready at startup; the store-error policy applies until it is", "policy", o.storeError.String(), "err", err)
+		log.Warn("redis not ready at startup; the store-error policy applies until it is", "policy", o.storeError, "err", err)
 	}
 	return lim, func() { client.Close() }, nil
 }

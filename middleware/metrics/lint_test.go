@@ -30,7 +30,7 @@ func TestCollectorPassesPromlint(t *testing.T) {
 		{Rule: ratebudget.Rule{Name: "trial", Limit: 1, Window: time.Minute}, Identity: keyfuncs.Global(), Shadow: true},
 	}, middleware.WithObserver(m.Observe), middleware.WithBreakerObserver(m.BreakerChanged),
 		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, FailureRatio: 0.01, Cooldown: time.Hour}),
-		middleware.WithStoreErrorPolicy(middleware.FailOpen))
+		middleware.WithFailOpen())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func TestCountersMatchTraffic(t *testing.T) {
 		Rule:     ratebudget.Rule{Name: "api", Limit: 3, Window: time.Minute},
 		Identity: keyfuncs.Global(),
 	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{MinCalls: 2, FailureRatio: 0.25, Cooldown: time.Hour}), middleware.WithBreakerObserver(m.BreakerChanged),
-		middleware.WithStoreErrorPolicy(middleware.FailOpen))
+		middleware.WithFailOpen())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -195,8 +195,8 @@ func TestStackedStoreFailureCountedOnce(t *testing.T) {
 		code     int
 		decision string
 	}{
-		{"FailOpen", middleware.WithStoreErrorPolicy(middleware.FailOpen), 200, `ratebudget_decisions_total{outcome="degraded",rule="none"} 1`},
-		{"FailClosed", middleware.WithStoreErrorPolicy(middleware.FailClosed), 503, `ratebudget_decisions_total{outcome="unavailable",rule="none"} 1`},
+		{"FailOpen", middleware.WithFailOpen(), 200, `ratebudget_decisions_total{outcome="degraded",rule="none"} 1`},
+		{"FailClosed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, 503, `ratebudget_decisions_total{outcome="unavailable",rule="none"} 1`},
 		{"LocalFallback", middleware.WithLocalFallback(1), 200, `ratebudget_decisions_total{outcome="allowed",rule="route"} 1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -365,7 +365,7 @@ func TestStackedOnSeveralLimitersCountedOnce(t *testing.T) {
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(m)
 		srv, _ := stackedServer(t, m, stack{lim: memB, lims: map[int]ratebudget.Limiter{0: down},
-			opts: []middleware.Option{middleware.WithStoreErrorPolicy(middleware.FailOpen), middleware.WithBreaker(middleware.Breaker{Disabled: true})}})
+			opts: []middleware.Option{middleware.WithFailOpen(), middleware.WithBreaker(middleware.Breaker{Disabled: true})}})
 		for range 3 {
 			get(t, srv, "alice")
 		}

@@ -15,10 +15,9 @@ import (
 
 const memShards = 64
 
-// DefaultMaxBudgets is the number of budgets a [Memory] holds at most unless
-// [WithMaxBudgets] says otherwise: about 17 MB of heap when identities are as short as IP
-// addresses.
-const DefaultMaxBudgets = 100_000
+// defaultMaxBudgets is the number of budgets a [Memory] holds at most unless
+// [WithMaxBudgets] says otherwise.
+const defaultMaxBudgets = 100_000
 
 // Memory is the in-process [Limiter]: the same time rules as the Redis limiter (package
 // lua), kept in this process's memory. It is exact for one process; several processes
@@ -38,7 +37,7 @@ const DefaultMaxBudgets = 100_000
 // the calls that reach the shard: a call visits at most 32 of its shard's budgets, so
 // that no call pays for the whole shard.
 //
-// The number of budgets held is capped ([WithMaxBudgets], default [DefaultMaxBudgets]), so
+// The number of budgets held is capped ([WithMaxBudgets], default 100,000: about 17 MB of heap when identities are as short as IP addresses), so
 // that identities rotating faster than their windows end (a botnet, random IPv6
 // addresses, made-up API keys) cannot grow the process without bound. Budgets are spread
 // over 64 shards by a keyed hash, and each shard holds at most its share of the cap. A
@@ -152,8 +151,7 @@ func WithSweepInterval(d time.Duration) MemoryOption {
 	}
 }
 
-// WithMaxBudgets caps the number of budgets the limiter holds at n (default
-// [DefaultMaxBudgets]). A budget costs about 150 to 175 bytes of heap, its map entry and
+// WithMaxBudgets caps the number of budgets the limiter holds at n (default 100,000). A budget costs about 150 to 175 bytes of heap, its map entry and
 // an identity as long as an IP address included, and about 400 bytes at most whatever
 // the identity and scope (longer than 256 bytes together, they are held as a 32-byte
 // digest), so the cap bounds the limiter's memory.
@@ -176,7 +174,7 @@ func WithMaxBudgets(n int) MemoryOption {
 // NewMemory returns an empty in-process limiter, or a *[ConfigError] naming the first
 // invalid option (a nil option included).
 func NewMemory(opts ...MemoryOption) (*Memory, error) {
-	m := &Memory{now: monotonicClock(), seed: maphash.MakeSeed(), sweep: 10_000, max: DefaultMaxBudgets}
+	m := &Memory{now: monotonicClock(), seed: maphash.MakeSeed(), sweep: 10_000, max: defaultMaxBudgets}
 	for _, o := range opts {
 		if o == nil {
 			return nil, &ConfigError{Field: "MemoryOption", Problem: "must not be nil"}

@@ -176,7 +176,7 @@ func BenchmarkMemoryAllowAtSize(b *testing.B) {
 
 // BenchmarkMemoryAllowNewIdentity: every decision is the first of a new identity (a
 // rotating population), into a limiter with the default options that has already seen
-// 1,000,000 identities (and so is at its cap, DefaultMaxBudgets).
+// 1,000,000 identities (and so is at its cap, the default 100,000).
 func BenchmarkMemoryAllowNewIdentity(b *testing.B) {
 	if testing.Short() {
 		b.Skip("large fill skipped in -short mode")

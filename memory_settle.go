@@ -85,13 +85,13 @@ func (m *Memory) each(checks []Check, tickets []Ticket, fn func(s *memShard, i i
 	found := bbuf[:0]
 	for i := range checks {
 		var b *budget
-		if !tickets[i].IsZero() {
+		if tickets[i] != (Ticket{}) {
 			b = m.shards[shards[i]].get(hashes[i], &keys[i])
 		}
 		found = append(found, b)
 	}
 	for i := range checks {
-		if tickets[i].IsZero() {
+		if (tickets[i] == Ticket{}) {
 			continue
 		}
 		s := &m.shards[shards[i]]

@@ -76,9 +76,6 @@ type Ticket struct {
 	At, ID int64
 }
 
-// IsZero reports whether t records nothing.
-func (t Ticket) IsZero() bool { return t == Ticket{} }
-
 // ErrLeaseLost is reported by [Settler.Renew] when an [InFlight] lease had expired before
 // it was renewed.
 var ErrLeaseLost = errors.New("ratebudget: in-flight lease expired before it was renewed")

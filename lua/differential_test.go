@@ -438,7 +438,7 @@ func (w *diffWalk) decide(i int, checks []ratebudget.Check, reserve bool) *reser
 		}
 		if reserve {
 			for j, tk := range res.lua[k] {
-				if tk.IsZero() == got.Allowed {
+				if tk == (ratebudget.Ticket{}) == got.Allowed {
 					t.Fatalf("decision %d, %s: reserved %+v with ticket %d %+v: want tickets set exactly on admission", i, nl.name, got, j, tk)
 				}
 			}

@@ -219,7 +219,7 @@ func (w *diffWalk) settleAgain(i int, p *reservation) {
 			t.Fatalf("before decision %d, %s: second settle: %v", i, nl.name, err)
 		}
 		for j, tk := range p.lua[k] {
-			if !tk.IsZero() {
+			if tk != (ratebudget.Ticket{}) {
 				t.Fatalf("before decision %d, %s: ticket %d is %+v after a settle", i, nl.name, j, tk)
 			}
 		}

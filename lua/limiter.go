@@ -516,7 +516,7 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 			refused = true
 			var given []int // the checks of the groups admitted so far
 			for j := range d.checks {
-				if !d.tickets[j].IsZero() {
+				if d.tickets[j] != (ratebudget.Ticket{}) {
 					given = append(given, j)
 				}
 			}
@@ -566,7 +566,7 @@ func (c *core) refund(ctx context.Context, d *decision) error {
 	var given []ratebudget.Check // the checks of the groups admitted
 	if c.gaveBack != nil {
 		for i := range d.checks {
-			if !d.tickets[i].IsZero() {
+			if d.tickets[i] != (ratebudget.Ticket{}) {
 				given = append(given, d.checks[i])
 			}
 		}

@@ -161,7 +161,7 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 			}
 			seen[i] = true
 			t, ch := tickets[i], &checks[i]
-			if t.IsZero() {
+			if t == (ratebudget.Ticket{}) {
 				continue
 			}
 			r := &ch.Rule

@@ -145,7 +145,7 @@ func TestSettleErrorWritesNothing(t *testing.T) {
 		t.Fatalf("Settle: %v, want a server error naming the corrupt counter", err)
 	}
 	for i, tk := range tickets {
-		if !tk.IsZero() {
+		if tk != (ratebudget.Ticket{}) {
 			t.Fatalf("ticket %d left as %+v, want it cleared", i, tk)
 		}
 	}
@@ -260,7 +260,7 @@ func TestReserveFailureZeroesTickets(t *testing.T) {
 			t.Fatalf("%s: Reserve = %v, want a store error", what, err)
 		}
 		for i, tk := range tickets {
-			if !tk.IsZero() {
+			if tk != (ratebudget.Ticket{}) {
 				t.Fatalf("%s: Reserve failed (%v) and left ticket %d as %+v, want it zero", what, err, i, tk)
 			}
 		}

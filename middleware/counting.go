@@ -17,7 +17,7 @@ import (
 // the client has gone away), through ratebudget.Settler:
 //
 //	contract                  reserved at admission         settled when the handler returns
-//	CountAttempts (default)   the layer's cost (WithCost)   never: every admitted attempt counts
+//	attempts (zero value)     the layer's cost (WithCost)   never: every admitted attempt counts
 //	CountSuccesses            the layer's cost              given back when the response is not charged
 //	                                                        (default: status 500 or above)
 //	CountActual               an estimate                   the actual cost from a callback or a response header
@@ -61,9 +61,6 @@ const (
 	countRequestBytes
 	countResponseBytes
 )
-
-// CountAttempts charges every admitted request its cost: the default, the zero Counting.
-func CountAttempts() Counting { return Counting{} }
 
 // CountSuccesses charges a request only when charged(status) reports true for the
 // response's status; nil charged means status < 500, so that server failures are not

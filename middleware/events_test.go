@@ -196,7 +196,7 @@ func TestEventsPerRequestKind(t *testing.T) {
 					}
 				}
 				if shape == "stacked" && k.name == "shadow refusal" {
-					if !evs[0].ShadowRefused() || evs[0].Shadow.Rule != "inner" {
+					if !(evs[0].Shadow.Rule != "" && !evs[0].Shadow.Allowed) || evs[0].Shadow.Rule != "inner" {
 						t.Errorf("shadow decision %+v, want the inner shadow rule's refusal", evs[0].Shadow)
 					}
 				}

@@ -46,7 +46,7 @@ func ExampleRule_shadow() {
 		Identity: keyfuncs.Global(),
 		Shadow:   true,
 	}}, middleware.WithObserver(func(e middleware.Event) {
-		fmt.Print("would refuse: ", e.ShadowRefused(), "; ")
+		fmt.Print("would refuse: ", e.Shadow.Rule != "" && !e.Shadow.Allowed, "; ")
 	}))
 	if err != nil {
 		panic(err)

@@ -244,11 +244,11 @@ func TestCountActual(t *testing.T) {
 }
 
 // TestCountAttemptsIsTheDefault: every admitted request is charged its cost, whatever
-// its status, with CountAttempts as with the zero Counting.
+// its status, with the zero Counting.
 func TestCountAttemptsIsTheDefault(t *testing.T) {
 	t.Parallel()
 	fail := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
-	for name, c := range map[string]middleware.Counting{"CountAttempts": middleware.CountAttempts(), "zero": {}} {
+	for name, c := range map[string]middleware.Counting{"zero": {}} {
 		lim := memory(t, newClock())
 		r := rule("api", 5, time.Minute)
 		h := mustNew(t, lim, []middleware.Rule{{Rule: r, Identity: global, Counts: c}})(fail)

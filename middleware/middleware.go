@@ -207,15 +207,12 @@ type Event struct {
 	// as if they were enforced (stacked layers decide their shadow rules layer by
 	// layer). Zero when the request has no shadow rule, or the enforced rules did not
 	// admit it. Shadow.Allowed false with Shadow.Rule set is a request the shadow rules
-	// would have refused ([Event.ShadowRefused]); it was served all the same. A store
+	// would have refused; it was served all the same. A store
 	// failure of a shadow decision leaves Shadow zero (without the failed layer's
 	// decision when stacked layers have shadow rules) and sets Err when nothing else
 	// did: shadow rules never change a response, and their failures are observed.
 	Shadow ratebudget.Decision
 }
-
-// ShadowRefused reports whether the request's rules in shadow mode would have refused it.
-func (e *Event) ShadowRefused() bool { return e.Shadow.Rule != "" && !e.Shadow.Allowed }
 
 type compiledRule struct {
 	rule      ratebudget.Rule

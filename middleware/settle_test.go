@@ -239,7 +239,7 @@ func TestShadowMode(t *testing.T) {
 	h := mustNew(t, lim, []middleware.Rule{{Rule: r, Identity: global, Shadow: true}}, middleware.WithObserver(func(e middleware.Event) {
 		mu.Lock()
 		defer mu.Unlock()
-		if e.ShadowRefused() {
+		if e.Shadow.Rule != "" && !e.Shadow.Allowed {
 			refused++
 		}
 	}))(ok)

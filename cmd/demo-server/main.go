@@ -172,7 +172,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
 	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
 	fs.IntVar(&o.coalesce, "coalesce", 256, "with -redis: decide up to this many concurrent requests for one budget as one call (lua.WithCoalescing); 0: off")
-	fs.IntVar(&o.maxBudgets, "max-budgets", ratebudget.DefaultMaxBudgets, "without -redis: most budgets held in process; past it the least recently used budget of a shard is evicted (ratebudget.WithMaxBudgets)")
+	fs.IntVar(&o.maxBudgets, "max-budgets", 100_000, "without -redis: most budgets held in process; past it the least recently used budget of a shard is evicted (ratebudget.WithMaxBudgets)")
 	fs.BoolVar(&o.oneServer, "one-server", true, "with -redis: every key is on that one server (no Cluster, no sharding proxy), so rules of different identities are decided in one call (lua.WithOneServer)")
 	fs.Int64Var(&o.inflight, "inflight", 2, "GET /api/slow requests running at once per client IP, across every demo server sharing the store")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 10*time.Second, "how long a crashed server's /api/slow leases hold their slots (running requests renew theirs)")

@@ -79,7 +79,7 @@ func (e *env) reserve(s ratebudget.Settler, checks ...ratebudget.Check) (ratebud
 		e.t.Fatalf("Reserve(%v): %v", checks, err)
 	}
 	for i, tk := range tickets {
-		if tk.IsZero() == d.Allowed {
+		if (tk == ratebudget.Ticket{}) == d.Allowed {
 			e.t.Fatalf("Reserve(%v) = %+v with ticket %d %+v: want tickets set exactly on admission", checks, d, i, tk)
 		}
 	}
@@ -94,7 +94,7 @@ func (e *env) settle(s ratebudget.Settler, checks []ratebudget.Check, tickets []
 		e.t.Fatalf("Settle(%v, %v): %v", checks, costs, err)
 	}
 	for i, tk := range tickets[:len(checks)] {
-		if !tk.IsZero() {
+		if tk != (ratebudget.Ticket{}) {
 			e.t.Fatalf("Settle left ticket %d as %+v, want it cleared", i, tk)
 		}
 	}
@@ -329,7 +329,7 @@ func testSettleInvalid(e *env, s ratebudget.Settler) {
 			e.t.Fatalf("Reserve(%v) = %v, want a configuration error", bad, err)
 		}
 		for i, tk := range tickets[:len(bad)] {
-			if !tk.IsZero() {
+			if tk != (ratebudget.Ticket{}) {
 				e.t.Fatalf("Reserve(%v) failed and left ticket %d as %+v, want it zero", bad, i, tk)
 			}
 		}

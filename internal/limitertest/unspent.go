@@ -85,7 +85,7 @@ func testRefusalReportsUnspent(e *env, alg ratebudget.Algorithm) {
 					if reserve {
 						tickets := make([]ratebudget.Ticket, 2)
 						d, err = settler.Reserve(ctx, checks, tickets, outs)
-						if err == nil && (!tickets[0].IsZero() || !tickets[1].IsZero()) {
+						if err == nil && (tickets[0] != (ratebudget.Ticket{}) || tickets[1] != (ratebudget.Ticket{})) {
 							e.t.Fatalf("%s: refused Reserve left tickets %+v", what, tickets)
 						}
 					} else {

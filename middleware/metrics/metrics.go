@@ -47,7 +47,7 @@
 // canceled in ratebudget_decisions_total only: the store neither failed nor answered.
 //
 // ratebudget_shadow_refusals_total counts the admitted requests that their rules in
-// shadow mode would have refused (Event.ShadowRefused), by the shadow rule that would
+// shadow mode would have refused (an Event whose Shadow names a rule and is not Allowed), by the shadow rule that would
 // have (Event.Shadow.Rule): at most one per request, also when several stacked layers'
 // shadow rules would have. The request is counted in ratebudget_decisions_total as the
 // admission it was. A shadow decision that failed is no refusal: its store error is
@@ -216,7 +216,7 @@ func (c *Collector) Observe(e middleware.Event) {
 			c.ok.Observe(e.Latency.Seconds())
 		}
 	}
-	if e.ShadowRefused() {
+	if e.Shadow.Rule != "" && !e.Shadow.Allowed {
 		c.shadow.WithLabelValues(e.Shadow.Rule).Inc()
 	}
 	if errors.As(e.Err, &se) {

@@ -14,7 +14,7 @@ import (
 // it is never a refusal and never an empty budget (see [StoreError]). Checks that
 // [ValidateChecks] rejects (none, an invalid rule, a cost out of range, one budget named
 // twice) are a *[ConfigError], and nothing is spent. A check whose cost exceeds its
-// rule's capacity is refused with [Decision.Exceeded] set, not reported as an error.
+// rule's capacity is refused with the Decision's Exceeded set, not reported as an error.
 //
 // Allow must return by the context's deadline, whatever its store does: callers such as
 // package middleware bound a decision by the context's deadline alone and call Allow on
@@ -67,30 +67,22 @@ type Check struct {
 // (fewest units remaining; on a tie, the longest reset). The zero Decision admits
 // nothing and reports no rule.
 type Decision struct {
-	// Allowed is true when every check was admitted and spent.
-	Allowed bool
-	// Exceeded is true when a check's cost exceeds its rule's capacity: it can never be
-	// admitted, however long the caller waits. Allowed is then false and RetryAfter zero.
-	Exceeded bool
+	// Outcome is the reported rule's outcome, so that Allowed is true exactly when every
+	// check was admitted and spent, and Exceeded when a check's cost exceeds its rule's
+	// capacity (it can never be admitted, however long the caller waits; Allowed is then
+	// false and RetryAfter zero). Remaining is clipped at zero (a budget in debt reports
+	// 0), and is a snapshot, not a reservation. RetryAfter, on a refusal, is the earliest
+	// time after which the same request could be admitted if nothing else is spent
+	// meanwhile: a lower bound, not a promise, as others may spend first. For an
+	// [InFlight] rule it is when the first of the leases expires if it is neither released
+	// nor renewed: a bound for holders that crashed, while a running request usually
+	// releases its lease sooner.
+	Outcome
 	// Rule is the reported rule's name and Index its position in the checks.
 	Rule  string
 	Index int
 	// Limit is the reported rule's capacity in cost units ([Rule.Capacity]).
 	Limit int64
-	// Remaining is the number of cost units the identity could still spend under the
-	// reported rule right after this decision. A snapshot, not a reservation.
-	Remaining int64
-	// ResetAfter is how long until the reported rule's budget is whole again if nothing
-	// more is spent: the end of the fixed window, the time to refill the token bucket, the
-	// time until the rolling window's events have all aged out, the time until the last
-	// in-flight lease expires. Zero when untouched.
-	ResetAfter time.Duration
-	// RetryAfter is, on a refusal, the earliest time after which the same request could be
-	// admitted if nothing else is spent meanwhile. Zero when admitted or Exceeded. It is a
-	// lower bound, not a promise: others may spend first. For an [InFlight] rule it is
-	// when the first of the leases expires if it is neither released nor renewed: a bound
-	// for holders that crashed, while a running request usually releases its lease sooner.
-	RetryAfter time.Duration
 	// Window is the reported rule's window or refill period.
 	Window time.Duration
 }
@@ -104,20 +96,22 @@ type Outcome struct {
 	// Allowed true although nothing was spent: its Remaining and ResetAfter are then
 	// those of its budget without its cost.
 	Allowed bool
-	// Exceeded is true when the check's cost exceeds its rule's capacity, as
-	// [Decision.Exceeded].
+	// Exceeded is true when the check's cost exceeds its rule's capacity: it can never be
+	// admitted, however long the caller waits.
 	Exceeded bool
-	// Remaining is the check's budget left, in cost units, as [Decision.Remaining] (after
-	// its cost only when the decision admitted), but not clipped at zero: it is negative
-	// while the budget is in debt (a settle charged more than was reserved, see
-	// [Settler]) or when the rule's Limit was lowered under the same name, where the
-	// Decision reports 0.
+	// Remaining is the number of cost units the identity could still spend under the
+	// check's rule right after the decision (after its cost only when the decision
+	// admitted). It is negative while the budget is in debt (a settle charged more than
+	// was reserved, see [Settler]) or when the rule's Limit was lowered under the same
+	// name; a Decision reports 0 then.
 	Remaining int64
-	// ResetAfter is the time until the check's budget is whole again if nothing more is
-	// spent, as [Decision.ResetAfter]; zero when untouched.
+	// ResetAfter is how long until the check's budget is whole again if nothing more is
+	// spent: the end of the fixed window, the time to refill the token bucket, the time
+	// until the rolling window's events have all aged out, the time until the last
+	// in-flight lease expires. Zero when untouched.
 	ResetAfter time.Duration
-	// RetryAfter is, when the check does not fit, the earliest time after which it could,
-	// as [Decision.RetryAfter]; zero when it fits or is Exceeded.
+	// RetryAfter is, when the check does not fit, the earliest time after which it could
+	// if nothing else is spent meanwhile; zero when it fits or is Exceeded.
 	RetryAfter time.Duration
 }
 
@@ -174,14 +168,16 @@ func Combine(checks []Check, outcomes []Outcome) Decision {
 
 func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 	d := Decision{
-		Allowed:    allowed,
-		Exceeded:   o.Exceeded,
-		Rule:       r.Name,
-		Index:      index,
-		Limit:      r.Capacity(),
-		Remaining:  max(o.Remaining, 0),
-		ResetAfter: o.ResetAfter,
-		Window:     r.Window,
+		Outcome: Outcome{
+			Allowed:    allowed,
+			Exceeded:   o.Exceeded,
+			Remaining:  max(o.Remaining, 0),
+			ResetAfter: o.ResetAfter,
+		},
+		Rule:   r.Name,
+		Index:  index,
+		Limit:  r.Capacity(),
+		Window: r.Window,
 	}
 	if !d.Allowed && !d.Exceeded {
 		d.RetryAfter = o.RetryAfter

@@ -65,8 +65,8 @@ func TestAllOrNothing(t *testing.T) {
 			resets := []time.Duration{500 * ms, 900 * ms}
 			for n, wantRem := range []int64{1, 0} {
 				d := allow(t, m, checks...)
-				want := ratebudget.Decision{Allowed: true, Rule: "global", Index: indexOf["global"], Limit: 2,
-					Remaining: wantRem, ResetAfter: resets[n], Window: time.Second}
+				want := ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true, Remaining: wantRem, ResetAfter: resets[n]},
+					Rule: "global", Index: indexOf["global"], Limit: 2, Window: time.Second}
 				if d != want {
 					t.Fatalf("admission %d: got %+v, want %+v", n, d, want)
 				}
@@ -78,8 +78,8 @@ func TestAllOrNothing(t *testing.T) {
 					before[0].Remaining, before[1].Remaining, before[2].Remaining)
 			}
 			d := allow(t, m, checks...)
-			want := ratebudget.Decision{Rule: "global", Index: indexOf["global"], Limit: 2, Remaining: 0,
-				ResetAfter: 800 * ms, RetryAfter: 300 * ms, Window: time.Second}
+			want := ratebudget.Decision{Outcome: ratebudget.Outcome{Remaining: 0, ResetAfter: 800 * ms, RetryAfter: 300 * ms},
+				Rule: "global", Index: indexOf["global"], Limit: 2, Window: time.Second}
 			if d != want {
 				t.Fatalf("refusal: got %+v, want %+v", d, want)
 			}
@@ -170,7 +170,7 @@ func TestReportedRule(t *testing.T) {
 		m, _ := newMemory(t)
 		allow(t, m, ratebudget.Check{Rule: slow, Cost: 1})
 		d := allow(t, m, ratebudget.Check{Rule: slow, Cost: 1}, ratebudget.Check{Rule: fast, Cost: 2})
-		want := ratebudget.Decision{Exceeded: true, Rule: "fast", Index: 1, Limit: 1, Remaining: 1, Window: 100 * ms}
+		want := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true, Remaining: 1}, Rule: "fast", Index: 1, Limit: 1, Window: 100 * ms}
 		if d != want {
 			t.Fatalf("got %+v, want %+v", d, want)
 		}
@@ -220,8 +220,8 @@ func TestCombine(t *testing.T) {
 	exceeded := ratebudget.Outcome{Exceeded: true, Remaining: 4, ResetAfter: 9 * ms}
 	dec := func(allowed, exceeded bool, i int, rem int64, reset, retry time.Duration) ratebudget.Decision {
 		r := checks[i].Rule
-		return ratebudget.Decision{Allowed: allowed, Exceeded: exceeded, Rule: r.Name, Index: i, Limit: r.Capacity(),
-			Remaining: rem, ResetAfter: reset, RetryAfter: retry, Window: r.Window}
+		return ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: allowed, Exceeded: exceeded, Remaining: rem, ResetAfter: reset, RetryAfter: retry},
+			Rule: r.Name, Index: i, Limit: r.Capacity(), Window: r.Window}
 	}
 	tests := []struct {
 		name     string

@@ -193,7 +193,7 @@ func TestExceededSpendsNothing(t *testing.T) {
 				capacity := r.Capacity()
 				for _, cost := range []int64{capacity + 1, 2 * capacity, ratebudget.MaxLimit} {
 					d := allow(t, m, ratebudget.Check{Rule: r, Cost: cost})
-					want := ratebudget.Decision{Exceeded: true, Rule: "r", Limit: capacity, Remaining: capacity, Window: time.Second}
+					want := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true, Remaining: capacity}, Rule: "r", Limit: capacity, Window: time.Second}
 					if d != want {
 						t.Fatalf("fresh, cost %d: got %+v, want %+v", cost, d, want)
 					}

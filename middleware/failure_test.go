@@ -269,7 +269,7 @@ func TestBreakerIgnoresCanceledRequests(t *testing.T) {
 func TestNonStoreErrorAppliesPolicy(t *testing.T) {
 	t.Parallel()
 	bad := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
-		return ratebudget.Decision{Allowed: true}, errors.New("weird")
+		return ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}}, errors.New("weird")
 	})
 	h := mustNew(t, bad, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}})(ok)
 	if rec := do(h, "GET", "/", nil); rec.Code != 503 {
@@ -297,7 +297,7 @@ func TestLocalFallbackLeavesPooledRulesIntact(t *testing.T) {
 		if fail {
 			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("down")}
 		}
-		return ratebudget.Decision{Allowed: true, Rule: c[0].Rule.Name, Limit: c[0].Rule.Limit, Remaining: 1}, nil
+		return ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true, Remaining: 1}, Rule: c[0].Rule.Name, Limit: c[0].Rule.Limit}, nil
 	})
 	h := mustNew(t, lim, []middleware.Rule{{Rule: configured, Identity: global}},
 		middleware.WithLocalFallback(2), middleware.WithBreaker(middleware.Breaker{Disabled: true}))(ok)
@@ -424,7 +424,7 @@ func TestHugeCostIsNeverAStoreFailure(t *testing.T) {
 func TestLimiterConfigErrorIs500(t *testing.T) {
 	t.Parallel()
 	lim := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
-		return ratebudget.Decision{Allowed: true}, &ratebudget.ConfigError{Field: "checks", Problem: "rejected"}
+		return ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}}, &ratebudget.ConfigError{Field: "checks", Problem: "rejected"}
 	})
 	for _, opt := range []middleware.Option{
 		middleware.WithFailOpen(),

@@ -459,7 +459,7 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 			index++
 		}
 	}
-	d := ratebudget.Decision{Exceeded: true, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
+	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
 	observeOuter(st, m, &Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
 		m.cfg.onRefusal(w, r, d)

@@ -297,7 +297,7 @@ func TestSettlingNeedsASettler(t *testing.T) {
 type limiterOnly struct{}
 
 func (limiterOnly) Allow(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
-	return ratebudget.Decision{Allowed: true}, nil
+	return ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}}, nil
 }
 
 // unwrapOnly is a response writer of another middleware that reaches the writer it wraps

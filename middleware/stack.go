@@ -328,7 +328,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	switch {
 	case len(st.checks) == 0:
 		// Every rule is in shadow mode: nothing is enforced.
-		ev.Decision = ratebudget.Decision{Allowed: true}
+		ev.Decision = ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}}
 	case single:
 		// The group's parts are the layers with enforced rules: a layer whose rules are
 		// all in shadow mode never changes a response, so neither its policy nor its
@@ -810,7 +810,7 @@ func strictest(parts []part) policy {
 // local budget or by a later limiter, gives the spend back as it gives a healthy
 // limiter's back. Layers under fail-open admit.
 func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []ratebudget.Outcome) {
-	d := ratebudget.Decision{Allowed: true, Index: -1}
+	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}, Index: -1}
 	for _, p := range g.parts {
 		if p.m.fallback == nil {
 			continue

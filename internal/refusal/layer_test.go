@@ -43,7 +43,7 @@ func (s *scripted) AllowEach(ctx context.Context, checks []ratebudget.Check, out
 
 func TestLayerRepeatsRefusals(t *testing.T) {
 	rule := ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute}
-	refusal := ratebudget.Decision{Rule: "api", Limit: 5, RetryAfter: time.Hour, ResetAfter: time.Hour}
+	refusal := ratebudget.Decision{Rule: "api", Limit: 5, Outcome: ratebudget.Outcome{RetryAfter: time.Hour, ResetAfter: time.Hour}}
 	inner := &scripted{answers: []ratebudget.Decision{refusal}}
 	l := Wrap(inner, 1024)
 	ctx := context.Background()
@@ -58,7 +58,7 @@ func TestLayerRepeatsRefusals(t *testing.T) {
 		t.Fatalf("inner limiter asked %d times for 3 refused requests, want 1", inner.calls)
 	}
 	// An admission forgets the budget's refusal.
-	inner.answers = []ratebudget.Decision{{Allowed: true, Rule: "api", Limit: 5, Remaining: 3}, refusal}
+	inner.answers = []ratebudget.Decision{{Outcome: ratebudget.Outcome{Allowed: true, Remaining: 3}, Rule: "api", Limit: 5}, refusal}
 	if _, err := l.Allow(ctx, []ratebudget.Check{{Rule: rule, Identity: "ann", Cost: 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,7 @@ func TestLayerKeySize(t *testing.T) {
 func TestLayerRepeatsOutcomes(t *testing.T) {
 	api := ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute}
 	site := ratebudget.Rule{Name: "site", Limit: 100, Window: time.Hour}
-	refusal := ratebudget.Decision{Rule: "api", Index: 1, Limit: 5, RetryAfter: time.Hour, ResetAfter: time.Hour}
+	refusal := ratebudget.Decision{Rule: "api", Index: 1, Limit: 5, Outcome: ratebudget.Outcome{RetryAfter: time.Hour, ResetAfter: time.Hour}}
 	outs := []ratebudget.Outcome{
 		{Allowed: true, Remaining: 40, ResetAfter: 30 * time.Minute},
 		{RetryAfter: time.Hour, ResetAfter: time.Hour},
@@ -156,7 +156,7 @@ func TestLayerRepeatsOutcomes(t *testing.T) {
 	if _, calls := ask(both); calls != 0 {
 		t.Fatal("the refusal of both was not cached again")
 	}
-	inner.answers = []ratebudget.Decision{{Allowed: true, Rule: "site", Limit: 100, Remaining: 39}, refusal}
+	inner.answers = []ratebudget.Decision{{Outcome: ratebudget.Outcome{Allowed: true, Remaining: 39}, Rule: "site", Limit: 100}, refusal}
 	if d, err := l.Allow(ctx, []ratebudget.Check{{Rule: site, Cost: 1}}); err != nil || !d.Allowed {
 		t.Fatal(d, err)
 	}

@@ -11,7 +11,7 @@ import (
 const ms = int64(time.Millisecond)
 
 func refused(retry, reset time.Duration) ratebudget.Decision {
-	return ratebudget.Decision{Rule: "r", Limit: 5, Remaining: 1, RetryAfter: retry, ResetAfter: reset}
+	return ratebudget.Decision{Rule: "r", Limit: 5, Outcome: ratebudget.Outcome{Remaining: 1, RetryAfter: retry, ResetAfter: reset}}
 }
 
 func TestLookupRepeatsRefusalUntilTheWaitEnds(t *testing.T) {
@@ -47,8 +47,8 @@ func TestLookupRepeatsRefusalUntilTheWaitEnds(t *testing.T) {
 
 func TestStoreIgnoresWhatCannotBeRepeated(t *testing.T) {
 	c := New(1024)
-	c.Store([]byte("a"), 1, 0, ratebudget.Decision{Allowed: true, RetryAfter: time.Second})
-	c.Store([]byte("b"), 9, 0, ratebudget.Decision{Exceeded: true})
+	c.Store([]byte("a"), 1, 0, ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true, RetryAfter: time.Second}})
+	c.Store([]byte("b"), 9, 0, ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}})
 	c.Store([]byte("c"), 1, 0, ratebudget.Decision{})
 	if c.Len() != 0 {
 		t.Fatalf("stored %d entries, want 0", c.Len())

@@ -1,25 +1,26 @@
-// Package headers writes a limiter's answer into HTTP responses: budget metadata on
-// limited responses, and the refusals (429 Too Many Requests, 413 for a cost that can
-// never be admitted, 400 for a request whose budget cannot be determined, 503 Service
-// Unavailable when the budget store is down).
+// Package headers names the budget metadata that package middleware writes on limited
+// responses, selects its style ([Style]), and writes the refusals (429 Too Many
+// Requests, 413 for a cost that can never be admitted, 400 for a request whose budget
+// cannot be determined, 503 Service Unavailable when the budget store is down) for
+// custom refusal and error handlers.
 //
-// It depends on the standard library only, so custom refusal handlers can reuse it. Its
-// functions keep no state and are safe for concurrent use (each on its own response).
+// Its functions keep no state and are safe for concurrent use (each on its own
+// response).
 //
 // # Metadata headers
 //
 // The X-RateLimit-* values describe one budget: the reported rule (the refusing rule, or
 // when admitted the most restrictive one), for the identity and scope of this request.
 // The IETF fields list every rule of the request as its own list member, in the order of
-// the rules ([Write]).
+// the rules (of every stacked layer, outermost first).
 //
 //	header                  unit                         meaning
 //	X-RateLimit-Limit       cost units                   the rule's capacity (Limit, or Burst for a token bucket)
 //	X-RateLimit-Remaining   cost units                   units left after this request (a snapshot, not a reservation)
 //	X-RateLimit-Reset       seconds, rounded up          time until the budget is whole again if nothing more is spent
-//	RateLimit-Policy        structured field (list)      "<rule>";q=<capacity>[;qu="<unit>"][;w=<window seconds>][;pk=<key>]
+//	RateLimit-Policy        structured field (list)      "<rule>";q=<capacity>[;qu="<unit>"][;w=<window seconds>]
 //	                                                     (no w for a rule without a window: an in-flight limit)
-//	RateLimit               structured field (list)      "<rule>";r=<remaining>[;t=<seconds>][;pk=<key>]
+//	RateLimit               structured field (list)      "<rule>";r=<remaining>[;t=<seconds>]
 //	Retry-After             seconds, rounded up, >= 1    refusals only: earliest useful retry (RFC 9110 §10.2.3)
 //
 // The X-RateLimit-* names are a convention, not a standard. RateLimit-Policy and
@@ -28,15 +29,16 @@
 // drafts word t differently, and so round it differently:
 //
 //	draft  t means                                                      sent as
-//	11     effective window: within t seconds the client can use no     whole seconds, rounded down ([Info].Available),
+//	11     effective window: within t seconds the client can use no     whole seconds, rounded down,
 //	       more than r; the time until more quota is made available     omitted when unknown
-//	10     seconds until additional quota is made available             whole seconds, rounded up ([Info].Available),
+//	10     seconds until additional quota is made available             whole seconds, rounded up,
 //	                                                                    omitted when unknown
 //
-// Neither is the time until the budget is whole again (X-RateLimit-Reset): for a token
-// bucket that is much later than the next token. The quota unit qu is sent when
-// [Info].Unit is set to a unit other than the default "requests", and the partition key
-// pk when [Info].PartitionKey is set; both drafts define them.
+// t is the end of a fixed window, or the time until a token bucket's next whole unit; a
+// rolling window or an in-flight rule sends none. Neither draft's t is the time until the
+// budget is whole again (X-RateLimit-Reset): for a token bucket that is much later than
+// the next token. The quota unit qu is sent for a unit other than the default "requests":
+// "content-bytes" for byte budgets, "concurrent-requests" for in-flight limits.
 //
 // # Refusal bodies
 //
@@ -52,26 +54,13 @@
 package headers
 
 import (
-	"encoding/base64"
 	"net/http"
 	"strconv"
 	"time"
-	"unsafe"
-)
 
-// Canonical map keys of the fields in the table of the package documentation, so that
-// writing needs no canonicalisation per request. (net/http canonicalises X-RateLimit-*
-// to X-Ratelimit-*, which is the same header: field names are case-insensitive.)
-var (
-	keyLimit     = http.CanonicalHeaderKey("X-RateLimit-Limit")
-	keyRemaining = http.CanonicalHeaderKey("X-RateLimit-Remaining")
-	keyReset     = http.CanonicalHeaderKey("X-RateLimit-Reset")
-	keyPolicy    = http.CanonicalHeaderKey("RateLimit-Policy")
-	keyRateLimit = http.CanonicalHeaderKey("RateLimit")
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/meta"
 )
-
-// keyRetryAfter is the canonical map key of Retry-After.
-const keyRetryAfter = "Retry-After"
 
 // Style selects which budget metadata headers are written.
 type Style uint8
@@ -89,13 +78,14 @@ const (
 	None
 	// IETFDraft10 writes RateLimit-Policy and RateLimit per
 	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until additional quota is
-	// made available ([Info].Available), rounded up.
+	// made available, rounded up.
 	IETFDraft10
 	// BothDraft10 writes X-RateLimit-* and the draft-10 IETF fields.
 	BothDraft10
 )
 
-// String returns "x", "ietf", "both", "none", "ietf10" or "both10".
+// String returns "x", "ietf", "both", "none", "ietf10" or "both10", and "Style(n)" for a
+// value that is none of the named ones.
 func (s Style) String() string {
 	switch s {
 	case XRateLimit:
@@ -114,266 +104,42 @@ func (s Style) String() string {
 	return "Style(" + strconv.Itoa(int(s)) + ")"
 }
 
-// valid reports whether s is one of the defined styles.
-func (s Style) valid() bool { return s <= BothDraft10 }
-
-func (s Style) x() bool       { return s == XRateLimit || s == Both || s == BothDraft10 }
-func (s Style) ietf() bool    { return s == IETF || s == Both || s == IETFDraft10 || s == BothDraft10 }
-func (s Style) draft10() bool { return s == IETFDraft10 || s == BothDraft10 }
-
-// Quota units of the qu parameter (the initial entries of the drafts' registry).
-const (
-	UnitRequests           = "requests"
-	UnitContentBytes       = "content-bytes"
-	UnitConcurrentRequests = "concurrent-requests"
-)
-
-// Info is the budget metadata of one response, for one rule.
-type Info struct {
-	// Policy is the rule's name.
-	Policy string
-	// Limit is the rule's capacity, in cost units.
-	Limit int64
-	// Remaining is the cost units left after this request; negative values are sent as 0.
-	Remaining int64
-	// Reset is the time until the budget is whole again, sent as X-RateLimit-Reset in
-	// whole seconds, rounded up (0 when zero or negative).
-	Reset time.Duration
-	// Window is the rule's window or refill period, sent as RateLimit-Policy's w in whole
-	// seconds, rounded up and at least 1; zero or negative omits w.
-	Window time.Duration
-	// RetryAfter is, for a refusal, the earliest time a retry could be admitted, sent as
-	// Retry-After in whole seconds, rounded up and at least 1. Write ignores it.
-	RetryAfter time.Duration
-	// Available is the time until more quota is made available (the end of a fixed
-	// window, the next token of a token bucket): draft-11's effective window, within
-	// which the client can use no more than Remaining, sent rounded down; draft-10's t,
-	// sent rounded up. Zero or negative means unknown, and t is omitted (it is optional
-	// in both drafts).
-	Available time.Duration
-	// Unit is the quota unit (qu): "" or [UnitRequests] (the default, not sent),
-	// [UnitContentBytes] or [UnitConcurrentRequests].
-	Unit string
-	// PartitionKey, when not empty, is sent as pk (a byte sequence). Do not
-	// put secrets or personal data in it: clients and intermediaries see it.
-	PartitionKey string
-	// Cost is the cost of the request in this rule's units (zero: unknown). Refusal
-	// bodies use it to say that a cost does not fit what remains.
-	Cost int64
-	// Violated is true when this rule refused the request; refusals list such rules in
-	// the problem's violated-policies.
-	Violated bool
-	// Unreported is true when the rule's state is not known (the limiter reported
-	// another rule only): RateLimit-Policy lists the rule, RateLimit does not.
-	Unreported bool
-	// LimitText, when not empty, is Limit in decimal, formatted once by a caller that
-	// keeps one per rule; Write copies it instead of formatting Limit. It is ignored
-	// when longer than 20 bytes.
-	LimitText string
+// WriteTooManyRequests writes the 429 refusal (RFC 6585 §4) of d, a refused decision:
+// Retry-After in whole seconds from d.RetryAfter (rounded up, at least 1),
+// Cache-Control: no-store, and a body naming d.Rule and the wait. It writes no budget
+// metadata: package middleware has set it on w before it calls a refusal handler.
+func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, d ratebudget.Decision) {
+	meta.WriteTooManyRequests(w, r, meta.None, []meta.Info{info(&d)}, 0)
 }
 
-// seconds converts d to whole seconds, rounded up; zero and negative durations give 0.
-func seconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second) // not (d + time.Second - 1) / time.Second: that overflows
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
+// WriteCostExceeded writes the refusal of d, a decision whose cost exceeds the capacity
+// (d.Limit) of its rule (d.Exceeded): it can never be admitted, so it is answered 413
+// Content Too Large without Retry-After (a 429 would invite pointless retries), with
+// Cache-Control: no-store and a body naming d.Rule and its capacity. It writes no budget
+// metadata.
+func WriteCostExceeded(w http.ResponseWriter, r *http.Request, d ratebudget.Decision) {
+	meta.WriteCostExceeded(w, r, meta.None, []meta.Info{info(&d)}, 0, 0)
 }
 
-// maxSFInteger is the largest RFC 9651 sf-integer (15 digits). A larger value would make
-// the whole field invalid, so the IETF fields send this one instead.
-const maxSFInteger = 999_999_999_999_999
-
-// appendSFInteger appends n, clamped to 0..maxSFInteger, as an sf-integer.
-func appendSFInteger(b []byte, n int64) []byte {
-	return strconv.AppendInt(b, min(max(n, 0), maxSFInteger), 10)
+func info(d *ratebudget.Decision) meta.Info {
+	return meta.Info{Policy: d.Rule, Limit: d.Limit, Remaining: d.Remaining, Reset: d.ResetAfter, Window: d.Window, RetryAfter: d.RetryAfter}
 }
 
-// retryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least 1.
-// Rounding down would invite a retry that is certain to be refused.
-func retryAfterSeconds(d time.Duration) int64 {
-	return max(seconds(d), 1)
+// WriteUnavailable writes 503 Service Unavailable for a budget store that cannot decide,
+// under a fail-closed policy: the caller exceeded nothing, so this is never a 429. The
+// body names the condition without store details; retryAfter (rounded up, at least 1s)
+// is sent as Retry-After, with Cache-Control: no-store.
+func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
+	meta.WriteUnavailable(w, r, retryAfter)
 }
 
-// Write sets the metadata headers of style s on h for a request decided under rules,
-// replacing earlier values: X-RateLimit-* describe rules[reported] (the refusing rule,
-// or when admitted the most restrictive one); RateLimit-Policy and RateLimit list every
-// rule as its own list member, in order (a rule marked Unreported only in
-// RateLimit-Policy). A request under one rule passes a one-element slice and 0. An
-// out-of-range reported index writes no X-RateLimit-* fields; style [None], an unknown
-// style or no rules write nothing. Write keeps no reference to rules.
-func Write(h http.Header, s Style, rules []Info, reported int) {
-	if s == None || !s.valid() || len(rules) == 0 {
-		return
-	}
-	if len(rules) == 1 && reported == 0 && !rules[0].Unreported {
-		writeOne(h, s, &rules[0])
-		return
-	}
-	if s.x() && reported >= 0 && reported < len(rules) {
-		writeX(h, &rules[reported])
-	}
-	if s.ietf() {
-		b := make([]byte, 0, len(rules)*(maxPolicyNameLen+64))
-		for i := range rules {
-			if i > 0 {
-				b = append(b, ", "...)
-			}
-			b = appendPolicy(b, &rules[i])
-		}
-		j := len(b)
-		first := true
-		for i := range rules {
-			if rules[i].Unreported {
-				continue
-			}
-			if !first {
-				b = append(b, ", "...)
-			}
-			first = false
-			b = appendRateLimit(b, &rules[i], s.draft10())
-		}
-		all := string(b)
-		vals := make([]string, 2)
-		vals[0], vals[1] = all[:j], all[j:]
-		h[keyPolicy] = vals[0:1:1]
-		if first {
-			delete(h, keyRateLimit)
-		} else {
-			h[keyRateLimit] = vals[1:2:2]
-		}
-	}
-}
-
-// writeOne is Write for a single reported rule, with fewer allocations.
-func writeOne(h http.Header, s Style, in *Info) {
-	if s.x() {
-		writeX(h, in)
-	}
-	if s.ietf() {
-		var buf [2*maxPolicyNameLen + 128]byte
-		b := appendPolicy(buf[:0], in)
-		i := len(b)
-		b = appendRateLimit(b, in, s.draft10())
-		all := string(b)
-		vals := make([]string, 2)
-		vals[0], vals[1] = all[:i], all[i:]
-		h[keyPolicy] = vals[0:1:1]
-		h[keyRateLimit] = vals[1:2:2]
-	}
-}
-
-// writeX sets the X-RateLimit-* fields in one allocation: the values and the slices h
-// holds share it.
-func writeX(h http.Header, in *Info) {
-	v := new(values3)
-	var b []byte
-	if in.LimitText != "" && len(in.LimitText) <= 20 {
-		b = append(v.buf[:0], in.LimitText...)
-	} else {
-		b = strconv.AppendInt(v.buf[:0], in.Limit, 10)
-	}
-	i := len(b)
-	b = strconv.AppendInt(b, max(in.Remaining, 0), 10)
-	j := len(b)
-	b = strconv.AppendInt(b, seconds(in.Reset), 10)
-	v.vals[0], v.vals[1], v.vals[2] = v.str(b, 0, i), v.str(b, i, j), v.str(b, j, len(b))
-	h[keyLimit] = v.vals[0:1:1]
-	h[keyRemaining] = v.vals[1:2:2]
-	h[keyReset] = v.vals[2:3:3]
-}
-
-// maxPolicyNameLen is the policy-name length up to which Write formats the IETF fields
-// of one rule without an extra allocation (longer names still work).
-const maxPolicyNameLen = 64
-
-// values3 holds three header values and their bytes in one allocation. Its strings point
-// into buf, which is never written after they are made.
-type values3 struct {
-	vals [3]string
-	buf  [60]byte // three int64 in decimal: at most 3 × 20 bytes
-}
-
-// str returns b[i:j] as a string sharing b's memory, which must be v.buf's.
-func (v *values3) str(b []byte, i, j int) string {
-	if i == j {
-		return ""
-	}
-	return unsafe.String(&b[i], j-i)
-}
-
-func appendPolicy(b []byte, in *Info) []byte {
-	b = appendSFString(b, in.Policy)
-	b = append(b, ";q="...)
-	b = appendSFInteger(b, in.Limit)
-	if in.Unit != "" && in.Unit != UnitRequests && validUnit(in.Unit) {
-		b = append(b, ";qu="...)
-		b = appendSFString(b, in.Unit)
-	}
-	if in.Window > 0 {
-		b = append(b, ";w="...)
-		b = appendSFInteger(b, max(seconds(in.Window), 1))
-	}
-	if in.PartitionKey != "" {
-		b = appendPK(b, in.PartitionKey)
-	}
-	return b
-}
-
-func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
-	b = appendSFString(b, in.Policy)
-	b = append(b, ";r="...)
-	b = appendSFInteger(b, in.Remaining)
-	switch {
-	case in.Available <= 0:
-	case draft10:
-		// Rounded up: more quota is available once t seconds have passed.
-		b = append(b, ";t="...)
-		b = appendSFInteger(b, seconds(in.Available))
-	default:
-		// Rounded down: within the rounded-up value the client could use more.
-		b = append(b, ";t="...)
-		b = appendSFInteger(b, int64(in.Available/time.Second))
-	}
-	if in.PartitionKey != "" {
-		b = appendPK(b, in.PartitionKey)
-	}
-	return b
-}
-
-func appendPK(b []byte, pk string) []byte {
-	b = append(b, ";pk=:"...)
-	b = base64.StdEncoding.AppendEncode(b, []byte(pk))
-	return append(b, ':')
-}
-
-// validUnit reports whether u can be sent as an sf-string token of the unit registry:
-// lowercase letters and '-'.
-func validUnit(u string) bool {
-	for i := 0; i < len(u); i++ {
-		if c := u[i]; !(c >= 'a' && c <= 'z' || c == '-') {
-			return false
-		}
-	}
-	return u != ""
-}
-
-// appendSFString appends s quoted as an RFC 9651 sf-string, dropping bytes it cannot
-// carry.
-func appendSFString(b []byte, s string) []byte {
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c >= 0x20 && c < 0x7f:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
+// WriteInvalid writes 400 Bad Request for a request whose rate-limit identity, scope or
+// cost (part: "identity", "scope" or "cost") could not be determined, for reason, a
+// client-facing explanation such as "cost must be a positive integer" (never an internal
+// error's text). The body reads "rate-limit <part>: <reason>" and, as JSON, carries part
+// in the member "invalid". Such a request is never counted in a shared budget. A custom
+// error handler of the middleware answers as the default does with
+// WriteInvalid(w, r, e.Part, e.Reason) for its *middleware.InputError e.
+func WriteInvalid(w http.ResponseWriter, r *http.Request, part, reason string) {
+	meta.WriteInvalid(w, r, part, reason)
 }

@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/ratebudget/ratebudget"
-	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/meta"
 )
 
 // Counting is a rule's counting contract: what an admitted request is charged, and when
@@ -177,7 +177,7 @@ func (cr *compiledRule) compileCounts() error {
 		if c.kind != countAttempts {
 			return bad("must be the zero value for an InFlight rule (a request holds one lease)")
 		}
-		cr.unit = headers.UnitConcurrentRequests
+		cr.unit = meta.UnitConcurrentRequests
 		return nil
 	}
 	switch c.kind {
@@ -199,7 +199,7 @@ func (cr *compiledRule) compileCounts() error {
 		}
 	}
 	if c.kind == countRequestBytes || c.kind == countResponseBytes {
-		cr.unit = headers.UnitContentBytes
+		cr.unit = meta.UnitContentBytes
 	}
 	return nil
 }

@@ -406,8 +406,7 @@ func upgrade(t *testing.T, h http.Handler) string {
 // A refusal handler is given the wait the default refusal sends: for an InFlight rule a
 // slot frees when any running request of the client ends, so Retry-After is 1s, not the
 // lease's time to live. A handler that answers with d.RetryAfter (as
-// headers.WriteTooManyRequests does from an Info built from d) must not tell clients to
-// wait a whole TTL.
+// headers.WriteTooManyRequests does) must not tell clients to wait a whole TTL.
 func TestRefusalHandlerInFlightRetryAfter(t *testing.T) {
 	t.Parallel()
 	var rr refusalRecorder

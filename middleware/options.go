@@ -7,6 +7,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/meta"
 )
 
 // Option configures the middleware built by [New]. Options are validated by New, which
@@ -71,13 +72,14 @@ func WithHeaders(s headers.Style) Option {
 }
 
 // WithQuotaUnit names the unit of this layer's costs in the RateLimit-Policy field (its
-// qu parameter): headers.UnitRequests (the default, not sent),
-// headers.UnitContentBytes (a cost that counts bytes, see WithCost) or
-// headers.UnitConcurrentRequests. The drafts allow only the units of their registry.
+// qu parameter): "requests" (the default, not sent), "content-bytes" (a cost that counts
+// bytes, see WithCost) or "concurrent-requests". The drafts allow only the units of their
+// registry. Rules that count bytes ([CountRequestBytes], [CountResponseBytes]) and
+// InFlight rules name theirs without it.
 func WithQuotaUnit(unit string) Option {
 	return func(c *config) error {
 		switch unit {
-		case headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests:
+		case meta.UnitRequests, meta.UnitContentBytes, meta.UnitConcurrentRequests:
 		default:
 			return configErr("WithQuotaUnit", "unknown quota unit "+strconv.Quote(unit)+" (want requests, content-bytes or concurrent-requests)")
 		}
@@ -86,9 +88,9 @@ func WithQuotaUnit(unit string) Option {
 	}
 }
 
-// WithRefusalHandler replaces the default refusal response (429 from
-// headers.WriteTooManyRequests, or 413 from headers.WriteCostExceeded when the cost can
-// never be admitted). For a refusal the limiter decided, metadata headers are already set
+// WithRefusalHandler replaces the default refusal response (429, or 413 when the cost
+// can never be admitted; a handler can answer as these do with
+// headers.WriteTooManyRequests and headers.WriteCostExceeded). For a refusal the limiter decided, metadata headers are already set
 // on w when it is called; a cost above a rule's capacity (Decision.Exceeded) is refused
 // before the limiter is asked, and w has none. The Decision's RetryAfter is the wait the
 // default refusal sends as Retry-After: for an InFlight rule at most 1s (a slot frees as

@@ -11,6 +11,7 @@ import (
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
 	"github.com/ratebudget/ratebudget/internal/delivery"
+	"github.com/ratebudget/ratebudget/internal/meta"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
@@ -57,7 +58,7 @@ type stack struct {
 	checks            []ratebudget.Check
 	pbuf              [3]part
 	cbuf              [4]ratebudget.Check
-	infos             [4]headers.Info
+	infos             [4]meta.Info
 	obuf              [4]ratebudget.Outcome
 	// settles is set when a layer's checks must be settled once the handler returns;
 	// shadow holds the checks of rules in shadow mode, shadowParts their layers.
@@ -410,7 +411,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	rep := st.partOf(d.Index)
 	infos := st.infos[:0]
 	if len(st.checks) > len(st.infos) {
-		infos = make([]headers.Info, 0, len(st.checks))
+		infos = make([]meta.Info, 0, len(st.checks))
 	}
 	for i := range st.checks {
 		infos = append(infos, st.info(i, d, outcomes))
@@ -430,7 +431,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		observeAll(st, &ev)
 		if len(infos) > 0 {
-			headers.Write(w.Header(), rep.m.cfg.style, infos, index)
+			meta.Write(w.Header(), meta.Style(rep.m.cfg.style), infos, index)
 		}
 		if st.settle != nil {
 			served = true
@@ -444,7 +445,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			ev.Outcome = OutcomeExceeded
 		}
 		observeAll(st, &ev)
-		headers.Write(w.Header(), rep.m.cfg.style, infos, index)
+		meta.Write(w.Header(), meta.Style(rep.m.cfg.style), infos, index)
 		rd := *d
 		if d.Index >= 0 && d.Index < len(st.checks) && st.checks[d.Index].Rule.Algorithm == ratebudget.InFlight {
 			rd.RetryAfter = leaseRetryAfter(rd.RetryAfter)
@@ -453,11 +454,11 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	case d.Exceeded:
 		ev.Outcome = OutcomeExceeded
 		observeAll(st, &ev)
-		headers.WriteCostExceeded(w, r, rep.m.cfg.style, infos, index, rep.cost)
+		meta.WriteCostExceeded(w, r, meta.Style(rep.m.cfg.style), infos, index, rep.cost)
 	default:
 		ev.Outcome = OutcomeDenied
 		observeAll(st, &ev)
-		headers.WriteTooManyRequests(w, r, rep.m.cfg.style, infos, index)
+		meta.WriteTooManyRequests(w, r, meta.Style(rep.m.cfg.style), infos, index)
 	}
 }
 
@@ -467,7 +468,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 // a layer guards something (a login) whose remaining attempts help an attacker. It
 // returns the rules left and the index of the reported check among them. When the
 // reported layer's style is None nothing is written, and infos is returned as it is.
-func (st *stack) visible(infos []headers.Info, reported int) ([]headers.Info, int) {
+func (st *stack) visible(infos []meta.Info, reported int) ([]meta.Info, int) {
 	if st.partOf(reported).m.cfg.style == headers.None {
 		return infos, reported
 	}
@@ -505,11 +506,11 @@ func (st *stack) partOf(i int) *part {
 
 // info is the metadata of check i: from its outcome when the limiter reported each one,
 // from the decision for the reported check, and without state otherwise.
-func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outcome) headers.Info {
+func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outcome) meta.Info {
 	c := &st.checks[i]
 	p := st.partOf(i)
 	cr := p.rule(i-p.from, false)
-	in := headers.Info{Policy: c.Rule.Name, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
+	in := meta.Info{Policy: c.Rule.Name, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
 	if cr.unit != "" {
 		in.Unit = cr.unit
 	}

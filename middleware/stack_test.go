@@ -437,7 +437,7 @@ func TestLayersApartDecideApart(t *testing.T) {
 func TestQuotaUnit(t *testing.T) {
 	t.Parallel()
 	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("bytes", 1000, 10*time.Second), Identity: global}},
-		middleware.WithHeaders(headers.IETF), middleware.WithQuotaUnit(headers.UnitContentBytes),
+		middleware.WithHeaders(headers.IETF), middleware.WithQuotaUnit("content-bytes"),
 		middleware.WithCost(func(r *http.Request) (int64, error) { return 300, nil }))(ok)
 	rec := do(h, "POST", "/", nil)
 	if got := rec.Header().Get("RateLimit-Policy"); got != `"bytes";q=1000;qu="content-bytes";w=10` {

@@ -1,4 +1,4 @@
-package headers
+package meta
 
 import (
 	"net/http"
@@ -52,9 +52,8 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s Style, rules
 // rules[reported]: it can never be admitted, so it is answered 413 Content Too Large
 // without Retry-After (a 429 would invite pointless retries). The metadata of style s
 // lists every rule ([Write]); a request under one rule passes a one-element slice and 0.
-// An out-of-range reported index reports rules[0]. It is the answer to a
-// ratebudget.Decision with Exceeded set, for a caller of the limiter or a custom
-// refusal handler of the middleware.
+// An out-of-range reported index reports rules[0]. A cost of 0 is unknown, and the body
+// does not name it.
 func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s Style, rules []Info, reported int, cost int64) {
 	rules, reported = clampReported(rules, reported)
 	in := &rules[reported]
@@ -67,6 +66,9 @@ func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s Style, rules []
 		Policy:   in.Policy,
 		Cost:     cost,
 		Capacity: in.Limit,
+	}
+	if cost <= 0 { // unknown
+		p.Detail = "the cost of this request exceeds the capacity " + strconv.FormatInt(in.Limit, 10) + " of rate limit " + strconv.Quote(in.Policy) + "; it can never be admitted"
 	}
 	p.ViolatedPolicies = violated(rules, in)
 	problem.Write(w, r, p)

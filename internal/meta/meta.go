@@ -1,0 +1,313 @@
+// Package meta writes the budget metadata and the refusals of package middleware: the
+// fields and bodies that package headers documents for users. Its Style has the values
+// of headers.Style, and its functions keep no state.
+package meta
+
+import (
+	"encoding/base64"
+	"net/http"
+	"strconv"
+	"time"
+	"unsafe"
+)
+
+// Canonical map keys of the fields in the table of the package documentation, so that
+// writing needs no canonicalisation per request. (net/http canonicalises X-RateLimit-*
+// to X-Ratelimit-*, which is the same header: field names are case-insensitive.)
+var (
+	keyLimit     = http.CanonicalHeaderKey("X-RateLimit-Limit")
+	keyRemaining = http.CanonicalHeaderKey("X-RateLimit-Remaining")
+	keyReset     = http.CanonicalHeaderKey("X-RateLimit-Reset")
+	keyPolicy    = http.CanonicalHeaderKey("RateLimit-Policy")
+	keyRateLimit = http.CanonicalHeaderKey("RateLimit")
+)
+
+// keyRetryAfter is the canonical map key of Retry-After.
+const keyRetryAfter = "Retry-After"
+
+// Style selects which budget metadata headers are written; its values are those of
+// headers.Style.
+type Style uint8
+
+const (
+	// XRateLimit writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset.
+	// It is the zero value.
+	XRateLimit Style = iota
+	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-11).
+	IETF
+	// Both writes both sets (the IETF fields per draft-11).
+	Both
+	// None writes no metadata (e.g. for authentication endpoints, where remaining attempts
+	// help an attacker). Refusals still carry Retry-After.
+	None
+	// IETFDraft10 writes RateLimit-Policy and RateLimit per
+	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until additional quota is
+	// made available ([Info].Available), rounded up.
+	IETFDraft10
+	// BothDraft10 writes X-RateLimit-* and the draft-10 IETF fields.
+	BothDraft10
+)
+
+// valid reports whether s is one of the defined styles.
+func (s Style) valid() bool { return s <= BothDraft10 }
+
+func (s Style) x() bool       { return s == XRateLimit || s == Both || s == BothDraft10 }
+func (s Style) ietf() bool    { return s == IETF || s == Both || s == IETFDraft10 || s == BothDraft10 }
+func (s Style) draft10() bool { return s == IETFDraft10 || s == BothDraft10 }
+
+// Quota units of the qu parameter (the initial entries of the drafts' registry).
+const (
+	UnitRequests           = "requests"
+	UnitContentBytes       = "content-bytes"
+	UnitConcurrentRequests = "concurrent-requests"
+)
+
+// Info is the budget metadata of one response, for one rule.
+type Info struct {
+	// Policy is the rule's name.
+	Policy string
+	// Limit is the rule's capacity, in cost units.
+	Limit int64
+	// Remaining is the cost units left after this request; negative values are sent as 0.
+	Remaining int64
+	// Reset is the time until the budget is whole again, sent as X-RateLimit-Reset in
+	// whole seconds, rounded up (0 when zero or negative).
+	Reset time.Duration
+	// Window is the rule's window or refill period, sent as RateLimit-Policy's w in whole
+	// seconds, rounded up and at least 1; zero or negative omits w.
+	Window time.Duration
+	// RetryAfter is, for a refusal, the earliest time a retry could be admitted, sent as
+	// Retry-After in whole seconds, rounded up and at least 1. Write ignores it.
+	RetryAfter time.Duration
+	// Available is the time until more quota is made available (the end of a fixed
+	// window, the next token of a token bucket): draft-11's effective window, within
+	// which the client can use no more than Remaining, sent rounded down; draft-10's t,
+	// sent rounded up. Zero or negative means unknown, and t is omitted (it is optional
+	// in both drafts).
+	Available time.Duration
+	// Unit is the quota unit (qu): "" or [UnitRequests] (the default, not sent),
+	// [UnitContentBytes] or [UnitConcurrentRequests].
+	Unit string
+	// PartitionKey, when not empty, is sent as pk (a byte sequence). Do not
+	// put secrets or personal data in it: clients and intermediaries see it.
+	PartitionKey string
+	// Cost is the cost of the request in this rule's units (zero: unknown). Refusal
+	// bodies use it to say that a cost does not fit what remains.
+	Cost int64
+	// Violated is true when this rule refused the request; refusals list such rules in
+	// the problem's violated-policies.
+	Violated bool
+	// Unreported is true when the rule's state is not known (the limiter reported
+	// another rule only): RateLimit-Policy lists the rule, RateLimit does not.
+	Unreported bool
+	// LimitText, when not empty, is Limit in decimal, formatted once by a caller that
+	// keeps one per rule; Write copies it instead of formatting Limit. It is ignored
+	// when longer than 20 bytes.
+	LimitText string
+}
+
+// seconds converts d to whole seconds, rounded up; zero and negative durations give 0.
+func seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	s := int64(d / time.Second) // not (d + time.Second - 1) / time.Second: that overflows
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
+}
+
+// maxSFInteger is the largest RFC 9651 sf-integer (15 digits). A larger value would make
+// the whole field invalid, so the IETF fields send this one instead.
+const maxSFInteger = 999_999_999_999_999
+
+// appendSFInteger appends n, clamped to 0..maxSFInteger, as an sf-integer.
+func appendSFInteger(b []byte, n int64) []byte {
+	return strconv.AppendInt(b, min(max(n, 0), maxSFInteger), 10)
+}
+
+// retryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least 1.
+// Rounding down would invite a retry that is certain to be refused.
+func retryAfterSeconds(d time.Duration) int64 {
+	return max(seconds(d), 1)
+}
+
+// Write sets the metadata headers of style s on h for a request decided under rules,
+// replacing earlier values: X-RateLimit-* describe rules[reported] (the refusing rule,
+// or when admitted the most restrictive one); RateLimit-Policy and RateLimit list every
+// rule as its own list member, in order (a rule marked Unreported only in
+// RateLimit-Policy). A request under one rule passes a one-element slice and 0. An
+// out-of-range reported index writes no X-RateLimit-* fields; style [None], an unknown
+// style or no rules write nothing. Write keeps no reference to rules.
+func Write(h http.Header, s Style, rules []Info, reported int) {
+	if s == None || !s.valid() || len(rules) == 0 {
+		return
+	}
+	if len(rules) == 1 && reported == 0 && !rules[0].Unreported {
+		writeOne(h, s, &rules[0])
+		return
+	}
+	if s.x() && reported >= 0 && reported < len(rules) {
+		writeX(h, &rules[reported])
+	}
+	if s.ietf() {
+		b := make([]byte, 0, len(rules)*(maxPolicyNameLen+64))
+		for i := range rules {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendPolicy(b, &rules[i])
+		}
+		j := len(b)
+		first := true
+		for i := range rules {
+			if rules[i].Unreported {
+				continue
+			}
+			if !first {
+				b = append(b, ", "...)
+			}
+			first = false
+			b = appendRateLimit(b, &rules[i], s.draft10())
+		}
+		all := string(b)
+		vals := make([]string, 2)
+		vals[0], vals[1] = all[:j], all[j:]
+		h[keyPolicy] = vals[0:1:1]
+		if first {
+			delete(h, keyRateLimit)
+		} else {
+			h[keyRateLimit] = vals[1:2:2]
+		}
+	}
+}
+
+// writeOne is Write for a single reported rule, with fewer allocations.
+func writeOne(h http.Header, s Style, in *Info) {
+	if s.x() {
+		writeX(h, in)
+	}
+	if s.ietf() {
+		var buf [2*maxPolicyNameLen + 128]byte
+		b := appendPolicy(buf[:0], in)
+		i := len(b)
+		b = appendRateLimit(b, in, s.draft10())
+		all := string(b)
+		vals := make([]string, 2)
+		vals[0], vals[1] = all[:i], all[i:]
+		h[keyPolicy] = vals[0:1:1]
+		h[keyRateLimit] = vals[1:2:2]
+	}
+}
+
+// writeX sets the X-RateLimit-* fields in one allocation: the values and the slices h
+// holds share it.
+func writeX(h http.Header, in *Info) {
+	v := new(values3)
+	var b []byte
+	if in.LimitText != "" && len(in.LimitText) <= 20 {
+		b = append(v.buf[:0], in.LimitText...)
+	} else {
+		b = strconv.AppendInt(v.buf[:0], in.Limit, 10)
+	}
+	i := len(b)
+	b = strconv.AppendInt(b, max(in.Remaining, 0), 10)
+	j := len(b)
+	b = strconv.AppendInt(b, seconds(in.Reset), 10)
+	v.vals[0], v.vals[1], v.vals[2] = v.str(b, 0, i), v.str(b, i, j), v.str(b, j, len(b))
+	h[keyLimit] = v.vals[0:1:1]
+	h[keyRemaining] = v.vals[1:2:2]
+	h[keyReset] = v.vals[2:3:3]
+}
+
+// maxPolicyNameLen is the policy-name length up to which Write formats the IETF fields
+// of one rule without an extra allocation (longer names still work).
+const maxPolicyNameLen = 64
+
+// values3 holds three header values and their bytes in one allocation. Its strings point
+// into buf, which is never written after they are made.
+type values3 struct {
+	vals [3]string
+	buf  [60]byte // three int64 in decimal: at most 3 × 20 bytes
+}
+
+// str returns b[i:j] as a string sharing b's memory, which must be v.buf's.
+func (v *values3) str(b []byte, i, j int) string {
+	if i == j {
+		return ""
+	}
+	return unsafe.String(&b[i], j-i)
+}
+
+func appendPolicy(b []byte, in *Info) []byte {
+	b = appendSFString(b, in.Policy)
+	b = append(b, ";q="...)
+	b = appendSFInteger(b, in.Limit)
+	if in.Unit != "" && in.Unit != UnitRequests && validUnit(in.Unit) {
+		b = append(b, ";qu="...)
+		b = appendSFString(b, in.Unit)
+	}
+	if in.Window > 0 {
+		b = append(b, ";w="...)
+		b = appendSFInteger(b, max(seconds(in.Window), 1))
+	}
+	if in.PartitionKey != "" {
+		b = appendPK(b, in.PartitionKey)
+	}
+	return b
+}
+
+func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
+	b = appendSFString(b, in.Policy)
+	b = append(b, ";r="...)
+	b = appendSFInteger(b, in.Remaining)
+	switch {
+	case in.Available <= 0:
+	case draft10:
+		// Rounded up: more quota is available once t seconds have passed.
+		b = append(b, ";t="...)
+		b = appendSFInteger(b, seconds(in.Available))
+	default:
+		// Rounded down: within the rounded-up value the client could use more.
+		b = append(b, ";t="...)
+		b = appendSFInteger(b, int64(in.Available/time.Second))
+	}
+	if in.PartitionKey != "" {
+		b = appendPK(b, in.PartitionKey)
+	}
+	return b
+}
+
+func appendPK(b []byte, pk string) []byte {
+	b = append(b, ";pk=:"...)
+	b = base64.StdEncoding.AppendEncode(b, []byte(pk))
+	return append(b, ':')
+}
+
+// validUnit reports whether u can be sent as an sf-string token of the unit registry:
+// lowercase letters and '-'.
+func validUnit(u string) bool {
+	for i := 0; i < len(u); i++ {
+		if c := u[i]; !(c >= 'a' && c <= 'z' || c == '-') {
+			return false
+		}
+	}
+	return u != ""
+}
+
+// appendSFString appends s quoted as an RFC 9651 sf-string, dropping bytes it cannot
+// carry.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c >= 0x20 && c < 0x7f:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}

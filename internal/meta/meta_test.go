@@ -1,0 +1,259 @@
+package meta_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget/internal/meta"
+	"github.com/ratebudget/ratebudget/internal/problem"
+)
+
+func TestWriteStyles(t *testing.T) {
+	t.Parallel()
+	in := meta.Info{Policy: "api", Limit: 100, Remaining: -3, Reset: 2500 * time.Millisecond, Window: time.Minute, Available: 2500 * time.Millisecond}
+	h := http.Header{}
+	meta.Write(h, meta.Both, []meta.Info{in}, 0)
+	want := map[string]string{
+		"X-RateLimit-Limit":     "100",
+		"X-RateLimit-Remaining": "0", // negative values are clamped
+		"X-RateLimit-Reset":     "3",
+		"RateLimit-Policy":      `"api";q=100;w=60`,
+		"RateLimit":             `"api";r=0;t=2`, // draft-11: rounded down
+	}
+	for k, v := range want {
+		if got := h.Get(k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	// A caller's preformatted limit is copied as it is; one too long for a decimal
+	// int64 is ignored and Limit formatted instead.
+	for _, tc := range []struct{ text, want string }{{"100", "100"}, {"1000000000000", "1000000000000"}, {"123456789012345678901", "100"}} {
+		pre := http.Header{}
+		withText := in
+		withText.LimitText = tc.text
+		meta.Write(pre, meta.XRateLimit, []meta.Info{withText}, 0)
+		if got := pre.Get("X-RateLimit-Limit"); got != tc.want || pre.Get("X-RateLimit-Remaining") != "0" || pre.Get("X-RateLimit-Reset") != "3" {
+			t.Errorf("LimitText %q: %v, want X-RateLimit-Limit %q", tc.text, pre, tc.want)
+		}
+	}
+	none := http.Header{}
+	meta.Write(none, meta.None, []meta.Info{in}, 0)
+	if len(none) != 0 {
+		t.Errorf("None wrote %v", none)
+	}
+	// An undefined style writes nothing.
+	undefined := meta.BothDraft10 + 1
+	meta.Write(none, undefined, []meta.Info{in}, 0)
+	if len(none) != 0 {
+		t.Errorf("%v wrote %v", undefined, none)
+	}
+}
+
+func TestTooManyRequests(t *testing.T) {
+	t.Parallel()
+	in := meta.Info{Policy: "api", Limit: 5, Remaining: 0, Reset: 1200 * time.Millisecond, Window: time.Second, RetryAfter: 1200 * time.Millisecond}
+	for _, tc := range []struct {
+		accept, ctype string
+	}{
+		{"", "text/plain; charset=utf-8"},
+		{"text/html", "text/plain; charset=utf-8"},
+		{"application/json", "application/problem+json"},
+		{"application/problem+json, */*;q=0.1", "application/problem+json"},
+	} {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("GET", "/", nil)
+		if tc.accept != "" {
+			req.Header.Set("Accept", tc.accept)
+		}
+		meta.WriteTooManyRequests(rec, req, meta.XRateLimit, []meta.Info{in}, 0)
+		if rec.Code != 429 || rec.Header().Get("Retry-After") != "2" || rec.Header().Get("Cache-Control") != "no-store" {
+			t.Fatalf("Accept %q: %d %v", tc.accept, rec.Code, rec.Header())
+		}
+		if got := rec.Header().Get("Content-Type"); got != tc.ctype {
+			t.Errorf("Accept %q: Content-Type %q, want %q", tc.accept, got, tc.ctype)
+		}
+		if tc.ctype == "application/problem+json" {
+			var p problem.Problem
+			if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Policy != "api" || p.RetryAfter != 2 || p.Status != 429 {
+				t.Errorf("problem %+v %v", p, err)
+			}
+		}
+	}
+}
+
+func TestUnavailableIsNot429(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	meta.WriteUnavailable(rec, httptest.NewRequest("GET", "/", nil), 300*time.Millisecond)
+	if rec.Code != 503 || rec.Header().Get("Retry-After") != "1" || rec.Header().Get("Cache-Control") != "no-store" {
+		t.Fatalf("%d %v", rec.Code, rec.Header())
+	}
+}
+
+func TestHeadHasNoBody(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	meta.WriteCostExceeded(rec, httptest.NewRequest("HEAD", "/", nil), meta.XRateLimit, []meta.Info{{Policy: "p", Limit: 3}}, 0, 4)
+	if rec.Code != 413 || rec.Body.Len() != 0 || rec.Header().Get("Content-Length") == "0" || rec.Header().Get("Retry-After") != "" {
+		t.Fatalf("%d %q %v", rec.Code, rec.Body.String(), rec.Header())
+	}
+}
+
+func BenchmarkWrite(b *testing.B) {
+	rules := []meta.Info{{Policy: "api", Limit: 100, Remaining: 42, Reset: 30 * time.Second, Window: time.Minute}}
+	h := http.Header{}
+	b.ReportAllocs()
+	for b.Loop() {
+		meta.Write(h, meta.XRateLimit, rules, 0)
+	}
+}
+
+func TestWriteListsEveryRule(t *testing.T) {
+	t.Parallel()
+	rules := []meta.Info{
+		{Policy: "per-client", Limit: 5, Remaining: 3, Reset: 50 * time.Second, Window: time.Minute, Available: 50 * time.Second},
+		{Policy: "expensive", Limit: 100, Remaining: 99, Reset: 9500 * time.Millisecond, Window: 10 * time.Second, Unit: meta.UnitContentBytes, PartitionKey: "tenant-1"},
+	}
+	for _, tc := range []struct {
+		style             meta.Style
+		x                 bool
+		policy, ratelimit string
+	}{
+		{meta.Both, true,
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
+			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`}, // t unknown: omitted
+		{meta.IETF, false,
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
+			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
+		{meta.BothDraft10, true,
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
+			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`}, // draft-10 defines qu and pk too
+		{meta.IETFDraft10, false,
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
+			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
+		{meta.XRateLimit, true, "", ""},
+	} {
+		h := http.Header{}
+		meta.Write(h, tc.style, rules, 0)
+		if got := h.Get("RateLimit-Policy"); got != tc.policy {
+			t.Errorf("%v: RateLimit-Policy %s, want %s", tc.style, got, tc.policy)
+		}
+		if got := h.Get("RateLimit"); got != tc.ratelimit {
+			t.Errorf("%v: RateLimit %s, want %s", tc.style, got, tc.ratelimit)
+		}
+		if got := h.Get("X-RateLimit-Remaining"); (got == "3") != tc.x || tc.x && (h.Get("X-RateLimit-Limit") != "5" || h.Get("X-RateLimit-Reset") != "50") {
+			t.Errorf("%v: X-RateLimit-* %v, want the reported rule's: %v", tc.style, h, tc.x)
+		}
+	}
+}
+
+func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
+	t.Parallel()
+	decode := func(rec *httptest.ResponseRecorder) problem.Problem {
+		t.Helper()
+		var p problem.Problem
+		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set("Accept", "application/json")
+	// Cost 3 with 2 units left: not "exhausted".
+	rec := httptest.NewRecorder()
+	meta.WriteTooManyRequests(rec, req, meta.XRateLimit, []meta.Info{{Policy: "api", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second}}, 0)
+	p := decode(rec)
+	if want := `the cost 3 of this request does not fit the 2 units left in rate limit "api"; retry in 1s`; p.Detail != want || p.Cost != 3 || p.Remaining != 2 {
+		t.Errorf("cost that does not fit: %+v, want detail %q", p, want)
+	}
+	if len(p.ViolatedPolicies) != 1 || p.ViolatedPolicies[0] != "api" {
+		t.Errorf("violated-policies %v", p.ViolatedPolicies)
+	}
+	if !strings.Contains(rec.Body.String(), `"violated-policies":["api"]`) {
+		t.Errorf("body %s lacks the violated-policies member", rec.Body)
+	}
+	// Nothing left: exhausted.
+	rec = httptest.NewRecorder()
+	meta.WriteTooManyRequests(rec, req, meta.XRateLimit, []meta.Info{{Policy: "api", Limit: 5, Remaining: 0, Cost: 3, RetryAfter: time.Second}}, 0)
+	if p := decode(rec); p.Detail != `rate limit "api" exhausted; retry in 1s` {
+		t.Errorf("exhausted: %q", p.Detail)
+	}
+	// No metadata (an authentication route): the remaining count is not told.
+	rec = httptest.NewRecorder()
+	meta.WriteTooManyRequests(rec, req, meta.None, []meta.Info{{Policy: "login", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second}}, 0)
+	if p := decode(rec); strings.Contains(p.Detail, "2") || p.Remaining != 0 || !strings.Contains(p.Detail, "does not fit") {
+		t.Errorf("style None: %+v", p)
+	}
+	// Several rules: every refusing rule is named; the reported one decides the wait.
+	rec = httptest.NewRecorder()
+	meta.WriteTooManyRequests(rec, req, meta.Both, []meta.Info{
+		{Policy: "outer", Limit: 5, Remaining: 0, RetryAfter: 3 * time.Second, Violated: true},
+		{Policy: "ok", Limit: 9, Remaining: 8},
+		{Policy: "inner", Limit: 2, Remaining: 0, RetryAfter: 9 * time.Second, Violated: true},
+	}, 2)
+	p = decode(rec)
+	if rec.Header().Get("Retry-After") != "9" || p.Policy != "inner" || strings.Join(p.ViolatedPolicies, ",") != "outer,inner" {
+		t.Errorf("several rules: %v %+v", rec.Header(), p)
+	}
+	if got := rec.Header().Get("RateLimit"); got != `"outer";r=0, "ok";r=8, "inner";r=0` {
+		t.Errorf("RateLimit %s", got)
+	}
+}
+
+func TestWriteInvalidNamesThePart(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	meta.WriteInvalid(rec, httptest.NewRequest("GET", "/", nil), "cost", "cost must be a positive integer")
+	if rec.Code != 400 || rec.Body.String() != "Bad Request: rate-limit cost: cost must be a positive integer\n" || rec.Header().Get("Cache-Control") != "no-store" {
+		t.Fatalf("%d %q %v", rec.Code, rec.Body, rec.Header())
+	}
+	rec = httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set("Accept", "application/problem+json")
+	meta.WriteInvalid(rec, req, "identity", "identity could not be determined")
+	var p problem.Problem
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Invalid != "identity" || p.Status != 400 || p.Detail != "rate-limit identity: identity could not be determined" {
+		t.Fatalf("%+v %v", p, err)
+	}
+}
+
+// Draft-10 defines qu and pk as draft-11 does, and its t is the number of seconds until
+// additional quota is made available (not until the budget is whole), which a
+// Retry-After must not precede. A token bucket refusing with one token due in 1s and
+// full in 10s tells draft-10 clients t=1, as its Retry-After does.
+func TestDraft10Fields(t *testing.T) {
+	t.Parallel()
+	in := meta.Info{
+		Policy: "bytes", Limit: 10, Remaining: 0, Window: 10 * time.Second,
+		Reset: 10 * time.Second, Available: 500 * time.Millisecond, RetryAfter: 500 * time.Millisecond,
+		Unit: meta.UnitContentBytes, PartitionKey: "t",
+	}
+	rec := httptest.NewRecorder()
+	meta.WriteTooManyRequests(rec, httptest.NewRequest("GET", "/", nil), meta.IETFDraft10, []meta.Info{in}, 0)
+	h := rec.Header()
+	if got, want := h.Get("RateLimit-Policy"), `"bytes";q=10;qu="content-bytes";w=10;pk=:dA==:`; got != want {
+		t.Errorf("RateLimit-Policy %s, want %s", got, want)
+	}
+	// Rounded up: after t seconds more quota is available.
+	if got, want := h.Get("RateLimit"), `"bytes";r=0;t=1;pk=:dA==:`; got != want {
+		t.Errorf("RateLimit %s, want %s", got, want)
+	}
+	if got := h.Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After %s, want 1", got)
+	}
+	// When the time until more quota is not known (a rolling window), t is omitted: it
+	// is optional, and the time until the budget is whole would overstate it.
+	unknown := meta.Info{Policy: "roll", Limit: 10, Remaining: 3, Window: time.Minute, Reset: time.Minute}
+	h = http.Header{}
+	meta.Write(h, meta.BothDraft10, []meta.Info{unknown}, 0)
+	if got, want := h.Get("RateLimit"), `"roll";r=3`; got != want {
+		t.Errorf("unknown Available: RateLimit %s, want %s", got, want)
+	}
+	if got := h.Get("X-RateLimit-Reset"); got != "60" {
+		t.Errorf("X-RateLimit-Reset %s, want 60", got)
+	}
+}

@@ -59,7 +59,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
-	"github.com/ratebudget/ratebudget/internal/meta"
+	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
 // Style selects which budget metadata headers are written.
@@ -109,7 +109,17 @@ func (s Style) String() string {
 // Cache-Control: no-store, and a body naming d.Rule and the wait. It writes no budget
 // metadata: package middleware has set it on w before it calls a refusal handler.
 func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, d ratebudget.Decision) {
-	meta.WriteTooManyRequests(w, r, meta.None, []meta.Info{info(&d)}, 0)
+	secs := problem.RetryAfterSeconds(d.RetryAfter)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	problem.Write(w, r, problem.Problem{
+		Type:             problem.QuotaExceeded,
+		Title:            "Too Many Requests",
+		Status:           http.StatusTooManyRequests,
+		Detail:           "rate limit " + strconv.Quote(d.Rule) + " exhausted; retry in " + strconv.FormatInt(secs, 10) + "s",
+		Policy:           d.Rule,
+		ViolatedPolicies: []string{d.Rule},
+		RetryAfter:       secs,
+	})
 }
 
 // WriteCostExceeded writes the refusal of d, a decision whose cost exceeds the capacity
@@ -118,11 +128,15 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, d ratebudget.D
 // Cache-Control: no-store and a body naming d.Rule and its capacity. It writes no budget
 // metadata.
 func WriteCostExceeded(w http.ResponseWriter, r *http.Request, d ratebudget.Decision) {
-	meta.WriteCostExceeded(w, r, meta.None, []meta.Info{info(&d)}, 0, 0)
-}
-
-func info(d *ratebudget.Decision) meta.Info {
-	return meta.Info{Policy: d.Rule, Limit: d.Limit, Remaining: d.Remaining, Reset: d.ResetAfter, Window: d.Window, RetryAfter: d.RetryAfter}
+	problem.Write(w, r, problem.Problem{
+		Type:             problem.CostExceedsCapacity,
+		Title:            "Request Cost Exceeds Capacity",
+		Status:           http.StatusRequestEntityTooLarge,
+		Detail:           "the cost of this request exceeds the capacity " + strconv.FormatInt(d.Limit, 10) + " of rate limit " + strconv.Quote(d.Rule) + "; it can never be admitted",
+		Policy:           d.Rule,
+		ViolatedPolicies: []string{d.Rule},
+		Capacity:         d.Limit,
+	})
 }
 
 // WriteUnavailable writes 503 Service Unavailable for a budget store that cannot decide,
@@ -130,7 +144,15 @@ func info(d *ratebudget.Decision) meta.Info {
 // body names the condition without store details; retryAfter (rounded up, at least 1s)
 // is sent as Retry-After, with Cache-Control: no-store.
 func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
-	meta.WriteUnavailable(w, r, retryAfter)
+	secs := problem.RetryAfterSeconds(retryAfter)
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	problem.Write(w, r, problem.Problem{
+		Type:       problem.ReducedCapacity,
+		Title:      "Service Unavailable",
+		Status:     http.StatusServiceUnavailable,
+		Detail:     "the rate-limit budget store is unavailable; retry in " + strconv.FormatInt(secs, 10) + "s",
+		RetryAfter: secs,
+	})
 }
 
 // WriteInvalid writes 400 Bad Request for a request whose rate-limit identity, scope or
@@ -141,5 +163,11 @@ func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Du
 // error handler of the middleware answers as the default does with
 // WriteInvalid(w, r, e.Part, e.Reason) for its *middleware.InputError e.
 func WriteInvalid(w http.ResponseWriter, r *http.Request, part, reason string) {
-	meta.WriteInvalid(w, r, part, reason)
+	problem.Write(w, r, problem.Problem{
+		Type:    problem.InvalidRequest,
+		Title:   "Bad Request",
+		Status:  http.StatusBadRequest,
+		Detail:  "rate-limit " + part + ": " + reason,
+		Invalid: part,
+	})
 }

@@ -466,7 +466,7 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 		m.cfg.onRefusal(w, r, d)
 		return
 	}
-	meta.WriteCostExceeded(w, r, meta.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window}}, 0, cost)
+	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window}}, 0, cost)
 }
 
 // misconfigured answers 500 for a limiter that rejected the request's checks: a

@@ -431,7 +431,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		observeAll(st, &ev)
 		if len(infos) > 0 {
-			meta.Write(w.Header(), meta.Style(rep.m.cfg.style), infos, index)
+			meta.Write(w.Header(), rep.m.cfg.style, infos, index)
 		}
 		if st.settle != nil {
 			served = true
@@ -445,7 +445,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			ev.Outcome = OutcomeExceeded
 		}
 		observeAll(st, &ev)
-		meta.Write(w.Header(), meta.Style(rep.m.cfg.style), infos, index)
+		meta.Write(w.Header(), rep.m.cfg.style, infos, index)
 		rd := *d
 		if d.Index >= 0 && d.Index < len(st.checks) && st.checks[d.Index].Rule.Algorithm == ratebudget.InFlight {
 			rd.RetryAfter = leaseRetryAfter(rd.RetryAfter)
@@ -454,11 +454,11 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	case d.Exceeded:
 		ev.Outcome = OutcomeExceeded
 		observeAll(st, &ev)
-		meta.WriteCostExceeded(w, r, meta.Style(rep.m.cfg.style), infos, index, rep.cost)
+		meta.WriteCostExceeded(w, r, rep.m.cfg.style, infos, index, rep.cost)
 	default:
 		ev.Outcome = OutcomeDenied
 		observeAll(st, &ev)
-		meta.WriteTooManyRequests(w, r, meta.Style(rep.m.cfg.style), infos, index)
+		meta.WriteTooManyRequests(w, r, rep.m.cfg.style, infos, index)
 	}
 }
 

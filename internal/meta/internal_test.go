@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
 func TestRetryAfterSeconds(t *testing.T) {
@@ -15,8 +17,8 @@ func TestRetryAfterSeconds(t *testing.T) {
 		{0, 1}, {-time.Second, 1}, {time.Nanosecond, 1}, {999 * time.Millisecond, 1},
 		{time.Second, 1}, {time.Second + time.Millisecond, 2}, {59*time.Second + 1, 60}, {time.Hour, 3600},
 	} {
-		if got := retryAfterSeconds(tc.d); got != tc.want {
-			t.Errorf("retryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
+		if got := problem.RetryAfterSeconds(tc.d); got != tc.want {
+			t.Errorf("problem.RetryAfterSeconds(%v) = %d, want %d", tc.d, got, tc.want)
 		}
 	}
 	if got := seconds(0); got != 0 {
@@ -50,8 +52,8 @@ func TestSecondsHuge(t *testing.T) {
 		if got := seconds(d); got != want {
 			t.Errorf("seconds(%d) = %d, want %d", d, got, want)
 		}
-		if got := retryAfterSeconds(d); got != want {
-			t.Errorf("retryAfterSeconds(%d) = %d, want %d", d, got, want)
+		if got := problem.RetryAfterSeconds(d); got != want {
+			t.Errorf("problem.RetryAfterSeconds(%d) = %d, want %d", d, got, want)
 		}
 	}
 	if got := seconds(most - most%time.Second); got != want-1 {

@@ -1,6 +1,6 @@
 // Package meta writes the budget metadata and the refusals of package middleware: the
-// fields and bodies that package headers documents for users. Its Style has the values
-// of headers.Style, and its functions keep no state.
+// fields and bodies that package headers documents for users, in the headers.Style a
+// middleware is configured with. Its functions keep no state.
 package meta
 
 import (
@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"time"
 	"unsafe"
+
+	"github.com/ratebudget/ratebudget/headers"
 )
 
 // Canonical map keys of the fields in the table of the package documentation, so that
@@ -25,35 +27,16 @@ var (
 // keyRetryAfter is the canonical map key of Retry-After.
 const keyRetryAfter = "Retry-After"
 
-// Style selects which budget metadata headers are written; its values are those of
-// headers.Style.
-type Style uint8
+// x, ietf and draft10 tell which fields style s writes.
+func x(s headers.Style) bool {
+	return s == headers.XRateLimit || s == headers.Both || s == headers.BothDraft10
+}
 
-const (
-	// XRateLimit writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset.
-	// It is the zero value.
-	XRateLimit Style = iota
-	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-11).
-	IETF
-	// Both writes both sets (the IETF fields per draft-11).
-	Both
-	// None writes no metadata (e.g. for authentication endpoints, where remaining attempts
-	// help an attacker). Refusals still carry Retry-After.
-	None
-	// IETFDraft10 writes RateLimit-Policy and RateLimit per
-	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until additional quota is
-	// made available ([Info].Available), rounded up.
-	IETFDraft10
-	// BothDraft10 writes X-RateLimit-* and the draft-10 IETF fields.
-	BothDraft10
-)
+func ietf(s headers.Style) bool {
+	return s == headers.IETF || s == headers.Both || s == headers.IETFDraft10 || s == headers.BothDraft10
+}
 
-// valid reports whether s is one of the defined styles.
-func (s Style) valid() bool { return s <= BothDraft10 }
-
-func (s Style) x() bool       { return s == XRateLimit || s == Both || s == BothDraft10 }
-func (s Style) ietf() bool    { return s == IETF || s == Both || s == IETFDraft10 || s == BothDraft10 }
-func (s Style) draft10() bool { return s == IETFDraft10 || s == BothDraft10 }
+func draft10(s headers.Style) bool { return s == headers.IETFDraft10 || s == headers.BothDraft10 }
 
 // Quota units of the qu parameter (the initial entries of the drafts' registry).
 const (
@@ -127,31 +110,25 @@ func appendSFInteger(b []byte, n int64) []byte {
 	return strconv.AppendInt(b, min(max(n, 0), maxSFInteger), 10)
 }
 
-// retryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least 1.
-// Rounding down would invite a retry that is certain to be refused.
-func retryAfterSeconds(d time.Duration) int64 {
-	return max(seconds(d), 1)
-}
-
 // Write sets the metadata headers of style s on h for a request decided under rules,
 // replacing earlier values: X-RateLimit-* describe rules[reported] (the refusing rule,
 // or when admitted the most restrictive one); RateLimit-Policy and RateLimit list every
 // rule as its own list member, in order (a rule marked Unreported only in
 // RateLimit-Policy). A request under one rule passes a one-element slice and 0. An
-// out-of-range reported index writes no X-RateLimit-* fields; style [None], an unknown
+// out-of-range reported index writes no X-RateLimit-* fields; style headers.None, an unknown
 // style or no rules write nothing. Write keeps no reference to rules.
-func Write(h http.Header, s Style, rules []Info, reported int) {
-	if s == None || !s.valid() || len(rules) == 0 {
+func Write(h http.Header, s headers.Style, rules []Info, reported int) {
+	if !x(s) && !ietf(s) || len(rules) == 0 {
 		return
 	}
 	if len(rules) == 1 && reported == 0 && !rules[0].Unreported {
 		writeOne(h, s, &rules[0])
 		return
 	}
-	if s.x() && reported >= 0 && reported < len(rules) {
+	if x(s) && reported >= 0 && reported < len(rules) {
 		writeX(h, &rules[reported])
 	}
-	if s.ietf() {
+	if ietf(s) {
 		b := make([]byte, 0, len(rules)*(maxPolicyNameLen+64))
 		for i := range rules {
 			if i > 0 {
@@ -169,7 +146,7 @@ func Write(h http.Header, s Style, rules []Info, reported int) {
 				b = append(b, ", "...)
 			}
 			first = false
-			b = appendRateLimit(b, &rules[i], s.draft10())
+			b = appendRateLimit(b, &rules[i], draft10(s))
 		}
 		all := string(b)
 		vals := make([]string, 2)
@@ -184,15 +161,15 @@ func Write(h http.Header, s Style, rules []Info, reported int) {
 }
 
 // writeOne is Write for a single reported rule, with fewer allocations.
-func writeOne(h http.Header, s Style, in *Info) {
-	if s.x() {
+func writeOne(h http.Header, s headers.Style, in *Info) {
+	if x(s) {
 		writeX(h, in)
 	}
-	if s.ietf() {
+	if ietf(s) {
 		var buf [2*maxPolicyNameLen + 128]byte
 		b := appendPolicy(buf[:0], in)
 		i := len(b)
-		b = appendRateLimit(b, in, s.draft10())
+		b = appendRateLimit(b, in, draft10(s))
 		all := string(b)
 		vals := make([]string, 2)
 		vals[0], vals[1] = all[:i], all[i:]

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/meta"
 	"github.com/ratebudget/ratebudget/internal/problem"
 )
@@ -16,7 +17,7 @@ func TestWriteStyles(t *testing.T) {
 	t.Parallel()
 	in := meta.Info{Policy: "api", Limit: 100, Remaining: -3, Reset: 2500 * time.Millisecond, Window: time.Minute, Available: 2500 * time.Millisecond}
 	h := http.Header{}
-	meta.Write(h, meta.Both, []meta.Info{in}, 0)
+	meta.Write(h, headers.Both, []meta.Info{in}, 0)
 	want := map[string]string{
 		"X-RateLimit-Limit":     "100",
 		"X-RateLimit-Remaining": "0", // negative values are clamped
@@ -35,18 +36,18 @@ func TestWriteStyles(t *testing.T) {
 		pre := http.Header{}
 		withText := in
 		withText.LimitText = tc.text
-		meta.Write(pre, meta.XRateLimit, []meta.Info{withText}, 0)
+		meta.Write(pre, headers.XRateLimit, []meta.Info{withText}, 0)
 		if got := pre.Get("X-RateLimit-Limit"); got != tc.want || pre.Get("X-RateLimit-Remaining") != "0" || pre.Get("X-RateLimit-Reset") != "3" {
 			t.Errorf("LimitText %q: %v, want X-RateLimit-Limit %q", tc.text, pre, tc.want)
 		}
 	}
 	none := http.Header{}
-	meta.Write(none, meta.None, []meta.Info{in}, 0)
+	meta.Write(none, headers.None, []meta.Info{in}, 0)
 	if len(none) != 0 {
 		t.Errorf("None wrote %v", none)
 	}
 	// An undefined style writes nothing.
-	undefined := meta.BothDraft10 + 1
+	undefined := headers.BothDraft10 + 1
 	meta.Write(none, undefined, []meta.Info{in}, 0)
 	if len(none) != 0 {
 		t.Errorf("%v wrote %v", undefined, none)
@@ -69,7 +70,7 @@ func TestTooManyRequests(t *testing.T) {
 		if tc.accept != "" {
 			req.Header.Set("Accept", tc.accept)
 		}
-		meta.WriteTooManyRequests(rec, req, meta.XRateLimit, []meta.Info{in}, 0)
+		meta.WriteTooManyRequests(rec, req, headers.XRateLimit, []meta.Info{in}, 0)
 		if rec.Code != 429 || rec.Header().Get("Retry-After") != "2" || rec.Header().Get("Cache-Control") != "no-store" {
 			t.Fatalf("Accept %q: %d %v", tc.accept, rec.Code, rec.Header())
 		}
@@ -88,7 +89,7 @@ func TestTooManyRequests(t *testing.T) {
 func TestUnavailableIsNot429(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	meta.WriteUnavailable(rec, httptest.NewRequest("GET", "/", nil), 300*time.Millisecond)
+	headers.WriteUnavailable(rec, httptest.NewRequest("GET", "/", nil), 300*time.Millisecond)
 	if rec.Code != 503 || rec.Header().Get("Retry-After") != "1" || rec.Header().Get("Cache-Control") != "no-store" {
 		t.Fatalf("%d %v", rec.Code, rec.Header())
 	}
@@ -97,7 +98,7 @@ func TestUnavailableIsNot429(t *testing.T) {
 func TestHeadHasNoBody(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	meta.WriteCostExceeded(rec, httptest.NewRequest("HEAD", "/", nil), meta.XRateLimit, []meta.Info{{Policy: "p", Limit: 3}}, 0, 4)
+	meta.WriteCostExceeded(rec, httptest.NewRequest("HEAD", "/", nil), headers.XRateLimit, []meta.Info{{Policy: "p", Limit: 3}}, 0, 4)
 	if rec.Code != 413 || rec.Body.Len() != 0 || rec.Header().Get("Content-Length") == "0" || rec.Header().Get("Retry-After") != "" {
 		t.Fatalf("%d %q %v", rec.Code, rec.Body.String(), rec.Header())
 	}
@@ -108,7 +109,7 @@ func BenchmarkWrite(b *testing.B) {
 	h := http.Header{}
 	b.ReportAllocs()
 	for b.Loop() {
-		meta.Write(h, meta.XRateLimit, rules, 0)
+		meta.Write(h, headers.XRateLimit, rules, 0)
 	}
 }
 
@@ -119,23 +120,23 @@ func TestWriteListsEveryRule(t *testing.T) {
 		{Policy: "expensive", Limit: 100, Remaining: 99, Reset: 9500 * time.Millisecond, Window: 10 * time.Second, Unit: meta.UnitContentBytes, PartitionKey: "tenant-1"},
 	}
 	for _, tc := range []struct {
-		style             meta.Style
+		style             headers.Style
 		x                 bool
 		policy, ratelimit string
 	}{
-		{meta.Both, true,
+		{headers.Both, true,
 			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
 			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`}, // t unknown: omitted
-		{meta.IETF, false,
+		{headers.IETF, false,
 			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
 			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
-		{meta.BothDraft10, true,
+		{headers.BothDraft10, true,
 			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
 			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`}, // draft-10 defines qu and pk too
-		{meta.IETFDraft10, false,
+		{headers.IETFDraft10, false,
 			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
 			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
-		{meta.XRateLimit, true, "", ""},
+		{headers.XRateLimit, true, "", ""},
 	} {
 		h := http.Header{}
 		meta.Write(h, tc.style, rules, 0)
@@ -165,7 +166,7 @@ func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 	req.Header.Set("Accept", "application/json")
 	// Cost 3 with 2 units left: not "exhausted".
 	rec := httptest.NewRecorder()
-	meta.WriteTooManyRequests(rec, req, meta.XRateLimit, []meta.Info{{Policy: "api", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second}}, 0)
+	meta.WriteTooManyRequests(rec, req, headers.XRateLimit, []meta.Info{{Policy: "api", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second}}, 0)
 	p := decode(rec)
 	if want := `the cost 3 of this request does not fit the 2 units left in rate limit "api"; retry in 1s`; p.Detail != want || p.Cost != 3 || p.Remaining != 2 {
 		t.Errorf("cost that does not fit: %+v, want detail %q", p, want)
@@ -178,19 +179,19 @@ func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 	}
 	// Nothing left: exhausted.
 	rec = httptest.NewRecorder()
-	meta.WriteTooManyRequests(rec, req, meta.XRateLimit, []meta.Info{{Policy: "api", Limit: 5, Remaining: 0, Cost: 3, RetryAfter: time.Second}}, 0)
+	meta.WriteTooManyRequests(rec, req, headers.XRateLimit, []meta.Info{{Policy: "api", Limit: 5, Remaining: 0, Cost: 3, RetryAfter: time.Second}}, 0)
 	if p := decode(rec); p.Detail != `rate limit "api" exhausted; retry in 1s` {
 		t.Errorf("exhausted: %q", p.Detail)
 	}
 	// No metadata (an authentication route): the remaining count is not told.
 	rec = httptest.NewRecorder()
-	meta.WriteTooManyRequests(rec, req, meta.None, []meta.Info{{Policy: "login", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second}}, 0)
+	meta.WriteTooManyRequests(rec, req, headers.None, []meta.Info{{Policy: "login", Limit: 5, Remaining: 2, Cost: 3, RetryAfter: time.Second}}, 0)
 	if p := decode(rec); strings.Contains(p.Detail, "2") || p.Remaining != 0 || !strings.Contains(p.Detail, "does not fit") {
 		t.Errorf("style None: %+v", p)
 	}
 	// Several rules: every refusing rule is named; the reported one decides the wait.
 	rec = httptest.NewRecorder()
-	meta.WriteTooManyRequests(rec, req, meta.Both, []meta.Info{
+	meta.WriteTooManyRequests(rec, req, headers.Both, []meta.Info{
 		{Policy: "outer", Limit: 5, Remaining: 0, RetryAfter: 3 * time.Second, Violated: true},
 		{Policy: "ok", Limit: 9, Remaining: 8},
 		{Policy: "inner", Limit: 2, Remaining: 0, RetryAfter: 9 * time.Second, Violated: true},
@@ -207,14 +208,14 @@ func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 func TestWriteInvalidNamesThePart(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	meta.WriteInvalid(rec, httptest.NewRequest("GET", "/", nil), "cost", "cost must be a positive integer")
+	headers.WriteInvalid(rec, httptest.NewRequest("GET", "/", nil), "cost", "cost must be a positive integer")
 	if rec.Code != 400 || rec.Body.String() != "Bad Request: rate-limit cost: cost must be a positive integer\n" || rec.Header().Get("Cache-Control") != "no-store" {
 		t.Fatalf("%d %q %v", rec.Code, rec.Body, rec.Header())
 	}
 	rec = httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/", nil)
 	req.Header.Set("Accept", "application/problem+json")
-	meta.WriteInvalid(rec, req, "identity", "identity could not be determined")
+	headers.WriteInvalid(rec, req, "identity", "identity could not be determined")
 	var p problem.Problem
 	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Invalid != "identity" || p.Status != 400 || p.Detail != "rate-limit identity: identity could not be determined" {
 		t.Fatalf("%+v %v", p, err)
@@ -233,7 +234,7 @@ func TestDraft10Fields(t *testing.T) {
 		Unit: meta.UnitContentBytes, PartitionKey: "t",
 	}
 	rec := httptest.NewRecorder()
-	meta.WriteTooManyRequests(rec, httptest.NewRequest("GET", "/", nil), meta.IETFDraft10, []meta.Info{in}, 0)
+	meta.WriteTooManyRequests(rec, httptest.NewRequest("GET", "/", nil), headers.IETFDraft10, []meta.Info{in}, 0)
 	h := rec.Header()
 	if got, want := h.Get("RateLimit-Policy"), `"bytes";q=10;qu="content-bytes";w=10;pk=:dA==:`; got != want {
 		t.Errorf("RateLimit-Policy %s, want %s", got, want)
@@ -249,7 +250,7 @@ func TestDraft10Fields(t *testing.T) {
 	// is optional, and the time until the budget is whole would overstate it.
 	unknown := meta.Info{Policy: "roll", Limit: 10, Remaining: 3, Window: time.Minute, Reset: time.Minute}
 	h = http.Header{}
-	meta.Write(h, meta.BothDraft10, []meta.Info{unknown}, 0)
+	meta.Write(h, headers.BothDraft10, []meta.Info{unknown}, 0)
 	if got, want := h.Get("RateLimit"), `"roll";r=3`; got != want {
 		t.Errorf("unknown Available: RateLimit %s, want %s", got, want)
 	}

@@ -3,8 +3,8 @@ package meta
 import (
 	"net/http"
 	"strconv"
-	"time"
 
+	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
@@ -18,11 +18,11 @@ import (
 // the limit is exhausted. The problem's violated-policies lists every rule marked
 // Violated (the reported one when none is). An out-of-range reported index reports
 // rules[0].
-func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s Style, rules []Info, reported int) {
+func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s headers.Style, rules []Info, reported int) {
 	rules, reported = clampReported(rules, reported)
 	in := &rules[reported]
 	Write(w.Header(), s, rules, reported)
-	secs := retryAfterSeconds(in.RetryAfter)
+	secs := problem.RetryAfterSeconds(in.RetryAfter)
 	w.Header().Set(keyRetryAfter, strconv.FormatInt(secs, 10))
 	wait := "; retry in " + strconv.FormatInt(secs, 10) + "s"
 	p := problem.Problem{
@@ -33,7 +33,7 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s Style, rules
 		RetryAfter: secs,
 	}
 	rem := max(in.Remaining, 0)
-	if in.Cost > 1 && rem > 0 && s != None {
+	if in.Cost > 1 && rem > 0 && s != headers.None {
 		// Remaining is only told when the metadata tells it too.
 		p.Detail = "the cost " + strconv.FormatInt(in.Cost, 10) + " of this request does not fit the " +
 			strconv.FormatInt(rem, 10) + " units left in rate limit " + strconv.Quote(in.Policy) + wait
@@ -52,9 +52,8 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s Style, rules
 // rules[reported]: it can never be admitted, so it is answered 413 Content Too Large
 // without Retry-After (a 429 would invite pointless retries). The metadata of style s
 // lists every rule ([Write]); a request under one rule passes a one-element slice and 0.
-// An out-of-range reported index reports rules[0]. A cost of 0 is unknown, and the body
-// does not name it.
-func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s Style, rules []Info, reported int, cost int64) {
+// An out-of-range reported index reports rules[0].
+func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s headers.Style, rules []Info, reported int, cost int64) {
 	rules, reported = clampReported(rules, reported)
 	in := &rules[reported]
 	Write(w.Header(), s, rules, reported)
@@ -66,9 +65,6 @@ func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s Style, rules []
 		Policy:   in.Policy,
 		Cost:     cost,
 		Capacity: in.Limit,
-	}
-	if cost <= 0 { // unknown
-		p.Detail = "the cost of this request exceeds the capacity " + strconv.FormatInt(in.Limit, 10) + " of rate limit " + strconv.Quote(in.Policy) + "; it can never be admitted"
 	}
 	p.ViolatedPolicies = violated(rules, in)
 	problem.Write(w, r, p)
@@ -97,37 +93,4 @@ func violated(rules []Info, reported *Info) []string {
 		names = []string{reported.Policy}
 	}
 	return names
-}
-
-// WriteUnavailable writes 503 Service Unavailable for a budget store that cannot decide,
-// under a fail-closed policy: the caller exceeded nothing, so this is never a 429. The
-// body names the condition without store details; retryAfter (rounded up, at least 1s)
-// is sent as Retry-After.
-func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Duration) {
-	secs := retryAfterSeconds(retryAfter)
-	w.Header().Set(keyRetryAfter, strconv.FormatInt(secs, 10))
-	problem.Write(w, r, problem.Problem{
-		Type:       problem.ReducedCapacity,
-		Title:      "Service Unavailable",
-		Status:     http.StatusServiceUnavailable,
-		Detail:     "the rate-limit budget store is unavailable; retry in " + strconv.FormatInt(secs, 10) + "s",
-		RetryAfter: secs,
-	})
-}
-
-// WriteInvalid writes 400 Bad Request for a request whose rate-limit identity, scope or
-// cost (part: "identity", "scope" or "cost") could not be determined, for reason, a
-// client-facing explanation such as "cost must be a positive integer" (never an internal
-// error's text). The body reads "rate-limit <part>: <reason>" and, as JSON, carries part
-// in the member "invalid". Such a request is never counted in a shared budget. A custom
-// error handler of the middleware answers as the default does with
-// WriteInvalid(w, r, e.Part, e.Reason) for its *middleware.InputError e.
-func WriteInvalid(w http.ResponseWriter, r *http.Request, part, reason string) {
-	problem.Write(w, r, problem.Problem{
-		Type:    problem.InvalidRequest,
-		Title:   "Bad Request",
-		Status:  http.StatusBadRequest,
-		Detail:  "rate-limit " + part + ": " + reason,
-		Invalid: part,
-	})
 }

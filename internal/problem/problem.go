@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // Problem types (the type member). The first two are the types proposed by
@@ -72,4 +73,17 @@ func Write(w http.ResponseWriter, r *http.Request, p Problem) {
 	if r.Method != http.MethodHead {
 		_, _ = w.Write(body)
 	}
+}
+
+// RetryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least
+// 1. Rounding down would invite a retry that is certain to be refused.
+func RetryAfterSeconds(d time.Duration) int64 {
+	if d <= time.Second {
+		return 1
+	}
+	s := int64(d / time.Second) // not (d + time.Second - 1) / time.Second: that overflows
+	if d%time.Second != 0 {
+		s++
+	}
+	return s
 }

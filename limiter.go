@@ -63,7 +63,8 @@ type Check struct {
 }
 
 // Decision is a limiter's answer to one request, reporting one rule: the one that refused
-// (the refusing rule with the longest wait), or when admitted the most restrictive rule
+// (a rule whose capacity the cost exceeds first, as waiting cannot help; else the
+// refusing rule with the longest wait), or when admitted the most restrictive rule
 // (fewest units remaining; on a tie, the longest reset). The zero Decision admits
 // nothing and reports no rule.
 type Decision struct {

@@ -107,7 +107,11 @@ func (s Style) String() string {
 // WriteTooManyRequests writes the 429 refusal (RFC 6585 §4) of d, a refused decision:
 // Retry-After in whole seconds from d.RetryAfter (rounded up, at least 1),
 // Cache-Control: no-store, and a body naming d.Rule and the wait. It writes no budget
-// metadata: package middleware has set it on w before it calls a refusal handler.
+// metadata: package middleware has set it on w before it calls a refusal handler. It is
+// the middleware's default 429 but for one case: a Decision does not carry the
+// request's cost, so where the default says that a cost does not fit the units left
+// (cost 3, 2 left) and adds cost and remaining to the JSON body, this says that the
+// limit is exhausted.
 func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, d ratebudget.Decision) {
 	secs := problem.RetryAfterSeconds(d.RetryAfter)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
@@ -125,7 +129,8 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, d ratebudget.D
 // WriteCostExceeded writes the refusal of d, a decision whose cost exceeds the capacity
 // (d.Limit) of its rule (d.Exceeded): it can never be admitted, so it is answered 413
 // Content Too Large without Retry-After (a 429 would invite pointless retries), with
-// Cache-Control: no-store and a body naming d.Rule and its capacity. It writes no budget
+// Cache-Control: no-store and a body naming d.Rule and its capacity (not the cost, which
+// a Decision does not carry: the middleware's default names it). It writes no budget
 // metadata.
 func WriteCostExceeded(w http.ResponseWriter, r *http.Request, d ratebudget.Decision) {
 	problem.Write(w, r, problem.Problem{

@@ -41,8 +41,10 @@ func WithFailOpen() Option {
 // never exceeds the global limit unless a limit is below the replica count; it is wrong
 // (too strict for some clients) when the load balancer spreads one client unevenly. A
 // cost above a rule's share is refused with 429 (Retry-After from
-// [WithUnavailableRetryAfter]), not 413: the store may answer again. It replaces an
-// earlier [WithFailOpen], as that replaces it: the last one given decides.
+// [WithUnavailableRetryAfter]), not 413: the store may answer again. The metadata of
+// such a response describes the local share (X-RateLimit-Limit is the rule's share of
+// its Limit), since that is the budget that decided. It replaces an earlier
+// [WithFailOpen], as that replaces it: the last one given decides.
 func WithLocalFallback(replicas int) Option {
 	return func(c *config) error {
 		if replicas < 1 {

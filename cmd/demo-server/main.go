@@ -251,7 +251,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		return o, fmt.Errorf("-max-budgets: %w", err)
 	}
 	if o.algorithm, ok = parseEnum(*algo, ratebudget.FixedWindow, ratebudget.InFlight); !ok {
-		return o, fmt.Errorf("-algorithm: unknown algorithm %q (want fixed, token, rolling or inflight)", *algo)
+		return o, fmt.Errorf("-algorithm: unknown algorithm %q (want fixed, token or rolling)", *algo)
 	}
 	if o.algorithm == ratebudget.InFlight {
 		return o, fmt.Errorf("-algorithm: inflight limits requests running at once, not a rate: use -inflight for /api/slow")

@@ -4,7 +4,6 @@
 package meta
 
 import (
-	"encoding/base64"
 	"net/http"
 	"strconv"
 	"time"
@@ -71,9 +70,6 @@ type Info struct {
 	// Unit is the quota unit (qu): "" or [UnitRequests] (the default, not sent),
 	// [UnitContentBytes] or [UnitConcurrentRequests].
 	Unit string
-	// PartitionKey, when not empty, is sent as pk (a byte sequence). Do not
-	// put secrets or personal data in it: clients and intermediaries see it.
-	PartitionKey string
 	// Cost is the cost of the request in this rule's units (zero: unknown). Refusal
 	// bodies use it to say that a cost does not fit what remains.
 	Cost int64
@@ -229,9 +225,6 @@ func appendPolicy(b []byte, in *Info) []byte {
 		b = append(b, ";w="...)
 		b = appendSFInteger(b, max(seconds(in.Window), 1))
 	}
-	if in.PartitionKey != "" {
-		b = appendPK(b, in.PartitionKey)
-	}
 	return b
 }
 
@@ -250,16 +243,7 @@ func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
 		b = append(b, ";t="...)
 		b = appendSFInteger(b, int64(in.Available/time.Second))
 	}
-	if in.PartitionKey != "" {
-		b = appendPK(b, in.PartitionKey)
-	}
 	return b
-}
-
-func appendPK(b []byte, pk string) []byte {
-	b = append(b, ";pk=:"...)
-	b = base64.StdEncoding.AppendEncode(b, []byte(pk))
-	return append(b, ':')
 }
 
 // validUnit reports whether u can be sent as an sf-string token of the unit registry:

@@ -117,7 +117,7 @@ func TestWriteListsEveryRule(t *testing.T) {
 	t.Parallel()
 	rules := []meta.Info{
 		{Policy: "per-client", Limit: 5, Remaining: 3, Reset: 50 * time.Second, Window: time.Minute, Available: 50 * time.Second},
-		{Policy: "expensive", Limit: 100, Remaining: 99, Reset: 9500 * time.Millisecond, Window: 10 * time.Second, Unit: meta.UnitContentBytes, PartitionKey: "tenant-1"},
+		{Policy: "expensive", Limit: 100, Remaining: 99, Reset: 9500 * time.Millisecond, Window: 10 * time.Second, Unit: meta.UnitContentBytes},
 	}
 	for _, tc := range []struct {
 		style             headers.Style
@@ -125,17 +125,17 @@ func TestWriteListsEveryRule(t *testing.T) {
 		policy, ratelimit string
 	}{
 		{headers.Both, true,
-			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
-			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`}, // t unknown: omitted
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10`,
+			`"per-client";r=3;t=50, "expensive";r=99`}, // t unknown: omitted
 		{headers.IETF, false,
-			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
-			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10`,
+			`"per-client";r=3;t=50, "expensive";r=99`},
 		{headers.BothDraft10, true,
-			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
-			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`}, // draft-10 defines qu and pk too
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10`,
+			`"per-client";r=3;t=50, "expensive";r=99`}, // draft-10 defines qu too
 		{headers.IETFDraft10, false,
-			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10;pk=:dGVuYW50LTE=:`,
-			`"per-client";r=3;t=50, "expensive";r=99;pk=:dGVuYW50LTE=:`},
+			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10`,
+			`"per-client";r=3;t=50, "expensive";r=99`},
 		{headers.XRateLimit, true, "", ""},
 	} {
 		h := http.Header{}
@@ -222,7 +222,7 @@ func TestWriteInvalidNamesThePart(t *testing.T) {
 	}
 }
 
-// Draft-10 defines qu and pk as draft-11 does, and its t is the number of seconds until
+// Draft-10 defines qu as draft-11 does, and its t is the number of seconds until
 // additional quota is made available (not until the budget is whole), which a
 // Retry-After must not precede. A token bucket refusing with one token due in 1s and
 // full in 10s tells draft-10 clients t=1, as its Retry-After does.
@@ -231,16 +231,16 @@ func TestDraft10Fields(t *testing.T) {
 	in := meta.Info{
 		Policy: "bytes", Limit: 10, Remaining: 0, Window: 10 * time.Second,
 		Reset: 10 * time.Second, Available: 500 * time.Millisecond, RetryAfter: 500 * time.Millisecond,
-		Unit: meta.UnitContentBytes, PartitionKey: "t",
+		Unit: meta.UnitContentBytes,
 	}
 	rec := httptest.NewRecorder()
 	meta.WriteTooManyRequests(rec, httptest.NewRequest("GET", "/", nil), headers.IETFDraft10, []meta.Info{in}, 0)
 	h := rec.Header()
-	if got, want := h.Get("RateLimit-Policy"), `"bytes";q=10;qu="content-bytes";w=10;pk=:dA==:`; got != want {
+	if got, want := h.Get("RateLimit-Policy"), `"bytes";q=10;qu="content-bytes";w=10`; got != want {
 		t.Errorf("RateLimit-Policy %s, want %s", got, want)
 	}
 	// Rounded up: after t seconds more quota is available.
-	if got, want := h.Get("RateLimit"), `"bytes";r=0;t=1;pk=:dA==:`; got != want {
+	if got, want := h.Get("RateLimit"), `"bytes";r=0;t=1`; got != want {
 		t.Errorf("RateLimit %s, want %s", got, want)
 	}
 	if got := h.Get("Retry-After"); got != "1" {

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
 // Canonical map keys of the fields in the table of the package documentation, so that
@@ -83,18 +84,6 @@ type Info struct {
 	// keeps one per rule; Write copies it instead of formatting Limit. It is ignored
 	// when longer than 20 bytes.
 	LimitText string
-}
-
-// seconds converts d to whole seconds, rounded up; zero and negative durations give 0.
-func seconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	s := int64(d / time.Second) // not (d + time.Second - 1) / time.Second: that overflows
-	if d%time.Second != 0 {
-		s++
-	}
-	return s
 }
 
 // maxSFInteger is the largest RFC 9651 sf-integer (15 digits). A larger value would make
@@ -187,7 +176,7 @@ func writeX(h http.Header, in *Info) {
 	i := len(b)
 	b = strconv.AppendInt(b, max(in.Remaining, 0), 10)
 	j := len(b)
-	b = strconv.AppendInt(b, seconds(in.Reset), 10)
+	b = strconv.AppendInt(b, problem.Seconds(in.Reset), 10)
 	v.vals[0], v.vals[1], v.vals[2] = v.str(b, 0, i), v.str(b, i, j), v.str(b, j, len(b))
 	h[keyLimit] = v.vals[0:1:1]
 	h[keyRemaining] = v.vals[1:2:2]
@@ -223,7 +212,7 @@ func appendPolicy(b []byte, in *Info) []byte {
 	}
 	if in.Window > 0 {
 		b = append(b, ";w="...)
-		b = appendSFInteger(b, max(seconds(in.Window), 1))
+		b = appendSFInteger(b, max(problem.Seconds(in.Window), 1))
 	}
 	return b
 }
@@ -237,7 +226,7 @@ func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
 	case draft10:
 		// Rounded up: more quota is available once t seconds have passed.
 		b = append(b, ";t="...)
-		b = appendSFInteger(b, seconds(in.Available))
+		b = appendSFInteger(b, problem.Seconds(in.Available))
 	default:
 		// Rounded down: within the rounded-up value the client could use more.
 		b = append(b, ";t="...)

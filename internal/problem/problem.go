@@ -75,11 +75,10 @@ func Write(w http.ResponseWriter, r *http.Request, p Problem) {
 	}
 }
 
-// RetryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least
-// 1. Rounding down would invite a retry that is certain to be refused.
-func RetryAfterSeconds(d time.Duration) int64 {
-	if d <= time.Second {
-		return 1
+// Seconds converts d to whole seconds, rounded up; zero and negative durations give 0.
+func Seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
 	}
 	s := int64(d / time.Second) // not (d + time.Second - 1) / time.Second: that overflows
 	if d%time.Second != 0 {
@@ -87,3 +86,7 @@ func RetryAfterSeconds(d time.Duration) int64 {
 	}
 	return s
 }
+
+// RetryAfterSeconds is the Retry-After value for d: whole seconds, rounded up, at least
+// 1. Rounding down would invite a retry that is certain to be refused.
+func RetryAfterSeconds(d time.Duration) int64 { return max(Seconds(d), 1) }

@@ -187,7 +187,8 @@ func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 }
 
 // checksValid is ValidateChecks' fast path: the same conditions, checked without
-// building errors. When it reports false, ValidateChecks gives the error.
+// building errors, so that valid checks are validated without allocating. When it
+// reports false, ValidateChecks finds the error.
 func checksValid(checks []Check) bool {
 	for i := range checks {
 		c := &checks[i]
@@ -230,8 +231,12 @@ var nameByte = func() (t [256]bool) {
 // budget named twice: two checks of one rule name, identity and scope, whatever their
 // rules' other fields (one name with several identities or scopes is several budgets).
 // It returns a *[ConfigError] naming the field at fault (and a rule without a name by
-// its check's index: "checks[1]: Name must not be empty").
+// its check's index: "checks[1]: Name must not be empty"). Valid checks are validated
+// without allocating.
 func ValidateChecks(checks []Check) error {
+	if checksValid(checks) {
+		return nil
+	}
 	if len(checks) == 0 {
 		return &ConfigError{Field: "checks", Problem: "must not be empty"}
 	}

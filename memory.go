@@ -459,10 +459,8 @@ func (m *Memory) allow(checks []Check, out []Outcome, tickets []Ticket) (Decisio
 	if m.now == nil {
 		return Decision{}, errZeroMemory
 	}
-	if !checksValid(checks) {
-		if err := ValidateChecks(checks); err != nil {
-			return Decision{}, err
-		}
+	if err := ValidateChecks(checks); err != nil {
+		return Decision{}, err
 	}
 	now := m.now()
 	if len(checks) == 1 {

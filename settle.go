@@ -85,10 +85,8 @@ var ErrLeaseLost = errors.New("ratebudget: in-flight lease expired before it was
 // check, and one cost per check in 0..MaxLimit. It returns a *[ConfigError] naming the
 // field at fault.
 func ValidateSettle(checks []Check, tickets []Ticket, costs []int64) error {
-	if !checksValid(checks) {
-		if err := ValidateChecks(checks); err != nil {
-			return err
-		}
+	if err := ValidateChecks(checks); err != nil {
+		return err
 	}
 	if len(tickets) < len(checks) {
 		return &ConfigError{Field: "tickets", Problem: "has " + strconv.Itoa(len(tickets)) + " entries for " + strconv.Itoa(len(checks)) + " checks"}

@@ -333,3 +333,23 @@ func TestUnnamedRuleErrorSaysWhich(t *testing.T) {
 		t.Fatalf("error %v, want one naming rule \"a b\" alone", err)
 	}
 }
+
+// ValidateChecks on valid checks allocates nothing: every limiter calls it on every
+// decision. Invalid checks are the caller's mistake, and build their error.
+func TestValidateChecksAllocs(t *testing.T) {
+	checks := []ratebudget.Check{
+		{Rule: ratebudget.Rule{Name: "per-client", Limit: 10, Window: time.Second}, Identity: "203.0.113.7", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Burst: 1 << 31, Window: time.Millisecond}, Cost: 1},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 7},
+		{Rule: ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 4, Window: time.Minute}, Identity: "acct-42", Cost: 1},
+	}
+	var err error
+	allocs := testing.AllocsPerRun(200, func() { err = ratebudget.ValidateChecks(checks) })
+	if err != nil || allocs != 0 {
+		t.Fatalf("ValidateChecks on valid checks: %v, %v allocations; want nil and 0", err, allocs)
+	}
+	checks[2].Cost = 0
+	if err := ratebudget.ValidateChecks(checks); err == nil {
+		t.Fatal("ValidateChecks accepted a zero cost")
+	}
+}

@@ -4,7 +4,7 @@ SHELL       := /bin/bash
 GO       ?= go
 PKGS     ?= ./...
 # packages whose tests pin allocation counts, which the race detector would inflate
-ALLOCPKGS ?= . ./middleware ./lua
+ALLOCPKGS ?= ./memory ./middleware ./lua
 FUZZTIME ?= 20s
 # extra flags for the race run of make test, e.g. TESTFLAGS=-json or TESTFLAGS=-v
 TESTFLAGS ?=

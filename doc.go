@@ -1,6 +1,8 @@
 // Package ratebudget holds the shared vocabulary of the ratebudget rate limiter: rules,
-// checks, decisions, the one-method [Limiter] interface and its errors, plus [Memory], the
-// in-process limiter.
+// checks, decisions, outcomes, tickets, the [Limiter], [Reporter] and [Settler]
+// interfaces, their errors, and the validation an implementer of a Limiter needs. It
+// holds no limiter: package memory is the in-process one (memory.New) and package lua
+// the shared Redis one (lua.New).
 //
 // A rate limit is a budget of admitted work with four parts, stated before anything is
 // counted:
@@ -20,7 +22,7 @@
 // be lower than the cost reserved (given back) or higher (the budget goes into debt).
 //
 // The HTTP middleware lives in package middleware, the client-identity extractors in
-// keyfuncs, the response headers in headers and the shared Redis limiter in lua.
+// keyfuncs and the response headers in headers.
 //
 // # Time rules
 //

@@ -17,6 +17,7 @@ import (
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // namedLimiter is a limiter under test and its name in failure messages.
@@ -151,7 +152,7 @@ type walkOptions struct {
 // decision stalled for 3/4 of shortLease.
 const shortLease = time.Second
 
-// sameDecisions runs 1,500 random decisions on a ratebudget.Memory whose clock is driven
+// sameDecisions runs 1,500 random decisions on a memory.Limiter whose clock is driven
 // by the walk (stopped, but for the steps of walkOptions.settles) and on each of
 // limiters, whose keys live on servers, and fails on the first answer that differs:
 // admitted or not, exceeded or not, and the remaining units whenever both report the
@@ -174,7 +175,7 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 	t.Helper()
 	refunds := countRefunds(t, servers)
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now))
+	mem, err := memory.New(memory.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +311,7 @@ type diffWalk struct {
 	o        walkOptions
 	srv      *redis.Client // holds every limiter's keys (with settles): its clock, its events
 	clock    *limitertest.FakeClock
-	mem      *ratebudget.Memory
+	mem      *memory.Limiter
 	limiters []namedLimiter
 	rng      *rand.Rand
 	pending  []*reservation

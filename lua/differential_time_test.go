@@ -13,6 +13,7 @@ import (
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // phase is the step of TestSameSettlesOverTime's clock (see there).
@@ -56,7 +57,7 @@ func settlesOverTime(t *testing.T, c *redis.Client, scale int64, seed uint64) {
 		{"coalesced", newLimiter(t, c, append(opts, lua.WithCoalescing(64))...)},
 	}
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now))
+	mem, err := memory.New(memory.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}

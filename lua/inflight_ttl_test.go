@@ -8,6 +8,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // TestInFlightShortenedLeaseTTL: an in-flight rule whose Window (the lease's time to
@@ -21,7 +22,7 @@ func TestInFlightShortenedLeaseTTL(t *testing.T) {
 	ctx := context.Background()
 	l := newLimiter(t, c)
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now))
+	mem, err := memory.New(memory.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}

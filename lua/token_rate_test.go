@@ -12,6 +12,7 @@ import (
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // TestTokenBucketRateChange: a token bucket whose rule's Limit (its refill rate) is
@@ -65,7 +66,7 @@ func TestTokenBucketCapacityChange(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now), ratebudget.WithSweepInterval(time.Hour))
+	mem, err := memory.New(memory.WithClock(clock.Now), memory.WithSweepInterval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ type tokenStep struct {
 
 // runTokenSteps runs steps on mem (whose clock is stopped) and on l for identity id, and
 // fails at the first step whose outcome on Redis is not Memory's.
-func runTokenSteps(t *testing.T, mem *ratebudget.Memory, l *lua.Limiter, id string, steps []tokenStep) {
+func runTokenSteps(t *testing.T, mem *memory.Limiter, l *lua.Limiter, id string, steps []tokenStep) {
 	t.Helper()
 	ctx := context.Background()
 	type reservation struct {
@@ -172,7 +173,7 @@ func TestTokenBucketWindowChange(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now), ratebudget.WithSweepInterval(time.Hour))
+	mem, err := memory.New(memory.WithClock(clock.Now), memory.WithSweepInterval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +273,7 @@ func TestTokenBucketRateLoweredFullAtOldRefill(t *testing.T) {
 	ctx := context.Background()
 	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now), ratebudget.WithSweepInterval(time.Hour))
+	mem, err := memory.New(memory.WithClock(clock.Now), memory.WithSweepInterval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,7 @@ func TestClientGoneMidBodyIsCharged(t *testing.T) {
 			name string
 			h    http.Handler
 		}{{"handler", writer}, {"ReverseProxy", proxy}} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			okRule := rule("ok", 10, time.Minute)
 			limit := mustNew(t, lim, []middleware.Rule{{Rule: okRule, Identity: global, Counts: middleware.CountSuccesses(nil)}})
 			url, client, served := realServer(t, limit(c.h), h2)

@@ -18,7 +18,7 @@ func TestAvailableFastTokenBucket(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
 	r := ratebudget.Rule{Name: "bytes", Algorithm: ratebudget.TokenBucket, Limit: 10_000_000_000, Window: time.Second, Burst: 100_000_000_000}
-	h := mustNew(t, memory(t, clk), []middleware.Rule{{Rule: r, Identity: global}},
+	h := mustNew(t, newMemory(t, clk), []middleware.Rule{{Rule: r, Identity: global}},
 		middleware.WithHeaders(headers.IETF), middleware.WithCost(func(*http.Request) (int64, error) { return 20_000_000_000, nil }))(ok)
 	rec := do(h, http.MethodGet, "/", nil)
 	if rec.Code != http.StatusOK {

@@ -15,6 +15,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/israce"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.Fatal(err)
 	}
 	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	rb, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "bench", Limit: 1 << 40, Window: time.Hour},
 		Identity: byAddr,
@@ -73,9 +74,9 @@ func (d *discard) Header() http.Header         { return d.h }
 func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discard) WriteHeader(int)             {}
 
-// ioLimiter hides *ratebudget.Memory behind another type, so the middleware treats it as
+// ioLimiter hides *memory.Limiter behind another type, so the middleware treats it as
 // a limiter that does I/O: decision deadline and breaker.
-type ioLimiter struct{ m *ratebudget.Memory }
+type ioLimiter struct{ m *memory.Limiter }
 
 func (l ioLimiter) Allow(ctx context.Context, c []ratebudget.Check) (ratebudget.Decision, error) {
 	return l.m.Allow(ctx, c)
@@ -87,7 +88,7 @@ func (l ioLimiter) Allow(ctx context.Context, c []ratebudget.Check) (ratebudget.
 // goroutines sharing one breaker. Compare with BenchmarkMiddleware/ratebudget; a Redis
 // round trip costs tens of microseconds.
 func BenchmarkMiddlewareIOPath(b *testing.B) {
-	mem, _ := ratebudget.NewMemory()
+	mem, _ := memory.New()
 	newReq := func() *http.Request {
 		req := httptest.NewRequest("GET", "/", nil)
 		req.RemoteAddr = "192.0.2.1:1234"
@@ -138,7 +139,7 @@ func TestAllocsPerRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	mw, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour},
 		Identity: byAddr,
@@ -188,7 +189,7 @@ func BenchmarkStacked(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	mk := func(name string) func(http.Handler) http.Handler {
 		m, err := middleware.New(lim, []middleware.Rule{{Rule: ratebudget.Rule{Name: name, Limit: 1 << 40, Window: time.Hour}, Identity: byAddr}})
 		if err != nil {

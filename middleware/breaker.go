@@ -102,7 +102,7 @@ func (b Breaker) withDefaults() (Breaker, error) {
 }
 
 // WithBreaker configures the circuit breaker in front of a limiter that does I/O (see
-// [Breaker]; the zero value gives every default). The in-process ratebudget.Memory has
+// [Breaker]; the zero value gives every default). The in-process memory.Limiter has
 // no breaker.
 func WithBreaker(b Breaker) Option {
 	return func(c *config) error {

@@ -186,7 +186,7 @@ func TestResponseBytesOverRealServers(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
 				protos(t, func(t *testing.T, h2 bool) {
-					lim := memory(t, newClock())
+					lim := newMemory(t, newClock())
 					out := rule("out", 1_000_000, time.Minute)
 					h := mustNew(t, lim, []middleware.Rule{{Rule: out, Identity: global, Shadow: shadow, Counts: middleware.CountResponseBytes(1)}})(c.h)
 					url, client, served := realServer(t, h, h2)
@@ -233,7 +233,7 @@ func TestResponseBytesAndCompression(t *testing.T) {
 		body := strings.Repeat("compressible ", 10_000)
 		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, body) })
 		for _, outside := range []bool{true, false} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			out := rule("out", 1_000_000, time.Minute)
 			mw := mustNew(t, lim, []middleware.Rule{{Rule: out, Identity: global, Counts: middleware.CountResponseBytes(1)}})
 			h := mw(gzipped(handler))
@@ -272,7 +272,7 @@ func TestPanicOverRealServers(t *testing.T) {
 			{"bug", true, 0},
 			{"bug", false, 0},
 		} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			out := rule("out", 1000, time.Minute)
 			ok := rule("ok", 10, time.Minute)
 			slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
@@ -316,7 +316,7 @@ func TestPanicOverRealServers(t *testing.T) {
 func TestResponseBytesClientGone(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		out := ratebudget.Rule{Name: "out", Limit: ratebudget.MaxLimit / 4, Window: time.Minute}
 		slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
 		var accepted atomic.Int64
@@ -403,7 +403,7 @@ func TestRequestBytesOverRealServers(t *testing.T) {
 			{"MaxBytesReader, chunked", "?max", func() io.Reader { return io.MultiReader(strings.NewReader(strings.Repeat("a", 900))) }, -1, 413, -1},
 		}
 		for _, c := range cases {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			in := rule("in", 1000, time.Minute)
 			h := mustNew(t, lim, []middleware.Rule{{Rule: in, Identity: global, Counts: middleware.CountRequestBytes()}})(handler)
 			url, client, served := realServer(t, h, h2)
@@ -425,7 +425,7 @@ func TestRequestBytesOverRealServers(t *testing.T) {
 
 		// The client goes away mid-body: a body without a length is charged the bytes the
 		// handler read.
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		in := rule("in", 100_000, time.Minute)
 		h := mustNew(t, lim, []middleware.Rule{{Rule: in, Identity: global, Counts: middleware.CountRequestBytes()}})(handler)
 		url, client, served := realServer(t, h, h2)
@@ -446,7 +446,7 @@ func TestRequestBytesOverRealServers(t *testing.T) {
 func TestRequestBytesExpectContinue(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		in := rule("in", 1000, time.Minute)
 		var read atomic.Int64
 		h := mustNew(t, lim, []middleware.Rule{{Rule: in, Identity: global, Counts: middleware.CountRequestBytes()}})(
@@ -514,7 +514,7 @@ func (w *watchRead) Read(p []byte) (int, error) { w.read.Store(true); return w.r
 // lease is released when the handler returns.
 func TestHijackOverARealServer(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	out := rule("out", 1000, time.Minute)
 	in := rule("in", 1000, time.Minute)
 	succ := rule("succ", 10, time.Minute)
@@ -594,7 +594,7 @@ func TestResponseBytesKeepReadFrom(t *testing.T) {
 			_, _ = io.Copy(w, f)
 		},
 	} {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		out := rule("out", 1_000_000, time.Minute)
 		mw := mustNew(t, lim, []middleware.Rule{{Rule: out, Identity: global, Counts: middleware.CountResponseBytes(1)}})
 		var calls atomic.Int64
@@ -623,7 +623,7 @@ func TestResponseBytesKeepReadFrom(t *testing.T) {
 func TestResponseHeaderAsTrailer(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		tokens := rule("tokens", 1000, time.Minute)
 		h := mustNew(t, lim, []middleware.Rule{{Rule: tokens, Identity: global, Counts: middleware.CountResponseHeader(10, "X-Tokens-Used")}})(
 			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -668,7 +668,7 @@ func TestResponseHeaderAsUndeclaredTrailer(t *testing.T) {
 			{"lower case", http.TrailerPrefix + "x-tokens-used", ""},
 			{"after a header", http.TrailerPrefix + "X-Tokens-Used", "3"},
 		} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			tokens := rule("tokens", 1000, time.Minute)
 			h := mustNew(t, lim, []middleware.Rule{{Rule: tokens, Identity: global, Counts: middleware.CountResponseHeader(10, "X-Tokens-Used")}})(
 				http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

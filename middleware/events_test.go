@@ -117,7 +117,7 @@ func TestEventsPerRequestKind(t *testing.T) {
 			t.Run(k.name+"/"+shape, func(t *testing.T) {
 				t.Parallel()
 				w := map[string]want{"alone": k.alone, "stacked": k.stacked, "between": k.between}[shape]
-				mem := memory(t, newClock())
+				mem := newMemory(t, newClock())
 				var lim ratebudget.Limiter = mem
 				switch k.store {
 				case "down":
@@ -125,7 +125,7 @@ func TestEventsPerRequestKind(t *testing.T) {
 					f.down.Store(true)
 					lim = f
 				case "settle":
-					f := &failingSettler{Memory: mem}
+					f := &failingSettler{Limiter: mem}
 					f.failSettle.Store(true)
 					lim = f
 				}
@@ -222,11 +222,11 @@ func TestSettleFailureSeenByEveryLayer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			settler := &failingSettler{Memory: memory(t, newClock())}
+			settler := &failingSettler{Limiter: newMemory(t, newClock())}
 			settler.failSettle.Store(true)
 			var outerLim ratebudget.Limiter = settler
 			if !tc.sameLimiter {
-				outerLim = memory(t, newClock())
+				outerLim = newMemory(t, newClock())
 			}
 			inner := middleware.Rule{Rule: rule("inner", 5, time.Minute), Identity: global, Counts: middleware.CountSuccesses(nil), Shadow: tc.innerShadows}
 			var outerEvs, innerEvs events

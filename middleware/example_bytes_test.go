@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -19,7 +20,7 @@ import (
 // with 429, and one larger than the whole budget with 413 (decided before the limiter
 // is asked, so without metadata); a refused body is not charged.
 func ExampleCountRequestBytes() {
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	limit, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "uploads", Limit: 1000, Window: time.Minute}, // bytes
 		Identity: keyfuncs.Global(),
@@ -48,7 +49,7 @@ func ExampleCountRequestBytes() {
 // The third is admitted with 200 left; its 400 bytes put the budget 200 into debt, so
 // the fourth is refused.
 func ExampleCountResponseBytes() {
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	limit, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "downloads", Limit: 1000, Window: time.Minute}, // bytes
 		Identity: keyfuncs.Global(),

@@ -9,6 +9,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -17,7 +18,7 @@ import (
 // writers add Retry-After, Cache-Control: no-store and the body.
 func ExampleWithRefusalHandler() {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC) // a clock that stands still
-	lim, _ := ratebudget.NewMemory(ratebudget.WithClock(func() time.Time { return now }))
+	lim, _ := memory.New(memory.WithClock(func() time.Time { return now }))
 	limit, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "api", Limit: 1, Window: time.Minute},
 		Identity: keyfuncs.Global(),

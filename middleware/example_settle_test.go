@@ -9,13 +9,14 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
 // Charging only what succeeded: a response of 500 or more is given back, so a client
 // is not refused for the server's own failures.
 func ExampleCountSuccesses() {
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	limit, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "calls", Limit: 2, Window: time.Minute},
 		Identity: keyfuncs.Global(),
@@ -40,7 +41,7 @@ func ExampleCountSuccesses() {
 // A rule in shadow mode is decided and spent like an enforced one, but never refuses:
 // the observer sees what it would have refused, before the rule is turned on.
 func ExampleRule_shadow() {
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	limit, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "trial", Limit: 1, Window: time.Minute},
 		Identity: keyfuncs.Global(),
@@ -66,7 +67,7 @@ func ExampleRule_shadow() {
 // At most two requests per client running at once: the third, while two run, is 429
 // with Retry-After: 1. A lease is released when its handler returns.
 func ExampleRule_inFlight() {
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	limit, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "exports", Algorithm: ratebudget.InFlight, Limit: 2, Window: 30 * time.Second},
 		Identity: keyfuncs.Global(),

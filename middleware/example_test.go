@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -21,7 +22,7 @@ import (
 // header instead would put every such client in one shared budget, so the middleware
 // refuses an empty identity too.
 func Example_chi() {
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	perClient, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "per-client", Limit: 3, Window: time.Minute},
 		Identity: keyfuncs.Header("X-Client-Id"),
@@ -72,7 +73,7 @@ func Example_chi() {
 
 // Wrapping a plain net/http handler with a service-wide token bucket.
 func Example_netHTTP() {
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	limit, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1, Window: time.Second, Burst: 2},
 		Identity: keyfuncs.Global(), // everyone shares one budget, asked for explicitly
@@ -96,7 +97,7 @@ func Example_netHTTP() {
 
 // One limit per client address in one call, as httprate.LimitByIP gives.
 func ExampleLimitByIP() {
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	perIP, err := middleware.LimitByIP(lim, 2, time.Minute)
 	if err != nil {
 		panic(err)

@@ -55,7 +55,7 @@ func TestStoreErrorPolicies(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			f := &flaky{next: memory(t, newClock())}
+			f := &flaky{next: newMemory(t, newClock())}
 			f.down.Store(true)
 			var events []middleware.Event
 			var mu sync.Mutex
@@ -95,7 +95,7 @@ func TestStoreErrorPolicies(t *testing.T) {
 // returned the context's bare error.
 func TestDecisionDeadline(t *testing.T) {
 	t.Parallel()
-	f := &flaky{next: memory(t, newClock())}
+	f := &flaky{next: newMemory(t, newClock())}
 	f.hang.Store(true)
 	bare := limiterFunc(func(ctx context.Context, _ []ratebudget.Check) (ratebudget.Decision, error) {
 		<-ctx.Done()
@@ -125,7 +125,7 @@ func TestDecisionDeadline(t *testing.T) {
 
 func TestBreaker(t *testing.T) {
 	t.Parallel()
-	f := &flaky{next: memory(t, newClock())}
+	f := &flaky{next: newMemory(t, newClock())}
 	f.down.Store(true)
 	var mu sync.Mutex
 	var transitions []string
@@ -182,7 +182,7 @@ func TestBreaker(t *testing.T) {
 // good ones (a starved host) do not open it.
 func TestBreakerTripRule(t *testing.T) {
 	t.Parallel()
-	f := &flaky{next: memory(t, newClock())}
+	f := &flaky{next: newMemory(t, newClock())}
 	var opened atomic.Int64
 	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 1<<40, time.Minute), Identity: global}},
 		middleware.WithBreaker(middleware.Breaker{MinCalls: 10, FailureRatio: 0.5, Window: time.Hour, Cooldown: time.Hour}),
@@ -236,7 +236,7 @@ func TestBreakerIgnoresNonStoreErrors(t *testing.T) {
 // about the store: it does not count toward opening the breaker.
 func TestBreakerIgnoresCanceledRequests(t *testing.T) {
 	t.Parallel()
-	next := memory(t, newClock())
+	next := newMemory(t, newClock())
 	var calls atomic.Int64
 	var cancelRequest context.CancelFunc // set before each canceled request; the limiter runs on its goroutine
 	lim := limiterFunc(func(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
@@ -367,7 +367,7 @@ func TestHugeCostIsNeverAStoreFailure(t *testing.T) {
 		for _, store := range []string{"memory", "io"} {
 			t.Run(pc.name+"/"+store, func(t *testing.T) {
 				t.Parallel()
-				mem := memory(t, newClock())
+				mem := newMemory(t, newClock())
 				var lim ratebudget.Limiter = mem
 				f := &flaky{next: mem}
 				if store == "io" {
@@ -473,8 +473,8 @@ func TestServerMistakeProblemType(t *testing.T) {
 		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "checks", Problem: "rejected"}
 	})
 	config := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}})(ok)
-	noRoute := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})(ok)
-	invalid := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: keyfuncs.Header("X-Account")}})(ok)
+	noRoute := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})(ok)
+	invalid := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: keyfuncs.Header("X-Account")}})(ok)
 	json := map[string]string{"Accept": "application/json"}
 	decode := func(name string, rec *httptest.ResponseRecorder, status int) problem.Problem {
 		t.Helper()

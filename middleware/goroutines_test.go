@@ -36,7 +36,7 @@ func TestNoGoroutineOutlivesItsWork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, lim := range []ratebudget.Limiter{redisLim, memory(t, newClock())} {
+		for _, lim := range []ratebudget.Limiter{redisLim, newMemory(t, newClock())} {
 			rules := []middleware.Rule{{Rule: rule("api", 1000, time.Minute), Identity: global}}
 			if _, ok := lim.(*lua.Limiter); ok {
 				rules = append(rules, middleware.Rule{Rule: conc, Identity: global})

@@ -84,7 +84,7 @@ func TestStreamsOfOneConnection(t *testing.T) {
 	t.Parallel()
 	const n, k = 24, 5
 	limiters := map[string]func(t *testing.T) ratebudget.Settler{
-		"memory": func(t *testing.T) ratebudget.Settler { return memory(t, newClock()) },
+		"memory": func(t *testing.T) ratebudget.Settler { return newMemory(t, newClock()) },
 		"redis": func(t *testing.T) ratebudget.Settler {
 			lim, err := lua.New(redistest.Start(t).Client(t), lua.WithPrefix("streams"))
 			if err != nil {
@@ -216,7 +216,7 @@ func newContracts(t *testing.T, lim ratebudget.Settler) (*contracts, func(http.H
 func limiters(t *testing.T, f func(t *testing.T, lim func() ratebudget.Settler)) {
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
-		f(t, func() ratebudget.Settler { return memory(t, newClock()) })
+		f(t, func() ratebudget.Settler { return newMemory(t, newClock()) })
 	})
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
@@ -368,7 +368,7 @@ func TestResponseControllerThroughSettledWriter(t *testing.T) {
 		}
 		results := make(chan string, 2)
 		for _, wrap := range []bool{false, true} {
-			c, limit := newContracts(t, memory(t, newClock()))
+			c, limit := newContracts(t, newMemory(t, newClock()))
 			var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				results <- calls(w)
 				buf := make([]byte, 4)
@@ -437,7 +437,7 @@ func TestResponseBytesContentLengthMismatch(t *testing.T) {
 			{"100", []string{"abcdef"}, 6},
 			{"10", []string{strings.Repeat("x", 64<<10)}, 0},
 		} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			out := rule("out", 1<<20, time.Minute)
 			var took atomic.Int64
 			h := mustNew(t, lim, []middleware.Rule{{Rule: out, Identity: global, Counts: middleware.CountResponseBytes(1)}})(

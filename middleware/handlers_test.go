@@ -39,7 +39,7 @@ func TestRefusalHandlerAnswersRefusals(t *testing.T) {
 	cost := middleware.WithCost(func(r *http.Request) (int64, error) {
 		return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
 	})
-	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("api", 3, time.Minute), Identity: keyfuncs.Global()}},
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("api", 3, time.Minute), Identity: keyfuncs.Global()}},
 		middleware.WithRefusalHandler(rr.handle), middleware.WithHeaders(headers.XRateLimit), cost)(next)
 
 	for i := range 2 {
@@ -86,7 +86,7 @@ func TestRefusalHandlerAnswersRefusals(t *testing.T) {
 func TestRefusalHandlerOfTheRefusingLayer(t *testing.T) {
 	t.Parallel()
 	var outerRR, innerRR refusalRecorder
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	id := keyfuncs.Header("X-Client")
 	outer := mustNew(t, lim, []middleware.Rule{
 		{Rule: rule("outer-a", 10, time.Minute), Identity: id},
@@ -119,7 +119,7 @@ func TestErrorHandlerAnswersInputErrors(t *testing.T) {
 	var got []error
 	reached := 0
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached++ })
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	outerRule := rule("outer", 5, time.Minute)
 	outer := mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: keyfuncs.Global()}})
 	inner := mustNew(t, lim, []middleware.Rule{{Rule: rule("keyed", 5, time.Minute), Identity: keyfuncs.Header("X-Api-Key")}},
@@ -170,7 +170,7 @@ func TestHandlerOptionsRefuseNil(t *testing.T) {
 		"WithRefusalHandler": middleware.WithRefusalHandler(nil),
 		"WithErrorHandler":   middleware.WithErrorHandler(nil),
 	} {
-		_, err := middleware.New(memory(t, newClock()), rules, opt)
+		_, err := middleware.New(newMemory(t, newClock()), rules, opt)
 		var ce *ratebudget.ConfigError
 		if !errors.As(err, &ce) || ce.Field != name {
 			t.Errorf("%s(nil): %v; want a ConfigError naming %s", name, err, name)
@@ -183,7 +183,7 @@ func TestHandlerOptionsRefuseNil(t *testing.T) {
 // the estimate.
 func TestCountActual(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	work := ratebudget.Rule{Name: "work", Limit: 100, Window: time.Minute}
 	type seen struct {
 		status int
@@ -249,7 +249,7 @@ func TestCountAttemptsIsTheDefault(t *testing.T) {
 	t.Parallel()
 	fail := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusInternalServerError) })
 	for name, c := range map[string]middleware.Counting{"zero": {}} {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		r := rule("api", 5, time.Minute)
 		h := mustNew(t, lim, []middleware.Rule{{Rule: r, Identity: global, Counts: c}})(fail)
 		for range 2 {
@@ -269,7 +269,7 @@ func TestCountAttemptsIsTheDefault(t *testing.T) {
 // let every upgraded connection go free.
 func TestHijackedIsChargedItsReservation(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	bytesRule := ratebudget.Rule{Name: "bytes", Limit: 1000, Window: time.Minute}
 	okRule := ratebudget.Rule{Name: "ok", Limit: 10, Window: time.Minute}
 	mw := mustNew(t, lim, []middleware.Rule{
@@ -301,7 +301,7 @@ func TestHijackedIsChargedItsReservation(t *testing.T) {
 // such a request is when it is not hijacked: there is no body to charge.
 func TestHijackedWithoutABodyIsNotChargedItsBytes(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	body := ratebudget.Rule{Name: "body", Limit: 10, Window: time.Minute}
 	h := mustNew(t, lim, []middleware.Rule{{Rule: body, Identity: global, Counts: middleware.CountRequestBytes()}})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -330,7 +330,7 @@ func TestHijackedWithoutABodyIsNotChargedItsBytes(t *testing.T) {
 // rule's capacity).
 func TestExceededIndexCountsEveryLayer(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	id := keyfuncs.Header("X-Client")
 	var observed []int
 	observe := middleware.WithObserver(func(e middleware.Event) {
@@ -410,7 +410,7 @@ func upgrade(t *testing.T, h http.Handler) string {
 func TestRefusalHandlerInFlightRetryAfter(t *testing.T) {
 	t.Parallel()
 	var rr refusalRecorder
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	in, release := make(chan struct{}), make(chan struct{})
 	h := mustNew(t, lim, []middleware.Rule{
 		{Rule: ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: 30 * time.Second}, Identity: keyfuncs.Global()},

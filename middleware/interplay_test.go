@@ -23,6 +23,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -112,7 +113,7 @@ func TestRefusalsThroughCompressAndRecoverer(t *testing.T) {
 		for _, accept := range []string{"text/plain", "application/json"} {
 			var want [2]response // 429, 503 of the middleware alone
 			for i, o := range orders {
-				refused := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}}, middleware.WithHeaders(headers.Both))
+				refused := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}}, middleware.WithHeaders(headers.Both))
 				url, client, _ := realServer(t, o.build(refused), h2)
 				if got := get(t, client, url, accept, h2); got.code != 200 {
 					t.Fatalf("%s: first request %d", o.name, got.code)
@@ -166,7 +167,7 @@ func TestPanicUnderRecoverer(t *testing.T) {
 	boom := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { panic("bug") })
 	protos(t, func(t *testing.T, h2 bool) {
 		for _, outside := range []bool{true, false} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			okRule := rule("ok", 10, time.Minute)
 			out := rule("out", 1000, time.Minute)
 			slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
@@ -213,7 +214,7 @@ func TestResponseBytesAndChiCompress(t *testing.T) {
 	})
 	protos(t, func(t *testing.T, h2 bool) {
 		for _, outside := range []bool{true, false} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			out := rule("out", 1_000_000, time.Minute)
 			limit := mustNew(t, lim, []middleware.Rule{{Rule: out, Identity: global, Counts: middleware.CountResponseBytes(1)}})
 			h := chain(handler, chimw.Compress(5), limit)
@@ -309,7 +310,7 @@ func TestUpgradeUnderChiStack(t *testing.T) {
 	t.Parallel()
 	for _, outside := range []bool{true, false} {
 		for _, status := range []bool{true, false} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			okRule := rule("ok", 10, time.Minute)
 			out := rule("out", 1000, time.Minute)
 			slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
@@ -360,7 +361,7 @@ func TestUpgradeUnderChiStack(t *testing.T) {
 func TestServerSentEvents(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		out := ratebudget.Rule{Name: "out", Limit: ratebudget.MaxLimit / 4, Window: time.Minute}
 		slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
 		limit := mustNew(t, lim, []middleware.Rule{
@@ -454,11 +455,11 @@ func TestReverseProxyAsTheHandler(t *testing.T) {
 		return p
 	}
 	type env struct {
-		lim                *ratebudget.Memory
+		lim                *memory.Limiter
 		okRule, out, slots ratebudget.Rule
 	}
 	newEnv := func(t *testing.T) (env, func(http.Handler) http.Handler) {
-		e := env{lim: memory(t, newClock()), okRule: rule("ok", 10, time.Minute), out: rule("out", 1_000_000, time.Minute),
+		e := env{lim: newMemory(t, newClock()), okRule: rule("ok", 10, time.Minute), out: rule("out", 1_000_000, time.Minute),
 			slots: ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}}
 		return e, mustNew(t, e.lim, []middleware.Rule{
 			{Rule: e.okRule, Identity: global, Counts: middleware.CountSuccesses(nil)},
@@ -565,7 +566,7 @@ func TestChiThrottle(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			okRule := rule("ok", 10, time.Minute)
 			limit := mustNew(t, lim, []middleware.Rule{{Rule: okRule, Identity: global, Counts: middleware.CountSuccesses(c.charged)}})
 			busy, release := make(chan struct{}), make(chan struct{})
@@ -621,7 +622,7 @@ func TestChiRealIPInFront(t *testing.T) {
 		{"RealIP in front", true, []int{200, 200, 200}}, // each forged address a new budget
 		{"RealIP after", false, []int{200, 429, 429}},
 	} {
-		limit, err := middleware.LimitByIP(memory(t, newClock()), 1, time.Minute)
+		limit, err := middleware.LimitByIP(newMemory(t, newClock()), 1, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -669,7 +670,7 @@ func TestRoutePatternWithPathRewriters(t *testing.T) {
 	} {
 		for _, before := range []bool{true, false} {
 			scopes = nil
-			limit := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("route", 1, time.Minute), Identity: global, Scope: scope}})
+			limit := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("route", 1, time.Minute), Identity: global, Scope: scope}})
 			r := chi.NewRouter()
 			if before {
 				r.Use(c.rewrite, limit)
@@ -704,7 +705,7 @@ func TestRoutePatternWithPathRewriters(t *testing.T) {
 func TestMaxBytesReaderOutside(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		in := rule("in", 1000, time.Minute)
 		limit := mustNew(t, lim, []middleware.Rule{{Rule: in, Identity: global, Counts: middleware.CountRequestBytes()}})
 		maxBytes := func(next http.Handler) http.Handler {
@@ -742,7 +743,7 @@ func TestMaxBytesReaderOutside(t *testing.T) {
 func TestUsualChiStack(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		perIP := rule("per-ip", 2, time.Minute)
 		ip, err := keyfuncs.ClientIP()
 		if err != nil {
@@ -786,7 +787,7 @@ func TestSettledLayersAcrossMount(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
 		for _, between := range []bool{false, true} {
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			okRule := rule("ok", 10, time.Minute)
 			out := rule("out", 1000, time.Minute)
 			slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}

@@ -55,7 +55,7 @@ func TestLogStoreErrorsOnStackedLayers(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
 	logged := middleware.LogStoreErrors(slog.New(slog.NewTextHandler(&buf, nil)), 0)
-	lim := &flaky{next: memory(t, newClock())}
+	lim := &flaky{next: newMemory(t, newClock())}
 	lim.down.Store(true)
 	opts := []middleware.Option{middleware.WithObserver(logged), middleware.WithFailOpen(), middleware.WithBreaker(middleware.Breaker{Disabled: true})}
 	outer := mustNew(t, lim, []middleware.Rule{{Rule: rule("outer", 5, time.Minute), Identity: global}}, opts...)

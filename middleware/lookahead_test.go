@@ -53,7 +53,7 @@ func TestLookAheadPastAMountSharingAPrefix(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logged.Reset()
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			outer, inner, _ := layers(t, lim, false)
 			r := chi.NewRouter()
 			r.Use(outer)
@@ -154,7 +154,7 @@ func TestLookAheadMatrix(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logged.Reset()
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			outer, inner, _ := layers(t, lim, false)
 			r := chi.NewRouter()
 			r.Use(tc.before...)

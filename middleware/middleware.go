@@ -56,7 +56,7 @@
 //
 // # Failure handling
 //
-// A limiter that does I/O (anything but *ratebudget.Memory) gets a deadline per decision
+// A limiter that does I/O (any but one whose InProcess method reports true, as memory.Limiter's does) gets a deadline per decision
 // ([WithTimeout], default 50ms) and a circuit breaker ([WithBreaker]: opens when half of
 // at least 20 decisions in the last 10s failed, probes again after 100ms). A store error
 // is never read as an empty budget: the store-error policy decides what is admitted
@@ -91,6 +91,7 @@ import (
 	"github.com/ratebudget/ratebudget/internal/chiroute"
 	"github.com/ratebudget/ratebudget/internal/meta"
 	"github.com/ratebudget/ratebudget/internal/problem"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // Rule is a budget and how requests map to it. Identity and Scope have the shape of
@@ -233,7 +234,7 @@ type mw struct {
 	io       bool // the limiter does I/O: deadline and breaker apply
 	rules    []compiledRule
 	minCap   int // index of the rule with the smallest capacity
-	fallback *ratebudget.Memory
+	fallback *memory.Limiter
 	breaker  *breaker
 	each     ratebudget.Reporter // the limiter, when it reports every check's outcome
 	settler  ratebudget.Settler  // the limiter, when its decisions can be settled
@@ -258,8 +259,7 @@ type mw struct {
 // New returns middleware that spends each request's cost from every rule's budget in lim.
 // Rules and options are validated here; an invalid one returns a *ratebudget.ConfigError
 // naming the field or option (a rule without a name by its index, "rules[1]"), and so
-// does a limiter that cannot serve the rules (field "limiter": a zero ratebudget.Memory,
-// or one that is not a ratebudget.Settler for rules that settle).
+// does a limiter that cannot serve the rules (field "limiter": one that is not a ratebudget.Settler for rules that settle).
 //
 // The middleware, and every handler it wraps, is safe for concurrent use. The functions
 // it is given (the rules' Identity and Scope, WithCost, the Counting callbacks, the
@@ -338,16 +338,13 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	if m.settles && m.settler == nil {
 		return nil, configErr("limiter", "must implement ratebudget.Settler for rules that count other than attempts or that are InFlight")
 	}
-	mem, inProcess := lim.(*ratebudget.Memory)
-	if inProcess && zeroMemory(mem) {
-		return nil, configErr("limiter", "is a zero ratebudget.Memory, which holds no budgets: make it with ratebudget.NewMemory")
-	}
-	m.io = !inProcess
+	ip, ok := lim.(inProcess)
+	m.io = !ok || !ip.InProcess()
 	if m.io && !m.cfg.breaker.Disabled {
 		m.breaker = newBreaker(m.cfg.breaker, m.cfg.onBreaker)
 	}
 	if m.cfg.policy == localFallback {
-		fb, err := ratebudget.NewMemory()
+		fb, err := memory.New()
 		if err != nil {
 			return nil, err
 		}
@@ -501,11 +498,6 @@ func (m *mw) observe(ev *Event) {
 	}
 }
 
-// zeroMemory reports whether mem was not made by ratebudget.NewMemory: its decisions then
-// all fail with a *ratebudget.ConfigError naming Memory (a call without checks decides
-// nothing and tells which).
-func zeroMemory(mem *ratebudget.Memory) bool {
-	_, err := mem.Allow(context.Background(), nil)
-	var ce *ratebudget.ConfigError
-	return errors.As(err, &ce) && ce.Field == "Memory"
-}
+// inProcess is implemented by limiters that decide without I/O (memory.Limiter): they
+// get no per-decision deadline and no circuit breaker.
+type inProcess interface{ InProcess() bool }

@@ -21,6 +21,7 @@ import (
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -40,9 +41,9 @@ func byHeader(name string) func(*http.Request) (string, error) {
 
 func global(*http.Request) (string, error) { return keyfuncs.GlobalKey, nil }
 
-func memory(t testing.TB, clk *fakeClock) *ratebudget.Memory {
+func newMemory(t testing.TB, clk *fakeClock) *memory.Limiter {
 	t.Helper()
-	m, err := ratebudget.NewMemory(ratebudget.WithClock(clk.Now))
+	m, err := memory.New(memory.WithClock(clk.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +81,7 @@ func do(h http.Handler, method, target string, hdr map[string]string) *httptest.
 func TestFixedWindowEndToEnd(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	h := mustNew(t, memory(t, clk), []middleware.Rule{{Rule: rule("per-client", 3, 10*time.Second), Identity: byHeader("X-Client")}})(ok)
+	h := mustNew(t, newMemory(t, clk), []middleware.Rule{{Rule: rule("per-client", 3, 10*time.Second), Identity: byHeader("X-Client")}})(ok)
 	me := map[string]string{"X-Client": "a"}
 	resets := []string{"10", "9", "7"} // 10s, 8.5s and 7s left, rounded up
 	for i, want := range []string{"2", "1", "0"} {
@@ -120,7 +121,7 @@ func TestFixedWindowEndToEnd(t *testing.T) {
 
 func TestRefusalProblemJSON(t *testing.T) {
 	t.Parallel()
-	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("hello", 1, time.Minute), Identity: global}})(ok)
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("hello", 1, time.Minute), Identity: global}})(ok)
 	do(h, "GET", "/", nil)
 	rec := do(h, "GET", "/", map[string]string{"Accept": "application/json"})
 	if rec.Code != 429 || rec.Header().Get("Content-Type") != "application/problem+json" {
@@ -137,7 +138,7 @@ func TestRefusalProblemJSON(t *testing.T) {
 
 func TestHeadLikeGet(t *testing.T) {
 	t.Parallel()
-	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}})(ok)
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}})(ok)
 	get := do(h, "GET", "/", nil)
 	head := do(h, "HEAD", "/", nil) // refused
 	get2 := do(h, "GET", "/", nil)  // refused
@@ -167,7 +168,7 @@ func TestHeaderStyles(t *testing.T) {
 		{headers.None, false, false, "", ""},
 	} {
 		t.Run(tc.style.String(), func(t *testing.T) {
-			h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global}}, middleware.WithHeaders(tc.style))(ok)
+			h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global}}, middleware.WithHeaders(tc.style))(ok)
 			rec := do(h, "GET", "/", nil)
 			if got := rec.Header().Get("X-RateLimit-Remaining") != ""; got != tc.x {
 				t.Errorf("X-RateLimit present %v, want %v", got, tc.x)
@@ -185,7 +186,7 @@ func TestHeaderStyles(t *testing.T) {
 func TestMostRestrictiveAndAllOrNothing(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	lim := memory(t, clk)
+	lim := newMemory(t, clk)
 	h := mustNew(t, lim, []middleware.Rule{
 		{Rule: rule("account", 10, time.Minute), Identity: byHeader("X-Client")},
 		{Rule: rule("service", 3, time.Minute), Identity: global},
@@ -208,7 +209,7 @@ func TestMostRestrictiveAndAllOrNothing(t *testing.T) {
 
 func TestCostAndExceeded(t *testing.T) {
 	t.Parallel()
-	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("jobs", 10, time.Minute), Identity: global}},
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("jobs", 10, time.Minute), Identity: global}},
 		middleware.WithCost(func(r *http.Request) (int64, error) {
 			return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
 		}))(ok)
@@ -237,7 +238,7 @@ func TestKeyErrorIsNotASharedBucket(t *testing.T) {
 	var events []middleware.Event
 	var called atomic.Int32
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called.Add(1) })
-	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: byHeader("X-Client")}},
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: byHeader("X-Client")}},
 		middleware.WithObserver(func(e middleware.Event) { events = append(events, e) }))(next)
 	for range 3 {
 		if rec := do(h, "GET", "/", nil); rec.Code != 400 || rec.Header().Get("Cache-Control") != "no-store" {
@@ -257,7 +258,7 @@ func TestKeyErrorIsNotASharedBucket(t *testing.T) {
 
 func TestChiMounting(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	perRoute := mustNew(t, lim, []middleware.Rule{{Rule: rule("route", 1, time.Minute), Identity: global,
 		Scope: func(r *http.Request) (string, error) { return chi.RouteContext(r.Context()).RoutePattern(), nil }}})
 	everywhere := mustNew(t, lim, []middleware.Rule{{Rule: rule("all", 5, time.Minute), Identity: global}})
@@ -295,7 +296,7 @@ func TestChiMounting(t *testing.T) {
 func TestPlainHandler(t *testing.T) {
 	t.Parallel()
 	mux := http.NewServeMux()
-	mux.Handle("GET /x", mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("x", 1, time.Minute), Identity: global}})(ok))
+	mux.Handle("GET /x", mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("x", 1, time.Minute), Identity: global}})(ok))
 	if rec := do(mux, "GET", "/x", nil); rec.Code != 200 {
 		t.Fatal(rec.Code)
 	}
@@ -307,7 +308,7 @@ func TestPlainHandler(t *testing.T) {
 func TestCanceledRequestIsNotServed(t *testing.T) {
 	t.Parallel()
 	var called atomic.Bool
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { called.Store(true) }))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -323,7 +324,7 @@ func TestCanceledRequestIsNotServed(t *testing.T) {
 
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	good := middleware.Rule{Rule: rule("r", 1, time.Minute), Identity: global}
 	for _, tc := range []struct {
 		name  string
@@ -357,7 +358,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 // so each route has its own budget. Outside any router it fails loudly: 500 and one log
 // line saying how to mount it.
 func TestRouteScopeAtTopLevel(t *testing.T) { // not parallel: it replaces slog's default logger
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	mw := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})
 	r := chi.NewRouter()
 	r.Use(mw) // top level: chi has not matched a route yet
@@ -394,7 +395,7 @@ func TestRouteScopeAtTopLevel(t *testing.T) { // not parallel: it replaces slog'
 // a refusal by one spends nothing from the other.
 func TestStackedLimitByIP(t *testing.T) {
 	t.Parallel()
-	lim, err := ratebudget.NewMemory()
+	lim, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +429,7 @@ func TestStackedConfigErrorIsLoggedOnce(t *testing.T) { // not parallel: it repl
 	old := slog.Default()
 	t.Cleanup(func() { slog.SetDefault(old) })
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
-	lim, err := ratebudget.NewMemory()
+	lim, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,7 +476,7 @@ func TestMisbuiltKeyFuncIs500AndLogged(t *testing.T) { // not parallel: it repla
 		{"Hash", keyfuncs.Hash(nil, nil), "keyfuncs.Hash"},
 	} {
 		logged.Reset()
-		lim, err := ratebudget.NewMemory()
+		lim, err := memory.New()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -498,7 +499,7 @@ func TestMisbuiltKeyFuncIs500AndLogged(t *testing.T) { // not parallel: it repla
 // ServeMux: 500, nothing spent.
 func TestRoutePatternAroundNestedServeMux(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	mw := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}})
 	inner := http.NewServeMux()
 	inner.Handle("GET /api/a", ok)
@@ -532,7 +533,7 @@ func TestMountingMistakeLoggedWithErrorHandler(t *testing.T) {
 	t.Cleanup(func() { slog.SetDefault(old) })
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	var answered int
-	mw := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}},
+	mw := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global, Scope: keyfuncs.RoutePattern()}},
 		middleware.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
 			answered++
 			http.Error(w, "no", http.StatusPreconditionRequired)
@@ -556,7 +557,7 @@ func TestMountingMistakeLoggedWithErrorHandler(t *testing.T) {
 // A rule without a name among several is pointed at by its index in New's rules.
 func TestNewUnnamedRuleSaysWhich(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	rules := []middleware.Rule{
 		{Rule: rule("a", 1, time.Minute), Identity: global},
 		{Rule: rule("", 1, time.Minute), Identity: global},

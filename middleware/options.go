@@ -152,7 +152,7 @@ func WithObserver(f func(Event)) Option {
 // policy applies. The limiter is called with a context that ends after d; a
 // ratebudget.Limiter returns once its context is done. A decision cut short is reported
 // as an uncertain timeout (it may still reach the store and spend). d must be positive.
-// The in-process ratebudget.Memory takes no I/O and gets no deadline.
+// The in-process memory.Limiter takes no I/O and gets no deadline.
 func WithTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d <= 0 {

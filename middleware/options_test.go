@@ -2,12 +2,14 @@ package middleware_test
 
 import (
 	"errors"
-	"strings"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -27,7 +29,7 @@ func TestUnavailableRetryAfter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			f := &flaky{next: memory(t, newClock())}
+			f := &flaky{next: newMemory(t, newClock())}
 			f.down.Store(true)
 			opts := append([]middleware.Option{middleware.WithBreaker(middleware.Breaker{Disabled: true})}, tc.opts...)
 			h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}}, opts...)(ok)
@@ -37,7 +39,7 @@ func TestUnavailableRetryAfter(t *testing.T) {
 			}
 		})
 	}
-	_, err := middleware.New(memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
+	_, err := middleware.New(newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
 		middleware.WithUnavailableRetryAfter(999*time.Millisecond))
 	var ce *ratebudget.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "WithUnavailableRetryAfter" {
@@ -45,13 +47,19 @@ func TestUnavailableRetryAfter(t *testing.T) {
 	}
 }
 
-// A zero ratebudget.Memory (never made by NewMemory) is refused at construction, naming
-// the limiter, instead of failing every request.
-func TestNewRefusesZeroMemory(t *testing.T) {
+// A zero memory.Limiter is ready to use with the defaults: New accepts it, and it limits.
+func TestNewAcceptsZeroMemory(t *testing.T) {
 	t.Parallel()
-	_, err := middleware.New(&ratebudget.Memory{}, []middleware.Rule{{Rule: rule("api", 1, time.Minute), Identity: keyfuncs.Global()}})
-	var ce *ratebudget.ConfigError
-	if !errors.As(err, &ce) || ce.Field != "limiter" || !strings.Contains(err.Error(), "NewMemory") {
-		t.Fatalf("New with a zero Memory: %v; want a *ConfigError naming limiter and NewMemory", err)
+	h, err := middleware.New(&memory.Limiter{}, []middleware.Rule{{Rule: rule("api", 1, time.Minute), Identity: keyfuncs.Global()}})
+	if err != nil {
+		t.Fatalf("New with a zero memory.Limiter: %v", err)
+	}
+	srv := h(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	for i, want := range []int{http.StatusOK, http.StatusTooManyRequests} {
+		rec := httptest.NewRecorder()
+		srv.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		if rec.Code != want {
+			t.Fatalf("request %d: status %d, want %d", i, rec.Code, want)
+		}
 	}
 }

@@ -74,7 +74,7 @@ func TestCallbackPanicReleasesLease(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			lim := memory(t, newClock()) // the lease never expires on its own
+			lim := newMemory(t, newClock()) // the lease never expires on its own
 			var armed atomic.Bool
 			rules, opts := tc.build(&armed)
 			var decided atomic.Int64
@@ -109,7 +109,7 @@ func TestCallbackPanicReleasesLease(t *testing.T) {
 // the store never asked again.
 func TestBreakerProbePanicDoesNotWedgeTheBreaker(t *testing.T) {
 	t.Parallel()
-	next := memory(t, newClock())
+	next := newMemory(t, newClock())
 	var calls atomic.Int64
 	var mode atomic.Int32 // 0 fail, 1 panic, 2 healthy
 	lim := limiterFunc(func(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
@@ -154,7 +154,7 @@ func TestBreakerProbePanicDoesNotWedgeTheBreaker(t *testing.T) {
 // a probe whose request is canceled frees its place for the next.
 func TestBreakerHalfOpenProbesOneAtATime(t *testing.T) {
 	t.Parallel()
-	next := memory(t, newClock())
+	next := newMemory(t, newClock())
 	var inStore, most, calls atomic.Int64
 	var failing atomic.Bool
 	failing.Store(true)

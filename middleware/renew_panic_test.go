@@ -56,7 +56,7 @@ func TestRenewalPanicKeepsTheProcess(t *testing.T) {
 	}{{"Renew", false}, {"observer", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			logged.Reset()
-			p := &panicRenewer{Settler: memory(t, newClock()), armed: make(chan struct{}), fail: tc.fail, renewed: make(chan struct{})}
+			p := &panicRenewer{Settler: newMemory(t, newClock()), armed: make(chan struct{}), fail: tc.fail, renewed: make(chan struct{})}
 			slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: 10 * time.Millisecond}
 			var opts []middleware.Option
 			if tc.fail {

@@ -87,7 +87,7 @@ func nextHeld(t *testing.T, g *renewGate, every time.Duration) *heldRenew {
 func TestInFlightLeaseRenewedWhileHandlerRuns(t *testing.T) {
 	t.Parallel()
 	clk := newClock()
-	gate := &renewGate{Settler: memory(t, clk), held: make(chan *heldRenew)}
+	gate := &renewGate{Settler: newMemory(t, clk), held: make(chan *heldRenew)}
 	const ttl = 20 * time.Millisecond // of the fake clock; renewals come every 10ms of wall time
 	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: ttl}
 	running, release := make(chan struct{}, 1), make(chan struct{})
@@ -235,7 +235,7 @@ func TestInFlightLeaseRenewedOnRedis(t *testing.T) {
 // test orders the request's goroutine before the renewals.
 func TestInFlightShortLeaseRenewals(t *testing.T) {
 	t.Parallel()
-	gate := &renewGate{Settler: memory(t, newClock()), renewed: make(chan error, 64)}
+	gate := &renewGate{Settler: newMemory(t, newClock()), renewed: make(chan error, 64)}
 	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Millisecond}
 	release := make(chan struct{})
 	h := mustNew(t, gate, []middleware.Rule{{Rule: slots, Identity: global}})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -40,7 +40,7 @@ func TestRateLimitListsEveryRuleOnRedis(t *testing.T) {
 			return rec.Code, rec.Header().Get("RateLimit")
 		}
 	}
-	onRedis, inProcess := handler(redisLim), handler(memory(t, newClock()))
+	onRedis, inProcess := handler(redisLim), handler(newMemory(t, newClock()))
 	alice, bob := map[string]string{"X-Client": "alice"}, map[string]string{"X-Client": "bob"}
 	noT := regexp.MustCompile(`;t=\d+`) // seconds left differ between the two clocks
 	var codes []int

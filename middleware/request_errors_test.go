@@ -18,7 +18,7 @@ import (
 // client in one budget: the request is refused with 400 and nothing is counted.
 func TestEmptyIdentityIsRefused(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	var events []middleware.Event
 	h := mustNew(t, lim, []middleware.Rule{{
 		Rule:     rule("per-client", 2, time.Minute),
@@ -51,7 +51,7 @@ func TestEmptyIdentityIsRefused(t *testing.T) {
 // A 400 says which of identity, scope or cost failed, with a reason fit for the client.
 func TestBadRequestNamesThePart(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	cost := middleware.WithCost(func(r *http.Request) (int64, error) {
 		v := r.URL.Query().Get("cost")
 		if v == "" {
@@ -102,7 +102,7 @@ func TestBadRequestNamesThePart(t *testing.T) {
 // A cost that does not fit what remains is not "exhausted".
 func TestRefusalOfACostThatDoesNotFit(t *testing.T) {
 	t.Parallel()
-	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("api", 5, time.Minute), Identity: global}},
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("api", 5, time.Minute), Identity: global}},
 		middleware.WithCost(func(r *http.Request) (int64, error) { return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64) }))(ok)
 	if rec := do(h, "GET", "/?cost=3", nil); rec.Code != 200 {
 		t.Fatal(rec.Code)

@@ -13,6 +13,7 @@ import (
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -20,7 +21,7 @@ import (
 // while failSettle and failRenew are set; it then settles and renews nothing (as a
 // limiter whose store is down), and clears the tickets as Settle does.
 type failingSettler struct {
-	*ratebudget.Memory
+	*memory.Limiter
 	failSettle, failRenew atomic.Bool
 }
 
@@ -31,14 +32,14 @@ func (f *failingSettler) Settle(ctx context.Context, checks []ratebudget.Check, 
 		clear(tickets[:len(checks)])
 		return errDown
 	}
-	return f.Memory.Settle(ctx, checks, tickets, costs)
+	return f.Limiter.Settle(ctx, checks, tickets, costs)
 }
 
 func (f *failingSettler) Renew(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket) error {
 	if f.failRenew.Load() {
 		return errDown
 	}
-	return f.Memory.Renew(ctx, checks, tickets)
+	return f.Limiter.Renew(ctx, checks, tickets)
 }
 
 // events records the events an observer saw.
@@ -83,7 +84,7 @@ func wantSettleFailed(t *testing.T, ev middleware.Event, path string, class stri
 // that succeeds adds no event.
 func TestSettleFailureIsObserved(t *testing.T) {
 	t.Parallel()
-	lim := &failingSettler{Memory: memory(t, newClock())}
+	lim := &failingSettler{Limiter: newMemory(t, newClock())}
 	r := rule("flaky", 3, time.Minute)
 	var seen events
 	h := mustNew(t, lim, []middleware.Rule{{Rule: r, Identity: global, Counts: middleware.CountSuccesses(nil)}},
@@ -115,7 +116,7 @@ func TestSettleFailureIsObserved(t *testing.T) {
 // end, which succeeds, releases the lease.
 func TestRenewFailureIsObserved(t *testing.T) {
 	t.Parallel()
-	lim := &failingSettler{Memory: memory(t, newClock())}
+	lim := &failingSettler{Limiter: newMemory(t, newClock())}
 	lim.failRenew.Store(true)
 	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: 40 * time.Millisecond}
 	failed := make(chan middleware.Event, 1)
@@ -165,8 +166,8 @@ func TestRenewFailureIsObserved(t *testing.T) {
 // every layer, as the refusal is, whichever layer's limiter failed.
 func TestCancelFailureIsObserved(t *testing.T) {
 	t.Parallel()
-	first := &failingSettler{Memory: memory(t, newClock())}
-	second := memory(t, newClock())
+	first := &failingSettler{Limiter: newMemory(t, newClock())}
+	second := newMemory(t, newClock())
 	var outerSeen, innerSeen events
 	outer := mustNew(t, first, []middleware.Rule{{Rule: rule("outer", 5, time.Minute), Identity: global, Counts: middleware.CountSuccesses(nil)}},
 		middleware.WithObserver(outerSeen.observe))
@@ -219,3 +220,7 @@ func TestSettleFailureOnRedis(t *testing.T) {
 	}
 	wantSettleFailed(t, evs[1], "/gone", "connection")
 }
+
+// InProcess reports false: the limiter stands in for one with a store, which gets a
+// deadline and a circuit breaker.
+func (f *failingSettler) InProcess() bool { return false }

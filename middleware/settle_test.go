@@ -28,7 +28,7 @@ var flakyRoute = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 // 429 x1: server failures are not charged.
 func TestCountSuccesses(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("flaky", 3, time.Minute), Identity: global, Counts: middleware.CountSuccesses(nil)}})(flakyRoute)
 	var got []int
 	for range 5 {
@@ -44,7 +44,7 @@ func TestCountSuccesses(t *testing.T) {
 		}
 	}
 	// A predicate: 4xx are not charged either.
-	lim = memory(t, newClock())
+	lim = newMemory(t, newClock())
 	h = mustNew(t, lim, []middleware.Rule{{Rule: rule("ok-only", 1, time.Minute), Identity: global,
 		Counts: middleware.CountSuccesses(func(s int) bool { return s < 400 })}})(flakyRoute)
 	for _, s := range []string{"404", "429", "500", "201"} {
@@ -62,7 +62,7 @@ func TestCountSuccesses(t *testing.T) {
 // or its client goes away.
 func TestInFlight(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute}
 	release := make(chan struct{})
 	running := make(chan struct{}, 4)
@@ -137,7 +137,7 @@ func TestInFlight(t *testing.T) {
 // cost above an InFlight rule's Limit is no 413 when the layer's other rules can admit it.
 func TestInFlightIsNotChargedTheLayerCost(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute}
 	h := mustNew(t, lim, []middleware.Rule{{Rule: slots, Identity: global}, {Rule: rule("r", 10, time.Minute), Identity: global}},
 		middleware.WithCost(func(*http.Request) (int64, error) { return 5, nil }))(ok)
@@ -155,7 +155,7 @@ func TestInFlightIsNotChargedTheLayerCost(t *testing.T) {
 // that goes over puts the budget into debt, and the next request is refused.
 func TestCountResponseBytes(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	write := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(r.URL.Query().Get("bytes"))
 		_, _ = io.WriteString(w, strings.Repeat("x", n))
@@ -178,7 +178,7 @@ func TestCountResponseBytes(t *testing.T) {
 // anything is spent); a body without a length is charged the bytes the handler read.
 func TestCountRequestBytes(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	upload := ratebudget.Rule{Name: "upload", Limit: 100, Window: time.Minute}
 	read := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) })
 	h := mustNew(t, lim, []middleware.Rule{{Rule: upload, Identity: global, Counts: middleware.CountRequestBytes()}})(read)
@@ -212,7 +212,7 @@ func TestCountRequestBytes(t *testing.T) {
 // handler sets; the estimate is reserved meanwhile.
 func TestCountResponseHeader(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	tokens := ratebudget.Rule{Name: "tokens", Limit: 100, Window: time.Minute}
 	h := mustNew(t, lim, []middleware.Rule{{Rule: tokens, Identity: global, Counts: middleware.CountResponseHeader(10, "X-Tokens-Used")}})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -232,7 +232,7 @@ func TestCountResponseHeader(t *testing.T) {
 // spent as if enforced and events count what it would have refused.
 func TestShadowMode(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	r := rule("hello", 1, time.Minute)
 	var mu sync.Mutex
 	refused := 0
@@ -258,7 +258,7 @@ func TestShadowMode(t *testing.T) {
 		t.Fatalf("enforced after shadow: %d, want 429", c)
 	}
 	// Next to an enforced rule: the enforced one decides, the shadow one is observed.
-	lim = memory(t, newClock())
+	lim = newMemory(t, newClock())
 	h = mustNew(t, lim, []middleware.Rule{
 		{Rule: rule("enforced", 2, time.Minute), Identity: global},
 		{Rule: r, Identity: global, Shadow: true},
@@ -287,7 +287,7 @@ func TestSettlingNeedsASettler(t *testing.T) {
 			t.Fatalf("New(%s) = %v, want a ConfigError naming the limiter", r.Name, err)
 		}
 	}
-	_, err := middleware.New(memory(t, newClock()), []middleware.Rule{{Rule: rule("c", 5, time.Minute), Identity: global, Counts: middleware.CountResponseBytes(6)}})
+	_, err := middleware.New(newMemory(t, newClock()), []middleware.Rule{{Rule: rule("c", 5, time.Minute), Identity: global, Counts: middleware.CountResponseBytes(6)}})
 	var ce *ratebudget.ConfigError
 	if !errors.As(err, &ce) || ce.Field != "Counts" {
 		t.Fatalf("estimate above the capacity: %v, want a ConfigError naming Counts", err)
@@ -311,7 +311,7 @@ func (u unwrapOnly) Unwrap() http.ResponseWriter { return u.ResponseWriter }
 func TestSettledResponseControllerReachesWrappedWriter(t *testing.T) {
 	t.Parallel()
 	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute}
-	mw := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: lease, Identity: global}})
+	mw := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: lease, Identity: global}})
 	var flushErr error
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write([]byte("part"))
@@ -363,7 +363,7 @@ func (p *pushWriter) Push(target string, _ *http.PushOptions) error {
 // middleware (http.ResponseController has no Push), and does not gain it on HTTP/1.
 func TestSettledHandlerKeepsPusher(t *testing.T) {
 	t.Parallel()
-	mw := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global, Counts: middleware.CountSuccesses(nil)}})
+	mw := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global, Counts: middleware.CountSuccesses(nil)}})
 	var isPusher bool
 	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var p http.Pusher

@@ -49,7 +49,7 @@ func TestShadowStoreFailureIsObserved(t *testing.T) {
 			var evs events
 			var logged bytes.Buffer
 			log := slog.New(slog.NewTextHandler(&logged, nil))
-			h := mustNew(t, shadowDown{memory(t, newClock())}, tc.rules,
+			h := mustNew(t, shadowDown{newMemory(t, newClock())}, tc.rules,
 				middleware.WithBreaker(middleware.Breaker{Disabled: true}),
 				middleware.WithObserver(evs.observe), middleware.WithObserver(middleware.LogStoreErrors(log, 0)))(ok)
 			if rec := do(h, "GET", "/", nil); rec.Code != 200 {

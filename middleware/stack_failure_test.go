@@ -12,13 +12,14 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
 // flakySettler is flaky for a limiter that settles: Allow and Reserve fail with a store
 // error while down is set; otherwise, and for Settle and Renew, it delegates to Memory.
 type flakySettler struct {
-	*ratebudget.Memory
+	*memory.Limiter
 	down  atomic.Bool
 	calls atomic.Int64
 }
@@ -30,7 +31,7 @@ func (f *flakySettler) Allow(ctx context.Context, checks []ratebudget.Check) (ra
 	if f.down.Load() {
 		return ratebudget.Decision{}, errStoreDown
 	}
-	return f.Memory.Allow(ctx, checks)
+	return f.Limiter.Allow(ctx, checks)
 }
 
 func (f *flakySettler) Reserve(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
@@ -38,7 +39,7 @@ func (f *flakySettler) Reserve(ctx context.Context, checks []ratebudget.Check, t
 	if f.down.Load() {
 		return ratebudget.Decision{}, errStoreDown
 	}
-	return f.Memory.Reserve(ctx, checks, tickets, outcomes)
+	return f.Limiter.Reserve(ctx, checks, tickets, outcomes)
 }
 
 var (
@@ -125,12 +126,12 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			w := expect(c)
-			lims := make([]*ratebudget.Memory, 3)
+			lims := make([]*memory.Limiter, 3)
 			evs := make([]events, 3)
 			var mws []func(http.Handler) http.Handler
 			f := &flaky{}
 			for i, r := range rules {
-				lims[i] = memory(t, newClock())
+				lims[i] = newMemory(t, newClock())
 				opts := []middleware.Option{middleware.WithHeaders(headers.IETF), middleware.WithObserver(evs[i].observe),
 					middleware.WithUnavailableRetryAfter(2 * time.Second)}
 				var lim ratebudget.Limiter = lims[i]
@@ -220,12 +221,12 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 // client's local budget is spent only by requests that were admitted.
 func TestLaterRefusalGivesTheLocalFallbackSpendBack(t *testing.T) {
 	t.Parallel()
-	f := &flaky{next: memory(t, newClock())}
+	f := &flaky{next: newMemory(t, newClock())}
 	f.down.Store(true)
 	var evs events
 	outer := mustNew(t, f, []middleware.Rule{{Rule: ruleB, Identity: keyfuncs.Header("X-Client")}}, middleware.WithLocalFallback(1),
 		middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe))
-	b := memory(t, newClock())
+	b := newMemory(t, newClock())
 	inner := mustNew(t, b, []middleware.Rule{{Rule: innerRule, Identity: keyfuncs.Header("X-Inner")}})
 	h := outer(inner(ok))
 	do(h, "GET", "/", map[string]string{"X-Client": "alice", "X-Inner": "spent"}) // inner's budget for "spent": 0 left
@@ -266,7 +267,7 @@ func TestShadowOnlyLayerOnAFailedLimiter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			f := &flaky{next: memory(t, newClock())}
+			f := &flaky{next: newMemory(t, newClock())}
 			f.down.Store(true)
 			var evs events
 			noBreaker := middleware.WithBreaker(middleware.Breaker{Disabled: true})
@@ -292,7 +293,7 @@ func TestShadowOnlyLayerOnAFailedLimiter(t *testing.T) {
 // one layer) carries the Retry-After of that FailClosed layer, not the innermost layer's.
 func TestUnavailableRetryAfterOfTheFailClosedLayer(t *testing.T) {
 	t.Parallel()
-	f := &flaky{next: memory(t, newClock())}
+	f := &flaky{next: newMemory(t, newClock())}
 	f.down.Store(true)
 	noBreaker := middleware.WithBreaker(middleware.Breaker{Disabled: true})
 	closed := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: global}}, middleware.WithUnavailableRetryAfter(7*time.Second), noBreaker)
@@ -328,8 +329,8 @@ func TestStoreFailureSettlesHealthyLimitersOnce(t *testing.T) {
 				}
 				t.Run(name, func(t *testing.T) {
 					t.Parallel()
-					leases, counted := memory(t, newClock()), memory(t, newClock())
-					f := &flaky{next: memory(t, newClock())}
+					leases, counted := newMemory(t, newClock()), newMemory(t, newClock())
+					f := &flaky{next: newMemory(t, newClock())}
 					f.down.Store(true)
 					layer := map[byte]func(http.Handler) http.Handler{
 						'L': mustNew(t, leases, []middleware.Rule{{Rule: lease, Identity: global}}),
@@ -391,7 +392,7 @@ func TestStoreFailureSettlesHealthyLimitersOnce(t *testing.T) {
 // configuration error gives both back.
 func TestLocalFallbackSettlesLocally(t *testing.T) {
 	t.Parallel()
-	f := &flakySettler{Memory: memory(t, newClock())}
+	f := &flakySettler{Limiter: newMemory(t, newClock())}
 	f.down.Store(true)
 	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
 	var evs events
@@ -406,7 +407,7 @@ func TestLocalFallbackSettlesLocally(t *testing.T) {
 			t.Fatalf("request %d: %d, want the handler's 500: a 500 is not charged on the local budget either", i, rec.Code)
 		}
 	}
-	exhausted := memory(t, newClock())
+	exhausted := newMemory(t, newClock())
 	_, _ = exhausted.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: keyfuncs.GlobalKey, Cost: 1}})
 	refusing := mustNew(t, exhausted, []middleware.Rule{{Rule: innerRule, Identity: global}})
 	bad := mustNew(t, limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
@@ -449,9 +450,9 @@ func TestStackedBreakersPerLimiter(t *testing.T) {
 				}
 			})}
 	}
-	down := &flaky{next: memory(t, newClock())}
+	down := &flaky{next: newMemory(t, newClock())}
 	down.down.Store(true)
-	healthy := &flaky{next: memory(t, newClock())}
+	healthy := &flaky{next: newMemory(t, newClock())}
 	var evs events
 	outer := mustNew(t, down, []middleware.Rule{{Rule: outerRule, Identity: global}},
 		append(brk(0), policyOpt("open"), middleware.WithObserver(evs.observe))...)
@@ -474,9 +475,9 @@ func TestStackedBreakersPerLimiter(t *testing.T) {
 		t.Errorf("last event %+v, want degraded with the open breaker's error", all[len(all)-1])
 	}
 	// A refusal by the first limiter leaves the second unasked: its breaker sees nothing.
-	first := memory(t, newClock())
+	first := newMemory(t, newClock())
 	_, _ = first.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: keyfuncs.GlobalKey, Cost: 1}})
-	later := &flaky{next: memory(t, newClock())}
+	later := &flaky{next: newMemory(t, newClock())}
 	later.down.Store(true)
 	h = mustNew(t, first, []middleware.Rule{{Rule: innerRule, Identity: global}})(
 		mustNew(t, later, []middleware.Rule{{Rule: outerRule, Identity: global}}, brk(1)...)(ok))
@@ -494,13 +495,13 @@ func TestStackedBreakersPerLimiter(t *testing.T) {
 // error and the time the failed call took.
 func TestStackedTimeoutLatency(t *testing.T) {
 	t.Parallel()
-	f := &flaky{next: memory(t, newClock())}
+	f := &flaky{next: newMemory(t, newClock())}
 	f.hang.Store(true)
 	var evs events
 	const timeout = 20 * time.Millisecond
 	outer := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: global}}, policyOpt("local"), middleware.WithTimeout(timeout),
 		middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe))
-	inner := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(evs.observe))
+	inner := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(evs.observe))
 	if rec := do(outer(inner(ok)), "GET", "/", nil); rec.Code != 200 {
 		t.Fatalf("%d", rec.Code)
 	}
@@ -510,3 +511,7 @@ func TestStackedTimeoutLatency(t *testing.T) {
 		t.Fatalf("events %+v, want a fallback admission with an uncertain timeout and a latency of at least %v", all, timeout)
 	}
 }
+
+// InProcess reports false: the limiter stands in for one with a store, which gets a
+// deadline and a circuit breaker.
+func (f *flakySettler) InProcess() bool { return false }

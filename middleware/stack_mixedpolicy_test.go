@@ -24,7 +24,7 @@ func TestStackedFailOpenAndLocalFallbackIsDegraded(t *testing.T) {
 			evs := make([]events, 3)
 			var mws []func(http.Handler) http.Handler
 			for i, r := range rules {
-				var lim ratebudget.Limiter = memory(t, newClock())
+				var lim ratebudget.Limiter = newMemory(t, newClock())
 				opts := []middleware.Option{middleware.WithHeaders(headers.IETF), middleware.WithObserver(evs[i].observe)}
 				if policies[i] != "" {
 					f := &flaky{next: lim}

@@ -19,6 +19,7 @@ import (
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -38,7 +39,7 @@ func TestStackModelMemory(t *testing.T) {
 	t.Parallel()
 	runStackModel(t, 300, func(t *testing.T, run int) modelEnv {
 		clk := newClock()
-		return modelEnv{lims: []ratebudget.Limiter{memory(t, clk), memory(t, clk)}}
+		return modelEnv{lims: []ratebudget.Limiter{newMemory(t, clk), newMemory(t, clk)}}
 	}, true)
 }
 
@@ -53,7 +54,7 @@ func TestStackModelMemoryClock(t *testing.T) {
 	t.Parallel()
 	runStackModel(t, 200, func(t *testing.T, run int) modelEnv {
 		clk := newClock()
-		return modelEnv{lims: []ratebudget.Limiter{memory(t, clk), memory(t, clk)}, clk: clk}
+		return modelEnv{lims: []ratebudget.Limiter{newMemory(t, clk), newMemory(t, clk)}, clk: clk}
 	}, true)
 }
 
@@ -66,7 +67,7 @@ func TestStackModelRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mem, err := ratebudget.NewMemory()
+		mem, err := memory.New()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,7 +28,7 @@ import (
 
 func TestStackedLayersMemory(t *testing.T) {
 	t.Parallel()
-	stackSuite(t, func(t *testing.T) ratebudget.Limiter { return memory(t, newClock()) })
+	stackSuite(t, func(t *testing.T) ratebudget.Limiter { return newMemory(t, newClock()) })
 }
 
 func TestStackedLayersRedis(t *testing.T) {
@@ -273,7 +273,7 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 // when that limiter can settle (Memory can).
 func TestStackedLayersOnDifferentLimiters(t *testing.T) {
 	t.Parallel()
-	a, b := memory(t, newClock()), memory(t, newClock())
+	a, b := newMemory(t, newClock()), newMemory(t, newClock())
 	outer, _, _ := layers(t, a, false)
 	_, inner, _ := layers(t, b, false)
 	h := outer(inner(ok))
@@ -290,7 +290,7 @@ func TestStackedLayersOnDifferentLimiters(t *testing.T) {
 		t.Errorf("outer (first limiter) has %d left, want 4: the second limiter's refusal gives its spend back", n)
 	}
 	// The other way round, a refusal by the outer limiter spends nothing in the inner.
-	a, b = memory(t, newClock()), memory(t, newClock())
+	a, b = newMemory(t, newClock()), newMemory(t, newClock())
 	outer, _, _ = layers(t, a, false)
 	_, inner, _ = layers(t, b, false)
 	h = outer(inner(ok))
@@ -310,7 +310,7 @@ func TestStackedLayersOnDifferentLimiters(t *testing.T) {
 // to its next unit.
 func TestRefusalReportsOtherRulesUnspent(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock()) // the clock never moves: nothing refills
+	lim := newMemory(t, newClock()) // the clock never moves: nothing refills
 	bucket := ratebudget.Rule{Name: "bucket", Algorithm: ratebudget.TokenBucket, Limit: 60, Window: time.Minute, Burst: 10}
 	outer := mustNew(t, lim, []middleware.Rule{{Rule: bucket, Identity: global}}, middleware.WithHeaders(headers.IETF))
 	inner := mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithHeaders(headers.IETF))
@@ -331,7 +331,7 @@ func TestRefusalReportsOtherRulesUnspent(t *testing.T) {
 // middleware gave its spend back when the other limiter refused.
 func TestRefusalReportsGivenBackRulesUnspent(t *testing.T) {
 	t.Parallel()
-	a, b := memory(t, newClock()), memory(t, newClock()) // the clocks never move
+	a, b := newMemory(t, newClock()), newMemory(t, newClock()) // the clocks never move
 	bucket := ratebudget.Rule{Name: "bucket", Algorithm: ratebudget.TokenBucket, Limit: 60, Window: time.Minute, Burst: 10}
 	outer := mustNew(t, a, []middleware.Rule{{Rule: bucket, Identity: global}}, middleware.WithHeaders(headers.IETF))
 	inner := mustNew(t, b, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithHeaders(headers.IETF))
@@ -414,7 +414,7 @@ func TestStackedLayersOneRedisCall(t *testing.T) {
 // as documented.
 func TestLayersApartDecideApart(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	outer, inner, _ := layers(t, lim, false)
 	r := chi.NewRouter()
 	r.Use(outer)
@@ -436,7 +436,7 @@ func TestLayersApartDecideApart(t *testing.T) {
 
 func TestQuotaUnit(t *testing.T) {
 	t.Parallel()
-	h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: rule("bytes", 1000, 10*time.Second), Identity: global}},
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("bytes", 1000, 10*time.Second), Identity: global}},
 		middleware.WithHeaders(headers.IETF), middleware.WithQuotaUnit("content-bytes"),
 		middleware.WithCost(func(r *http.Request) (int64, error) { return 300, nil }))(ok)
 	rec := do(h, "POST", "/", nil)
@@ -446,7 +446,7 @@ func TestQuotaUnit(t *testing.T) {
 	if got := rec.Header().Get("RateLimit"); got != `"bytes";r=700;t=10` {
 		t.Errorf("RateLimit %s", got)
 	}
-	if _, err := middleware.New(memory(t, newClock()), []middleware.Rule{{Rule: rule("x", 1, time.Second), Identity: global}}, middleware.WithQuotaUnit("bytes")); err == nil || !strings.Contains(err.Error(), "WithQuotaUnit") {
+	if _, err := middleware.New(newMemory(t, newClock()), []middleware.Rule{{Rule: rule("x", 1, time.Second), Identity: global}}, middleware.WithQuotaUnit("bytes")); err == nil || !strings.Contains(err.Error(), "WithQuotaUnit") {
 		t.Errorf("unknown unit: %v", err)
 	}
 }
@@ -463,7 +463,7 @@ func TestDraftMeaningsOfT(t *testing.T) {
 		{headers.IETF, `"tb";r=7;t=1`},        // the next token in 1s
 		{headers.IETFDraft10, `"tb";r=7;t=1`}, // the same (full again in 3s)
 	} {
-		h := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: bucket, Identity: global}}, middleware.WithHeaders(tc.style),
+		h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: bucket, Identity: global}}, middleware.WithHeaders(tc.style),
 			middleware.WithCost(func(*http.Request) (int64, error) { return 3, nil }))(ok)
 		if got := do(h, "GET", "/", nil).Header().Get("RateLimit"); got != tc.want {
 			t.Errorf("%v: RateLimit %s, want %s", tc.style, got, tc.want)
@@ -475,7 +475,7 @@ func TestDraftMeaningsOfT(t *testing.T) {
 // listed but not reported, and never named as violated.
 func TestUnaskedLimiterIsNotReportedViolated(t *testing.T) {
 	t.Parallel()
-	a, b := memory(t, newClock()), memory(t, newClock())
+	a, b := newMemory(t, newClock()), newMemory(t, newClock())
 	outer, _, _ := layers(t, a, false)
 	_, inner, _ := layers(t, b, false)
 	h := outer(inner(ok))
@@ -515,12 +515,12 @@ func TestStoreFailureKeepsOtherLimitersEnforced(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			f := &flaky{next: memory(t, newClock())}
+			f := &flaky{next: newMemory(t, newClock())}
 			f.down.Store(true)
 			var evs events
 			outer := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: keyfuncs.Header("X-Client")}}, tc.policy,
 				middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe))
-			b := memory(t, newClock())
+			b := newMemory(t, newClock())
 			_, inner, _ := layers(t, b, false)
 			h := outer(inner(ok))
 			bob := map[string]string{"X-Client": "bob"}
@@ -548,7 +548,7 @@ func TestStoreFailureKeepsOtherLimitersEnforced(t *testing.T) {
 // the earlier limiter's reservation back, and every layer sees the event.
 func TestConfigErrorOfALaterLimiterSpendsNothing(t *testing.T) {
 	t.Parallel()
-	a := memory(t, newClock())
+	a := newMemory(t, newClock())
 	var outerEvs, innerEvs events
 	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
 	outer := mustNew(t, a, []middleware.Rule{{Rule: lease, Identity: global}}, middleware.WithObserver(outerEvs.observe))
@@ -577,7 +577,7 @@ func TestConfigErrorOfALaterLimiterSpendsNothing(t *testing.T) {
 // the inner layer without a decision; every layer's observers see that.
 func TestCanceledAtAnInnerLayerIsObservedByEveryLayer(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	var outerEvs, innerEvs events
 	var cancel context.CancelFunc
 	outerID := func(*http.Request) (string, error) {
@@ -608,7 +608,7 @@ func TestCanceledAtAnInnerLayerIsObservedByEveryLayer(t *testing.T) {
 // it, enforces nothing: the request is decided by the other layer alone.
 func TestShadowOnlyLayerOnAnotherLimiter(t *testing.T) {
 	t.Parallel()
-	a, b := memory(t, newClock()), memory(t, newClock())
+	a, b := newMemory(t, newClock()), newMemory(t, newClock())
 	var evs events
 	outer := mustNew(t, a, []middleware.Rule{{Rule: innerRule, Identity: global}}, middleware.WithObserver(evs.observe))
 	shadow := mustNew(t, b, []middleware.Rule{{Rule: outerRule, Identity: global, Shadow: true}}, middleware.WithObserver(evs.observe))
@@ -632,7 +632,7 @@ func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
 	var evs events
 	var layers []func(http.Handler) http.Handler
 	for _, r := range []ratebudget.Rule{outerRule, innerRule} {
-		f := &flaky{next: memory(t, newClock())}
+		f := &flaky{next: newMemory(t, newClock())}
 		f.down.Store(true)
 		layers = append(layers, mustNew(t, f, []middleware.Rule{{Rule: r, Identity: global}}, middleware.WithFailOpen(),
 			middleware.WithBreaker(middleware.Breaker{Disabled: true}), middleware.WithObserver(evs.observe)))
@@ -652,11 +652,11 @@ func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
 // WithUnavailableRetryAfter, not the healthy inner layer's.
 func TestUnavailableRetryAfterOfTheFailedLimiter(t *testing.T) {
 	t.Parallel()
-	f := &flaky{next: memory(t, newClock())}
+	f := &flaky{next: newMemory(t, newClock())}
 	f.down.Store(true)
 	outer := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: keyfuncs.Header("X-Client")}},
 		middleware.WithUnavailableRetryAfter(7*time.Second), middleware.WithBreaker(middleware.Breaker{Disabled: true}))
-	inner := mustNew(t, memory(t, newClock()), []middleware.Rule{{Rule: innerRule, Identity: keyfuncs.Header("X-Client")}},
+	inner := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: innerRule, Identity: keyfuncs.Header("X-Client")}},
 		middleware.WithUnavailableRetryAfter(2*time.Second))
 	rec := do(outer(inner(ok)), "GET", "/", map[string]string{"X-Client": "bob"})
 	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "7" {
@@ -673,7 +673,7 @@ func TestNoneLayerStaysHiddenWhenStacked(t *testing.T) {
 	login := rule("login", 10, 15*time.Minute) // less restrictive: never the reported one here
 	api := rule("api", 2, time.Minute)
 	for _, order := range []string{"none outer", "none inner"} {
-		lim := memory(t, newClock())
+		lim := newMemory(t, newClock())
 		hidden := mustNew(t, lim, []middleware.Rule{{Rule: login, Identity: global}}, middleware.WithHeaders(headers.None))
 		shown := mustNew(t, lim, []middleware.Rule{{Rule: api, Identity: global}}, middleware.WithHeaders(headers.Both))
 		h := hidden(shown(ok))
@@ -707,7 +707,7 @@ func TestNoneLayerStaysHiddenWhenStacked(t *testing.T) {
 // names only it.
 func TestNoneLayerRefusingTooStaysHidden(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock())
+	lim := newMemory(t, newClock())
 	hidden := mustNew(t, lim, []middleware.Rule{{Rule: rule("login", 2, time.Minute), Identity: global}}, middleware.WithHeaders(headers.None))
 	shown := mustNew(t, lim, []middleware.Rule{{Rule: rule("api", 2, time.Hour), Identity: global}}, middleware.WithHeaders(headers.IETF))
 	h := hidden(shown(ok))

@@ -105,7 +105,7 @@ type cancelKey struct{}
 
 func TestStressInFlightLeasesMemory(t *testing.T) {
 	t.Parallel()
-	lim := memory(t, newClock()) // leases never expire: a leak stays visible
+	lim := newMemory(t, newClock()) // leases never expire: a leak stays visible
 	conc := ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: 3, Window: time.Hour}
 	stressInFlight(t, lim, func() int64 {
 		return freeSlots(t, lim, conc)

@@ -30,7 +30,7 @@ func TestInFlightAndTimeoutHandler(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			limit := mustNew(t, lim, []middleware.Rule{{Rule: slots, Identity: byHeader("X-Client")}})
 			release := make(chan struct{})
 			var running sync.WaitGroup

@@ -51,7 +51,7 @@ func TestCountSuccessesUnderTimeouts(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			protos(t, func(t *testing.T, h2 bool) {
-				lim := memory(t, newClock())
+				lim := newMemory(t, newClock())
 				okRule := rule("ok", 10, time.Minute)
 				limit := mustNew(t, lim, []middleware.Rule{{Rule: okRule, Identity: global, Counts: middleware.CountSuccesses(nil)}})
 				// TimeoutHandler returns when it answers, while the middleware inside it

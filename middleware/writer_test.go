@@ -82,7 +82,7 @@ func TestSettledWriterKeepsCapabilities(t *testing.T) {
 			fetch(t, client, req, env.h2)
 			<-served
 
-			lim := memory(t, newClock())
+			lim := newMemory(t, newClock())
 			out := rule("out", 1_000_000, time.Minute)
 			slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
 			limit := mustNew(t, lim, []middleware.Rule{

@@ -41,6 +41,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -172,7 +173,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.ipv6Prefix, "ipv6-prefix", 64, "IPv6 clients sharing this prefix length share a budget")
 	fs.BoolVar(&o.noLimit, "no-limit", false, "serve the same routes without any limiter (to measure the limiter's cost)")
 	fs.IntVar(&o.coalesce, "coalesce", 256, "with -redis: decide up to this many concurrent requests for one budget as one call (lua.WithCoalescing); 0: off")
-	fs.IntVar(&o.maxBudgets, "max-budgets", 100_000, "without -redis: most budgets held in process; past it the least recently used budget of a shard is evicted (ratebudget.WithMaxBudgets)")
+	fs.IntVar(&o.maxBudgets, "max-budgets", 100_000, "without -redis: most budgets held in process; past it the least recently used budget of a shard is evicted (memory.WithMaxBudgets)")
 	fs.BoolVar(&o.oneServer, "one-server", true, "with -redis: every key is on that one server (no Cluster, no sharding proxy), so rules of different identities are decided in one call (lua.WithOneServer)")
 	fs.Int64Var(&o.inflight, "inflight", 2, "GET /api/slow requests running at once per client IP, across every demo server sharing the store")
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 10*time.Second, "how long a crashed server's /api/slow leases hold their slots (running requests renew theirs)")
@@ -247,7 +248,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	}
 	var err error
 	var ok bool
-	if _, err = ratebudget.NewMemory(ratebudget.WithMaxBudgets(o.maxBudgets)); err != nil {
+	if _, err = memory.New(memory.WithMaxBudgets(o.maxBudgets)); err != nil {
 		return o, fmt.Errorf("-max-budgets: %w", err)
 	}
 	if o.algorithm, ok = parseEnum(*algo, ratebudget.FixedWindow, ratebudget.InFlight); !ok {
@@ -381,7 +382,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 
 func newLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Limiter, func(), error) {
 	if o.redisURL == "" {
-		m, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(o.maxBudgets))
+		m, err := memory.New(memory.WithMaxBudgets(o.maxBudgets))
 		if err != nil {
 			return nil, nil, fmt.Errorf("-max-budgets: %w", err)
 		}
@@ -407,7 +408,7 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 	m := metrics.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m, collectors.NewGoCollector())
-	if mem, ok := lim.(*ratebudget.Memory); ok {
+	if mem, ok := lim.(*memory.Limiter); ok {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "ratebudget_memory_evictions_total",
 			Help: "Budgets the in-process limiter evicted at its -max-budgets cap before their windows ended.",

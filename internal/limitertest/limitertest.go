@@ -37,7 +37,7 @@ type Harness struct {
 }
 
 // FakeClock is a manually advanced clock for limiters that accept one (see
-// [ratebudget.WithClock]). It is safe for concurrent use.
+// [github.com/ratebudget/ratebudget/memory.WithClock]). It is safe for concurrent use.
 type FakeClock struct {
 	mu  sync.Mutex
 	now time.Time

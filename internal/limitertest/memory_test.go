@@ -4,14 +4,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 func TestMemory(t *testing.T) {
 	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
 		clock := limitertest.NewFakeClock(time.UnixMilli(1_700_000_000_000))
-		m, err := ratebudget.NewMemory(ratebudget.WithClock(clock.Now))
+		m, err := memory.New(memory.WithClock(clock.Now))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -23,7 +23,7 @@ func TestMemory(t *testing.T) {
 // against the exact in-process limiter, so that their bounds are known to hold.
 func TestMemoryRealTime(t *testing.T) {
 	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
-		m, err := ratebudget.NewMemory()
+		m, err := memory.New()
 		if err != nil {
 			t.Fatal(err)
 		}

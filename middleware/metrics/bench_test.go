@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -35,7 +36,7 @@ func BenchmarkCollector(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	m := metrics.New()
 	mk := func(name string) func(http.Handler) http.Handler {
 		mw, err := middleware.New(lim, []middleware.Rule{{Rule: ratebudget.Rule{Name: name, Limit: 1 << 40, Window: time.Hour}, Identity: byAddr}},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -21,7 +22,7 @@ func ExampleCollector() {
 	reg := prometheus.NewRegistry() // or prometheus.MustRegister(m) for the default one
 	reg.MustRegister(m)
 
-	lim, _ := ratebudget.NewMemory()
+	lim, _ := memory.New()
 	mw, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "api", Limit: 2, Window: time.Minute},
 		Identity: keyfuncs.Global(),

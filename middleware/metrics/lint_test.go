@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -20,7 +21,7 @@ import (
 // units, HELP, counters ending in _total) and a pedantic registry's checks that what it
 // collects is what it describes, with the HELP of its descriptors.
 func TestCollectorPassesPromlint(t *testing.T) {
-	mem, _ := ratebudget.NewMemory()
+	mem, _ := memory.New()
 	lim := &switchable{next: mem}
 	m := metrics.New()
 	reg := prometheus.NewPedanticRegistry()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -34,7 +35,7 @@ func (s *switchable) Allow(ctx context.Context, c []ratebudget.Check) (ratebudge
 
 // After a scripted sequence the counters equal what was sent.
 func TestCountersMatchTraffic(t *testing.T) {
-	mem, _ := ratebudget.NewMemory()
+	mem, _ := memory.New()
 	lim := &switchable{next: mem}
 	m := metrics.New()
 	reg := prometheus.NewRegistry()
@@ -96,7 +97,7 @@ ratebudget_breaker_state 1
 
 // A rule in shadow mode is counted where it would have refused; nothing is refused.
 func TestShadowRefusalsCounted(t *testing.T) {
-	mem, _ := ratebudget.NewMemory()
+	mem, _ := memory.New()
 	m := metrics.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m)
@@ -130,7 +131,7 @@ ratebudget_decisions_total{outcome="allowed",rule="none"} 3
 }
 
 // settleDown is an in-process limiter whose settles fail with a store error.
-type settleDown struct{ *ratebudget.Memory }
+type settleDown struct{ *memory.Limiter }
 
 func (s settleDown) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, _ []int64) error {
 	clear(tickets[:len(checks)])
@@ -140,7 +141,7 @@ func (s settleDown) Settle(_ context.Context, checks []ratebudget.Check, tickets
 // A failed settle is counted as a settle failure and a store error, and neither as a
 // decision nor in the decision latency.
 func TestSettleFailuresCounted(t *testing.T) {
-	mem, _ := ratebudget.NewMemory()
+	mem, _ := memory.New()
 	m := metrics.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m)
@@ -278,7 +279,7 @@ func TestBreakerStateOfSeveralBreakers(t *testing.T) {
 }
 
 // leaseDown is an in-process limiter whose lease renewals and settles fail.
-type leaseDown struct{ *ratebudget.Memory }
+type leaseDown struct{ *memory.Limiter }
 
 func (l leaseDown) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, _ []int64) error {
 	clear(tickets[:len(checks)])
@@ -293,7 +294,7 @@ func (l leaseDown) Renew(context.Context, []ratebudget.Check, []ratebudget.Ticke
 // whose lease renewals failed and whose settle failed counts once per failed call, as its
 // help says.
 func TestSettleFailuresCountFailedCalls(t *testing.T) {
-	mem, _ := ratebudget.NewMemory()
+	mem, _ := memory.New()
 	m := metrics.New()
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(m)
@@ -336,7 +337,7 @@ ratebudget_settle_failures_total ` + strconv.FormatInt(n, 10) + `
 // is: the store's failure, with its latency, not a silent admission that looks like a
 // rule that would never refuse.
 func TestShadowStoreFailuresCounted(t *testing.T) {
-	mem, _ := ratebudget.NewMemory()
+	mem, _ := memory.New()
 	lim := &switchable{next: mem}
 	lim.down.Store(true)
 	m := metrics.New()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
+	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
@@ -153,7 +154,7 @@ const (
 // admission), so that the decisions sum to the requests served, a refusal is counted
 // once, and the rules a refused request was admitted by are counted nowhere.
 func TestStackedLayersCountEachRequestOnce(t *testing.T) {
-	mem, err := ratebudget.NewMemory()
+	mem, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +201,7 @@ func TestStackedStoreFailureCountedOnce(t *testing.T) {
 		{"LocalFallback", middleware.WithLocalFallback(1), 200, `ratebudget_decisions_total{outcome="allowed",rule="route"} 1`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			mem, err := ratebudget.NewMemory()
+			mem, err := memory.New()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -228,7 +229,7 @@ func TestStackedStoreFailureCountedOnce(t *testing.T) {
 // A shadow rule's refusal on a stacked route is counted once, as is the admission that
 // served it.
 func TestStackedShadowRefusalCountedOnce(t *testing.T) {
-	mem, err := ratebudget.NewMemory()
+	mem, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +254,7 @@ func TestStackedShadowRefusalCountedOnce(t *testing.T) {
 // A failed settle of a stacked route's admitted request is one settle failure and one
 // store error, besides its one decision.
 func TestStackedSettleFailureCountedOnce(t *testing.T) {
-	mem, err := ratebudget.NewMemory()
+	mem, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +289,7 @@ func headerCost(r *http.Request) (int64, error) {
 // cannot determine, a cost above a rule's capacity, a client gone) is counted once,
 // whichever layer answered it: not once per layer it had passed.
 func TestStackedAnswersWithoutDecisionCountedOnce(t *testing.T) {
-	mem, err := ratebudget.NewMemory()
+	mem, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,8 +358,8 @@ ratebudget_decisions_total{outcome="invalid",rule="none"} 4
 // is one refusal and one settle failure.
 func TestStackedOnSeveralLimitersCountedOnce(t *testing.T) {
 	t.Run("one limiter fails under FailOpen", func(t *testing.T) {
-		memA, _ := ratebudget.NewMemory()
-		memB, _ := ratebudget.NewMemory()
+		memA, _ := memory.New()
+		memB, _ := memory.New()
 		down := &switchable{next: memA}
 		down.down.Store(true)
 		m := metrics.New()
@@ -383,8 +384,8 @@ ratebudget_decisions_total{outcome="denied",rule="route"} 1
 		}
 	})
 	t.Run("a give-back fails", func(t *testing.T) {
-		memA, _ := ratebudget.NewMemory()
-		memB, _ := ratebudget.NewMemory()
+		memA, _ := memory.New()
+		memB, _ := memory.New()
 		m := metrics.New()
 		reg := prometheus.NewPedanticRegistry()
 		reg.MustRegister(m)
@@ -411,7 +412,7 @@ ratebudget_decisions_total{outcome="denied",rule="route"} 1
 // Each Collector counts a stacked request once, whichever layers it was given to, while
 // an observer function given to every layer still sees the event once per layer.
 func TestStackedCollectorsOnSomeLayers(t *testing.T) {
-	mem, err := ratebudget.NewMemory()
+	mem, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +445,7 @@ ratebudget_decisions_total{outcome="denied",rule="route"} 1
 // Failed lease renewals of a stacked route, observed on the renewal timer's goroutine,
 // and its failed settle are each counted once.
 func TestStackedRenewalFailuresCountedOnce(t *testing.T) {
-	mem, err := ratebudget.NewMemory()
+	mem, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,7 +487,7 @@ func TestStackedRenewalFailuresCountedOnce(t *testing.T) {
 // Layers with another handler between them are two decisions, each counted once: the
 // Collector counts decisions, and a stack is one.
 func TestLayersWithHandlerBetweenCountTwoDecisions(t *testing.T) {
-	mem, err := ratebudget.NewMemory()
+	mem, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}

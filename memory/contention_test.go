@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 const (
@@ -19,7 +20,7 @@ const (
 
 // race runs workers goroutines that all call request(i) once, released together by a
 // closed channel, and returns their decisions.
-func race(t *testing.T, m *ratebudget.Memory, request func(i int) []ratebudget.Check) []ratebudget.Decision {
+func race(t *testing.T, m *memory.Limiter, request func(i int) []ratebudget.Check) []ratebudget.Decision {
 	t.Helper()
 	start := make(chan struct{})
 	out := make([]ratebudget.Decision, workers)

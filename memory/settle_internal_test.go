@@ -1,14 +1,16 @@
-package ratebudget
+package memory
 
 import (
 	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/ratebudget/ratebudget"
 )
 
 // budgetOf returns the budget of c in m, or nil.
-func (m *Memory) budgetOf(c Check) *budget {
+func (m *Limiter) budgetOf(c ratebudget.Check) *budget {
 	k := keyOf(&c)
 	h := m.hashOf(&k)
 	s := &m.shards[h%memShards]
@@ -18,13 +20,13 @@ func (m *Memory) budgetOf(c Check) *budget {
 	return b
 }
 
-func reserveSettle(t *testing.T, m *Memory, c Check, actual int64) {
+func reserveSettle(t *testing.T, m *Limiter, c ratebudget.Check, actual int64) {
 	t.Helper()
-	tk := make([]Ticket, 1)
-	if d, err := m.Reserve(context.Background(), []Check{c}, tk, nil); err != nil || !d.Allowed {
+	tk := make([]ratebudget.Ticket, 1)
+	if d, err := m.Reserve(context.Background(), []ratebudget.Check{c}, tk, nil); err != nil || !d.Allowed {
 		t.Fatalf("Reserve(%+v) = %+v, %v", c, d, err)
 	}
-	if err := m.Settle(context.Background(), []Check{c}, tk, []int64{actual}); err != nil {
+	if err := m.Settle(context.Background(), []ratebudget.Check{c}, tk, []int64{actual}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -33,24 +35,24 @@ func reserveSettle(t *testing.T, m *Memory, c Check, actual int64) {
 // capacity, and a token bucket's deficit within 2^53 scaled units.
 func TestSettleDebtBounded(t *testing.T) {
 	m, clk := newTestMemory(t)
-	rules := []Rule{
-		{Name: "f", Algorithm: FixedWindow, Limit: 5, Window: time.Minute},
-		{Name: "r", Algorithm: RollingWindow, Limit: 5, Window: time.Minute},
-		{Name: "t", Algorithm: TokenBucket, Limit: 5, Window: time.Minute},
-		{Name: "t-max-window", Algorithm: TokenBucket, Limit: 1, Window: maxWindow},
-		{Name: "t-2p53", Algorithm: TokenBucket, Limit: MaxLimit, Window: 8192 * time.Millisecond},
+	rules := []ratebudget.Rule{
+		{Name: "f", Algorithm: ratebudget.FixedWindow, Limit: 5, Window: time.Minute},
+		{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 5, Window: time.Minute},
+		{Name: "t", Algorithm: ratebudget.TokenBucket, Limit: 5, Window: time.Minute},
+		{Name: "t-max-window", Algorithm: ratebudget.TokenBucket, Limit: 1, Window: maxWindow},
+		{Name: "t-2p53", Algorithm: ratebudget.TokenBucket, Limit: ratebudget.MaxLimit, Window: 8192 * time.Millisecond},
 	}
 	for _, r := range rules {
-		c := Check{Rule: r, Identity: "debtor", Cost: 1}
+		c := ratebudget.Check{Rule: r, Identity: "debtor", Cost: 1}
 		for range 3 {
-			reserveSettle(t, m, c, MaxLimit)
+			reserveSettle(t, m, c, ratebudget.MaxLimit)
 			clk.advance(time.Millisecond)
 			// Refused now, but reserve needs an admission: give one back to admit again.
 			b := m.budgetOf(c)
 			switch r.Algorithm {
-			case TokenBucket:
+			case ratebudget.TokenBucket:
 				full := r.Capacity() * r.Window.Milliseconds()
-				charge(b, &r, MaxLimit, m.now()) // again, from the debt
+				charge(b, &r, ratebudget.MaxLimit, m.now()) // again, from the debt
 				if b.count > 2*full || b.count > maxScaled {
 					t.Fatalf("%s: deficit %d, want at most %d (a level of at least minus the capacity) and within 2^53", r.Name, b.count, min(2*full, maxScaled))
 				}
@@ -59,11 +61,11 @@ func TestSettleDebtBounded(t *testing.T) {
 				if b.count > 2*r.Limit {
 					t.Fatalf("%s: count %d, want at most %d", r.Name, b.count, 2*r.Limit)
 				}
-				if r.Algorithm == FixedWindow {
+				if r.Algorithm == ratebudget.FixedWindow {
 					b.count = 0
 				}
 			}
-			if r.Algorithm == RollingWindow {
+			if r.Algorithm == ratebudget.RollingWindow {
 				clk.advance(r.Window) // the log ages out
 			}
 		}
@@ -75,15 +77,15 @@ func TestSettleDebtBounded(t *testing.T) {
 // a Window after it was taken or renewed, by the clock then.
 func TestLeasesStayOrdered(t *testing.T) {
 	clk := &manualClock{t: time.UnixMilli(1_767_225_600_250)}
-	m, err := NewMemory(WithClock(clk.now))
+	m, err := New(WithClock(clk.now))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := Rule{Name: "slots", Algorithm: InFlight, Limit: 10, Window: time.Second}
-	c := []Check{{Rule: r, Identity: "x", Cost: 1}}
-	var tickets [][]Ticket
+	r := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 10, Window: time.Second}
+	c := []ratebudget.Check{{Rule: r, Identity: "x", Cost: 1}}
+	var tickets [][]ratebudget.Ticket
 	for i := range 6 {
-		tk := make([]Ticket, 1)
+		tk := make([]ratebudget.Ticket, 1)
 		if d, err := m.Reserve(context.Background(), c, tk, nil); err != nil || !d.Allowed {
 			t.Fatalf("lease %d: %+v, %v", i, d, err)
 		}
@@ -125,10 +127,10 @@ func TestLeasesStayOrdered(t *testing.T) {
 // budget created for it; a refund or release of a gone budget creates nothing.
 func TestSettleChargesAGoneBudget(t *testing.T) {
 	m, clk := newTestMemory(t, WithSweepInterval(time.Millisecond))
-	fixed := Check{Rule: Rule{Name: "f", Limit: 5, Window: time.Second}, Identity: "late", Cost: 1}
-	lease := Check{Rule: Rule{Name: "l", Algorithm: InFlight, Limit: 5, Window: time.Second}, Identity: "late", Cost: 1}
-	checks := []Check{fixed, lease}
-	tk := make([]Ticket, 2)
+	fixed := ratebudget.Check{Rule: ratebudget.Rule{Name: "f", Limit: 5, Window: time.Second}, Identity: "late", Cost: 1}
+	lease := ratebudget.Check{Rule: ratebudget.Rule{Name: "l", Algorithm: ratebudget.InFlight, Limit: 5, Window: time.Second}, Identity: "late", Cost: 1}
+	checks := []ratebudget.Check{fixed, lease}
+	tk := make([]ratebudget.Ticket, 2)
 	if d, _ := m.Reserve(context.Background(), checks, tk, nil); !d.Allowed {
 		t.Fatal(d)
 	}
@@ -152,8 +154,8 @@ func TestSettleChargesAGoneBudget(t *testing.T) {
 // all: the next sweep drops it.
 func TestReleasedLeasesAreReclaimed(t *testing.T) {
 	m, clk := newTestMemory(t, WithSweepInterval(time.Millisecond))
-	c := []Check{{Rule: Rule{Name: "l", Algorithm: InFlight, Limit: 5, Window: time.Hour}, Identity: "done", Cost: 1}}
-	tk := make([]Ticket, 1)
+	c := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "l", Algorithm: ratebudget.InFlight, Limit: 5, Window: time.Hour}, Identity: "done", Cost: 1}}
+	tk := make([]ratebudget.Ticket, 1)
 	m.Reserve(context.Background(), c, tk, nil)
 	if err := m.Settle(context.Background(), c, tk, nil); err != nil {
 		t.Fatal(err)
@@ -166,7 +168,7 @@ func TestReleasedLeasesAreReclaimed(t *testing.T) {
 }
 
 // sweepAll sweeps every shard now, when its sweep is due.
-func sweepAll(m *Memory) {
+func sweepAll(m *Limiter) {
 	now := m.now()
 	for i := range m.shards {
 		s := &m.shards[i]
@@ -180,12 +182,12 @@ func sweepAll(m *Memory) {
 // refuses an outcomes slice of the wrong length before deciding anything.
 func TestReserveOutcomes(t *testing.T) {
 	m, _ := newTestMemory(t)
-	checks := []Check{
-		{Rule: Rule{Name: "f", Limit: 5, Window: time.Minute}, Identity: "o", Cost: 2},
-		{Rule: Rule{Name: "l", Algorithm: InFlight, Limit: 1, Window: time.Minute}, Identity: "o", Cost: 1},
+	checks := []ratebudget.Check{
+		{Rule: ratebudget.Rule{Name: "f", Limit: 5, Window: time.Minute}, Identity: "o", Cost: 2},
+		{Rule: ratebudget.Rule{Name: "l", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}, Identity: "o", Cost: 1},
 	}
-	tk := make([]Ticket, 2)
-	out := make([]Outcome, 2)
+	tk := make([]ratebudget.Ticket, 2)
+	out := make([]ratebudget.Outcome, 2)
 	if _, err := m.Reserve(context.Background(), checks, tk, out[:1]); err == nil {
 		t.Fatal("Reserve accepted one outcome for two checks")
 	}
@@ -207,15 +209,15 @@ func TestReserveOutcomes(t *testing.T) {
 // extra: the second budget keeps its spend, and nothing is evicted.
 func TestSettleKeepsItsOwnBudgets(t *testing.T) {
 	m, clk := newTestMemory(t, WithMaxBudgets(memShards), WithSweepInterval(time.Millisecond))
-	short := Rule{Name: "short", Limit: 5, Window: time.Second}
-	long := Rule{Name: "long", Limit: 5, Window: time.Hour}
-	a := Check{Rule: short, Identity: "a", Cost: 1}
-	b := Check{Rule: long, Cost: 1}
+	short := ratebudget.Rule{Name: "short", Limit: 5, Window: time.Second}
+	long := ratebudget.Rule{Name: "long", Limit: 5, Window: time.Hour}
+	a := ratebudget.Check{Rule: short, Identity: "a", Cost: 1}
+	b := ratebudget.Check{Rule: long, Cost: 1}
 	for i := 0; m.shardOf(&memKey{name: long.Name, identity: b.Identity, algo: long.Algorithm}) != m.shardOf(&memKey{name: short.Name, identity: a.Identity, algo: short.Algorithm}); i++ {
 		b.Identity = fmt.Sprint("b-", i)
 	}
-	checks := []Check{a, b}
-	tk := make([]Ticket, 2)
+	checks := []ratebudget.Check{a, b}
+	tk := make([]ratebudget.Ticket, 2)
 	if d, err := m.Reserve(context.Background(), checks, tk, nil); err != nil || !d.Allowed {
 		t.Fatalf("Reserve: %+v, %v", d, err)
 	}

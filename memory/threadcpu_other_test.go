@@ -1,6 +1,6 @@
 //go:build !linux
 
-package ratebudget_test
+package memory_test
 
 import "time"
 

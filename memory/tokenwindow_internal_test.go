@@ -1,4 +1,4 @@
-package ratebudget
+package memory
 
 import (
 	"context"
@@ -6,7 +6,12 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ratebudget/ratebudget"
 )
+
+// maxWindow is the longest Window that [ratebudget.Rule.Validate] accepts.
+const maxWindow = 366 * 24 * time.Hour
 
 // TestConvertDeficit: a deficit converted to another window's units is d × to / from
 // rounded up, at most 2^53, exactly (against math/big) over the whole range of deficits
@@ -50,18 +55,18 @@ func TestConvertDeficit(t *testing.T) {
 // each rate. (The time since the last write refills at the rate of the rule deciding.)
 func TestTokenBucketWindowChangeKeepsPartialToken(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	m, err := NewMemory(WithClock(func() time.Time { return now }), WithSweepInterval(time.Hour))
+	m, err := New(WithClock(func() time.Time { return now }), WithSweepInterval(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	hour := Rule{Name: "tbw", Algorithm: TokenBucket, Limit: 100, Window: time.Hour}
+	hour := ratebudget.Rule{Name: "tbw", Algorithm: ratebudget.TokenBucket, Limit: 100, Window: time.Hour}
 	day := hour
 	day.Window = 24 * time.Hour
-	decide := func(r Rule, cost int64) Outcome {
+	decide := func(r ratebudget.Rule, cost int64) ratebudget.Outcome {
 		t.Helper()
-		var o [1]Outcome
-		if _, err := m.AllowEach(ctx, []Check{{Rule: r, Identity: "a", Cost: cost}}, o[:]); err != nil {
+		var o [1]ratebudget.Outcome
+		if _, err := m.AllowEach(ctx, []ratebudget.Check{{Rule: r, Identity: "a", Cost: cost}}, o[:]); err != nil {
 			t.Fatal(err)
 		}
 		return o[0]

@@ -1,4 +1,4 @@
-package ratebudget
+package memory
 
 import (
 	"context"
@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
+	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // FuzzConvertDeficitRedis: allow.lua converts a token bucket's deficit written under
@@ -35,11 +35,11 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 	}
 	f.Add(int64(maxScaled), int64(1), maxW, int64(1<<30))
 	f.Add(int64(1<<52+3), int64(3), int64(1<<17+1), int64(7))
-	allow, err := os.ReadFile("lua/allow.lua")
+	allow, err := os.ReadFile("../lua/allow.lua")
 	if err != nil {
 		f.Fatal(err)
 	}
-	settleBody, err := os.ReadFile("lua/settle.lua")
+	settleBody, err := os.ReadFile("../lua/settle.lua")
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -57,8 +57,8 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 		d = int64(uint64(d) % (maxScaled + 1))
 		from = 1 + int64(uint64(from-1)%uint64(maxW))
 		to = 1 + int64(uint64(to-1)%uint64(maxW))
-		capacity := min(MaxLimit-1, maxScaled/to) // a cost of capacity + 1 is exceeded
-		r := Rule{Name: "conv", Algorithm: TokenBucket, Limit: 1, Burst: capacity, Window: ms(to)}
+		capacity := min(ratebudget.MaxLimit-1, maxScaled/to) // a cost of capacity + 1 is exceeded
+		r := ratebudget.Rule{Name: "conv", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: capacity, Window: ms(to)}
 		full := capacity * to
 		give = 1 + int64(uint64(give-1)%uint64(capacity))
 
@@ -80,7 +80,7 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 			t.Fatalf("%q read under %dms: allow.lua's deficit %d, convertDeficit's %d (cut at 2 x full %d)", stored, to, v[3], want, 2*full)
 		}
 		const now = 1_700_000_000_000
-		b := &budget{algo: TokenBucket, count: d, end: now, expires: now + 1<<60}
+		b := &budget{algo: ratebudget.TokenBucket, count: d, end: now, expires: now + 1<<60}
 		b.setWindow(from)
 		if o := decideToken(b, &r, capacity+1, now, false); v[1] != 1 || v[2] != o.Remaining {
 			t.Fatalf("%q read under %dms: allow.lua's exceeded %d, remaining %d; decideToken's %+v", stored, to, v[1], v[2], o)
@@ -99,7 +99,7 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 		if len(done) != 1 || done[0] != int64(1) {
 			t.Fatalf("%q given back %d under %dms: %v", stored, give, to, reply[0])
 		}
-		refund(b, &r, Ticket{}, give, now)
+		refund(b, &r, ratebudget.Ticket{}, give, now)
 		want = b.count
 		if w := fmt.Sprintf("%d:%d:%d", want, want, to); want > 0 && got != w || want == 0 && got != "none" {
 			t.Fatalf("%q given back %d under %dms: settle.lua wrote %q, refund a deficit of %d", stored, give, to, got, want)

@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // step is one request in a step table: move the clock by advance, then ask for cost units
@@ -254,7 +255,7 @@ func TestWaitsAreExact(t *testing.T) {
 				ops[i] = op{adv, 1 + rng.Int64N(r.Capacity())}
 			}
 			check := func(cost int64) ratebudget.Check { return ratebudget.Check{Rule: r, Identity: "x", Cost: cost} }
-			replay := func(n int) (*ratebudget.Memory, *fakeClock, ratebudget.Decision) {
+			replay := func(n int) (*memory.Limiter, *fakeClock, ratebudget.Decision) {
 				m, clk := newMemory(t)
 				var d ratebudget.Decision
 				for _, o := range ops[:n] {
@@ -342,7 +343,7 @@ func TestTokenBucketStartsFull(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newFakeClock()
 			clk.Advance(tc.start.Sub(clk.Now()))
-			m, err := ratebudget.NewMemory(ratebudget.WithClock(clk.Now))
+			m, err := memory.New(memory.WithClock(clk.Now))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // t0 is the fake clocks' start: deliberately not on a second boundary, so that a window
@@ -19,17 +20,17 @@ type fakeClock = limitertest.FakeClock
 
 func newFakeClock() *fakeClock { return limitertest.NewFakeClock(t0) }
 
-func newMemory(t testing.TB, opts ...ratebudget.MemoryOption) (*ratebudget.Memory, *fakeClock) {
+func newMemory(t testing.TB, opts ...memory.Option) (*memory.Limiter, *fakeClock) {
 	t.Helper()
 	clk := newFakeClock()
-	m, err := ratebudget.NewMemory(append([]ratebudget.MemoryOption{ratebudget.WithClock(clk.Now)}, opts...)...)
+	m, err := memory.New(append([]memory.Option{memory.WithClock(clk.Now)}, opts...)...)
 	if err != nil {
-		t.Fatalf("NewMemory: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	return m, clk
 }
 
-func allow(t testing.TB, m *ratebudget.Memory, checks ...ratebudget.Check) ratebudget.Decision {
+func allow(t testing.TB, m *memory.Limiter, checks ...ratebudget.Check) ratebudget.Decision {
 	t.Helper()
 	d, err := m.Allow(context.Background(), checks)
 	if err != nil {
@@ -40,7 +41,7 @@ func allow(t testing.TB, m *ratebudget.Memory, checks ...ratebudget.Check) rateb
 
 // probe reports the budget's state without spending: a check whose cost exceeds the rule's
 // capacity is refused as Exceeded and carries the budget's Remaining and ResetAfter.
-func probe(t testing.TB, m *ratebudget.Memory, r ratebudget.Rule, identity, scope string) ratebudget.Decision {
+func probe(t testing.TB, m *memory.Limiter, r ratebudget.Rule, identity, scope string) ratebudget.Decision {
 	t.Helper()
 	d := allow(t, m, ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: r.Capacity() + 1})
 	if d.Allowed || !d.Exceeded || d.RetryAfter != 0 {

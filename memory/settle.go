@@ -1,18 +1,20 @@
-package ratebudget
+package memory
 
-import "context"
+import (
+	"context"
 
-var _ Settler = (*Memory)(nil)
+	"github.com/ratebudget/ratebudget"
+)
 
-// Settle adjusts the spend of a decision admitted by [Memory.Reserve] to the actual costs,
-// as [Settler] describes, exactly and atomically for all checks: the shards of every
+var _ ratebudget.Settler = (*Limiter)(nil)
+
+// Settle adjusts the spend of a decision admitted by [Limiter.Reserve] to the actual costs,
+// as [ratebudget.Settler] describes, exactly and atomically for all checks: the shards of every
 // check are locked at once. costs nil cancels every check. It returns an error only for
 // invalid arguments; the context is not consulted.
-func (m *Memory) Settle(_ context.Context, checks []Check, tickets []Ticket, costs []int64) error {
-	if m.now == nil {
-		return errZeroMemory
-	}
-	if err := ValidateSettle(checks, tickets, costs); err != nil {
+func (m *Limiter) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
+	m.ready()
+	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
 		return err
 	}
 	m.each(checks, tickets, func(s *memShard, i int, b *budget, now int64) *budget {
@@ -22,7 +24,7 @@ func (m *Memory) Settle(_ context.Context, checks []Check, tickets []Ticket, cos
 			actual = costs[i]
 		}
 		switch {
-		case c.Rule.Algorithm == InFlight:
+		case c.Rule.Algorithm == ratebudget.InFlight:
 			if b != nil {
 				release(b, tickets[i], now)
 			}
@@ -36,34 +38,32 @@ func (m *Memory) Settle(_ context.Context, checks []Check, tickets []Ticket, cos
 			}
 			charge(b, &c.Rule, actual-c.Cost, now)
 		}
-		tickets[i] = Ticket{}
+		tickets[i] = ratebudget.Ticket{}
 		return b
 	}, func(i int) bool {
 		// A charge on a budget that is gone (swept, evicted) creates it.
-		return checks[i].Rule.Algorithm != InFlight && costs != nil && costs[i] > checks[i].Cost
+		return checks[i].Rule.Algorithm != ratebudget.InFlight && costs != nil && costs[i] > checks[i].Cost
 	})
 	return nil
 }
 
-// Renew extends every InFlight lease of a decision admitted by [Memory.Reserve] to its
-// rule's Window from now, as [Settler] describes; it reports [ErrLeaseLost] when a lease
+// Renew extends every InFlight lease of a decision admitted by [Limiter.Reserve] to its
+// rule's Window from now, as [ratebudget.Settler] describes; it reports [ratebudget.ErrLeaseLost] when a lease
 // had expired. It returns no other error than for invalid arguments.
-func (m *Memory) Renew(_ context.Context, checks []Check, tickets []Ticket) error {
-	if m.now == nil {
-		return errZeroMemory
-	}
-	if err := ValidateSettle(checks, tickets, nil); err != nil {
+func (m *Limiter) Renew(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket) error {
+	m.ready()
+	if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
 		return err
 	}
 	lost := false
 	m.each(checks, tickets, func(s *memShard, i int, b *budget, now int64) *budget {
-		if checks[i].Rule.Algorithm == InFlight && !renew(b, &checks[i].Rule, tickets[i], now) {
+		if checks[i].Rule.Algorithm == ratebudget.InFlight && !renew(b, &checks[i].Rule, tickets[i], now) {
 			lost = true
 		}
 		return b
 	}, nil)
 	if lost {
-		return ErrLeaseLost
+		return ratebudget.ErrLeaseLost
 	}
 	return nil
 }
@@ -72,7 +72,7 @@ func (m *Memory) Renew(_ context.Context, checks []Check, tickets []Ticket) erro
 // not zero, with its budget (nil when it holds none). When b is nil and create(i)
 // reports true, fn is first called with nil and, if it returns nil, called again with a
 // budget just created for it, in the state of no state at all.
-func (m *Memory) each(checks []Check, tickets []Ticket, fn func(s *memShard, i int, b *budget, now int64) *budget, create func(i int) bool) {
+func (m *Limiter) each(checks []ratebudget.Check, tickets []ratebudget.Ticket, fn func(s *memShard, i int, b *budget, now int64) *budget, create func(i int) bool) {
 	var kbuf [8]memKey
 	var hbuf [8]uint64
 	var sbuf [8]int
@@ -85,13 +85,13 @@ func (m *Memory) each(checks []Check, tickets []Ticket, fn func(s *memShard, i i
 	found := bbuf[:0]
 	for i := range checks {
 		var b *budget
-		if tickets[i] != (Ticket{}) {
+		if tickets[i] != (ratebudget.Ticket{}) {
 			b = m.shards[shards[i]].get(hashes[i], &keys[i])
 		}
 		found = append(found, b)
 	}
 	for i := range checks {
-		if (tickets[i] == Ticket{}) {
+		if (tickets[i] == ratebudget.Ticket{}) {
 			continue
 		}
 		s := &m.shards[shards[i]]

@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // A fixed window of 3 requests per minute per client, anchored at the client's first
 // admitted request. The clock is fixed so that the output is deterministic.
-func ExampleMemory_fixedWindow() {
+func ExampleLimiter_fixedWindow() {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	m, err := ratebudget.NewMemory(ratebudget.WithClock(func() time.Time { return now }))
+	m, err := memory.New(memory.WithClock(func() time.Time { return now }))
 	if err != nil {
 		panic(err)
 	}
@@ -38,9 +39,9 @@ func ExampleMemory_fixedWindow() {
 // A token bucket refilled with 2 tokens per second (one per 500ms) holding up to 4: it
 // starts full, its stored credit can be spent at once, and a request that can never fit is
 // refused as Exceeded rather than told to retry.
-func ExampleMemory_tokenBucket() {
+func ExampleLimiter_tokenBucket() {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	m, err := ratebudget.NewMemory(ratebudget.WithClock(func() time.Time { return now }))
+	m, err := memory.New(memory.WithClock(func() time.Time { return now }))
 	if err != nil {
 		panic(err)
 	}

@@ -1,4 +1,4 @@
-package ratebudget
+package memory
 
 import (
 	"context"
@@ -6,12 +6,14 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/ratebudget/ratebudget"
 )
 
 // retryByWalk is a refused rolling-window decision's retry time (ms from now) found by
 // summing the events' costs oldest first: the reference for the binary search, and the
 // way it was found before (see BenchmarkRollingRefusal).
-func retryByWalk(b *budget, r *Rule, cost, now int64) int64 {
+func retryByWalk(b *budget, r *ratebudget.Rule, cost, now int64) int64 {
 	w := r.Window.Milliseconds()
 	ev := b.trimRolling(now, w)
 	need, freed, prev := b.count+cost-r.Limit, int64(0), b.rolling.base
@@ -51,7 +53,7 @@ func checkLog(t *testing.T, b *budget) {
 // costs, merged events, one event partly and one wholly given back, with aged events
 // trimmed first, and with cumulative sums about to wrap past the int64 range.
 func TestRollingRetryExactAtBoundaries(t *testing.T) {
-	r := Rule{Name: "roll", Algorithm: RollingWindow, Limit: 40, Window: time.Second}
+	r := ratebudget.Rule{Name: "roll", Algorithm: ratebudget.RollingWindow, Limit: 40, Window: time.Second}
 	for _, tc := range []struct {
 		name string
 		base int64 // the cumulative sums' origin
@@ -60,9 +62,9 @@ func TestRollingRetryExactAtBoundaries(t *testing.T) {
 			// build returns a limiter holding one budget whose log, in the window at the
 			// time it returns, costs 2, 5 (two merged), 1, 1 (6 given back to 1), 7, 3, 4,
 			// 6 (29 in all; a 9 given back wholly left no event), behind an aged event of 9.
-			build := func() (*Memory, *manualClock, Check) {
+			build := func() (*Limiter, *manualClock, ratebudget.Check) {
 				m, clk := newTestMemory(t)
-				c := Check{Rule: r, Identity: "id", Cost: 9}
+				c := ratebudget.Check{Rule: r, Identity: "id", Cost: 9}
 				reserveSettle(t, m, c, 9) // ages out below
 				m.budgetOf(c).rolling.base = tc.base
 				m.budgetOf(c).rolling.events[0].n = tc.base + 9
@@ -74,7 +76,7 @@ func TestRollingRetryExactAtBoundaries(t *testing.T) {
 					{2, 2, 100}, {3, 3, 0}, {2, 2, 50}, {1, 1, 50}, {6, 1, 1},
 					{9, 0, 1}, {7, 7, 200}, {3, 3, 99}, {4, 4, 1}, {6, 6, 493},
 				} {
-					reserveSettle(t, m, Check{Rule: r, Identity: "id", Cost: step.cost}, step.actual)
+					reserveSettle(t, m, ratebudget.Check{Rule: r, Identity: "id", Cost: step.cost}, step.actual)
 					clk.advance(step.advance * time.Millisecond)
 				}
 				// Now 1,005ms after the first event: it has aged out, the others not.
@@ -90,16 +92,16 @@ func TestRollingRetryExactAtBoundaries(t *testing.T) {
 				b := m.budgetOf(c)
 				want := retryByWalk(b, &r, cost, m.now())
 				checkLog(t, b)
-				d, _ := m.Allow(ctx, []Check{c})
+				d, _ := m.Allow(ctx, []ratebudget.Check{c})
 				if d.Allowed || d.RetryAfter != ms(want) {
 					t.Fatalf("cost %d: %+v, want refused with RetryAfter %dms", cost, d, want)
 				}
 				clk.advance(d.RetryAfter - time.Millisecond)
-				if d, _ := m.Allow(ctx, []Check{c}); d.Allowed || d.RetryAfter != time.Millisecond {
+				if d, _ := m.Allow(ctx, []ratebudget.Check{c}); d.Allowed || d.RetryAfter != time.Millisecond {
 					t.Fatalf("cost %d, 1ms before RetryAfter: %+v, want refused for 1ms more", cost, d)
 				}
 				clk.advance(time.Millisecond)
-				if d, _ := m.Allow(ctx, []Check{c}); !d.Allowed {
+				if d, _ := m.Allow(ctx, []ratebudget.Check{c}); !d.Allowed {
 					t.Fatalf("cost %d, at RetryAfter: %+v, want admitted", cost, d)
 				}
 				checkLog(t, m.budgetOf(c))
@@ -113,12 +115,12 @@ func TestRollingRetryExactAtBoundaries(t *testing.T) {
 // equals the reference walk's, and the log stays consistent.
 func TestRollingRetryMatchesWalk(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
-	r := Rule{Name: "roll", Algorithm: RollingWindow, Limit: 50, Window: 200 * time.Millisecond}
+	r := ratebudget.Rule{Name: "roll", Algorithm: ratebudget.RollingWindow, Limit: 50, Window: 200 * time.Millisecond}
 	m, clk := newTestMemory(t)
 	ctx := context.Background()
 	refused := 0
 	for i := range 20_000 {
-		c := Check{Rule: r, Identity: "id", Cost: 1 + rng.Int64N(r.Limit)}
+		c := ratebudget.Check{Rule: r, Identity: "id", Cost: 1 + rng.Int64N(r.Limit)}
 		if b := m.budgetOf(c); b != nil && b.rolling != nil {
 			checkLog(t, b)
 			// Whether it is refused, and the reference wait, on a copy: both trim.
@@ -128,20 +130,20 @@ func TestRollingRetryMatchesWalk(t *testing.T) {
 			if cp.count+c.Cost > r.Limit {
 				want := retryByWalk(&cp, &r, c.Cost, m.now())
 				refused++
-				d, _ := m.Allow(ctx, []Check{c})
+				d, _ := m.Allow(ctx, []ratebudget.Check{c})
 				if d.Allowed || d.RetryAfter != ms(want) {
 					t.Fatalf("step %d, cost %d: %+v, want refused with RetryAfter %dms", i, c.Cost, d, want)
 				}
 				continue
 			}
 		}
-		tk := make([]Ticket, 1)
-		if d, _ := m.Reserve(ctx, []Check{c}, tk, nil); d.Allowed {
+		tk := make([]ratebudget.Ticket, 1)
+		if d, _ := m.Reserve(ctx, []ratebudget.Check{c}, tk, nil); d.Allowed {
 			switch rng.IntN(4) {
 			case 0:
-				_ = m.Settle(ctx, []Check{c}, tk, []int64{rng.Int64N(c.Cost)})
+				_ = m.Settle(ctx, []ratebudget.Check{c}, tk, []int64{rng.Int64N(c.Cost)})
 			case 1:
-				_ = m.Settle(ctx, []Check{c}, tk, []int64{c.Cost + rng.Int64N(2*r.Limit)})
+				_ = m.Settle(ctx, []ratebudget.Check{c}, tk, []int64{c.Cost + rng.Int64N(2*r.Limit)})
 			}
 		}
 		switch rng.IntN(10) {
@@ -164,13 +166,13 @@ func TestRollingRetryMatchesWalk(t *testing.T) {
 // one admitted, per decision) with the aged event resliced off the log (a decision
 // through Allow) and with the log copied down, as it was before.
 func BenchmarkRollingRefusal(b *testing.B) {
-	setup := func(b *testing.B, r Rule) (*Memory, *manualClock, []Check) {
+	setup := func(b *testing.B, r ratebudget.Rule) (*Limiter, *manualClock, []ratebudget.Check) {
 		clk := &manualClock{t: time.UnixMilli(1_767_225_600_250)}
-		m, err := NewMemory(WithClock(clk.now))
+		m, err := New(WithClock(clk.now))
 		if err != nil {
 			b.Fatal(err)
 		}
-		c := []Check{{Rule: r, Identity: "big", Cost: 1}}
+		c := []ratebudget.Check{{Rule: r, Identity: "big", Cost: 1}}
 		for range 100_000 {
 			if d, _ := m.Allow(context.Background(), c); !d.Allowed {
 				b.Fatal(d)
@@ -179,7 +181,7 @@ func BenchmarkRollingRefusal(b *testing.B) {
 		}
 		return m, clk, c
 	}
-	refuse := Rule{Name: "r", Algorithm: RollingWindow, Limit: 100_000, Window: time.Hour}
+	refuse := ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 100_000, Window: time.Hour}
 	b.Run("refusal/search", func(b *testing.B) {
 		m, _, c := setup(b, refuse)
 		c[0].Cost = 90_000
@@ -203,7 +205,7 @@ func BenchmarkRollingRefusal(b *testing.B) {
 			}
 		}
 	})
-	steady := Rule{Name: "r", Algorithm: RollingWindow, Limit: 200_000, Window: 100 * time.Second}
+	steady := ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 200_000, Window: 100 * time.Second}
 	b.Run("steady/reslice", func(b *testing.B) {
 		m, clk, c := setup(b, steady)
 		for b.Loop() {
@@ -249,18 +251,18 @@ func BenchmarkRollingRefusal(b *testing.B) {
 // window (admitted or refused) as for in-flight leases.
 func TestRollingTrimDoesNotCopy(t *testing.T) {
 	ctx := context.Background()
-	for _, r := range []Rule{
-		{Name: "roll", Algorithm: RollingWindow, Limit: 1000, Window: time.Second},
-		{Name: "lease", Algorithm: InFlight, Limit: 1000, Window: time.Second},
+	for _, r := range []ratebudget.Rule{
+		{Name: "roll", Algorithm: ratebudget.RollingWindow, Limit: 1000, Window: time.Second},
+		{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 1000, Window: time.Second},
 	} {
 		for _, cost := range []int64{1, r.Limit} {
-			if r.Algorithm == InFlight && cost > 1 {
+			if r.Algorithm == ratebudget.InFlight && cost > 1 {
 				continue
 			}
 			m, clk := newTestMemory(t)
-			c := Check{Rule: r, Identity: "id", Cost: 1}
+			c := ratebudget.Check{Rule: r, Identity: "id", Cost: 1}
 			for range r.Limit {
-				if d, _ := m.Allow(ctx, []Check{c}); !d.Allowed {
+				if d, _ := m.Allow(ctx, []ratebudget.Check{c}); !d.Allowed {
 					t.Fatalf("%s: %+v", r.Name, d)
 				}
 				clk.advance(time.Millisecond)
@@ -269,7 +271,7 @@ func TestRollingTrimDoesNotCopy(t *testing.T) {
 			ev := m.budgetOf(c).rolling.events
 			kept := &ev[3]
 			c.Cost = cost // 1: admitted (a lease: refused), Limit: refused
-			_, _ = m.Allow(ctx, []Check{c})
+			_, _ = m.Allow(ctx, []ratebudget.Check{c})
 			if got := m.budgetOf(c).rolling.events; len(got) < 997 || &got[0] != kept {
 				t.Fatalf("%s, cost %d: %d events, the live ones moved", r.Name, cost, len(got))
 			}

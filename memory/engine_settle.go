@@ -1,4 +1,6 @@
-package ratebudget
+package memory
+
+import "github.com/ratebudget/ratebudget"
 
 // The in-flight time rule and the settling of admitted spends, in the engine's terms (see
 // engine.go): times are Unix milliseconds, and every function works on one budget whose
@@ -8,7 +10,7 @@ package ratebudget
 // Window from now, also when an older lease expires later (taken under a longer Window
 // of the same rule name, or before the clock went back): leases are kept in order of
 // expiry (see insertLease).
-func decideInFlight(b *budget, r *Rule, now int64, commit bool, lease int64) Outcome {
+func decideInFlight(b *budget, r *ratebudget.Rule, now int64, commit bool, lease int64) ratebudget.Outcome {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	var leases []event
 	if b != nil && b.rolling != nil {
@@ -21,7 +23,7 @@ func decideInFlight(b *budget, r *Rule, now int64, commit bool, lease int64) Out
 		reset = last - now
 	}
 	if live+1 > limit {
-		return Outcome{Remaining: limit - live, ResetAfter: ms(reset), RetryAfter: ms(leases[0].at - now)}
+		return ratebudget.Outcome{Remaining: limit - live, ResetAfter: ms(reset), RetryAfter: ms(leases[0].at - now)}
 	}
 	at := now + w
 	if commit {
@@ -30,7 +32,7 @@ func decideInFlight(b *budget, r *Rule, now int64, commit bool, lease int64) Out
 		}
 		insertLease(b, event{at: at, n: lease})
 	}
-	return Outcome{Allowed: true, Remaining: limit - live - 1, ResetAfter: ms(max(at, last) - now)}
+	return ratebudget.Outcome{Allowed: true, Remaining: limit - live - 1, ResetAfter: ms(max(at, last) - now)}
 }
 
 // insertLease adds lease e to b's leases in order of expiry, after those that expire at
@@ -68,17 +70,17 @@ func pruneLeases(b *budget, now int64) []event {
 }
 
 // ticketOf is the ticket of the admission just committed to b at now.
-func ticketOf(b *budget, r *Rule, now, lease int64) Ticket {
+func ticketOf(b *budget, r *ratebudget.Rule, now, lease int64) ratebudget.Ticket {
 	switch r.Algorithm {
-	case FixedWindow:
-		return Ticket{At: b.end, ID: 1}
-	case RollingWindow:
+	case ratebudget.FixedWindow:
+		return ratebudget.Ticket{At: b.end, ID: 1}
+	case ratebudget.RollingWindow:
 		ev := b.rolling.events
-		return Ticket{At: ev[len(ev)-1].at, ID: 1}
-	case InFlight:
-		return Ticket{At: now, ID: lease}
+		return ratebudget.Ticket{At: ev[len(ev)-1].at, ID: 1}
+	case ratebudget.InFlight:
+		return ratebudget.Ticket{At: now, ID: lease}
 	}
-	return Ticket{At: now, ID: 1}
+	return ratebudget.Ticket{At: now, ID: 1}
 }
 
 // findLease returns the index of the lease numbered id in b, or -1.
@@ -95,7 +97,7 @@ func findLease(b *budget, id int64) int {
 }
 
 // release drops the lease of t from b, if it is still held.
-func release(b *budget, t Ticket, now int64) {
+func release(b *budget, t ratebudget.Ticket, now int64) {
 	i := findLease(b, t.ID)
 	if i < 0 {
 		return
@@ -111,7 +113,7 @@ func release(b *budget, t Ticket, now int64) {
 
 // renew moves the lease of t in b to expire Window from now, keeping the leases in order
 // of expiry. It reports false when the lease is no longer held or has expired.
-func renew(b *budget, r *Rule, t Ticket, now int64) bool {
+func renew(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, now int64) bool {
 	i := findLease(b, t.ID)
 	if i < 0 || b.rolling.events[i].at <= now {
 		return false
@@ -123,10 +125,10 @@ func renew(b *budget, r *Rule, t Ticket, now int64) bool {
 }
 
 // refund gives n units back to the spend recorded by t, as far as it still counts (see
-// [Settler]).
-func refund(b *budget, r *Rule, t Ticket, n, now int64) {
+// [ratebudget.Settler]).
+func refund(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, n, now int64) {
 	switch r.Algorithm {
-	case FixedWindow:
+	case ratebudget.FixedWindow:
 		if b.end != t.At || now >= b.end {
 			return // another window, or this one closed
 		}
@@ -136,13 +138,13 @@ func refund(b *budget, r *Rule, t Ticket, n, now int64) {
 			// opens a window of its own, as it would have without the refunded ones.
 			b.count, b.end, b.expires = 0, now, now
 		}
-	case TokenBucket:
+	case ratebudget.TokenBucket:
 		level, ts, lag := tokenLevel(b, r, now)
 		full := r.Capacity() * r.Window.Milliseconds()
 		// An admitted cost is at most the capacity: so is n, and n × window <= 2^53.
 		level = min(level+min(n, r.Capacity())*r.Window.Milliseconds(), full)
 		setToken(b, r, level, ts, lag, now)
-	case RollingWindow:
+	case ratebudget.RollingWindow:
 		w := r.Window.Milliseconds()
 		if b.rolling == nil || t.At <= now-w {
 			return // the event has left the window
@@ -180,18 +182,18 @@ func refund(b *budget, r *Rule, t Ticket, n, now int64) {
 }
 
 // charge spends n extra units at now without refusing them, into debt of at most one
-// capacity (see [Settler]). A budget just created for the charge must first be given the
+// capacity (see [ratebudget.Settler]). A budget just created for the charge must first be given the
 // state of no state at all (see freshState).
-func charge(b *budget, r *Rule, n, now int64) {
+func charge(b *budget, r *ratebudget.Rule, n, now int64) {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	switch r.Algorithm {
-	case FixedWindow:
+	case ratebudget.FixedWindow:
 		if now >= b.end {
 			b.count, b.end = 0, now+w // a new window, opened by the extra
 		}
 		b.count = min(b.count+n, max(2*limit, b.count))
 		b.expires = b.end
-	case TokenBucket:
+	case ratebudget.TokenBucket:
 		level, ts, lag := tokenLevel(b, r, now)
 		full := r.Capacity() * w
 		floor := max(-full, full-maxScaled)
@@ -201,7 +203,7 @@ func charge(b *budget, r *Rule, n, now int64) {
 			level = max(level-min(n, 2*r.Capacity())*w, floor)
 		}
 		setToken(b, r, level, ts, lag, now)
-	case RollingWindow:
+	case ratebudget.RollingWindow:
 		var last int64
 		if b.rolling == nil {
 			b.rolling = &rollingEvents{}
@@ -229,7 +231,7 @@ func charge(b *budget, r *Rule, n, now int64) {
 // converted to this one's units, see convertDeficit); debt is cut at one capacity below
 // zero. The bucket is full at its expiry, when the rule that wrote it would have
 // refilled it, also if this rule's Limit is lower.
-func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
+func tokenLevel(b *budget, r *ratebudget.Rule, now int64) (level, ts, lag int64) {
 	w := r.Window.Milliseconds()
 	full := r.Capacity() * w
 	ts = b.end
@@ -250,7 +252,7 @@ func tokenLevel(b *budget, r *Rule, now int64) (level, ts, lag int64) {
 }
 
 // setToken writes a token bucket's level at ts, and its expiry: when it is full again.
-func setToken(b *budget, r *Rule, level, ts, lag, now int64) {
+func setToken(b *budget, r *ratebudget.Rule, level, ts, lag, now int64) {
 	w := r.Window.Milliseconds()
 	full := r.Capacity() * w
 	b.count, b.end = full-level, ts
@@ -263,30 +265,30 @@ func setToken(b *budget, r *Rule, level, ts, lag, now int64) {
 
 // freshState gives a budget just created the state that equals no state at all: a closed
 // fixed window, a full token bucket (no deficit), an empty log.
-func freshState(b *budget, r *Rule, now int64) {
-	if r.Algorithm == TokenBucket {
+func freshState(b *budget, r *ratebudget.Rule, now int64) {
+	if r.Algorithm == ratebudget.TokenBucket {
 		b.count, b.end = 0, now
 	}
 }
 
 // unspent is the outcome of a check that fits its budget under r at now, in a decision
 // that another check refused: admitted, and the budget b (nil: none) as it is, nothing
-// having been spent (see [Reporter]). decide reports such a check as if its cost had
+// having been spent (see [ratebudget.Reporter]). decide reports such a check as if its cost had
 // been spent, which the decision only does when every check fits.
-func unspent(b *budget, r *Rule, now int64) Outcome {
-	o := Outcome{Allowed: true, Remaining: r.Limit}
+func unspent(b *budget, r *ratebudget.Rule, now int64) ratebudget.Outcome {
+	o := ratebudget.Outcome{Allowed: true, Remaining: r.Limit}
 	if b == nil {
-		if r.Algorithm == TokenBucket {
+		if r.Algorithm == ratebudget.TokenBucket {
 			o.Remaining = r.Capacity()
 		}
 		return o
 	}
 	switch r.Algorithm {
-	case FixedWindow:
+	case ratebudget.FixedWindow:
 		if now < b.end && b.count != 0 {
 			o.Remaining, o.ResetAfter = r.Limit-b.count, ms(b.end-now)
 		}
-	case TokenBucket:
+	case ratebudget.TokenBucket:
 		level, _, lag := tokenLevel(b, r, now)
 		w := r.Window.Milliseconds()
 		full := r.Capacity() * w
@@ -294,13 +296,13 @@ func unspent(b *budget, r *Rule, now int64) Outcome {
 		if level < full {
 			o.ResetAfter = ms(lag + ceilDiv(full-level, r.Limit))
 		}
-	case RollingWindow:
+	case ratebudget.RollingWindow:
 		if b.rolling != nil {
 			if ev := b.trimRolling(now, r.Window.Milliseconds()); len(ev) > 0 {
 				o.Remaining, o.ResetAfter = r.Limit-b.count, ms(ev[len(ev)-1].at+r.Window.Milliseconds()-now)
 			}
 		}
-	case InFlight:
+	case ratebudget.InFlight:
 		if b.rolling != nil {
 			if leases := pruneLeases(b, now); len(leases) > 0 {
 				o.Remaining, o.ResetAfter = r.Limit-int64(len(leases)), ms(leases[len(leases)-1].at-now)

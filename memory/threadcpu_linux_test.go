@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"syscall"

@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // A limiter capped at 1,024 budgets (16 per shard) meets 5,000 identities that each send one request (a
@@ -14,7 +15,7 @@ import (
 // the one-off identities are the ones evicted, so the client that keeps sending is still
 // held to its 3 requests per minute.
 func ExampleWithMaxBudgets() {
-	m, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(1024))
+	m, err := memory.New(memory.WithMaxBudgets(1024))
 	if err != nil {
 		panic(err)
 	}

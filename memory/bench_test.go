@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // benchRule never refuses in a benchmark's lifetime, so every call is a full admission.
@@ -17,7 +18,7 @@ var benchRule = ratebudget.Rule{Name: "bench", Algorithm: ratebudget.FixedWindow
 func BenchmarkMemoryAllow(b *testing.B) {
 	for _, algo := range algorithms {
 		b.Run(algo.String(), func(b *testing.B) {
-			m, err := ratebudget.NewMemory()
+			m, err := memory.New()
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -41,7 +42,7 @@ func BenchmarkMemoryAllow(b *testing.B) {
 // BenchmarkMemoryAllowParallel: one check per request from all Ps, one identity per
 // goroutine (spread over shards), the real clock.
 func BenchmarkMemoryAllowParallel(b *testing.B) {
-	m, err := ratebudget.NewMemory()
+	m, err := memory.New()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -62,7 +63,7 @@ func BenchmarkMemoryAllowParallel(b *testing.B) {
 // BenchmarkMemoryAllow3Checks: a request checked against a per-client fixed window, a
 // service-wide token bucket and a per-account rolling window.
 func BenchmarkMemoryAllow3Checks(b *testing.B) {
-	m, err := ratebudget.NewMemory()
+	m, err := memory.New()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func BenchmarkMemorySettle(b *testing.B) {
 		{"lease+release", lease, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			m, err := ratebudget.NewMemory()
+			m, err := memory.New()
 			if err != nil {
 				b.Fatal(err)
 			}

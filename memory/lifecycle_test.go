@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // stressLeases runs goroutines that each take a lease of a shared InFlight budget of
@@ -17,7 +18,7 @@ import (
 // rounds, so that budgets come and go), renew it, and settle it, some at a higher cost
 // and some cancelled. It returns the most leases held at once, as the callers counted
 // them. With evicting set, a renewal may find its lease lost (its budget evicted).
-func stressLeases(t *testing.T, m *ratebudget.Memory, evicting bool) int64 {
+func stressLeases(t *testing.T, m *memory.Limiter, evicting bool) int64 {
 	t.Helper()
 	const workers, each = 8, 400
 	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 4, Window: time.Hour}
@@ -81,7 +82,7 @@ func stressLeases(t *testing.T, m *ratebudget.Memory, evicting bool) int64 {
 // holds more leases than its limit, and every settled lease is released.
 func TestStressLeasesNeverAboveTheLimit(t *testing.T) {
 	t.Parallel()
-	m, err := ratebudget.NewMemory()
+	m, err := memory.New()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func TestStressLeasesNeverAboveTheLimit(t *testing.T) {
 // for a request's own, and every lease is released in the end.
 func TestStressLeasesWhileEvicting(t *testing.T) {
 	t.Parallel()
-	m, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(64))
+	m, err := memory.New(memory.WithMaxBudgets(64))
 	if err != nil {
 		t.Fatal(err)
 	}

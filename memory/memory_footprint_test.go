@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/cputime"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // footprintRule is a per-client rule whose window outlasts any measurement, so that every
@@ -64,19 +65,19 @@ func TestMemoryFootprint(t *testing.T) {
 	if n <= 0 {
 		t.Skip("set RATEBUDGET_FOOTPRINT to a number of identities to measure")
 	}
-	var opts []ratebudget.MemoryOption
+	var opts []memory.Option
 	if v := os.Getenv("RATEBUDGET_FOOTPRINT_MAX"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			t.Fatalf("RATEBUDGET_FOOTPRINT_MAX=%s: %v", v, err)
 		}
-		opts = append(opts, ratebudget.WithMaxBudgets(n))
+		opts = append(opts, memory.WithMaxBudgets(n))
 	}
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	rss0 := vmRSS(t)
-	m, err := ratebudget.NewMemory(opts...)
+	m, err := memory.New(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +137,7 @@ func BenchmarkMemoryAllowAtSize(b *testing.B) {
 				b.Skip("large fill skipped in -short mode")
 			}
 			// A cap with room for the shards' uneven shares: nothing is evicted.
-			m, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(2 * entries))
+			m, err := memory.New(memory.WithMaxBudgets(2 * entries))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -182,7 +183,7 @@ func BenchmarkMemoryAllowNewIdentity(b *testing.B) {
 		b.Skip("large fill skipped in -short mode")
 	}
 	const entries = 1_000_000
-	m, err := ratebudget.NewMemory()
+	m, err := memory.New()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -248,7 +249,7 @@ func BenchmarkMemorySweepLatency(b *testing.B) {
 				b.StopTimer()
 				clk := newFakeClock()
 				// A cap with room for the shards' uneven shares: nothing is evicted.
-				m, err := ratebudget.NewMemory(ratebudget.WithClock(clk.Now), ratebudget.WithMaxBudgets(2*budgets))
+				m, err := memory.New(memory.WithClock(clk.Now), memory.WithMaxBudgets(2*budgets))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/israce"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // TestMemoryBound: state lives as long as it differs from no state. Budgets of every time
@@ -19,7 +20,7 @@ import (
 // sweep interval has elapsed, on the next call that reaches their shard.
 func TestMemoryBound(t *testing.T) {
 	const sweep = 50 * time.Millisecond
-	m, clk := newMemory(t, ratebudget.WithSweepInterval(sweep))
+	m, clk := newMemory(t, memory.WithSweepInterval(sweep))
 	rules := []ratebudget.Rule{
 		{Name: "fixed", Algorithm: ratebudget.FixedWindow, Limit: 4, Window: time.Second},
 		// 4 tokens per 500ms into a bucket of 8: 1s from empty to full.
@@ -75,8 +76,8 @@ func TestMemoryBound(t *testing.T) {
 // identically, waits included; the sweeping one must also hold fewer budgets.
 func TestMemorySweepChangesNothing(t *testing.T) {
 	clk := newFakeClock()
-	mk := func(sweep time.Duration) *ratebudget.Memory {
-		m, err := ratebudget.NewMemory(ratebudget.WithClock(clk.Now), ratebudget.WithSweepInterval(sweep))
+	mk := func(sweep time.Duration) *memory.Limiter {
+		m, err := memory.New(memory.WithClock(clk.Now), memory.WithSweepInterval(sweep))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,13 +131,13 @@ func TestMemorySweepChangesNothing(t *testing.T) {
 // construction with a *ConfigError naming the option; 64 is accepted.
 func TestWithMaxBudgetsValidation(t *testing.T) {
 	for _, n := range []int{-1, 0, 1, 63} {
-		_, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(n))
+		_, err := memory.New(memory.WithMaxBudgets(n))
 		var ce *ratebudget.ConfigError
 		if !errors.As(err, &ce) || ce.Field != "WithMaxBudgets" {
 			t.Errorf("WithMaxBudgets(%d): got %v, want a *ConfigError for WithMaxBudgets", n, err)
 		}
 	}
-	if _, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(64)); err != nil {
+	if _, err := memory.New(memory.WithMaxBudgets(64)); err != nil {
 		t.Errorf("WithMaxBudgets(64): %v", err)
 	}
 }
@@ -149,7 +150,7 @@ func TestWithMaxBudgetsValidation(t *testing.T) {
 // budgets that are used again are not the ones evicted.
 func TestMemoryCapFlood(t *testing.T) {
 	const maxBudgets, flood = 512, 20_000
-	m, _ := newMemory(t, ratebudget.WithMaxBudgets(maxBudgets))
+	m, _ := newMemory(t, memory.WithMaxBudgets(maxBudgets))
 	perClient := ratebudget.Rule{Name: "per-client", Algorithm: ratebudget.FixedWindow, Limit: 10, Window: time.Hour}
 	service := ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 15_000, Window: time.Hour}
 	knocker, admittedKnocker, admittedFlood := 0, 0, 0
@@ -190,7 +191,7 @@ func TestMemoryCapFlood(t *testing.T) {
 // its shard, so never evicted) admits exactly its limit.
 func TestMemoryCapConcurrent(t *testing.T) {
 	const maxBudgets, workers, perWorker, serviceLimit = 256, 8, 1500, 5000
-	m, err := ratebudget.NewMemory(ratebudget.WithMaxBudgets(maxBudgets))
+	m, err := memory.New(memory.WithMaxBudgets(maxBudgets))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +254,7 @@ func TestMemoryAllowAllocs(t *testing.T) {
 	if israce.Enabled {
 		t.Skip("the race detector allocates")
 	}
-	m, _ := newMemory(t, ratebudget.WithMaxBudgets(64))
+	m, _ := newMemory(t, memory.WithMaxBudgets(64))
 	for i := range 1000 { // at the cap, evicting
 		allow(t, m, ratebudget.Check{Rule: benchRule, Identity: fmt.Sprint("fill-", i), Cost: 1})
 	}

@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -6,12 +6,13 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // Reserve an estimate, do the work, then settle at what it really cost: the part not
 // used is given back to the budget.
-func ExampleSettler() {
-	lim, _ := ratebudget.NewMemory()
+func ExampleLimiter_Settle() {
+	lim, _ := memory.New()
 	var s ratebudget.Settler = lim // so is *lua.Limiter
 	ctx := context.Background()
 	checks := []ratebudget.Check{{
@@ -43,8 +44,8 @@ func ExampleSettler() {
 // An InFlight rule admits at most Limit pieces of work at once per identity. A lease is
 // held from Reserve until Settle releases it, and expires after Window if it never is
 // (its process died).
-func ExampleSettler_inFlight() {
-	lim, _ := ratebudget.NewMemory()
+func ExampleLimiter_Settle_inFlight() {
+	lim, _ := memory.New()
 	ctx := context.Background()
 	slots := []ratebudget.Check{{
 		Rule:     ratebudget.Rule{Name: "exports", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute},

@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 // TestTokenBucketCapacityChange: a token bucket whose Burst is changed under the same
@@ -37,7 +38,7 @@ func TestTokenBucketCapacityChange(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, sweep := range []time.Duration{time.Millisecond, time.Hour} {
-				m, clk := newMemory(t, ratebudget.WithSweepInterval(sweep))
+				m, clk := newMemory(t, memory.WithSweepInterval(sweep))
 				c := ratebudget.Check{Rule: rule(tc.from), Identity: "id", Cost: tc.spent}
 				var tk [1]ratebudget.Ticket
 				if d, err := m.Reserve(ctx, []ratebudget.Check{c}, tk[:], nil); err != nil || !d.Allowed {
@@ -85,7 +86,7 @@ func TestTokenBucketRateLowered(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, sweep := range []time.Duration{time.Millisecond, 24 * time.Hour} {
-				m, clk := newMemory(t, ratebudget.WithSweepInterval(sweep))
+				m, clk := newMemory(t, memory.WithSweepInterval(sweep))
 				if d, err := m.Allow(ctx, []ratebudget.Check{{Rule: rule(100), Identity: "id", Cost: 100}}); err != nil || !d.Allowed {
 					t.Fatalf("emptying the bucket: %+v, %v", d, err)
 				}

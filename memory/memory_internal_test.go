@@ -1,4 +1,4 @@
-package ratebudget
+package memory
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/ratebudget/ratebudget"
 )
 
 type manualClock struct {
@@ -28,10 +30,10 @@ func (c *manualClock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func newTestMemory(t *testing.T, opts ...MemoryOption) (*Memory, *manualClock) {
+func newTestMemory(t *testing.T, opts ...Option) (*Limiter, *manualClock) {
 	t.Helper()
 	clk := &manualClock{t: time.UnixMilli(1_767_225_600_250)}
-	m, err := NewMemory(append([]MemoryOption{WithClock(clk.now)}, opts...)...)
+	m, err := New(append([]Option{WithClock(clk.now)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +42,7 @@ func newTestMemory(t *testing.T, opts ...MemoryOption) (*Memory, *manualClock) {
 
 // identityPerShard returns, for every shard, an identity whose budget under r (scope
 // empty) lives in that shard.
-func identityPerShard(t *testing.T, m *Memory, r Rule) [memShards]string {
+func identityPerShard(t *testing.T, m *Limiter, r ratebudget.Rule) [memShards]string {
 	t.Helper()
 	var out [memShards]string
 	found := 0
@@ -64,16 +66,16 @@ func identityPerShard(t *testing.T, m *Memory, r Rule) [memShards]string {
 func TestSweepEveryShard(t *testing.T) {
 	const sweep = 100 * time.Millisecond
 	m, clk := newTestMemory(t, WithSweepInterval(sweep))
-	rules := []Rule{
-		{Name: "fixed", Algorithm: FixedWindow, Limit: 5, Window: time.Second},
-		{Name: "token", Algorithm: TokenBucket, Limit: 5, Window: time.Second},
-		{Name: "rolling", Algorithm: RollingWindow, Limit: 5, Window: time.Second},
+	rules := []ratebudget.Rule{
+		{Name: "fixed", Algorithm: ratebudget.FixedWindow, Limit: 5, Window: time.Second},
+		{Name: "token", Algorithm: ratebudget.TokenBucket, Limit: 5, Window: time.Second},
+		{Name: "rolling", Algorithm: ratebudget.RollingWindow, Limit: 5, Window: time.Second},
 	}
 	ids := identityPerShard(t, m, rules[0])
 	for _, r := range rules {
 		for _, id := range ids {
 			// The whole capacity: each budget is whole again exactly 1s later.
-			if d, err := m.Allow(context.Background(), []Check{{Rule: r, Identity: id, Cost: 5}}); err != nil || !d.Allowed {
+			if d, err := m.Allow(context.Background(), []ratebudget.Check{{Rule: r, Identity: id, Cost: 5}}); err != nil || !d.Allowed {
 				t.Fatalf("%s/%s: %+v %v", r.Name, id, d, err)
 			}
 		}
@@ -85,9 +87,9 @@ func TestSweepEveryShard(t *testing.T) {
 
 	// A request on every shard that creates nothing: an Exceeded check of an unused key.
 	touchAll := func() {
-		probe := Rule{Name: "probe", Limit: 1, Window: time.Second}
+		probe := ratebudget.Rule{Name: "probe", Limit: 1, Window: time.Second}
 		for _, id := range identityPerShard(t, m, probe) {
-			d, err := m.Allow(context.Background(), []Check{{Rule: probe, Identity: id, Cost: 2}})
+			d, err := m.Allow(context.Background(), []ratebudget.Check{{Rule: probe, Identity: id, Cost: 2}})
 			if err != nil || !d.Exceeded {
 				t.Fatalf("probe: %+v %v", d, err)
 			}
@@ -109,9 +111,9 @@ func TestSweepEveryShard(t *testing.T) {
 // them in one order and half in the other, neither deadlock nor overspend.
 func TestMultiShardLockOrder(t *testing.T) {
 	m, _ := newTestMemory(t)
-	a := Rule{Name: "a", Algorithm: FixedWindow, Limit: 5, Window: time.Minute}
-	b := Rule{Name: "b", Algorithm: TokenBucket, Limit: 1000, Window: time.Minute}
-	c := Rule{Name: "c", Algorithm: RollingWindow, Limit: 1000, Window: time.Minute}
+	a := ratebudget.Rule{Name: "a", Algorithm: ratebudget.FixedWindow, Limit: 5, Window: time.Minute}
+	b := ratebudget.Rule{Name: "b", Algorithm: ratebudget.TokenBucket, Limit: 1000, Window: time.Minute}
+	c := ratebudget.Rule{Name: "c", Algorithm: ratebudget.RollingWindow, Limit: 1000, Window: time.Minute}
 	ka, kb := memKey{name: a.Name, algo: a.Algorithm}, memKey{name: b.Name, identity: "x", algo: b.Algorithm}
 	for i := 0; m.shardOf(&ka) == m.shardOf(&kb); i++ {
 		kb.identity = fmt.Sprint("x", i) // b's budget must live in another shard than a's
@@ -127,7 +129,7 @@ func TestMultiShardLockOrder(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			for j := range perWorker {
-				checks := []Check{
+				checks := []ratebudget.Check{
 					{Rule: a, Cost: 1},
 					{Rule: b, Identity: kb.identity, Cost: 1},
 					{Rule: c, Identity: ids[(w+j)%memShards], Cost: 1},
@@ -158,7 +160,7 @@ func TestMultiShardLockOrder(t *testing.T) {
 	if admitted != 5 {
 		t.Fatalf("admitted %d, want 5", admitted)
 	}
-	d, _ := m.Allow(context.Background(), []Check{{Rule: b, Identity: kb.identity, Cost: 1001}})
+	d, _ := m.Allow(context.Background(), []ratebudget.Check{{Rule: b, Identity: kb.identity, Cost: 1001}})
 	if d.Remaining != 1000-5 {
 		t.Fatalf("b spent %d, want 5", 1000-d.Remaining)
 	}
@@ -170,7 +172,7 @@ func TestMultiShardLockOrder(t *testing.T) {
 func TestHashCollisionsChain(t *testing.T) {
 	s := memShard{m: make(map[uint64]*budget)}
 	const h = 42
-	keys := []memKey{{"a", "x", "", FixedWindow, false}, {"a", "y", "", FixedWindow, false}, {"a", "x", "", TokenBucket, false}, {"b", "x", "s", FixedWindow, false}, {"a", "x", "", FixedWindow, true}}
+	keys := []memKey{{"a", "x", "", ratebudget.FixedWindow, false}, {"a", "y", "", ratebudget.FixedWindow, false}, {"a", "x", "", ratebudget.TokenBucket, false}, {"b", "x", "s", ratebudget.FixedWindow, false}, {"a", "x", "", ratebudget.FixedWindow, true}}
 	for i := range keys {
 		if s.get(h, &keys[i]) != nil {
 			t.Fatalf("key %d found before it was added", i)
@@ -183,7 +185,7 @@ func TestHashCollisionsChain(t *testing.T) {
 			t.Fatalf("key %d: got %+v", i, b)
 		}
 	}
-	m := &Memory{sweep: 1}
+	m := &Limiter{sweep: 1}
 	m.maybeSweep(&s, 1) // every budget expiring at or before 1ms
 	if s.n != 0 || len(s.m) != 0 {
 		t.Fatalf("after sweeping at 1: %d budgets, map %d", s.n, len(s.m))
@@ -218,7 +220,7 @@ func TestBudgetSize(t *testing.T) {
 }
 
 // holds reports whether m holds the budget of k, without marking it used.
-func (m *Memory) holds(k *memKey) bool {
+func (m *Limiter) holds(k *memKey) bool {
 	h := m.hashOf(k)
 	s := &m.shards[h%memShards]
 	s.mu.Lock()
@@ -243,14 +245,14 @@ func (m *Memory) holds(k *memKey) bool {
 func TestCapTrackedBudgetsExact(t *testing.T) {
 	const maxBudgets = 128
 	capped, clk := newTestMemory(t, WithMaxBudgets(maxBudgets))
-	ref, err := NewMemory(WithClock(clk.now), WithMaxBudgets(1<<20))
+	ref, err := New(WithClock(clk.now), WithMaxBudgets(1<<20))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rules []Rule
-	for _, alg := range []Algorithm{FixedWindow, TokenBucket, RollingWindow} {
+	var rules []ratebudget.Rule
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for i, w := range []time.Duration{200 * time.Millisecond, 2 * time.Second} {
-			rules = append(rules, Rule{Name: fmt.Sprintf("%v-%d", alg, i), Algorithm: alg, Limit: int64(3 + 3*i), Window: w})
+			rules = append(rules, ratebudget.Rule{Name: fmt.Sprintf("%v-%d", alg, i), Algorithm: alg, Limit: int64(3 + 3*i), Window: w})
 		}
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
@@ -265,9 +267,9 @@ func TestCapTrackedBudgetsExact(t *testing.T) {
 	for i := range 30_000 {
 		clk.advance(time.Duration(rng.IntN(3)) * time.Millisecond)
 		n := 1 + rng.IntN(3)
-		checks := make([]Check, 0, n)
+		checks := make([]ratebudget.Check, 0, n)
 		for len(checks) < n {
-			c := Check{Rule: rules[rng.IntN(len(rules))], Identity: identity(), Cost: 1 + rng.Int64N(2)}
+			c := ratebudget.Check{Rule: rules[rng.IntN(len(rules))], Identity: identity(), Cost: 1 + rng.Int64N(2)}
 			dup := false
 			for _, o := range checks {
 				dup = dup || o.Rule.Name == c.Rule.Name && o.Identity == c.Identity
@@ -276,7 +278,7 @@ func TestCapTrackedBudgetsExact(t *testing.T) {
 				checks = append(checks, c)
 			}
 		}
-		refChecks := make([]Check, len(checks))
+		refChecks := make([]ratebudget.Check, len(checks))
 		tracked := true
 		for j, c := range checks {
 			k := keyOf(&c)
@@ -323,7 +325,7 @@ func TestCapTrackedBudgetsExact(t *testing.T) {
 // shard brings it back to its share.
 func TestCapKeepsRequestBudgets(t *testing.T) {
 	m, _ := newTestMemory(t, WithMaxBudgets(memShards))
-	r := Rule{Name: "r", Algorithm: FixedWindow, Limit: 1, Window: time.Hour}
+	r := ratebudget.Rule{Name: "r", Algorithm: ratebudget.FixedWindow, Limit: 1, Window: time.Hour}
 	var ids []string
 	var shard int
 	for i := 0; len(ids) < 4; i++ {
@@ -336,7 +338,7 @@ func TestCapKeepsRequestBudgets(t *testing.T) {
 			ids = append(ids, id)
 		}
 	}
-	checks := []Check{{Rule: r, Identity: ids[0], Cost: 1}, {Rule: r, Identity: ids[1], Cost: 1}, {Rule: r, Identity: ids[2], Cost: 1}}
+	checks := []ratebudget.Check{{Rule: r, Identity: ids[0], Cost: 1}, {Rule: r, Identity: ids[1], Cost: 1}, {Rule: r, Identity: ids[2], Cost: 1}}
 	ctx := context.Background()
 	if d, err := m.Allow(ctx, checks); err != nil || !d.Allowed {
 		t.Fatalf("first request: %+v %v", d, err)
@@ -347,7 +349,7 @@ func TestCapKeepsRequestBudgets(t *testing.T) {
 	if d, err := m.Allow(ctx, checks); err != nil || d.Allowed {
 		t.Fatalf("second request of spent budgets: %+v %v", d, err)
 	}
-	if d, err := m.Allow(ctx, []Check{{Rule: r, Identity: ids[3], Cost: 1}}); err != nil || !d.Allowed {
+	if d, err := m.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: ids[3], Cost: 1}}); err != nil || !d.Allowed {
 		t.Fatalf("a new identity: %+v %v", d, err)
 	}
 	if n := m.Len(); n != 1 {
@@ -361,15 +363,15 @@ func TestCapKeepsRequestBudgets(t *testing.T) {
 func TestSweepShrinksMap(t *testing.T) {
 	const sweep = 100 * time.Millisecond
 	m, clk := newTestMemory(t, WithSweepInterval(sweep))
-	short := Rule{Name: "short", Limit: 1, Window: time.Second}
-	long := Rule{Name: "long", Limit: 1, Window: time.Hour}
+	short := ratebudget.Rule{Name: "short", Limit: 1, Window: time.Second}
+	long := ratebudget.Rule{Name: "long", Limit: 1, Window: time.Hour}
 	ctx := context.Background()
 	for i := range 2000 * memShards {
 		r := short
 		if i%100 == 0 {
 			r = long
 		}
-		if d, err := m.Allow(ctx, []Check{{Rule: r, Identity: fmt.Sprint("id-", i), Cost: 1}}); err != nil || !d.Allowed {
+		if d, err := m.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: fmt.Sprint("id-", i), Cost: 1}}); err != nil || !d.Allowed {
 			t.Fatalf("%+v %v", d, err)
 		}
 	}
@@ -383,7 +385,7 @@ func TestSweepShrinksMap(t *testing.T) {
 	ids := identityPerShard(t, m, short)
 	for range rounds {
 		for _, id := range ids { // a call on every shard goes on with its sweep
-			if _, err := m.Allow(ctx, []Check{{Rule: short, Identity: id, Cost: 2}}); err != nil {
+			if _, err := m.Allow(ctx, []ratebudget.Check{{Rule: short, Identity: id, Cost: 2}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -402,7 +404,7 @@ func TestSweepShrinksMap(t *testing.T) {
 // renewal of a lost lease reports ErrLeaseLost, and settling one is harmless.
 func TestCapEvictedLeases(t *testing.T) {
 	m, _ := newTestMemory(t, WithMaxBudgets(memShards))
-	r := Rule{Name: "conc", Algorithm: InFlight, Limit: 2, Window: time.Hour}
+	r := ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Hour}
 	var ids []string
 	var shard int
 	for i := 0; len(ids) < 2; i++ {
@@ -416,10 +418,10 @@ func TestCapEvictedLeases(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	holder := []Check{{Rule: r, Identity: ids[0], Cost: 1}}
-	var held [][]Ticket
+	holder := []ratebudget.Check{{Rule: r, Identity: ids[0], Cost: 1}}
+	var held [][]ratebudget.Ticket
 	for range r.Limit {
-		tk := make([]Ticket, 1)
+		tk := make([]ratebudget.Ticket, 1)
 		if d, err := m.Reserve(ctx, holder, tk, nil); err != nil || !d.Allowed {
 			t.Fatalf("lease: %+v %v", d, err)
 		}
@@ -429,7 +431,7 @@ func TestCapEvictedLeases(t *testing.T) {
 		t.Fatalf("a lease beyond the limit: %+v", d)
 	}
 	// A new identity on the shard, whose share is one budget, evicts the holder's.
-	if d, _ := m.Allow(ctx, []Check{{Rule: r, Identity: ids[1], Cost: 1}}); !d.Allowed {
+	if d, _ := m.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: ids[1], Cost: 1}}); !d.Allowed {
 		t.Fatalf("a new identity: %+v", d)
 	}
 	if m.holds(&memKey{name: r.Name, identity: ids[0], algo: r.Algorithm}) {
@@ -438,7 +440,7 @@ func TestCapEvictedLeases(t *testing.T) {
 	if m.Evictions() == 0 {
 		t.Fatal("the holder's budget was dropped without an eviction")
 	}
-	if err := m.Renew(ctx, holder, held[0]); err != ErrLeaseLost {
+	if err := m.Renew(ctx, holder, held[0]); err != ratebudget.ErrLeaseLost {
 		t.Fatalf("Renew of an evicted lease: %v, want ErrLeaseLost", err)
 	}
 	if d, _ := m.Allow(ctx, holder); !d.Allowed || d.Remaining != r.Limit-1 {
@@ -455,12 +457,12 @@ func TestCapEvictedLeases(t *testing.T) {
 func TestSweepAfterClockWentBack(t *testing.T) {
 	const sweep = 100 * time.Millisecond
 	m, clk := newTestMemory(t, WithSweepInterval(sweep))
-	r := Rule{Name: "short", Limit: 1, Window: time.Second}
+	r := ratebudget.Rule{Name: "short", Limit: 1, Window: time.Second}
 	ids := identityPerShard(t, m, r)
 	ctx := context.Background()
 	call := func(cost int64) {
 		for _, id := range ids { // a call on every shard
-			if _, err := m.Allow(ctx, []Check{{Rule: r, Identity: id, Cost: cost}}); err != nil {
+			if _, err := m.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: id, Cost: cost}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -483,7 +485,7 @@ func TestSweepAfterClockWentBack(t *testing.T) {
 // holds, and steady traffic still reclaims every expired budget within a bounded number
 // of calls. About 1,000 expired budgets per shard (a past flood) are reclaimed by traffic
 // that reaches every shard in turn and creates a new budget of one hour with each call:
-// no call may drop more than 32 budgets (as the Memory's documentation says), and within
+// no call may drop more than 32 budgets (as the Limiter's documentation says), and within
 // ceil(share/32)+2 rounds only the traffic's budgets are left.
 func TestSweepBoundedPerCall(t *testing.T) {
 	const (
@@ -491,9 +493,9 @@ func TestSweepBoundedPerCall(t *testing.T) {
 		perCall  = 32 // the most budgets a call sweeps in a shard it reaches
 	)
 	m, clk := newTestMemory(t, WithMaxBudgets(1<<20), WithSweepInterval(time.Second))
-	flood := Rule{Name: "flood", Limit: 1, Window: time.Second}
+	flood := ratebudget.Rule{Name: "flood", Limit: 1, Window: time.Second}
 	for i := range perShard * memShards {
-		if d, err := m.Allow(context.Background(), []Check{{Rule: flood, Identity: fmt.Sprint("f-", i), Cost: 1}}); err != nil || !d.Allowed {
+		if d, err := m.Allow(context.Background(), []ratebudget.Check{{Rule: flood, Identity: fmt.Sprint("f-", i), Cost: 1}}); err != nil || !d.Allowed {
 			t.Fatalf("%+v %v", d, err)
 		}
 	}
@@ -504,7 +506,7 @@ func TestSweepBoundedPerCall(t *testing.T) {
 	clk.advance(2 * time.Second) // every window ended, every shard's sweep due
 
 	// rounds new identities per shard, under a rule whose budgets outlive the test.
-	traffic := Rule{Name: "traffic", Limit: 1, Window: time.Hour}
+	traffic := ratebudget.Rule{Name: "traffic", Limit: 1, Window: time.Hour}
 	rounds := (most+perCall-1)/perCall + 2
 	ids := make([][]string, memShards)
 	for i, full := 0, 0; full < memShards; i++ {
@@ -520,7 +522,7 @@ func TestSweepBoundedPerCall(t *testing.T) {
 	for r := range rounds {
 		for s := range memShards {
 			before := m.Len()
-			if d, err := m.Allow(context.Background(), []Check{{Rule: traffic, Identity: ids[s][r], Cost: 1}}); err != nil || !d.Allowed {
+			if d, err := m.Allow(context.Background(), []ratebudget.Check{{Rule: traffic, Identity: ids[s][r], Cost: 1}}); err != nil || !d.Allowed {
 				t.Fatalf("%+v %v", d, err)
 			}
 			created++
@@ -583,7 +585,7 @@ func checkShard(t *testing.T, s *memShard, step int, queued map[*budget]bool) {
 func TestSweepResumesConsistently(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	s := memShard{m: make(map[uint64]*budget), max: 600}
-	m := &Memory{sweep: 5}
+	m := &Limiter{sweep: 5}
 	type key struct {
 		k memKey
 		h uint64

@@ -1,10 +1,17 @@
-package ratebudget
+package memory
 
 import (
 	"math"
 	"math/bits"
 	"time"
+
+	"github.com/ratebudget/ratebudget"
 )
+
+// maxScaled bounds a token bucket's capacity × Window in milliseconds, its deficit's
+// scale: the bound that [ratebudget.Rule.Validate] enforces (2^53, exact in a Redis Lua
+// number), kept here for the engine's arithmetic.
+const maxScaled = 1 << 53
 
 // budget is one budget's in-process state. Which fields are used depends on the rule's
 // algorithm; all times are Unix milliseconds. It is kept small (112 bytes on 64-bit
@@ -30,7 +37,7 @@ type budget struct {
 	// next is the budget whose key hashes alike (see memShard), newer the next budget in
 	// its shard's queue, oldest first.
 	next, newer *budget
-	algo        Algorithm
+	algo        ratebudget.Algorithm
 	digest      bool
 	// marks holds marked (set by every lookup that finds the budget and cleared when the
 	// shard's eviction hand passes it over, see memShard.makeRoom) and sharedHash (set
@@ -188,34 +195,34 @@ func ms(n int64) time.Duration {
 // the state of no state at all, see freshState); an InFlight admission takes lease as its
 // lease's number. A refusal never writes, apart from dropping rolling-window events and
 // leases that have expired, which changes no outcome.
-func decide(b *budget, r *Rule, cost, now int64, commit bool, lease int64) Outcome {
+func decide(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, lease int64) ratebudget.Outcome {
 	switch r.Algorithm {
-	case TokenBucket:
+	case ratebudget.TokenBucket:
 		return decideToken(b, r, cost, now, commit)
-	case RollingWindow:
+	case ratebudget.RollingWindow:
 		return decideRolling(b, r, cost, now, commit)
-	case InFlight:
+	case ratebudget.InFlight:
 		return decideInFlight(b, r, now, commit, lease)
 	}
 	return decideFixed(b, r, cost, now, commit)
 }
 
-func decideFixed(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
+func decideFixed(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ratebudget.Outcome {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	count, end := int64(0), now+w
 	if b != nil && now < b.end {
 		count, end = b.count, b.end
 	}
 	if cost > limit {
-		return Outcome{Exceeded: true, Remaining: limit - count, ResetAfter: ms(resetIfUsed(count, end-now))}
+		return ratebudget.Outcome{Exceeded: true, Remaining: limit - count, ResetAfter: ms(resetIfUsed(count, end-now))}
 	}
 	if count+cost > limit {
-		return Outcome{Remaining: limit - count, ResetAfter: ms(end - now), RetryAfter: ms(end - now)}
+		return ratebudget.Outcome{Remaining: limit - count, ResetAfter: ms(end - now), RetryAfter: ms(end - now)}
 	}
 	if commit {
 		b.count, b.end, b.expires = count+cost, end, end
 	}
-	return Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: ms(end - now)}
+	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: ms(end - now)}
 }
 
 func resetIfUsed(used, d int64) int64 {
@@ -225,7 +232,7 @@ func resetIfUsed(used, d int64) int64 {
 	return d
 }
 
-func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
+func decideToken(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ratebudget.Outcome {
 	rate, w := r.Limit, r.Window.Milliseconds()
 	capacity := r.Capacity()
 	full := capacity * w   // fits: Validate bounds it by 2^53
@@ -265,11 +272,11 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 		return lag + ceilDiv(want-level, rate)
 	}
 	if cost > capacity {
-		return Outcome{Exceeded: true, Remaining: level / w, ResetAfter: ms(wait(full))}
+		return ratebudget.Outcome{Exceeded: true, Remaining: level / w, ResetAfter: ms(wait(full))}
 	}
 	need := cost * w
 	if level < need {
-		return Outcome{
+		return ratebudget.Outcome{
 			Remaining:  level / w,
 			ResetAfter: ms(wait(full)),
 			RetryAfter: ms(wait(need)),
@@ -281,10 +288,10 @@ func decideToken(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 		b.count, b.end, b.expires = full-level, ts, now+toFull
 		b.setWindow(w)
 	}
-	return Outcome{Allowed: true, Remaining: level / w, ResetAfter: ms(toFull)}
+	return ratebudget.Outcome{Allowed: true, Remaining: level / w, ResetAfter: ms(toFull)}
 }
 
-func decideRolling(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
+func decideRolling(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ratebudget.Outcome {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	var sum, last int64
 	var events []event
@@ -301,7 +308,7 @@ func decideRolling(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 		reset = last + w - now
 	}
 	if cost > limit {
-		return Outcome{Exceeded: true, Remaining: limit - sum, ResetAfter: ms(reset)}
+		return ratebudget.Outcome{Exceeded: true, Remaining: limit - sum, ResetAfter: ms(reset)}
 	}
 	if sum+cost > limit {
 		// The oldest event whose leaving frees enough (there is one: cost <= limit, so
@@ -312,11 +319,11 @@ func decideRolling(b *budget, r *Rule, cost, now int64, commit bool) Outcome {
 				retry = events[i].at + w - now
 			}
 		}
-		return Outcome{Remaining: limit - sum, ResetAfter: ms(reset), RetryAfter: ms(retry)}
+		return ratebudget.Outcome{Remaining: limit - sum, ResetAfter: ms(reset), RetryAfter: ms(retry)}
 	}
 	if commit {
 		b.addRolling(at, cost)
 		b.expires = at + w
 	}
-	return Outcome{Allowed: true, Remaining: limit - sum - cost, ResetAfter: ms(at + w - now)}
+	return ratebudget.Outcome{Allowed: true, Remaining: limit - sum - cost, ResetAfter: ms(at + w - now)}
 }

@@ -1,4 +1,4 @@
-package ratebudget_test
+package memory_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/memory"
 )
 
 var (
@@ -22,7 +23,7 @@ type budgetRef struct {
 }
 
 // snapshot probes each budget without spending.
-func snapshot(t *testing.T, m *ratebudget.Memory, refs []budgetRef) []ratebudget.Decision {
+func snapshot(t *testing.T, m *memory.Limiter, refs []budgetRef) []ratebudget.Decision {
 	t.Helper()
 	out := make([]ratebudget.Decision, len(refs))
 	for i, r := range refs {

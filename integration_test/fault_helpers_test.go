@@ -230,15 +230,19 @@ func (e *events) since(n int) []middleware.Event {
 
 func (e *events) len() int { e.mu.Lock(); defer e.mu.Unlock(); return len(e.all) }
 
-// transitions records breaker transitions as "from>to".
+// transitions records breaker transitions as "closed>open" and "open>closed".
 type transitions struct {
 	mu  sync.Mutex
 	all []string
 }
 
-func (tr *transitions) observe(from, to middleware.BreakerState) {
+func (tr *transitions) observe(open bool) {
 	tr.mu.Lock()
-	tr.all = append(tr.all, from.String()+">"+to.String())
+	if open {
+		tr.all = append(tr.all, "closed>open")
+	} else {
+		tr.all = append(tr.all, "open>closed")
+	}
 	tr.mu.Unlock()
 }
 

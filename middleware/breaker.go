@@ -1,67 +1,62 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
-
-	"github.com/sony/gobreaker/v2"
 
 	"github.com/ratebudget/ratebudget"
 )
 
-// BreakerState is the state of the circuit breaker that guards the budget store.
-type BreakerState uint8
-
-const (
-	// BreakerClosed: decisions go to the store.
-	BreakerClosed BreakerState = iota
-	// BreakerOpen: too many recent decisions failed; decisions skip the store and the
-	// failure policy applies at once, until the cool-down ends.
-	BreakerOpen
-	// BreakerHalfOpen: the cool-down ended; one probe decision goes to the store, the
-	// others apply the failure policy. Success closes the breaker, failure reopens it.
-	BreakerHalfOpen
-)
-
-// String returns "closed", "open" or "half-open".
-func (s BreakerState) String() string {
-	switch s {
-	case BreakerClosed:
-		return "closed"
-	case BreakerOpen:
-		return "open"
-	case BreakerHalfOpen:
-		return "half-open"
-	}
-	return "BreakerState(" + strconv.Itoa(int(s)) + ")"
-}
-
 // Breaker configures the circuit breaker in front of a limiter that does I/O (see
-// [WithBreaker]). The breaker opens when, over the last Window, at least MinCalls
-// decisions were made and at least FailureRatio of them failed; while open, decisions
-// skip the store for Cooldown and the failure policy applies at once; then one probe
-// decision goes to the store, and its success closes the breaker.
+// [WithBreaker]). While the breaker is open no decision goes to the store: the failure
+// policy answers at once.
 //
-// A ratio over a minimum number of calls, not a run of consecutive failures, keeps a
-// healthy store's breaker closed when a starved host misses a few deadlines; a store that
-// is down or hung fails every call and opens it after MinCalls decisions, each bounded
-// by the decision deadline ([WithTimeout]). Every zero field takes its default.
+// It opens on either of two signals:
+//   - a stall: no call has had a reply from the store (an answer or an error reply) for
+//     Stall since a call that got none started, or a few calls in a row could not reach
+//     the store at all (a refused or lost connection);
+//   - a failure ratio: over the last Window, at least MinCalls decisions were made and
+//     at least FailureRatio of them failed.
+//
+// An open breaker probes the store off the request path when the limiter has a method
+// Ping(context.Context) error (the lua limiter's sends PING on a connection of its own):
+// a probe every Cooldown, each bounded by the decision deadline ([WithTimeout]), for as
+// long as requests keep coming (it stops after a second without any, and starts again
+// with the next request); the first probe answered closes the breaker. For a limiter
+// without Ping, one decision goes to the store as the probe once Cooldown has passed,
+// and its success closes the breaker.
+//
+// A stall is measured from replies, not from elapsed deadlines alone, and the ratio
+// needs MinCalls decisions, so that a healthy store's breaker stays closed when a
+// starved host reads its replies late. Every zero field takes its default.
 type Breaker struct {
-	// Window is the rolling interval over which calls are counted, in steps of a tenth
-	// of it. Default 10s; at least 10ms.
+	// Window is the rolling interval over which calls are counted for FailureRatio, in
+	// steps of a tenth of it. Default 10s; at least 10ms.
 	Window time.Duration
-	// MinCalls is the number of decisions within Window below which the breaker never
-	// opens. Default 20; at least 1.
+	// MinCalls is the number of decisions within Window below which FailureRatio never
+	// opens the breaker. Default 20; at least 1.
 	MinCalls int
 	// FailureRatio is the share of failed decisions within Window, in (0, 1], at which
 	// the breaker opens. Default 0.5.
 	FailureRatio float64
-	// Cooldown is how long the breaker stays open before a probe. Default 100ms: a store
-	// that answers again is used again within about Cooldown, and a store still down sees
-	// one probe per Cooldown.
+	// Stall is how long the store may go without replying to any call, counted from the
+	// start of the first call left without a reply, before the breaker opens. Default
+	// 100ms; at least 1ms. It should exceed the longest time the host may go without
+	// running the process (a starved host reads replies late, not never).
+	Stall time.Duration
+	// Cooldown is the wait between probes of an open breaker. Default 25ms; at least
+	// 1ms. A store that answers again is used again within about Cooldown plus one
+	// probe's round trip.
 	Cooldown time.Duration
+	// OnChange, if not nil, is called with true when the breaker opens and with false
+	// when it closes again. It runs while the breaker holds its lock, on the goroutine
+	// of the request or probe that changed it: keep it fast, and do not call back into
+	// the middleware.
+	OnChange func(open bool)
 	// Disabled turns the breaker off: every decision goes to the store.
 	Disabled bool
 }
@@ -71,7 +66,17 @@ const (
 	defaultBreakerWindow       = 10 * time.Second
 	defaultBreakerMinCalls     = 20
 	defaultBreakerFailureRatio = 0.5
-	defaultBreakerCooldown     = 100 * time.Millisecond
+	defaultBreakerStall        = 100 * time.Millisecond
+	defaultBreakerCooldown     = 25 * time.Millisecond
+	// lostConnections is how many calls in a row, with no reply between them, may fail
+	// to reach the store (a refused dial, a connection lost) before the breaker opens.
+	// A refused connection is the store's answer that it is not there; a starved host
+	// never causes one. Kept small so that a client's pool does not reach its own dial
+	// circuit (go-redis: PoolSize failed dials), which would hold it for up to a second
+	// after the store is back.
+	lostConnections = 3
+	// probeIdle is how long the prober runs on without any request to the middleware.
+	probeIdle = time.Second
 )
 
 // withDefaults fills b's zero fields and validates the rest.
@@ -85,6 +90,9 @@ func (b Breaker) withDefaults() (Breaker, error) {
 	if b.FailureRatio == 0 {
 		b.FailureRatio = defaultBreakerFailureRatio
 	}
+	if b.Stall == 0 {
+		b.Stall = defaultBreakerStall
+	}
 	if b.Cooldown == 0 {
 		b.Cooldown = defaultBreakerCooldown
 	}
@@ -95,8 +103,10 @@ func (b Breaker) withDefaults() (Breaker, error) {
 		return b, configErr("WithBreaker", "MinCalls must be at least 1, got "+strconv.Itoa(b.MinCalls))
 	case !(b.FailureRatio > 0 && b.FailureRatio <= 1):
 		return b, configErr("WithBreaker", fmt.Sprintf("FailureRatio must be in (0, 1], got %v", b.FailureRatio))
-	case b.Cooldown < 0:
-		return b, configErr("WithBreaker", "Cooldown must be positive, got "+b.Cooldown.String())
+	case b.Stall < time.Millisecond:
+		return b, configErr("WithBreaker", "Stall must be at least 1ms, got "+b.Stall.String())
+	case b.Cooldown < time.Millisecond:
+		return b, configErr("WithBreaker", "Cooldown must be at least 1ms, got "+b.Cooldown.String())
 	}
 	return b, nil
 }
@@ -115,69 +125,211 @@ func WithBreaker(b Breaker) Option {
 	}
 }
 
-// WithBreakerObserver adds a function called on every breaker transition. It runs while
-// the breaker holds its lock: keep it fast, and do not call back into the middleware.
-func WithBreakerObserver(f func(from, to BreakerState)) Option {
-	return func(c *config) error {
-		if f == nil {
-			return configErr("WithBreakerObserver", "function must not be nil")
-		}
-		c.onBreaker = append(c.onBreaker, f)
-		return nil
-	}
+// pinger is a limiter that can ask its store whether it answers, without deciding.
+type pinger interface {
+	Ping(ctx context.Context) error
 }
 
-// breaker adapts a gobreaker circuit breaker to the middleware: store failures count,
-// canceled requests and errors that are not the store's do not.
+// breaker guards a limiter that does I/O. Its state is under mu: decisions take it
+// twice (before and after the call), probes once each.
 type breaker struct {
-	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
+	cfg     Breaker
+	ping    func(context.Context) error // nil: a decision is the probe
+	timeout time.Duration               // each probe's deadline
+	now     func() time.Time
+
+	mu   sync.Mutex
+	open bool
+	// buckets count the decisions of the last Window, a tenth of it each; cur is the
+	// bucket of the interval that started at curStart.
+	buckets  [10]struct{ ok, failed int }
+	cur      int
+	curStart time.Time
+	// replied is when a call last had a reply. unanswered is the start of the first
+	// call left without one since then, or the reply's time when that call started
+	// before it (zero when every call since had a reply); lost counts the calls since
+	// the last reply that could not reach the store.
+	replied    time.Time
+	unanswered time.Time
+	lost       int
+	// While open: probing is set while a probe runs (the prober goroutine, or the one
+	// decision let through when there is no ping), nextProbe is when a decision may be
+	// the probe, lastAsked when a decision last found the breaker open.
+	probing   bool
+	nextProbe time.Time
+	lastAsked time.Time
 }
 
-// errNotCounted marks a call whose result says nothing about the store's health.
+// errNotCounted marks a call whose result says nothing about the store.
 var errNotCounted = errors.New("not counted")
 
-func newBreaker(b Breaker, observers []func(from, to BreakerState)) *breaker {
-	st := gobreaker.Settings{
-		Name:         "ratebudget",
-		MaxRequests:  1,
-		Interval:     b.Window,
-		BucketPeriod: b.Window / 10,
-		Timeout:      b.Cooldown,
-		ReadyToTrip: func(c gobreaker.Counts) bool {
-			done := c.TotalSuccesses + c.TotalFailures
-			return done >= uint32(b.MinCalls) && float64(c.TotalFailures) >= b.FailureRatio*float64(done)
-		},
-		IsExcluded: func(err error) bool { return err == errNotCounted },
-	}
-	if len(observers) > 0 {
-		st.OnStateChange = func(_ string, from, to gobreaker.State) {
-			for _, f := range observers {
-				f(stateOf(from), stateOf(to))
-			}
-		}
-	}
-	return &breaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](st)}
-}
+var errBreakerOpen = errors.New("circuit breaker open: store not called")
 
-func stateOf(s gobreaker.State) BreakerState {
-	switch s {
-	case gobreaker.StateOpen:
-		return BreakerOpen
-	case gobreaker.StateHalfOpen:
-		return BreakerHalfOpen
-	}
-	return BreakerClosed
+func newBreaker(b Breaker, timeout time.Duration, ping func(context.Context) error) *breaker {
+	return &breaker{cfg: b, ping: ping, timeout: timeout, now: time.Now}
 }
 
 // allow reports whether a decision may go to the store; when it may, done must be
 // called with the call's health: nil for an answer, a non-nil error for a store failure,
 // errNotCounted for a call that says nothing about the store.
 func (b *breaker) allow() (done func(error), err error) {
-	done, err = b.cb.Allow()
-	if err != nil {
-		return nil, &ratebudget.StoreError{Class: "breaker_open", Err: errBreakerOpen}
+	b.mu.Lock()
+	now := b.now()
+	if !b.open && !b.unanswered.IsZero() && now.Sub(b.unanswered) >= b.cfg.Stall {
+		b.trip(now) // no reply for Stall, and a call has failed waiting for one
 	}
-	return done, nil
+	probe := false
+	if b.open {
+		b.lastAsked = now
+		switch {
+		case b.ping != nil:
+			if !b.probing {
+				b.probing = true
+				go b.probe()
+			}
+		case !b.probing && !now.Before(b.nextProbe):
+			b.probing, probe = true, true
+		}
+		if !probe {
+			b.mu.Unlock()
+			return nil, &ratebudget.StoreError{Class: "breaker_open", Err: errBreakerOpen}
+		}
+	}
+	b.mu.Unlock()
+	start := now
+	return func(err error) { b.done(start, probe, err) }, nil
 }
 
-var errBreakerOpen = errors.New("circuit breaker open: store not called")
+// done records a decision's health: start is when it was let through, probe whether
+// it was the probe of an open breaker.
+func (b *breaker) done(start time.Time, probe bool, err error) {
+	var se *ratebudget.StoreError
+	replied := err == nil || errors.As(err, &se) && (se.Class == "server" || se.Class == "reply")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	if probe {
+		b.probing = false
+		switch {
+		case err == nil:
+			b.close(now)
+		case err != errNotCounted:
+			b.nextProbe = now.Add(b.cfg.Cooldown)
+		}
+		return
+	}
+	if err == errNotCounted {
+		return
+	}
+	bk := b.bucket(now)
+	if err == nil {
+		bk.ok++
+	} else {
+		bk.failed++
+	}
+	switch {
+	case replied:
+		b.replied, b.unanswered, b.lost = now, time.Time{}, 0
+	default:
+		from := start
+		if b.replied.After(from) {
+			from = b.replied // another call had a reply while this one waited
+		}
+		if b.unanswered.IsZero() || from.Before(b.unanswered) {
+			b.unanswered = from
+		}
+		if se != nil && se.Class == "connection" {
+			b.lost++
+		}
+	}
+	if b.open {
+		return // a call let through before the breaker opened
+	}
+	if b.lost >= lostConnections || now.Sub(b.unanswered) >= b.cfg.Stall && !b.unanswered.IsZero() {
+		b.trip(now)
+		return
+	}
+	ok, failed := 0, 0
+	for _, c := range b.buckets {
+		ok, failed = ok+c.ok, failed+c.failed
+	}
+	if n := ok + failed; n >= b.cfg.MinCalls && float64(failed) >= b.cfg.FailureRatio*float64(n) {
+		b.trip(now)
+	}
+}
+
+// bucket returns the bucket counting decisions that end at now, clearing those whose
+// interval has left the window.
+func (b *breaker) bucket(now time.Time) *struct{ ok, failed int } {
+	step := b.cfg.Window / 10
+	if b.curStart.IsZero() {
+		b.curStart = now
+	}
+	for n := 0; now.Sub(b.curStart) >= step; n++ {
+		if n == len(b.buckets) { // the whole window has passed
+			b.buckets = [10]struct{ ok, failed int }{}
+			b.curStart = now
+			break
+		}
+		b.cur = (b.cur + 1) % len(b.buckets)
+		b.buckets[b.cur] = struct{ ok, failed int }{}
+		b.curStart = b.curStart.Add(step)
+	}
+	return &b.buckets[b.cur]
+}
+
+// trip opens the breaker. b.mu is held.
+func (b *breaker) trip(now time.Time) {
+	b.open = true
+	b.nextProbe = now.Add(b.cfg.Cooldown)
+	b.lastAsked = now
+	if b.ping != nil && !b.probing {
+		b.probing = true
+		go b.probe()
+	}
+	if b.cfg.OnChange != nil {
+		b.cfg.OnChange(true)
+	}
+}
+
+// close closes the breaker with a clean count. b.mu is held.
+func (b *breaker) close(now time.Time) {
+	b.open = false
+	b.buckets = [10]struct{ ok, failed int }{}
+	b.curStart = now
+	b.replied, b.unanswered, b.lost = now, time.Time{}, 0
+	if b.cfg.OnChange != nil {
+		b.cfg.OnChange(false)
+	}
+}
+
+// probe pings the store until it answers, which closes the breaker, or until no
+// decision has come for probeIdle. It runs on a goroutine of its own, one at a time
+// (b.probing).
+func (b *breaker) probe() {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+		err := b.ping(ctx)
+		cancel()
+		b.mu.Lock()
+		now := b.now()
+		if !b.open {
+			b.probing = false
+			b.mu.Unlock()
+			return
+		}
+		if err == nil {
+			b.probing = false
+			b.close(now)
+			b.mu.Unlock()
+			return
+		}
+		if now.Sub(b.lastAsked) >= probeIdle {
+			b.probing = false // the next decision starts it again
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		time.Sleep(b.cfg.Cooldown)
+	}
+}

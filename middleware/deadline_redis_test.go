@@ -34,16 +34,15 @@ func TestRequestDeadlineWhileStoreHangsIsCanceled(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			var mu sync.Mutex
 			var events []middleware.Event
-			var transitions []middleware.BreakerState
+			var transitions []bool
 			served := 0
 			h := mustNew(t, lim, []middleware.Rule{{Rule: rule("api", 100, time.Minute), Identity: global}}, policy,
 				middleware.WithTimeout(time.Minute), // the request's deadline is the one that ends the call
-				middleware.WithBreaker(middleware.Breaker{MinCalls: 1, FailureRatio: 0.01, Cooldown: time.Hour}),
-				middleware.WithBreakerObserver(func(_, to middleware.BreakerState) {
+				middleware.WithBreaker(middleware.Breaker{MinCalls: 1, FailureRatio: 0.01, Cooldown: time.Hour, OnChange: func(open bool) {
 					mu.Lock()
-					transitions = append(transitions, to)
+					transitions = append(transitions, open)
 					mu.Unlock()
-				}),
+				}}),
 				middleware.WithObserver(func(e middleware.Event) {
 					mu.Lock()
 					events = append(events, e)

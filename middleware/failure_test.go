@@ -26,6 +26,7 @@ type flaky struct {
 	down  atomic.Bool
 	hang  atomic.Bool // block until the context ends
 	calls atomic.Int64
+	class string // the failures' StoreError.Class; "" for a refused connection
 }
 
 func (f *flaky) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
@@ -35,6 +36,9 @@ func (f *flaky) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudge
 		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: ctx.Err()}
 	}
 	if f.down.Load() {
+		if f.class != "" {
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: f.class, Err: errors.New("OOM command not allowed")}
+		}
 		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("dial tcp 10.1.2.3:6379: connect: connection refused")}
 	}
 	return f.next.Allow(ctx, checks)
@@ -123,40 +127,52 @@ func TestDecisionDeadline(t *testing.T) {
 	}
 }
 
+// A store that refuses connections opens the breaker after a few calls, well before
+// the failure ratio's minimum; while open no decision goes to the store, and for a
+// limiter without Ping, a decision after the cool-down is the probe whose success
+// closes it.
 func TestBreaker(t *testing.T) {
 	t.Parallel()
 	f := &flaky{next: newMemory(t, newClock())}
 	f.down.Store(true)
 	var mu sync.Mutex
-	var transitions []string
-	observed := func(from, to middleware.BreakerState) {
-		mu.Lock()
-		transitions = append(transitions, from.String()+">"+to.String())
-		mu.Unlock()
-	}
+	var transitions []bool
 	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 3, Window: time.Hour, Cooldown: 20 * time.Millisecond}),
-		middleware.WithBreakerObserver(observed))(ok)
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 1000, Window: time.Hour, Cooldown: time.Hour, OnChange: func(open bool) {
+			mu.Lock()
+			transitions = append(transitions, open)
+			mu.Unlock()
+		}}))(ok)
 	for range 10 {
 		if rec := do(h, "GET", "/", nil); rec.Code != 503 {
 			t.Fatalf("%d", rec.Code)
 		}
 	}
-	// The cool-down is real time: 10 requests may outlast it on a slow machine, and
-	// each probe that fails opens the breaker again, so the store sees 3 calls plus at
-	// most one probe per cool-down.
-	n := f.calls.Load()
-	if n < 3 {
-		t.Fatalf("store called %d times, want at least 3 (MinCalls) before the breaker opens", n)
+	if n := f.calls.Load(); n != 3 {
+		t.Fatalf("store called %d times, want 3: three refused connections in a row open the breaker", n)
 	}
 	mu.Lock()
-	if len(transitions) == 0 || transitions[0] != "closed>open" {
-		t.Fatalf("transitions %v, want closed>open first", transitions)
+	if len(transitions) != 1 || !transitions[0] {
+		t.Fatalf("transitions %v, want [true]", transitions)
 	}
 	mu.Unlock()
-	f.down.Store(false)
-	// Wait for the cool-down to end: the first request after it is the probe, which
-	// succeeds and closes the breaker.
+
+	// A short cool-down: the first request after it is the probe.
+	f2 := &flaky{next: newMemory(t, newClock())}
+	f2.down.Store(true)
+	var opened, closed atomic.Int64
+	h = mustNew(t, f2, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
+		middleware.WithBreaker(middleware.Breaker{Cooldown: time.Millisecond, OnChange: func(open bool) {
+			if open {
+				opened.Add(1)
+			} else {
+				closed.Add(1)
+			}
+		}}))(ok)
+	for opened.Load() == 0 {
+		do(h, "GET", "/", nil)
+	}
+	f2.down.Store(false)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rec := do(h, "GET", "/", nil)
@@ -168,13 +184,51 @@ func TestBreaker(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
-	if rec := do(h, "GET", "/", nil); rec.Code != 200 {
-		t.Fatalf("after closing: %d", rec.Code)
+	if rec := do(h, "GET", "/", nil); rec.Code != 200 || opened.Load() != 1 || closed.Load() != 1 {
+		t.Fatalf("after closing: %d, opened %d closed %d times, want 200, 1 and 1", rec.Code, opened.Load(), closed.Load())
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if got := transitions[len(transitions)-2:]; got[0] != "open>half-open" || got[1] != "half-open>closed" {
-		t.Fatalf("transitions %v, want them to end open>half-open, half-open>closed", transitions)
+}
+
+// A store that replies to no call for Stall (its calls wait out their deadline) opens
+// the breaker, before the failure ratio could, even at one decision at a time;
+// timeouts among answered calls (a starved host) do not.
+func TestBreakerStall(t *testing.T) {
+	t.Parallel()
+	for _, hung := range []bool{false, true} {
+		f := &flaky{next: newMemory(t, newClock())}
+		var opened atomic.Int64
+		stall := 100 * time.Millisecond // longer than the timeouts below take together
+		if hung {
+			stall = time.Millisecond // shorter than one call's deadline
+		}
+		h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 1<<40, time.Minute), Identity: global}},
+			middleware.WithTimeout(5*time.Millisecond),
+			middleware.WithBreaker(middleware.Breaker{MinCalls: 1000, Stall: stall, Cooldown: time.Hour, OnChange: func(open bool) {
+				if open {
+					opened.Add(1)
+				}
+			}}))(ok)
+		if !hung {
+			// Every other call waits out its deadline, 250ms in all; the calls between
+			// are answered.
+			for i := range 100 {
+				f.hang.Store(i%2 == 1)
+				do(h, "GET", "/", nil)
+			}
+			if opened.Load() != 0 || f.calls.Load() != 100 {
+				t.Fatalf("breaker opened %d times, store called %d times; want 0 and 100: answers came between the timeouts", opened.Load(), f.calls.Load())
+			}
+			continue
+		}
+		f.hang.Store(true)
+		for range 10 {
+			if rec := do(h, "GET", "/", nil); rec.Code != 503 {
+				t.Fatalf("hung store: %d, want 503", rec.Code)
+			}
+		}
+		if opened.Load() != 1 || f.calls.Load() != 1 {
+			t.Fatalf("breaker opened %d times, store called %d times; want 1 and 1: the call that waited longer than Stall opened it", opened.Load(), f.calls.Load())
+		}
 	}
 }
 
@@ -182,15 +236,15 @@ func TestBreaker(t *testing.T) {
 // good ones (a starved host) do not open it.
 func TestBreakerTripRule(t *testing.T) {
 	t.Parallel()
-	f := &flaky{next: newMemory(t, newClock())}
+	// Error replies (OOM, BUSY): the store answers, so only the ratio can open it.
+	f := &flaky{next: newMemory(t, newClock()), class: "server"}
 	var opened atomic.Int64
 	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 1<<40, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 10, FailureRatio: 0.5, Window: time.Hour, Cooldown: time.Hour}),
-		middleware.WithBreakerObserver(func(_, to middleware.BreakerState) {
-			if to == middleware.BreakerOpen {
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 10, FailureRatio: 0.5, Window: time.Hour, Cooldown: time.Hour, OnChange: func(open bool) {
+			if open {
 				opened.Add(1)
 			}
-		}))(ok)
+		}}))(ok)
 	// 40% failures over 50 calls (ok, ok, ok, fail, fail, ...): never at the ratio.
 	for i := range 50 {
 		f.down.Store(i%5 >= 3)
@@ -380,12 +434,11 @@ func TestHugeCostIsNeverAStoreFailure(t *testing.T) {
 					middleware.WithCost(func(r *http.Request) (int64, error) {
 						return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
 					}),
-					middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour}),
-					middleware.WithBreakerObserver(func(_, to middleware.BreakerState) {
-						if to == middleware.BreakerOpen {
+					middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour, OnChange: func(open bool) {
+						if open {
 							opened.Add(1)
 						}
-					}),
+					}}),
 					middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
 				for i := range 60 {
 					cost := costs[i%len(costs)]

@@ -42,7 +42,7 @@ func TestNoGoroutineOutlivesItsWork(t *testing.T) {
 				rules = append(rules, middleware.Rule{Rule: conc, Identity: global})
 			}
 			handlers = append(handlers, mustNew(t, lim, rules, middleware.WithTimeout(time.Minute),
-				middleware.WithObserver(m.Observe), middleware.WithBreakerObserver(m.BreakerChanged))(slow))
+				middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{OnChange: m.BreakerChanged}))(slow))
 		}
 	}
 	var wg sync.WaitGroup

@@ -341,7 +341,11 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	ip, ok := lim.(inProcess)
 	m.io = !ok || !ip.InProcess()
 	if m.io && !m.cfg.breaker.Disabled {
-		m.breaker = newBreaker(m.cfg.breaker, m.cfg.onBreaker)
+		var ping func(context.Context) error
+		if p, ok := lim.(pinger); ok {
+			ping = p.Ping
+		}
+		m.breaker = newBreaker(m.cfg.breaker, m.cfg.timeout, ping)
 	}
 	if m.cfg.policy == localFallback {
 		fb, err := memory.New()

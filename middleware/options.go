@@ -26,7 +26,6 @@ type config struct {
 	timeout    time.Duration
 	retryAfter time.Duration
 	breaker    Breaker
-	onBreaker  []func(from, to BreakerState)
 }
 
 func configErr(field, problem string) error {

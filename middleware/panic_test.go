@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,7 +104,7 @@ func TestCallbackPanicReleasesLease(t *testing.T) {
 	}
 }
 
-// A limiter that panics while deciding the breaker's half-open probe (a bug in a
+// A limiter without Ping that panics while deciding the open breaker's probe (a bug in a
 // wrapping limiter, a panicking go-redis hook) must not leave the breaker waiting for
 // that probe's result forever: every later decision would be refused as breaker_open,
 // the store never asked again.
@@ -124,8 +125,7 @@ func TestBreakerProbePanicDoesNotWedgeTheBreaker(t *testing.T) {
 	})
 	var states []string
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Millisecond}),
-		middleware.WithBreakerObserver(func(from, to middleware.BreakerState) { states = append(states, to.String()) }))(ok)
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Millisecond, OnChange: func(open bool) { states = append(states, strconv.FormatBool(open)) }}))(ok)
 	if rec := do(h, "GET", "/", nil); rec.Code != 503 {
 		t.Fatalf("failing store: %d, want 503", rec.Code)
 	}
@@ -144,13 +144,13 @@ func TestBreakerProbePanicDoesNotWedgeTheBreaker(t *testing.T) {
 		runtime.Gosched()
 	}
 	mode.Store(2)
-	// The breaker is half-open with its probe gone: the next request must be a probe.
+	// The probe is gone: a request after the next cool-down must be a probe.
 	if rec := do(h, "GET", "/", nil); rec.Code != 200 {
 		t.Fatalf("healthy store after a panicking probe: %d (limiter called %d times, breaker states %v), want 200", rec.Code, calls.Load(), states)
 	}
 }
 
-// Exactly one half-open probe reaches the store however many requests arrive at once;
+// For a limiter without Ping, exactly one probe reaches the open breaker's store however many requests arrive at once;
 // a probe whose request is canceled frees its place for the next.
 func TestBreakerHalfOpenProbesOneAtATime(t *testing.T) {
 	t.Parallel()

@@ -443,12 +443,11 @@ func TestStackedBreakersPerLimiter(t *testing.T) {
 	t.Parallel()
 	var opened [2]atomic.Int64
 	brk := func(i int) []middleware.Option {
-		return []middleware.Option{middleware.WithBreaker(middleware.Breaker{MinCalls: 2, Window: time.Hour, Cooldown: time.Hour}),
-			middleware.WithBreakerObserver(func(_, to middleware.BreakerState) {
-				if to == middleware.BreakerOpen {
-					opened[i].Add(1)
-				}
-			})}
+		return []middleware.Option{middleware.WithBreaker(middleware.Breaker{MinCalls: 2, Window: time.Hour, Cooldown: time.Hour, OnChange: func(open bool) {
+			if open {
+				opened[i].Add(1)
+			}
+		}})}
 	}
 	down := &flaky{next: newMemory(t, newClock())}
 	down.down.Store(true)

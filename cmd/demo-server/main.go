@@ -424,8 +424,7 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 		middleware.WithObserver(m.Observe),
 		middleware.WithObserver(logRefusals(log)),
 		middleware.WithObserver(middleware.LogStoreErrors(log, 5*time.Second)),
-		middleware.WithBreakerObserver(m.BreakerChanged),
-		middleware.WithBreakerObserver(logBreaker(log)),
+		middleware.WithBreaker(middleware.Breaker{OnChange: breakerChanged(m, log)}),
 	}
 	switch o.storeError {
 	case "open":
@@ -594,17 +593,16 @@ func jobCost(r *http.Request) (int64, error) {
 	return n, nil
 }
 
-// logBreaker logs that a breaker opened (from closed) and that it closed again. While
-// the store is down the breaker goes from open to half-open and back at every probe,
-// ten times a second: those transitions are counted in /metrics
-// (ratebudget_breaker_transitions_total), not logged.
-func logBreaker(log *slog.Logger) func(from, to middleware.BreakerState) {
-	return func(from, to middleware.BreakerState) {
-		switch {
-		case from == middleware.BreakerClosed && to == middleware.BreakerOpen:
-			log.Warn("rate-limit store circuit breaker", "from", from.String(), "to", to.String())
-		case to == middleware.BreakerClosed:
-			log.Info("rate-limit store circuit breaker", "from", from.String(), "to", to.String())
+// breakerChanged counts a breaker's transitions in m and logs them: a warning when it
+// opens, a line when it closes. An open breaker probes the store without changing
+// state, so a long outage logs two lines.
+func breakerChanged(m *metrics.Collector, log *slog.Logger) func(open bool) {
+	return func(open bool) {
+		m.BreakerChanged(open)
+		if open {
+			log.Warn("rate-limit store circuit breaker", "from", "closed", "to", "open")
+		} else {
+			log.Info("rate-limit store circuit breaker", "from", "open", "to", "closed")
 		}
 	}
 }

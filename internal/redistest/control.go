@@ -34,3 +34,14 @@ func (s *Server) Kill(tb testing.TB) {
 		tb.Fatalf("redistest: kill: %v", err)
 	}
 }
+
+// Restart kills the server process, waits for it to exit, and starts a new one with the
+// same command line on the same port (empty: the server has no persistence). It
+// returns once the new process answers.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	s.stop()
+	if err := s.run(); err != nil {
+		tb.Fatalf("redistest: restart: %v", err)
+	}
+}

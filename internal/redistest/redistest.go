@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +28,12 @@ type Server struct {
 	CAFile string
 	cmd    *exec.Cmd
 	ca     *testCA // nil without TLS
+	// exited is closed when cmd has exited; line is cmd's command line after the
+	// binary, for a restart.
+	exited chan struct{}
+	bin    string
+	line   []string
+	dir    string
 }
 
 // Binary returns the path of redis-server (from $REDIS_SERVER, else $PATH), or "" if
@@ -95,24 +102,43 @@ func start(tb testing.TB, bin, conf string, ca *testCA, args []string) (*Server,
 	line = append(line, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--logfile", filepath.Join(dir, "redis.log"))
-	cmd := exec.Command(bin, append(line, args...)...)
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, ca: ca}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), ca: ca, bin: bin, line: append(line, args...), dir: dir}
 	if ca != nil {
 		s.CAFile = ca.caFile
 	}
+	if err := s.run(); err != nil {
+		return nil, err
+	}
+	tb.Cleanup(s.stop)
+	return s, nil
+}
+
+// stop kills the server's process and waits for it to exit.
+func (s *Server) stop() {
+	_ = s.cmd.Process.Kill()
+	<-s.exited
+}
+
+// run starts s's process with its command line and waits until it answers, as that
+// process.
+func (s *Server) run() error {
+	cmd := exec.Command(s.bin, s.line...)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	s.cmd, s.exited = cmd, exited
+	port := s.Addr[strings.LastIndexByte(s.Addr, ':')+1:]
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: time.Second, TLSConfig: s.TLSConfig()})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		select {
-		case err := <-exited:
-			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-			return nil, fmt.Errorf("redis-server exited (%v): %s", err, log)
+		case <-exited:
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			return fmt.Errorf("redis-server exited (%v): %s", waitErr, log)
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -120,24 +146,17 @@ func start(tb testing.TB, bin, conf string, ca *testCA, args []string) (*Server,
 		cancel()
 		if err == nil {
 			if got := pid["Server"]["process_id"]; got != strconv.Itoa(cmd.Process.Pid) {
-				_ = cmd.Process.Kill()
-				<-exited
-				return nil, fmt.Errorf("port %d answered by another process (%s)", port, got)
+				s.stop()
+				return fmt.Errorf("port %s answered by another process (%s)", port, got)
 			}
-			break
+			return nil
 		}
 		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			<-exited
-			return nil, errors.New("redis-server did not answer in 10s")
+			s.stop()
+			return errors.New("redis-server did not answer in 10s")
 		}
 		time.Sleep(10 * time.Millisecond) // polling a starting process; no event to wait on
 	}
-	tb.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
-	return s, nil
 }
 
 // Client returns a client of s configured as the limiter recommends (no retries, the

@@ -26,7 +26,7 @@ func ExampleCollector() {
 	mw, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "api", Limit: 2, Window: time.Minute},
 		Identity: keyfuncs.Global(),
-	}}, middleware.WithObserver(m.Observe), middleware.WithBreakerObserver(m.BreakerChanged))
+	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{OnChange: m.BreakerChanged}))
 	if err != nil {
 		panic(err)
 	}

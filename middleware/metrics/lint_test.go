@@ -29,8 +29,8 @@ func TestCollectorPassesPromlint(t *testing.T) {
 	mw, err := middleware.New(lim, []middleware.Rule{
 		{Rule: ratebudget.Rule{Name: "api", Limit: 2, Window: time.Minute}, Identity: keyfuncs.Global()},
 		{Rule: ratebudget.Rule{Name: "trial", Limit: 1, Window: time.Minute}, Identity: keyfuncs.Global(), Shadow: true},
-	}, middleware.WithObserver(m.Observe), middleware.WithBreakerObserver(m.BreakerChanged),
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, FailureRatio: 0.01, Cooldown: time.Hour}),
+	}, middleware.WithObserver(m.Observe),
+		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, FailureRatio: 0.01, Cooldown: time.Hour, OnChange: m.BreakerChanged}),
 		middleware.WithFailOpen())
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,7 @@
 //	ratebudget_decisions_total{rule,outcome}        counter    decisions
 //	ratebudget_decision_duration_seconds{result}    histogram  the limiter's answer time per decision (seconds)
 //	ratebudget_store_errors_total{class,uncertain}  counter    store errors reported (failures)
-//	ratebudget_breaker_state                        gauge      0 closed, 1 open, 2 half-open (the worst breaker's)
+//	ratebudget_breaker_state                        gauge      0 closed, 1 open (any breaker)
 //	ratebudget_breaker_transitions_total{to}        counter    breaker transitions
 //	ratebudget_shadow_refusals_total{rule}          counter    admitted requests a shadow rule would have refused
 //	ratebudget_settle_failures_total                counter    failed settle, give-back and renewal calls
@@ -62,10 +62,9 @@
 // ratebudget_decisions_total nor in the latency. A failed settle leaves the reservation
 // spent as reserved (an overcount); a failed renewal may let a lease expire early.
 //
-// ratebudget_breaker_state is the state of the worst breaker of the middlewares given
-// [Collector.BreakerChanged]: open while any is open, else half-open while any is, else
-// closed. ratebudget_breaker_transitions_total counts their transitions by the state
-// entered, every state's series from 0. Each middleware has a breaker of its own;
+// ratebudget_breaker_state is 1 while any breaker of the middlewares given
+// [Collector.BreakerChanged] is open, else 0. ratebudget_breaker_transitions_total
+// counts their transitions by the state entered ("open", "closed"), both series from 0. Each middleware has a breaker of its own;
 // stacked layers on one limiter decide their enforced rules under the innermost
 // layer's.
 //
@@ -111,7 +110,7 @@ import (
 //	prometheus.MustRegister(m)
 //	mw, err := middleware.New(lim, rules,
 //		middleware.WithObserver(m.Observe),
-//		middleware.WithBreakerObserver(m.BreakerChanged))
+//		middleware.WithBreaker(middleware.Breaker{OnChange: m.BreakerChanged}))
 //
 // It is safe for concurrent use. Make one with [New]: the zero Collector has no metrics
 // and must not be used.
@@ -125,12 +124,11 @@ type Collector struct {
 	settles     prometheus.Counter
 
 	counters sync.Map // counterKey -> prometheus.Counter
-	// mu guards the number of breakers open and half-open, which the state gauge
-	// reports the worst of.
-	mu             sync.Mutex
-	opened, probed int
-	ok             prometheus.Observer
-	failed         prometheus.Observer
+	// mu guards the number of breakers open, which the state gauge reports.
+	mu     sync.Mutex
+	opened int
+	ok     prometheus.Observer
+	failed prometheus.Observer
 }
 
 type counterKey struct {
@@ -156,7 +154,7 @@ func New() *Collector {
 		}, []string{"class", "uncertain"}),
 		breaker: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ratebudget_breaker_state",
-			Help: "Circuit breaker state of the budget store: 0 closed, 1 open, 2 half-open.",
+			Help: "Circuit breaker state of the budget store: 1 while any breaker is open, else 0.",
 		}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ratebudget_breaker_transitions_total",
@@ -175,8 +173,8 @@ func New() *Collector {
 	c.failed = c.latency.WithLabelValues("error")
 	// Every state's series from the start, at 0: one that appeared at 1 on a breaker's
 	// first opening would show no increase.
-	for _, s := range []middleware.BreakerState{middleware.BreakerClosed, middleware.BreakerOpen, middleware.BreakerHalfOpen} {
-		c.transitions.WithLabelValues(s.String())
+	for _, s := range []string{"closed", "open"} {
+		c.transitions.WithLabelValues(s)
 	}
 	return c
 }
@@ -224,31 +222,22 @@ func (c *Collector) Observe(e middleware.Event) {
 	}
 }
 
-// BreakerChanged records a breaker transition; pass it to
-// middleware.WithBreakerObserver of every middleware counted (a breaker starts closed).
-func (c *Collector) BreakerChanged(from, to middleware.BreakerState) {
+// BreakerChanged records that a breaker opened (true) or closed (false); give it to
+// every middleware counted as middleware.Breaker's OnChange (a breaker starts closed).
+func (c *Collector) BreakerChanged(open bool) {
+	to, delta := "closed", -1
+	if open {
+		to, delta = "open", 1
+	}
 	c.mu.Lock()
-	for _, s := range [2]struct {
-		state middleware.BreakerState
-		delta int
-	}{{from, -1}, {to, 1}} {
-		switch s.state {
-		case middleware.BreakerOpen:
-			c.opened = max(c.opened+s.delta, 0)
-		case middleware.BreakerHalfOpen:
-			c.probed = max(c.probed+s.delta, 0)
-		}
+	c.opened = max(c.opened+delta, 0)
+	state := 0.0
+	if c.opened > 0 {
+		state = 1
 	}
-	worst := middleware.BreakerClosed
-	switch {
-	case c.opened > 0:
-		worst = middleware.BreakerOpen
-	case c.probed > 0:
-		worst = middleware.BreakerHalfOpen
-	}
-	c.breaker.Set(float64(worst))
+	c.breaker.Set(state)
 	c.mu.Unlock()
-	c.transitions.WithLabelValues(to.String()).Inc()
+	c.transitions.WithLabelValues(to).Inc()
 }
 
 // Describe implements prometheus.Collector.

@@ -43,7 +43,7 @@ func TestCountersMatchTraffic(t *testing.T) {
 	mw, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "api", Limit: 3, Window: time.Minute},
 		Identity: keyfuncs.Global(),
-	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{MinCalls: 2, FailureRatio: 0.25, Cooldown: time.Hour}), middleware.WithBreakerObserver(m.BreakerChanged),
+	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{MinCalls: 2, FailureRatio: 0.25, Cooldown: time.Hour, OnChange: m.BreakerChanged}),
 		middleware.WithFailOpen())
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ ratebudget_decisions_total{outcome="denied",rule="api"} 2
 # TYPE ratebudget_store_errors_total counter
 ratebudget_store_errors_total{class="breaker_open",uncertain="false"} 2
 ratebudget_store_errors_total{class="connection",uncertain="true"} 2
-# HELP ratebudget_breaker_state Circuit breaker state of the budget store: 0 closed, 1 open, 2 half-open.
+# HELP ratebudget_breaker_state Circuit breaker state of the budget store: 1 while any breaker is open, else 0.
 # TYPE ratebudget_breaker_state gauge
 ratebudget_breaker_state 1
 `
@@ -236,8 +236,7 @@ func latencySamples(t *testing.T, reg *prometheus.Registry) map[string]uint64 {
 }
 
 // One Collector is passed to every middleware, each with its breaker: the state gauge
-// reports the worst of them (open if any is, else half-open if any is), not whichever
-// changed last.
+// reports 1 while any of them is open, not whichever changed last.
 func TestBreakerStateOfSeveralBreakers(t *testing.T) {
 	m := metrics.New()
 	reg := prometheus.NewPedanticRegistry()
@@ -256,24 +255,21 @@ func TestBreakerStateOfSeveralBreakers(t *testing.T) {
 		t.Fatal("no ratebudget_breaker_state")
 		return 0
 	}
-	closed, open, half := middleware.BreakerClosed, middleware.BreakerOpen, middleware.BreakerHalfOpen
 	steps := []struct {
-		from, to middleware.BreakerState
-		want     float64
+		open bool
+		want float64
 	}{
-		{closed, open, 1}, // A opens
-		{closed, open, 1}, // B opens
-		{open, half, 1},   // A probes: B is still open
-		{half, closed, 1}, // A closes: B is still open
-		{open, half, 2},   // B probes
-		{half, open, 1},   // B's probe fails
-		{open, half, 2},
-		{half, closed, 0}, // every breaker closed
+		{true, 1},  // A opens
+		{true, 1},  // B opens
+		{false, 1}, // A closes: B is still open
+		{true, 1},  // A opens again
+		{false, 1}, // B closes: A is open
+		{false, 0}, // every breaker closed
 	}
 	for i, s := range steps {
-		m.BreakerChanged(s.from, s.to)
+		m.BreakerChanged(s.open)
 		if got := state(); got != s.want {
-			t.Fatalf("step %d (%v to %v): ratebudget_breaker_state %v, want %v", i, s.from, s.to, got, s.want)
+			t.Fatalf("step %d (open %v): ratebudget_breaker_state %v, want %v", i, s.open, got, s.want)
 		}
 	}
 }
@@ -383,13 +379,12 @@ func TestBreakerTransitionsStartAtZero(t *testing.T) {
 # HELP ratebudget_breaker_transitions_total Circuit breaker transitions by new state.
 # TYPE ratebudget_breaker_transitions_total counter
 ratebudget_breaker_transitions_total{to="closed"} 0
-ratebudget_breaker_transitions_total{to="half-open"} 0
 ratebudget_breaker_transitions_total{to="open"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_breaker_transitions_total"); err != nil {
 		t.Fatal(err)
 	}
-	m.BreakerChanged(middleware.BreakerClosed, middleware.BreakerOpen)
+	m.BreakerChanged(true)
 	want = strings.Replace(want, `{to="open"} 0`, `{to="open"} 1`, 1)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ratebudget_breaker_transitions_total"); err != nil {
 		t.Fatal(err)

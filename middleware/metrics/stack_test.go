@@ -63,8 +63,13 @@ func stackedServer(t *testing.T, m *metrics.Collector, s stack) (*httptest.Serve
 			cs = []*metrics.Collector{m}
 		}
 		for _, c := range cs {
-			all = append(all, middleware.WithObserver(c.Observe), middleware.WithBreakerObserver(c.BreakerChanged))
+			all = append(all, middleware.WithObserver(c.Observe))
 		}
+		all = append(all, middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) {
+			for _, c := range cs {
+				c.BreakerChanged(open)
+			}
+		}}))
 		all = append(append(all, s.opts...), s.layerOpts[i]...)
 		mw, err := middleware.New(lim, []middleware.Rule{r}, all...)
 		if err != nil {

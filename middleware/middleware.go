@@ -56,9 +56,12 @@
 //
 // # Failure handling
 //
-// A limiter that does I/O (any but one whose InProcess method reports true, as memory.Limiter's does) gets a deadline per decision
-// ([WithTimeout], default 50ms) and a circuit breaker ([WithBreaker]: opens when half of
-// at least 20 decisions in the last 10s failed, probes again after 100ms). A store error
+// A limiter that does I/O (any whose InProcess method, if it has one, does not report
+// true, as memory.Limiter's does) gets a deadline per decision
+// ([WithTimeout], default 50ms) and a circuit breaker ([WithBreaker]: opens when the
+// store has replied to no call for 100ms, or when half of at least 20 decisions in the
+// last 10s failed; while open it sends the store no decision and probes it with the
+// limiter's Ping, off the request path, when the limiter has one). A store error
 // is never read as an empty budget: the store-error policy decides what is admitted
 // (default fail-closed: 503; [WithFailOpen]: everyone; [WithLocalFallback]: a
 // per-replica share of each budget, in process). Only store errors take the policy and count toward the breaker: a request's fault (a bad

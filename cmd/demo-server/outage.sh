@@ -7,7 +7,8 @@
 #      median before the stall is the floor), how many took 45 ms or more (a wait on the
 #      store), and the first 200 after SIGCONT;
 #   3. wrk -t2 -c16 on /api/hello; Redis shut down at +2s and started again on the same
-#      port 2s later: the first 200 after Redis first answered PING.
+#      port 2s later: the first 200 after Redis first answered PING (redis-cli polled
+#      without pause), as seen by one loadgen client beside wrk, which timestamps answers.
 # Usage: cmd/demo-server/outage.sh [demo binary] [runs of 3.]
 # Needs: redis-server, redis-cli, curl, wrk, Go. Sends traffic to 127.0.0.1 only.
 set -euo pipefail

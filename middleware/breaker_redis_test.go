@@ -161,8 +161,9 @@ func TestBreakerOnARedisOutage(t *testing.T) {
 
 // A starved host with a healthy store: some calls are held back until past their
 // deadline (as by a process not scheduled in time) and others have their reply read
-// late, but replies keep coming; the breaker stays closed and every other call is
-// served by the store.
+// late, but replies keep coming: the breaker stays closed, though the calls held back
+// alone add up to more than Stall. (The failure ratio is set out of reach: a third of
+// the calls fail, more on a loaded machine.)
 func TestBreakerStaysClosedOnAStarvedHost(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -178,18 +179,18 @@ func TestBreakerStaysClosedOnAStarvedHost(t *testing.T) {
 	client.AddHook(starve{n: &n})
 	var opened atomic.Int64
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("api", 1<<40, time.Hour), Identity: global}},
-		middleware.WithTimeout(20*time.Millisecond),
-		middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) {
+		middleware.WithTimeout(50*time.Millisecond),
+		middleware.WithBreaker(middleware.Breaker{Stall: time.Second, FailureRatio: 1, OnChange: func(open bool) {
 			if open {
 				opened.Add(1)
 			}
 		}}))(ok)
 	codes := map[int]int{}
-	for range 150 {
+	for range 90 { // 30 held back, 50ms each: 1.5s without a reply if replies did not count
 		codes[do(h, "GET", "/", nil).Code]++
 	}
-	if opened.Load() != 0 || codes[200] != 100 || codes[503] != 50 {
-		t.Fatalf("breaker opened %d times, answers %v; want 0 and 100 x 200, 50 x 503 (the calls held back)", opened.Load(), codes)
+	if opened.Load() != 0 || codes[503] < 30 || codes[200] == 0 || codes[200]+codes[503] != 90 {
+		t.Fatalf("breaker opened %d times, answers %v; want 0, and at least 30 x 503 (the calls held back) with the others 200", opened.Load(), codes)
 	}
 }
 

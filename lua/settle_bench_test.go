@@ -2,6 +2,9 @@ package lua_test
 
 import (
 	"context"
+	"runtime"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,6 +90,57 @@ func BenchmarkSettle(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(calls.n.Load()-before)/float64(b.N), "calls/op")
+		})
+	}
+}
+
+// BenchmarkSettleParallel measures a Reserve and its Settle with benchCallers concurrent
+// callers on one client, each on a budget of its own: a fixed window given back in full
+// (a 5xx under a contract that counts successes), and a lease taken and released. It
+// reports the server's time per reservation and settle (redis-us/op, INFO commandstats)
+// next to ns/op, which is wall time per pair over all callers.
+func BenchmarkSettleParallel(b *testing.B) {
+	srv := redistest.Start(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, PoolSize: benchCallers, MaxRetries: -1, ContextTimeoutEnabled: true})
+	b.Cleanup(func() { c.Close() })
+	l, err := lua.New(c, lua.WithPrefix("benchsettlepar"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := l.Load(ctx); err != nil {
+		b.Fatal(err)
+	}
+	par := (benchCallers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0)
+	var seq atomic.Int64
+	for _, bc := range []struct {
+		name string
+		rule ratebudget.Rule
+	}{
+		{"reserve+settle", ratebudget.Rule{Name: "f", Limit: 1 << 30, Window: time.Minute}},
+		{"lease+release", ratebudget.Rule{Name: "l", Algorithm: ratebudget.InFlight, Limit: 1 << 20, Window: time.Minute}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			before := commandStats(b, c)
+			b.SetParallelism(par)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				checks := []ratebudget.Check{{Rule: bc.rule, Identity: "caller-" + strconv.FormatInt(seq.Add(1), 10), Cost: 1}}
+				tickets := make([]ratebudget.Ticket, 1)
+				for pb.Next() {
+					if d, err := l.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
+						b.Error(d, err)
+						return
+					}
+					if err := l.Settle(ctx, checks, tickets, []int64{0}); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			after := commandStats(b, c).sub(before)
+			b.ReportMetric((after.usec["evalsha"]+after.usec["eval"])/float64(b.N), "redis-us/op")
 		})
 	}
 }

@@ -74,6 +74,10 @@ type Ticket struct {
 	// or the rolling-window event's time (Unix ms) in At, and the lease's number in ID;
 	// other limiters document theirs. Callers only store and pass them back.
 	At, ID int64
+	// Reservation is the issuing limiter's name for the decision the ticket belongs to,
+	// the same in each of its tickets, or 0. The Redis limiter draws one per reservation,
+	// so that a settle re-sent after a failure applies at most once. [Memory] leaves it 0.
+	Reservation int64
 }
 
 // ErrLeaseLost is reported by [Settler.Renew] when an [InFlight] lease had expired before

@@ -91,8 +91,24 @@
 -- computed go to redis.call as Lua numbers, which Redis formats with %.17g, exact below
 -- 2^53 (Lua's %.14g rounds above 14 digits); a token bucket's value is one format call.
 
+local mode = ARGV[1]
+-- Modes '5' and '6' are '2' and '4' for a reservation that can be voided: its marker
+-- key is the last of KEYS (in the slot of the others), its TTL (ms, canonical decimal)
+-- the last of ARGV. A marker found there (a void's tombstone: the caller was answered
+-- without this reservation) makes the call a no-op, an error reply before any write;
+-- else an admission writes, after its spend, the marker "<ticket>:<sum>" per check,
+-- joined by ',' (the ticket and the sixth value replied), for a void to give it back.
+local marker = (mode == '5' or mode == '6') and KEYS[#KEYS]
 local n = #KEYS
-if n == 0 or #ARGV ~= 1 + 5 * n and #ARGV ~= 1 + 6 * n then
+local extra = 0
+if marker then
+  n, extra = n - 1, 1
+  if mode == '5' then mode = '2' else mode = '4' end
+  if not string.find(ARGV[#ARGV], '^[1-9]%d*$') then
+    return redis.error_reply('ERR ratebudget: bad marker TTL')
+  end
+end
+if n == 0 or #ARGV ~= 1 + extra + 5 * n and #ARGV ~= 1 + extra + 6 * n then
   return redis.error_reply('ERR ratebudget: bad argument count')
 end
 -- Modes: '0' decide only; '1' decide and spend; '2' as '1', and reply a ticket per check
@@ -106,7 +122,6 @@ end
 -- decision of several slot groups, whose spent groups are given back when a later
 -- group refuses, and then reported as they are again (their remaining is the reply's
 -- plus the cost).
-local mode = ARGV[1]
 local unspent = mode == '4'
 local write, tickets, force = mode ~= '0', mode == '2' or unspent, mode == '3'
 if not (write or mode == '0') or write and not (mode == '1' or tickets or force) then
@@ -114,7 +129,7 @@ if not (write or mode == '0') or write and not (mode == '1' or tickets or force)
 end
 -- ARGV[2+5n .. 1+6n], when present: each check's lease member (16 hex digits) for an
 -- in-flight check (algorithm 3), anything for the others.
-local members = #ARGV == 1 + 6 * n
+local members = #ARGV == 1 + extra + 6 * n
 
 local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
@@ -183,6 +198,9 @@ end
 -- that a server or user without it (Redis before 7.0, an ACL that does not grant it)
 -- fails before any write rather than after the spend.
 if tickets then call('PEXPIRETIME', KEYS[1]) end
+if marker and call('GET', marker) then
+  return redis.error_reply('ERR ratebudget: reservation voided')
+end
 
 local now, nowstr -- server time in ms (and its digits), read on first use
 
@@ -579,6 +597,7 @@ for i = 1, n do
   end
   if not S then
     if tickets then
+      if marker then call('SET', marker, tk .. ':' .. acc, 'PX', ARGV[#ARGV]) end
       if unspent then return {ok, exc, rem, reset, retry, acc, tk, idle} end
       return {ok, exc, rem, reset, retry, acc, tk}
     end
@@ -589,5 +608,10 @@ for i = 1, n do
     if unspent then reply[7 * n + i] = reply[6 * i] end
   end
   reply[6 * i] = acc
+end
+if marker then
+  local m = {}
+  for i = 1, n do m[i] = reply[6 * n + i] .. ':' .. reply[6 * i] end
+  call('SET', marker, table.concat(m, ','), 'PX', ARGV[#ARGV])
 end
 return reply

@@ -23,7 +23,13 @@ func classify(err error) error {
 	var opErr *net.OpError
 	var netErr net.Error
 	var rErr redis.Error
+	var ns notSent
 	switch {
+	case errors.As(err, &ns):
+		se.Class, se.Uncertain = "canceled", false
+		if errors.Is(err, context.DeadlineExceeded) {
+			se.Class = "timeout"
+		}
 	case errors.Is(err, redis.Nil):
 		se.Class = "reply" // the script ran but its reply is unusable
 	case errors.As(err, &opErr) && opErr.Op == "dial":
@@ -54,6 +60,12 @@ func classify(err error) error {
 	}
 	return se
 }
+
+// notSent is the error of a call held back because its context had ended first.
+type notSent struct{ err error }
+
+func (e notSent) Error() string { return e.err.Error() }
+func (e notSent) Unwrap() error { return e.err }
 
 // handshakeFailed reports whether err says that a TLS handshake failed, so that the
 // connection never carried a command: the server's certificate was not accepted, the

@@ -76,6 +76,8 @@ type core struct {
 	// gaveBack, when not nil (a refusal cache), is told of the checks a refund gave
 	// back, after the refund.
 	gaveBack func([]ratebudget.Check)
+	// repair re-sends voids and failed settles.
+	repair repairs
 }
 
 // Option configures a [Limiter] in [New].
@@ -203,6 +205,7 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 		}
 	}
 	c := &core{keys: newKeyer(cfg.prefix, cfg.secret), oneServer: cfg.oneServer, direct: client}
+	c.repair.c = c
 	l := &Limiter{core: c, top: c}
 	noTimeout := &ratebudget.ConfigError{Field: "ContextTimeoutEnabled", Problem: "must be true in the client's options, so that a decision returns by its context's deadline"}
 	switch cl := client.(type) {
@@ -373,6 +376,9 @@ type decision struct {
 	members []string
 	leases  []int64
 	tickets []ratebudget.Ticket
+	// rid, for a reservation (the caller's tickets), is its id: each slot group's call
+	// leaves a marker for it, so that a call whose outcome was lost is voided.
+	rid int64
 }
 
 // Allow is the limiter without its layers (refusal cache, coalescing).
@@ -424,6 +430,7 @@ func (c *core) decide(ctx context.Context, checks []ratebudget.Check, tickets []
 	}
 	if tickets != nil {
 		clear(tickets[:n])
+		d.rid = newReservation()
 	}
 	single := true
 	for i := range checks {
@@ -447,7 +454,7 @@ func (c *core) decide(ctx context.Context, checks []ratebudget.Check, tickets []
 			all = append(all, i)
 		}
 		if _, err := c.allow(ctx, d, all, true); err != nil {
-			c.releaseLost(ctx, d, all, err)
+			c.lost(ctx, d, all, err)
 			return ratebudget.Decision{}, err
 		}
 		copy(outcomes, d.outs)
@@ -502,7 +509,7 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 		}
 		ok, err := c.allow(ctx, d, g, true)
 		if err != nil {
-			c.releaseLost(ctx, d, g, err)
+			c.lost(ctx, d, g, err)
 			if c.refund(ctx, d) != nil {
 				// The earlier groups' spend may stay: the decision's outcome is
 				// uncertain, even when this group's error is not.
@@ -606,6 +613,21 @@ func (c *core) refund(ctx context.Context, d *decision) error {
 // errRefundDetached is refund's report of a refund left to run after the decision.
 var errRefundDetached = errors.New("lua: refund runs after the decision's deadline")
 
+// lost is told that the call deciding the checks g of d failed with err. When err is
+// uncertain the call may have spent although the caller is not admitted: a
+// reservation's call is voided (see repair.go), and an admission's leases released.
+func (c *core) lost(ctx context.Context, d *decision, g []int, err error) {
+	var se *ratebudget.StoreError
+	if !errors.As(err, &se) || !se.Uncertain {
+		return
+	}
+	if d.rid != 0 {
+		c.void(ctx, d, g)
+		return
+	}
+	c.releaseLost(ctx, d, g, err)
+}
+
 // releaseLost releases the in-flight leases of the checks g of d after their script
 // call failed with err, when err is uncertain: the call may have taken the leases
 // although the caller is not admitted, and each would hold a slot until its TTL. A
@@ -661,11 +683,16 @@ func (c *core) settleDetached(ctx context.Context, checks []ratebudget.Check, ti
 func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (bool, error) {
 	keys := make([]string, 0, len(g))
 	args := make([]any, 0, 1+6*len(g))
+	marked := write && d.rid != 0 // a reservation: its marker is the last key
 	switch {
 	case !write:
 		args = append(args, "0")
+	case d.idle != nil && marked:
+		args = append(args, "6") // "4", marked
 	case d.idle != nil:
 		args = append(args, "4") // as "2", with each check's reset before the spend
+	case marked:
+		args = append(args, "5") // "2", marked
 	case d.tickets != nil:
 		args = append(args, "2")
 	default:
@@ -681,6 +708,10 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 		for _, j := range g {
 			args = append(args, d.members[j])
 		}
+	}
+	if marked {
+		keys = append(keys, markerKey(d.keys[g[0]], d.rid))
+		args = append(args, markerTTLArg)
 	}
 	v, err := c.run(ctx, allowScript, allowSource, keys, args)
 	if err != nil {
@@ -747,6 +778,9 @@ func (c *core) run(ctx context.Context, script *redis.Script, src string, keys [
 // send sends one EVALSHA or EVAL: on the caller's goroutine when no other decision is
 // in flight, else through the pipeline.
 func (c *core) send(ctx context.Context, verb, body string, keys []string, args []any) (any, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, notSent{err} // the caller has given up: held back
+	}
 	var p *redis.AutoPipeliner
 	if c.direct == nil {
 		p = c.pipe
@@ -868,6 +902,7 @@ func parseAllow(v any, d *decision, g []int) (bool, error) {
 				return false, badReply(fmt.Sprintf("ticket %d is %T, want an integer", k, vals[6*len(g)+k]))
 			}
 			d.tickets[j] = ticketOf(&d.checks[j], tk, d.aux[j])
+			d.tickets[j].Reservation = d.rid
 			if d.checks[j].Rule.Algorithm == ratebudget.InFlight {
 				d.tickets[j].ID = d.leases[j]
 			}

@@ -138,7 +138,9 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 	type call struct {
 		args   []any
 		gkeys  []string
-		charge bool // only extras: allow.lua's mode '3'
+		checks []ratebudget.Check // the group's checks settled, when marked
+		marked bool               // a reservation's settle: gkeys ends with its marker
+		charge bool               // only extras: allow.lua's mode '3'
 		err    error
 		lost   bool
 		// panicked is set when the call panicked (a client hook's bug) on a goroutine
@@ -153,6 +155,8 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 			continue
 		}
 		var gkeys []string
+		var gchecks []ratebudget.Check
+		var rid int64 // the reservation's id, if it has one
 		args := []any{mode}
 		extras := []any{"3"} // allow.lua's arguments, while every check is charged above
 		for i := first; i < n; i++ {
@@ -184,6 +188,10 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 			if r.Algorithm == ratebudget.RollingWindow {
 				aux = t.ID
 			}
+			if rid == 0 {
+				rid = t.Reservation
+			}
+			gchecks = append(gchecks, *ch)
 			gkeys = append(gkeys, keys[i])
 			args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), give, extra, aux, t.At, member)
 			if extras != nil && extra > 0 {
@@ -193,6 +201,18 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 			}
 		}
 		if len(gkeys) == 0 {
+			continue
+		}
+		if rid != 0 && !renewing {
+			// A reservation's settle deletes its marker, and is re-sent after a failure:
+			// through settle.lua, whose marker makes it apply at most once.
+			args[0] = "first"
+			calls = append(calls, &call{
+				gkeys:  append(gkeys, markerKey(keys[first], rid)),
+				args:   append(args, markerTTLArg),
+				checks: gchecks,
+				marked: true,
+			})
 			continue
 		}
 		if extras != nil {
@@ -219,7 +239,7 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 			if se, ok := k.err.(*ratebudget.StoreError); ok && partlyWritten(err) {
 				se.Uncertain = true // Redis keeps the writes before the failure
 			}
-		} else if vals, ok := v.([]any); !ok || len(vals) != len(k.gkeys) {
+		} else if vals, ok := v.([]any); !ok || len(vals) != len(k.gkeys) && !(k.marked && len(vals) == len(k.gkeys)-1) {
 			k.err = badReply(fmt.Sprintf("settle: %v", v))
 		} else if renewing {
 			for _, x := range vals {
@@ -252,6 +272,16 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 	}
 	if !renewing {
 		clear(tickets[:n])
+	}
+	for _, k := range calls {
+		if k.marked && k.err != nil {
+			args := append([]any{"retry"}, k.args[1:]...)
+			var done func()
+			if c.gaveBack != nil {
+				done = func() { c.gaveBack(k.checks) }
+			}
+			c.repair.add(ctx, k.gkeys, args, done)
+		}
 	}
 	var firstErr error
 	lost := false

@@ -51,12 +51,33 @@ local MAXLIMIT = 1099511627776      -- 2^40
 local MAXSCALED = 9007199254740992  -- 2^53
 local MAXWINDOW = 31622400000       -- 366 days in ms
 
+-- A reservation that can be voided (allow.lua's modes '5' and '6') is settled with its
+-- marker: the last of KEYS, its TTL (ms) the last of ARGV, and ARGV[1] one of
+--   'first'  a settle as 'settle', unless a re-sent one ('retry') has landed (the marker
+--            is the tombstone 'x'); it deletes the marker;
+--   'retry'  a settle re-sent after a failure: applied only while the marker is the
+--            reservation's own (neither the first settle nor another retry has landed,
+--            which delete it or leave the tombstone), then left as the tombstone;
+--   'void'   a reservation whose caller was answered without it: with the reservation's
+--            marker, its spend is given back (each check's ticket and sum read from the
+--            marker; the costs, the lease members and the rules are the call's) and the
+--            tombstone left; without one, the tombstone is left, so that the reservation,
+--            should it still arrive, spends nothing (see allow.lua).
+-- A settle not applied replies 0 for every check. So each applies at most once: the
+-- marker is the reservation's own until the first of them lands.
 local n = #KEYS
-if n == 0 or #ARGV ~= 1 + 9 * n then
+local marker = false
+local mode = ARGV[1]
+if mode == 'first' or mode == 'retry' or mode == 'void' then
+  marker, n = KEYS[n], n - 1
+  if n < 1 or #ARGV ~= 2 + 9 * n or not string.find(ARGV[#ARGV], '^[1-9]%d*$') then
+    return redis.error_reply('ERR ratebudget: bad argument count')
+  end
+elseif n == 0 or #ARGV ~= 1 + 9 * n then
   return redis.error_reply('ERR ratebudget: bad argument count')
 end
-local renewing = ARGV[1] == 'renew'
-if not renewing and ARGV[1] ~= 'settle' then
+local renewing = mode == 'renew'
+if not (renewing or marker) and mode ~= 'settle' then
   return redis.error_reply('ERR ratebudget: bad mode')
 end
 -- wrote: a write of this call was made (by write, or by allow's charge). call is
@@ -151,6 +172,34 @@ for i = 1, n do
     return redis.error_reply('ERR ratebudget: bad lease for check ' .. i)
   end
   args[i] = a
+end
+
+if marker then
+  local none = {}
+  for i = 1, n do none[i] = 0 end
+  local m
+  if mode == 'first' then
+    m = redis.call('GETDEL', marker)
+    if m == 'x' then
+      redis.call('SET', marker, 'x', 'PX', ARGV[#ARGV]) -- a retry landed first: keep its tombstone
+      return none
+    end
+  else
+    m = redis.call('GET', marker)
+    if m == 'x' or not m and mode == 'retry' then return none end
+    redis.call('SET', marker, 'x', 'PX', ARGV[#ARGV])
+    if not m then return none end -- a void before its reservation: the tombstone
+    if mode == 'void' then
+      -- Each check's ticket and sum, as allow.lua wrote them.
+      local i = 0
+      for at, aux in string.gmatch(m, '(%d+):(%d+)') do
+        i = i + 1
+        if i > n then return none end
+        args[i].at, args[i].aux = int(at, 0, MAXSCALED), int(aux, 0, MAXSCALED)
+      end
+      if i ~= n then return none end
+    end
+  end
 end
 
 local now

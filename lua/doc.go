@@ -131,6 +131,29 @@
 // budgets; other processes' caches may refuse for at most their cached wait. Renew is
 // settle.lua in renew mode.
 //
+// # A reservation lost, a settle failed
+//
+// A script call written before the store stalled still runs when it resumes (it waits in
+// the server's socket, or in the client's pipeline queue), so "not sent" cannot be
+// assumed of a call that failed by its deadline. Each reservation therefore has an id
+// (carried in [ratebudget.Ticket].Reservation), and allow.lua leaves a marker for it in
+// the slot of its budgets, with each check's ticket, for a minute. When a Reserve fails
+// with an uncertain error its caller is not admitted, and the limiter voids the
+// reservation: a settle.lua call that gives the marked spend back, or, when the
+// reservation has not run yet, leaves a tombstone that makes it a no-op when it does
+// (an error reply, nothing spent); whichever comes first. A Settle that fails is re-sent
+// with the same id, and applies at most once: the marker is deleted by the first settle
+// to land, and a re-sent settle applies only while it is there. Voids and re-sent
+// settles wait in a queue of at most 16,384 and are sent off the request path, pipelined
+// together while the store answers, one at a time with a growing wait (10 to 200 ms)
+// while it does not; [Limiter.Repairs] counts them. What stays uncertain: a repair that
+// comes more than a minute after its reservation (the marker has expired: nothing is
+// given back, an overcount), a settle that fails more than a minute after its
+// reservation (likewise), a reservation held up in the network for more than a minute
+// after its void (it spends), and the queue full or the process ending before the store
+// answers again (the spend stays). A decision is not sent once its context has ended;
+// one already handed to the pipeline cannot be taken back.
+//
 // A refusal writes nothing. A check whose cost exceeds its rule's capacity is refused
 // with Decision.Exceeded. Arguments are validated in Go before anything is sent, and
 // again in the script before its first write, since Redis cannot roll a script back.
@@ -200,8 +223,9 @@
 // (certain for a connection never made: refused, or a TLS handshake that failed).
 // Uncertain is set when the script may have run although its reply was lost, and when a
 // decision of several slot groups failed and the refund of its groups already admitted
-// failed too (their spend may stay). An in-flight lease that an uncertain call may have
-// taken is released in the background, best effort: the caller was not admitted. The
+// failed too (their spend may stay). A reservation that an uncertain call may have made
+// is voided (see above), and an in-flight lease that an uncertain Allow may have taken
+// is released in the background, best effort: the caller was not admitted. The
 // limiter sends a script call again only after TRYAGAIN, which Redis Cluster replies
 // before running anything; never after an error that leaves the spend uncertain.
 package lua

@@ -33,3 +33,6 @@ var TopologyError = topologyError
 
 // SettleSource is settle.lua as it is run: after allow.lua as a function.
 var SettleSource = settleSource
+
+// MarkerTTL is how long a reservation's marker, or a void's tombstone, is kept.
+const MarkerTTL = markerTTL

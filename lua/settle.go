@@ -49,7 +49,10 @@ func ticketOf(c *ratebudget.Check, tk, aux int64) ratebudget.Ticket {
 // [ratebudget.Settler]). It never goes through the refusal cache or coalescing: each
 // reserved decision is its own script call. Checks of several slots are decided as
 // Allow decides them; when a later slot group refuses, the earlier groups' spend is
-// refunded and their tickets are zero.
+// refunded and their tickets are zero. Each reservation has an id, in every ticket's
+// Reservation; when the call fails with an uncertain error (it may have spent) the
+// limiter voids it, off the request path, so that nothing stays spent for a caller who
+// was not admitted (see the package documentation).
 func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
 	// Zero first, so that a call that fails, before anything is sent too, leaves nothing
 	// to settle.
@@ -78,11 +81,13 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 // *[ratebudget.StoreError]: when certain, that group's reservation stays in place (an
 // overcount), its extras uncharged and its leases left to expire; when uncertain
 // (StoreError.Uncertain: the reply was lost, or a command failed after the group's
-// first write, which Redis keeps) the call may also have run, or run in part. The
-// tickets are cleared whatever the outcome: a settle is never retried. A ctx that has
-// already ended sends nothing (a certain error, as Renew's): settle work that ends at
-// shutdown with a context that outlives the caller's (context.WithoutCancel, with a
-// timeout of its own), as package middleware does.
+// first write, which Redis keeps) the call may also have run, or run in part. Either
+// way a group of a reservation (tickets with a Reservation) is then re-sent off the
+// request path until it lands, and applies at most once (see the package documentation
+// and [Limiter.Repairs]). The tickets are cleared whatever the outcome. A ctx that has
+// already ended sends nothing (a certain error, as Renew's, and not re-sent): settle
+// work that ends at shutdown with a context that outlives the caller's
+// (context.WithoutCancel, with a timeout of its own), as package middleware does.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
 		return err

@@ -80,7 +80,9 @@
 -- the window: the new member is added first, so the set never empties), plus
 -- a read of the oldest event in the window, its ZRANK and a ZREMRANGEBYSCORE of at
 -- most 1,024 aged events once events have left the window,
--- and a binary search over ranks for a refusal's retry time. TIME once per call, only
+-- and a binary search over ranks for a refusal's retry time. A reservation that can be
+-- voided (modes '5', '6') adds a GET of its marker per call, and a SET on admission.
+-- TIME once per call, only
 -- when a rolling window is decided; PEXPIRETIME once per call that replies tickets
 -- (and once more per admitted fixed window). Lua work is kept small next to the
 -- commands: no closure is created, a single check keeps its state in locals and

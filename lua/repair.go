@@ -210,8 +210,9 @@ func (r *repairs) send(job *repairJob) (ok bool) {
 			job.done()
 		}
 		return true
-	case errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR ratebudget:"), isReplyError(err):
-		// The script refused it (its arguments, or a command it may not run): for good.
+	case errors.As(err, &re) && strings.HasPrefix(re.Error(), "ERR ratebudget:"), isReplyError(err),
+		errors.Is(err, redis.ErrClosed):
+		// The script refused it (its arguments), or the client was closed: for good.
 		r.dropped.Add(1)
 		return true
 	}

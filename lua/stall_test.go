@@ -279,10 +279,10 @@ func equalInts(v any, want ...int64) bool {
 // reservations whose callers gave up are voided, and once the repairs have landed the
 // budget is whole, whichever way each call went.
 func TestStallLosesNoBudget(t *testing.T) {
-	l, c, _, srv := stallLimiter(t)
+	_, c, _, srv := stallLimiter(t)
 	// The hook's settled channel is not read here: a limiter on a client without it.
 	c2 := srv.Client(t)
-	l = newLimiter(t, c2, lua.WithRefusalCache(0))
+	l := newLimiter(t, c2, lua.WithRefusalCache(0))
 	ctx := context.Background()
 	if err := l.Load(ctx); err != nil {
 		t.Fatal(err)

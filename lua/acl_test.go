@@ -62,6 +62,21 @@ func TestDocumentedACL(t *testing.T) {
 	wantNoPermissionErrors(t, srv)
 }
 
+// TestDocumentedACLDisableIdentity: the other way the doc gives to the CLIENT SETINFO
+// rule, a client with DisableIdentity, runs every kind of call with the server's rules
+// alone and is refused nothing, on any server.
+func TestDocumentedACLDisableIdentity(t *testing.T) {
+	srv := redistest.Start(t)
+	rules, _, _ := redistest.DocumentedACLCommands(t, "acl", "pw")
+	must(t, srv.Client(t).Do(context.Background(), append([]any{"ACL", "SETUSER", "limiter", "reset"}, rules...)...).Err())
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "limiter", Password: "pw", MaxRetries: -1,
+		ContextTimeoutEnabled: true, DialerRetries: 1, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second,
+		DisableIdentity: true})
+	t.Cleanup(func() { c.Close() })
+	documentedACLCalls(t, c)
+	wantNoPermissionErrors(t, srv)
+}
+
 // documentedACLCalls loads a limiter of prefix acl on c and makes every kind of call.
 func documentedACLCalls(t *testing.T, c *redis.Client) {
 	t.Helper()

@@ -3,6 +3,7 @@ package redistest
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -15,10 +16,23 @@ import (
 
 // DocumentedACL returns the ACL rules that docs/FAILURE.md gives the limiter's Redis
 // user, as ACL SETUSER's arguments after the user name, for keys under prefix (the
-// doc's myapp) and with password (the doc's PASSWORD): rules, from the doc's first
-// "ACL SETUSER limiter" command, and cluster, from its second, the rules a
-// *redis.ClusterClient needs in addition.
+// doc's myapp) and with password (the doc's PASSWORD), for the server [Binary] runs:
+// rules, from the doc's first "ACL SETUSER limiter" command, with the second's
+// (+client|setinfo) where the server has CLIENT SETINFO (Valkey, Redis 7.2 or later),
+// and cluster, from its third, the rules a *redis.ClusterClient needs in addition.
 func DocumentedACL(tb testing.TB, prefix, password string) (rules, cluster []any) {
+	tb.Helper()
+	rules, identity, cluster := DocumentedACLCommands(tb, prefix, password)
+	if HasClientSetinfo(tb) {
+		rules = append(rules, identity...)
+	}
+	return rules, cluster
+}
+
+// DocumentedACLCommands returns the arguments of docs/FAILURE.md's three "ACL SETUSER
+// limiter" commands as they stand (see [DocumentedACL]): a server's rules, the rule for
+// CLIENT SETINFO, and a cluster's additional rules.
+func DocumentedACLCommands(tb testing.TB, prefix, password string) (rules, identity, cluster []any) {
 	tb.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	doc, err := os.ReadFile(filepath.Join(filepath.Dir(file), "..", "..", "docs", "FAILURE.md"))
@@ -49,10 +63,36 @@ func DocumentedACL(tb testing.TB, prefix, password string) (rules, cluster []any
 			}
 		}
 	}
-	if len(commands) != 2 {
-		tb.Fatalf("redistest: docs/FAILURE.md has %d ACL SETUSER limiter commands, want 2 (one server's, a cluster's)", len(commands))
+	if len(commands) != 3 {
+		tb.Fatalf("redistest: docs/FAILURE.md has %d ACL SETUSER limiter commands, want 3 (one server's, CLIENT SETINFO's, a cluster's)", len(commands))
 	}
-	return commands[0], commands[1]
+	return commands[0], commands[1], commands[2]
+}
+
+// HasClientSetinfo reports whether the server [Binary] runs has CLIENT SETINFO, which
+// go-redis sends on every new connection: Valkey, and Redis 7.2 or later. Redis 7.0
+// has not, and refuses an ACL rule that names it.
+func HasClientSetinfo(tb testing.TB) bool {
+	tb.Helper()
+	bin := Binary()
+	if bin == "" {
+		return false
+	}
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		tb.Fatalf("redistest: %s --version: %v", bin, err)
+	}
+	// "Redis server v=7.0.15 sha=..." or "Valkey server v=8.0.1 sha=..."
+	text := string(out)
+	if strings.HasPrefix(text, "Valkey ") {
+		return true
+	}
+	_, v, _ := strings.Cut(text, " v=")
+	major, rest, _ := strings.Cut(v, ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	ma, _ := strconv.Atoi(major)
+	mi, _ := strconv.Atoi(minor)
+	return ma > 7 || ma == 7 && mi >= 2
 }
 
 // ErrorReplies returns how many error replies starting with code (e.g. "NOPERM") the

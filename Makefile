@@ -3,6 +3,18 @@ SHELL       := /bin/bash
 
 GO       ?= go
 PKGS     ?= ./...
+# integration_test is a module of its own (so that the library's go.mod does not require
+# testcontainers-go): ./... does not enter it, and each target runs ITPKGS there
+# (ITPKGS= leaves it out)
+ITPKGS   ?= ./...
+IT       = $(if $(strip $(ITPKGS)),cd integration_test && )
+# test-valkey: the packages whose tests start their own servers, run again on Valkey
+VALKEY_SERVER ?= valkey-server
+VALKEYPKGS ?= ./lua ./middleware ./cmd/demo-server ./internal/redistest
+# and, of the root package and integration_test, the tests that start a server (the
+# container tests of integration_test run on the image built from redis-server only)
+VALKEY_ROOT_RUN ?= Redis$$
+VALKEY_IT_RUN ?= Cluster|Stall|Sentinel|KeysShareSlot
 # packages whose tests pin allocation counts, which the race detector would inflate
 ALLOCPKGS ?= ./memory ./middleware ./lua
 FUZZTIME ?= 20s
@@ -37,7 +49,7 @@ $(REDIS_PREP)
 @command -v curl >/dev/null 2>&1 || echo "make $@: no curl (apt-get install curl): the README's transcripts (cmd/demo-server) will skip"
 endef
 
-.PHONY: test bench demo lint cover fuzz redis-image
+.PHONY: test test-valkey bench demo lint cover fuzz redis-image
 
 ## test: vet, then every test with the race detector, then without it the tests it
 ## cannot run (allocation counts; go-redis's RouteByLatency, which races inside go-redis). Where a Docker engine answers, the local Redis image is built first and the
@@ -46,17 +58,29 @@ test:
 	@if [ "$$($(GO) env CGO_ENABLED)" != 1 ]; then \
 	echo "make test: the race detector needs cgo, which needs a C compiler (apt-get install gcc)" >&2; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(if $(IT),$(IT)$(GO) vet $(ITPKGS))
 	$(TEST_PREP)
 	$(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) $(PKGS)
+	$(if $(IT),$(IT)$(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) $(ITPKGS))
 	$(GO) test -count=1 -run 'Allocs' $(ALLOCPKGS)
 	$(REDIS_ENV) $(GO) test -count=1 -run 'TestClusterReadsFromReplicas/RouteByLatency' ./lua
+
+## test-valkey: the tests that start their own servers (see VALKEYPKGS), with -race, on
+## VALKEY_SERVER instead of redis-server (apt-get install -t bookworm-backports valkey-server)
+test-valkey:
+	@command -v "$(VALKEY_SERVER)" >/dev/null 2>&1 || { echo "make $@: no $(VALKEY_SERVER) (on Debian 12: apt-get install -t bookworm-backports valkey-server)" >&2; exit 1; }
+	@"$(VALKEY_SERVER)" --version
+	REDIS_SERVER="$(VALKEY_SERVER)" $(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) $(VALKEYPKGS)
+	REDIS_SERVER="$(VALKEY_SERVER)" $(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) -run '$(VALKEY_ROOT_RUN)' .
+	$(if $(IT),$(IT)REDIS_SERVER="$(VALKEY_SERVER)" $(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) -run '$(VALKEY_IT_RUN)' $(ITPKGS))
 
 ## bench: the project's benchmarks, as a table (one package at a time: go test runs
 ## packages' test binaries in parallel by default, and benchmarks would share the CPUs)
 ## with -v, so that each benchmark that skips (no redis-server) is listed with its reason
 bench:
 	$(REDIS_PREP)
-	$(REDIS_ENV) $(GO) test -p 1 -v -run '^$$' -bench . -benchmem -count=1 $(PKGS) | $(GO) run ./internal/benchtable
+	{ $(REDIS_ENV) $(GO) test -p 1 -v -run '^$$' -bench . -benchmem -count=1 $(PKGS) && \
+	$(if $(IT),$(IT)$(REDIS_ENV) $(GO) test -p 1 -v -run '^$$' -bench . -benchmem -count=1 $(ITPKGS),:); } | $(GO) run ./internal/benchtable
 
 ## demo: run the demo server on 127.0.0.1:8080 with the in-memory limiter
 demo:
@@ -68,11 +92,15 @@ lint:
 	@files=$$(git ls-files '*.go' 2>/dev/null) || files=$$(find . -name '*.go' -not -path './.git/*'); \
 	out=$$(gofmt -l $$files); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(if $(IT),$(IT)$(GO) vet $(ITPKGS))
 	@for p in $(PLATFORMS); do echo "GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet $(PKGS)"; \
-	GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet $(PKGS) || exit 1; done
+	GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet $(PKGS) || exit 1; \
+	$(if $(IT),( $(IT)GOOS=$${p%/*} GOARCH=$${p#*/} $(GO) vet $(ITPKGS) ) || exit 1;) done
 	$(GO) run $(STATICCHECK) $(PKGS)
+	$(if $(IT),$(IT)$(GO) run $(STATICCHECK) $(ITPKGS))
 
-## cover: test coverage summary (HTML in cover.html)
+## cover: test coverage summary of the library module (HTML in cover.html; integration_test,
+## a module of its own, is not counted)
 cover:
 	$(TEST_PREP)
 	$(REDIS_ENV) $(GO) test -count=1 -coverprofile=cover.out $(PKGS)

@@ -10,7 +10,8 @@ ITPKGS   ?= ./...
 IT       = $(if $(strip $(ITPKGS)),cd integration_test && )
 # test-valkey: the packages whose tests start their own servers, run again on Valkey
 VALKEY_SERVER ?= valkey-server
-VALKEYPKGS ?= ./lua ./middleware ./cmd/demo-server ./internal/redistest
+# (internal/redistest is left out: its replica tests do not yet hold on Valkey)
+VALKEYPKGS ?= ./lua ./middleware ./cmd/demo-server
 # and, of the root package and integration_test, the tests that start a server (the
 # container tests of integration_test run on the image built from redis-server only)
 VALKEY_ROOT_RUN ?= Redis$$

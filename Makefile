@@ -12,9 +12,9 @@ IT       = $(if $(strip $(ITPKGS)),cd integration_test && )
 VALKEY_SERVER ?= valkey-server
 # (internal/redistest is left out: its replica tests do not yet hold on Valkey)
 VALKEYPKGS ?= ./lua ./middleware ./cmd/demo-server
-# and, of the root package and integration_test, the tests that start a server (the
+# and, of the memory package and integration_test, the tests that start a server (the
 # container tests of integration_test run on the image built from redis-server only)
-VALKEY_ROOT_RUN ?= Redis$$
+VALKEY_MEMORY_RUN ?= Redis$$
 VALKEY_IT_RUN ?= Cluster|Stall|Sentinel|KeysShareSlot
 # packages whose tests pin allocation counts, which the race detector would inflate
 ALLOCPKGS ?= ./memory ./middleware ./lua
@@ -72,7 +72,7 @@ test-valkey:
 	@command -v "$(VALKEY_SERVER)" >/dev/null 2>&1 || { echo "make $@: no $(VALKEY_SERVER) (on Debian 12: apt-get install -t bookworm-backports valkey-server)" >&2; exit 1; }
 	@"$(VALKEY_SERVER)" --version
 	REDIS_SERVER="$(VALKEY_SERVER)" $(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) $(VALKEYPKGS)
-	REDIS_SERVER="$(VALKEY_SERVER)" $(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) -run '$(VALKEY_ROOT_RUN)' .
+	REDIS_SERVER="$(VALKEY_SERVER)" $(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) -run '$(VALKEY_MEMORY_RUN)' ./memory
 	$(if $(IT),$(IT)REDIS_SERVER="$(VALKEY_SERVER)" $(REDIS_ENV) $(GO) test -race -count=1 -shuffle=on $(TESTFLAGS) -run '$(VALKEY_IT_RUN)' $(ITPKGS))
 
 ## bench: the project's benchmarks, as a table (one package at a time: go test runs

@@ -17,44 +17,28 @@ const memShards = 64
 const defaultMaxBudgets = 100_000
 
 // Limiter is the in-process [ratebudget.Limiter]: the same time rules as the Redis
-// limiter (package lua), kept in this process's memory. It is exact for one process;
-// several processes each using a Limiter each have their own budget (see the middleware's
-// local fallback for a documented partitioning).
+// limiter (package lua), kept in this process's memory. It is exact for one process.
 //
-// Limiter implements [ratebudget.Settler]: settling is exact, and a decision's checks are
-// settled atomically, as they are decided.
+// Limiter implements [ratebudget.Reporter] and [ratebudget.Settler]: settling is exact,
+// and a decision's checks are settled atomically, as they are decided.
 //
 // The zero Limiter is ready to use with the defaults; [New] applies options. A Limiter
-// must not be copied after first use.
+// must not be copied after first use. It is safe for concurrent use and starts no
+// goroutine: expired state is reclaimed during calls ([WithSweepInterval]), and no call
+// pays for reclaiming a whole shard.
 //
-// Limiter is safe for concurrent use. State is reclaimed once it no longer differs from no
-// state at all (the fixed window closed, the bucket refilled, the rolling window's events
-// aged out, the leases released or expired). No goroutine is started: reclaiming happens
-// during calls, a sweep of each shard at most once per [WithSweepInterval], spread over
-// the calls that reach the shard: a call visits at most 32 of its shard's budgets, so
-// that no call pays for the whole shard.
-//
-// The number of budgets held is capped ([WithMaxBudgets], default 100,000: about 17 MB of heap when identities are as short as IP addresses), so
-// that identities rotating faster than their windows end (a botnet, random IPv6
-// addresses, made-up API keys) cannot grow the process without bound. Budgets are spread
-// over 64 shards by a keyed hash, and each shard holds at most its share of the cap. A
-// new budget that would exceed its shard's share first evicts one, chosen as a
-// second-chance approximation of least recently used: a hand walks the shard's budgets
-// oldest first and drops the first one that has expired or has not been looked up since
-// it was created or the hand last passed it; a budget looked up since (admitted or
-// refused) has its mark cleared and is passed over. So a service-wide budget, or a client
-// that keeps sending, stays tracked while identities seen once go first. The budgets of
-// the request being decided are never evicted.
-//
-// The consequence of an eviction: the evicted identity's next request starts from a fresh
-// budget (an empty window, a full bucket, no lease held), so within that window it may be
-// admitted up to one rule capacity more than the rule allows; an InFlight budget's leases
-// are lost with it (up to Limit more may be held at once until they end, and renewing one
-// reports [ratebudget.ErrLeaseLost]). Budgets still held are exact: nothing is
-// ever admitted beyond the rules for an identity that is tracked. Refusals of identities
-// that hold no budget create none, and so evict nothing. [Limiter.Evictions] counts
-// evictions of budgets that had not expired: a count that keeps growing means the cap is
-// too small for the traffic, or that identities are being rotated.
+// The number of budgets held is capped ([WithMaxBudgets], default 100,000), so that
+// identities rotating faster than their windows end cannot grow the process without
+// bound. At the cap a new budget evicts a budget that has expired or has not been looked
+// up for the longest while (an approximation of least recently used), never one of the
+// request being decided. Budgets still held are exact; an evicted identity's next request
+// starts from a fresh budget, so it may be admitted up to one rule capacity more than
+// its rule allows within that window, and an evicted InFlight budget's leases are lost
+// (renewing one reports [ratebudget.ErrLeaseLost]). A refusal of an identity that holds
+// no budget creates none. [Limiter.Evictions] counts evictions of budgets that had not
+// expired: a count that keeps growing means the cap is too small for the traffic, or that
+// identities are being rotated. The shards, the sweep and the choice of the evicted
+// budget: docs/MEMORY.md.
 type Limiter struct {
 	once   sync.Once    // sets the fields below: in New, or at the first use of a zero Limiter
 	now    func() int64 // Unix milliseconds
@@ -80,11 +64,12 @@ func WithClock(now func() time.Time) Option {
 	}
 }
 
-// WithSweepInterval sets how often each shard drops expired state (default 10s): a sweep
-// of a shard starts at most this often, once the previous one ended. A sweep visits at
-// most 32 budgets per call that reaches the shard, so a shard of n budgets is swept within
-// its next n/32 calls (rounded up). It must be at least one millisecond; it is used in
-// whole milliseconds (a fraction is dropped).
+// WithSweepInterval sets how often each shard of the limiter starts dropping expired
+// state (default 10s). A sweep is spread over the calls that reach the shard, a few
+// budgets per call (docs/MEMORY.md), so a longer interval holds expired budgets longer
+// and a shorter one spends more of each call on sweeping. It must be at least one
+// millisecond, or New returns a *[ratebudget.ConfigError] naming "WithSweepInterval"; it
+// is used in whole milliseconds (a fraction is dropped).
 func WithSweepInterval(d time.Duration) Option {
 	return func(m *Limiter) error {
 		if d < time.Millisecond {
@@ -95,16 +80,14 @@ func WithSweepInterval(d time.Duration) Option {
 	}
 }
 
-// WithMaxBudgets caps the number of budgets the limiter holds at n (default 100,000). A budget costs about 150 to 175 bytes of heap, its map entry and
-// an identity as long as an IP address included, and about 400 bytes at most whatever
-// the identity and scope (longer than 256 bytes together, they are held as a 32-byte
-// digest), so the cap bounds the limiter's memory.
-// The cap is split evenly over 64 shards, so n must be at least 64. A shard holds more
-// than its share only when one request names more of that shard's budgets than the share
-// (which takes a cap below 64 times the checks of a request): it then holds that
-// request's budgets, until its next new budget. Small caps protect less: with a share of
-// one budget per shard, every new budget replaces the one its shard held. See [Limiter]
-// for what happens at the cap.
+// WithMaxBudgets caps the number of budgets the limiter holds at n (default 100,000). A
+// budget is one rule, identity and scope whose state has not expired; a request of three
+// rules holds up to three per identity. The cap bounds the limiter's memory, whatever the
+// length of identities and scopes: about 17 MB at the default cap when identities are as
+// short as IP addresses, and at most about 40 MB (docs/MEMORY.md has the measurements and
+// how to size the cap). n must be at least 64, or New returns a *[ratebudget.ConfigError]
+// naming "WithMaxBudgets"; small caps protect less (see docs/MEMORY.md). What happens at
+// the cap: [Limiter].
 func WithMaxBudgets(n int) Option {
 	return func(m *Limiter) error {
 		if n < memShards {

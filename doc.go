@@ -1,8 +1,15 @@
-// Package ratebudget holds the shared vocabulary of the ratebudget rate limiter: rules,
-// checks, decisions, outcomes, tickets, the [Limiter], [Reporter] and [Settler]
-// interfaces, their errors, and the validation an implementer of a Limiter needs. It
-// holds no limiter: package memory is the in-process one (memory.New) and package lua
-// the shared Redis one (lua.New).
+// Package ratebudget is the vocabulary of the ratebudget rate limiter: rules, checks,
+// decisions, outcomes, tickets, the [Limiter], [Reporter] and [Settler] interfaces and
+// their errors. It holds no limiter. The two limiters are packages of their own, read
+// alike:
+//
+//	lim, err := memory.New()    // package memory: in process, exact for one process
+//	lim, err := lua.New(rdb)    // package lua: on Redis, one budget shared by every replica
+//
+// The HTTP middleware lives in package middleware, the client-identity extractors in
+// keyfuncs and the response headers in headers. A user of those needs this package for
+// [Rule] and the errors; the helpers under "Implementing a Limiter" are for a limiter of
+// another store.
 //
 // A rate limit is a budget of admitted work with four parts, stated before anything is
 // counted:
@@ -20,9 +27,6 @@
 // A limiter that implements [Settler] also lets an admitted decision be settled once the
 // work is done: cancelled (given back in full), or charged at its actual cost, which may
 // be lower than the cost reserved (given back) or higher (the budget goes into debt).
-//
-// The HTTP middleware lives in package middleware, the client-identity extractors in
-// keyfuncs and the response headers in headers.
 //
 // # Time rules
 //
@@ -53,4 +57,25 @@
 // clock passes its timestamp again, and leases keep their expiry (a lease taken or
 // renewed then expires Window from the current reading). Every reported wait
 // (ResetAfter, RetryAfter) is measured from the current clock and includes that lag.
+//
+// # Implementing a Limiter
+//
+// A limiter of another store uses four helpers, so that it accepts, refuses and reports
+// exactly as packages memory and lua do:
+//
+//   - [ValidateChecks] before anything is spent: its *[ConfigError] is the error Allow
+//     returns for invalid checks (no check, an invalid rule, a cost out of range, one
+//     budget named twice). Valid checks are validated without allocating.
+//   - [ValidateSettle] at the start of Settle and Renew, for their arguments.
+//   - [ValidateRules] where rules are given ahead of checks, at construction (package
+//     middleware calls it in New).
+//   - [Combine] folds the per-check outcomes into the [Decision], so that every limiter
+//     reports the same rule for the same outcomes.
+//
+// The contract is in [Limiter] (return by the context's deadline; a store failure is a
+// *[StoreError], never a refusal), [Reporter] and [Settler], which a limiter implements
+// when it can. Package middleware also looks, when present, for a method
+// InProcess() bool (a limiter that reports true decides without I/O: no deadline, no
+// circuit breaker) and Ping(ctx) error (the breaker's probe of the store, off the
+// request path).
 package ratebudget

@@ -50,9 +50,9 @@ type Check struct {
 	Rule Rule
 	// Identity is whose budget this is (a client IP prefix, an account digest, ...). Empty
 	// means the budget is shared by everyone. Its length and bytes are free: the Redis
-	// limiter stores its digest, and [Memory] holds a copy of identity and scope up to 256
-	// bytes together and a 32-byte digest of longer ones (never the caller's strings, which
-	// may be slices of larger ones).
+	// limiter stores its digest, and the in-process one (package memory) a copy of
+	// identity and scope up to 256 bytes together and a 32-byte digest of longer ones
+	// (never the caller's strings, which may be slices of larger ones).
 	Identity string
 	// Scope narrows the budget to part of the service (a route pattern, a group). Empty
 	// means everywhere the rule is used.

@@ -64,23 +64,11 @@ const (
 // uses a rule of that name, for the same identity and scope, spends from one budget.
 //
 // Its Limit, Window and Burst may change under the same Name (a deploy, or two versions
-// side by side during one), and the budget goes on from its state; [Memory] and the
-// Redis limiter treat the change alike:
-//   - FixedWindow: an open window keeps its end, so a shortened Window takes effect at
-//     the next window; a lowered Limit leaves a negative [Outcome.Remaining] until then.
-//   - TokenBucket: the bucket keeps what was spent and not yet refilled (its deficit, in
-//     tokens): a changed Limit or Window refills at the new rate from the level it had
-//     (the time since the bucket was last written refills at the rate of the rule
-//     deciding; a lowered rate until the bucket would have been full under the rule that
-//     last spent from it: it is full then), a raised Burst is there at once less what
-//     was spent, a lowered one holds at most its new capacity, and debt is cut at one
-//     new capacity.
-//   - RollingWindow: admitted events keep their times and are counted over the Window
-//     of the rule deciding, while they are kept: a decision under a shorter Window may
-//     drop those that left it, and the state may expire when the newest event leaves
-//     the Window it was written under.
-//   - InFlight: leases taken keep their expiry, a lease taken or renewed expires a new
-//     Window later, and a lowered Limit refuses until enough leases have ended.
+// side by side during one): the budget goes on from its state, under the rule deciding,
+// and every limiter of this module treats the change alike (an open fixed window keeps
+// its end, a token bucket keeps what was spent, rolling-window events and leases keep
+// their times). What each time rule does then: docs/RULE-CHANGES.md. Its Algorithm is
+// part of the budget: a rule of the same Name under another time rule is another budget.
 type Rule struct {
 	// Name names the budget: 1 to 64 bytes of [A-Za-z0-9_.-]. It appears in store keys,
 	// response bodies, metrics and logs.

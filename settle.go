@@ -16,33 +16,27 @@ import (
 //
 // Settling check i, which reserved c = checks[i].Cost units, at a = costs[i] units:
 //
-//   - a == c changes nothing (apart from releasing an InFlight lease).
-//   - a < c gives c-a units back to the spend the admission made, as long as that spend
-//     still counts: while the fixed window it landed in is open, while its rolling-window
-//     event is in the window (the Redis limiter: while that event is also the budget's
-//     newest; otherwise nothing is given back, an over-count); a token bucket gets its
-//     tokens back, never above its capacity. A spend that no longer counts gives nothing back: a refund never creates
-//     budget in a later window. a == 0 cancels: the budget is as if the check had not
-//     been admitted (a fixed window all of whose admissions were given back is closed,
-//     and the next admission opens a new one).
-//   - a > c spends the a-c extra units at settle time, without refusing them: the budget
-//     goes into debt and the next requests are refused until it has recovered. A fixed
-//     window's count passes its Limit (refused until the window ends; a closed window's
-//     extra opens a new one); a rolling window records the extra as an event at settle
-//     time (refused until enough events, that one included, have left the window); a
-//     token bucket's level goes below zero (refused until the refill has brought it back
-//     to the cost asked). Debt is bounded by one capacity: a fixed or rolling window
-//     counts at most twice its Limit, and a token bucket's level goes no lower than minus
-//     its capacity (nor its deficit above 2^53 scaled units, see [Rule.Validate]).
-//   - For an InFlight rule any a releases the lease: the work is over. The lease's cost
-//     is always 1.
+//   - a == c changes nothing (but releases an InFlight lease).
+//   - a < c gives c-a units back to the spend the admission made, while that spend still
+//     counts (its fixed window is open, its rolling-window event is in the window; a
+//     token bucket, up to its capacity). A refund never creates budget in a later window.
+//     a == 0 cancels: the budget is as if the check had not been admitted.
+//   - a > c spends the a-c extra units at settle time without refusing them: the budget
+//     goes into debt, of at most one capacity, and the next requests are refused until it
+//     has recovered.
+//   - For an InFlight rule any a releases the lease: the work is over.
+//
+// A limiter may give back less than that where it documents why (the Redis limiter gives
+// a rolling-window event back only while it is the budget's newest): an over-count, never
+// an under-count. What each time rule does in each case, and how exact each limiter of
+// this module is: docs/SETTLING.md.
 //
 // Settle clears the tickets it settles, so settling twice changes nothing more; a zero
-// Ticket is never settled. Settling applies to the decision as a whole: each check's
-// adjustment is atomic with the others' where the limiter can make it so (see the
-// implementation). Tickets are the issuing limiter's: pass them back unchanged to the
-// same limiter, and never take them from clients. A decision that is never settled keeps
-// its spend, and its leases expire after their rule's Window.
+// Ticket is never settled. Each check's adjustment is atomic with the others' where the
+// limiter can make it so (see the implementation). Tickets are the issuing limiter's:
+// pass them back unchanged to the same limiter, and never take them from clients. A
+// decision that is never settled keeps its spend, and its leases expire after their
+// rule's Window.
 //
 // Implementations must be safe for concurrent use. Settle and Renew return a
 // *[ConfigError] for invalid arguments, Renew [ErrLeaseLost] for a lease that had
@@ -70,13 +64,14 @@ type Settler interface {
 // event, the lease), so that settling it adjusts exactly that spend (see [Settler]). The
 // zero Ticket records nothing: settling it changes nothing.
 type Ticket struct {
-	// At and ID are the issuing limiter's record. [Memory] keeps the fixed window's end
-	// or the rolling-window event's time (Unix ms) in At, and the lease's number in ID;
-	// other limiters document theirs. Callers only store and pass them back.
+	// At and ID are the issuing limiter's record of the spend (docs/SETTLING.md lists
+	// what each limiter of this module keeps there). Callers only store and pass them
+	// back.
 	At, ID int64
 	// Reservation is the issuing limiter's name for the decision the ticket belongs to,
 	// the same in each of its tickets, or 0. The Redis limiter draws one per reservation,
-	// so that a settle re-sent after a failure applies at most once. [Memory] leaves it 0.
+	// so that a settle re-sent after a failure applies at most once; the in-process one
+	// (package memory) leaves it 0.
 	Reservation int64
 }
 

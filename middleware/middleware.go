@@ -42,7 +42,7 @@
 // layers (a logger, an authentication middleware) may answer on its own, so the layer
 // before it decides first, and the one after it decides again: two decisions.
 //
-// Layers on different limiters (one Memory, one Redis) cannot decide in one call: they
+// Layers on different limiters (one in process, one on Redis) cannot decide in one call: they
 // decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops the
 // walk, so later limiters spend nothing; earlier limiters' spend is given back when they
 // implement ratebudget.Settler (their decisions are then reserved), and stays spent

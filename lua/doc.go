@@ -96,7 +96,7 @@
 // # Time rules
 //
 // Time is the Redis server's clock, in whole milliseconds; the callers' clocks never
-// matter. The rules are exactly those of [memory.Limiter]:
+// matter. The rules are exactly those of the in-process limiter (package memory):
 //   - fixed window: a counter created with SET key cost PX window at the first admission
 //     of an idle budget, then INCRBY. A counter found without a TTL is given one.
 //   - token bucket: the deficit at the time of the write, its time until full and the

@@ -85,9 +85,9 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 // way a group of a reservation (tickets with a Reservation) is then re-sent off the
 // request path until it lands, and applies at most once (see the package documentation
 // and [Limiter.Repairs]). The tickets are cleared whatever the outcome. A ctx that has
-// already ended sends nothing (a certain error, as Renew's, and not re-sent): settle
-// work that ends at shutdown with a context that outlives the caller's
-// (context.WithoutCancel, with a timeout of its own), as package middleware does.
+// already ended sends nothing (a certain error, as Renew's, and not re-sent): give a
+// settle a context that outlives the caller's (context.WithoutCancel, with a timeout of
+// its own), as package middleware does, so that work ending at shutdown is settled.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
 		return err

@@ -2,6 +2,7 @@ package ratebudget
 
 import (
 	"context"
+	"math/bits"
 	"strconv"
 	"time"
 )
@@ -64,8 +65,10 @@ type Check struct {
 
 // Decision is a limiter's answer to one request, reporting one rule: the one that refused
 // (a rule whose capacity the cost exceeds first, as waiting cannot help; else the
-// refusing rule with the longest wait), or when admitted the most restrictive rule
-// (fewest units remaining; on a tie, the longest reset). The zero Decision admits
+// refusing rule with the longest wait), or when admitted the most restrictive rule: the
+// smallest share of its capacity left (Remaining/Capacity, so that a rule counted in
+// tokens or bytes compares like with one counted in requests; on a tie, the longest
+// reset). The zero Decision admits
 // nothing and reports no rule.
 type Decision struct {
 	// Outcome is the reported rule's outcome, so that Allowed is true exactly when every
@@ -142,7 +145,7 @@ func Combine(checks []Check, outcomes []Outcome) Decision {
 		}
 		b := &outcomes[best]
 		if allowed {
-			if o.Remaining < b.Remaining || o.Remaining == b.Remaining && o.ResetAfter > b.ResetAfter {
+			if c := leftCmp(o, &checks[i].Rule, b, &checks[best].Rule); c < 0 || c == 0 && o.ResetAfter > b.ResetAfter {
 				best = i
 			}
 			continue
@@ -165,6 +168,29 @@ func Combine(checks []Check, outcomes []Outcome) Decision {
 		return Decision{}
 	}
 	return decisionOf(&checks[best].Rule, &outcomes[best], best, allowed)
+}
+
+// leftCmp compares the shares of their capacities that outcomes o (of rule or) and b (of
+// rule br) have left, -1 when o's is smaller, 0 when equal, +1 when larger: rules of
+// different units (requests, tokens, bytes) compare like with like. A budget in debt
+// has none left.
+func leftCmp(o *Outcome, or *Rule, b *Outcome, br *Rule) int {
+	// o.Remaining/or.Capacity() against b.Remaining/br.Capacity(), exactly: both sides
+	// are below 2^40, so each product fits in 128 bits.
+	ohi, olo := bits.Mul64(uint64(max(o.Remaining, 0)), uint64(br.Capacity()))
+	bhi, blo := bits.Mul64(uint64(max(b.Remaining, 0)), uint64(or.Capacity()))
+	switch {
+	case ohi != bhi:
+		if ohi < bhi {
+			return -1
+		}
+		return 1
+	case olo < blo:
+		return -1
+	case olo > blo:
+		return 1
+	}
+	return 0
 }
 
 func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {

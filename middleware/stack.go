@@ -730,7 +730,7 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 			}
 			return gd, outcomes, latency, failed, fellBack, open, err
 		}
-		if best < 0 || gd.Remaining < d.Remaining || gd.Remaining == d.Remaining && gd.ResetAfter > d.ResetAfter {
+		if best < 0 || tighter(&gd, &d) {
 			d, best = gd, gd.Index
 		}
 	}
@@ -844,7 +844,7 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 			}
 			return pd, nil
 		}
-		if d.Index < 0 || pd.Remaining < d.Remaining {
+		if d.Index < 0 || tighter(&pd, &d) {
 			d = pd
 		}
 	}

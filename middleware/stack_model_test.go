@@ -858,18 +858,22 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 				undo() // settled once the headers are sent
 			}
 		}
-		// Each limiter reports its most restrictive rule (fewest remaining, then the
-		// longest reset, then the first); of those, the first limiter's most restrictive.
+		// Each limiter reports its most restrictive rule (the smallest share of its
+		// capacity left, then the longest reset, then the first); of those, the first
+		// limiter's most restrictive. The model's limits are small: the products fit.
+		tighter := func(i, j int) bool {
+			a := max(outs[i].remaining, 0) * checks[j].r.rule.Capacity()
+			b := max(outs[j].remaining, 0) * checks[i].r.rule.Capacity()
+			return a < b || a == b && outs[i].reset > outs[j].reset
+		}
 		for _, idx := range groups {
 			gb := -1
 			for _, i := range idx {
-				if gb < 0 || outs[i].remaining < outs[gb].remaining ||
-					outs[i].remaining == outs[gb].remaining && outs[i].reset > outs[gb].reset {
+				if gb < 0 || tighter(i, gb) {
 					gb = i
 				}
 			}
-			if best < 0 || outs[gb].remaining < outs[best].remaining ||
-				outs[gb].remaining == outs[best].remaining && outs[gb].reset > outs[best].reset {
+			if best < 0 || tighter(gb, best) {
 				best = gb
 			}
 		}

@@ -80,8 +80,6 @@ package middleware
 
 import (
 	"context"
-	"errors"
-	"log/slog"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -92,8 +90,6 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
-	"github.com/ratebudget/ratebudget/internal/meta"
-	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -121,102 +117,6 @@ type Rule struct {
 	// rule keeps its budget when it goes from shadow to enforced: the budget is named by
 	// the rule's name, not by its mode.
 	Shadow bool
-}
-
-// Outcome classifies a decision for observers, metrics and logs.
-type Outcome uint8
-
-const (
-	// OutcomeAllowed: admitted by the limiter (or by the local fallback: Event.Fallback).
-	OutcomeAllowed Outcome = iota
-	// OutcomeDenied: refused with 429 (by the limiter or the local fallback).
-	OutcomeDenied
-	// OutcomeExceeded: refused with 413, the cost exceeds a rule's capacity.
-	OutcomeExceeded
-	// OutcomeDegraded: admitted without a decision because the store failed under fail-open
-	// (for stacked layers, a failed limiter's layers under fail-open were not enforced;
-	// Event.Fallback tells whether a local fallback decided another's).
-	OutcomeDegraded
-	// OutcomeUnavailable: refused with 503 because the store failed under fail-closed.
-	OutcomeUnavailable
-	// OutcomeInvalid: identity, scope or cost could not be determined (answered by the
-	// error handler), or the limiter rejected the checks as invalid (a
-	// *ratebudget.ConfigError, answered 500); nothing counted.
-	OutcomeInvalid
-	// OutcomeCanceled: the request's context ended (its client went away, or its deadline
-	// passed) before the decision; nothing written. A store failure that comes once the
-	// request's deadline has passed is such a request's, not a store failure: no policy
-	// applies, and the breaker does not count it.
-	OutcomeCanceled
-	// OutcomeSettleFailed: not a decision, but the store failing to settle an admitted
-	// request's reservation once its handler returned (or to give it back because a
-	// later limiter refused the request), or to renew its in-flight leases while the
-	// handler ran. It comes in an event of its own for the observers of every layer of
-	// the request, as the decision's does, after it (a give-back's, before the
-	// refusal's), with Err the store error (a *ratebudget.StoreError), Latency the failed call's time and
-	// Decision zero. The reservation stays spent as reserved (an overcount, and an
-	// extra above it is not charged), and leases not released or renewed expire after
-	// their rule's Window; after an uncertain error (StoreError.Uncertain) the settle may
-	// also have been applied. A renewal's event is observed on the renewal timer's
-	// goroutine, while the handler runs. A lease found expired when renewed
-	// (ratebudget.ErrLeaseLost) is not a failure of the store and is not reported. Such
-	// failures do not count toward the breaker.
-	OutcomeSettleFailed
-)
-
-var outcomeNames = [...]string{"allowed", "denied", "exceeded", "degraded", "unavailable", "invalid", "canceled", "settle_failed"}
-
-// String returns the outcome's metric label: "allowed", "denied", "exceeded", "degraded",
-// "unavailable", "invalid", "canceled" or "settle_failed"; "Outcome(n)" for a value
-// that is none of the named ones.
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
-	}
-	return "Outcome(" + strconv.Itoa(int(o)) + ")"
-}
-
-// Event describes one decision, or one failed settle of an admitted request
-// ([OutcomeSettleFailed]), for observers ([WithObserver]).
-type Event struct {
-	// Request is the request decided on. Observers must not retain it. When more than
-	// one stacked layer of the request has observers, it is a shallow copy of that
-	// request, the same for every event of the decision and every layer, whose context
-	// also carries what lets package metrics count each event once.
-	Request *http.Request
-	// Outcome classifies the decision (or the failed settle) for metrics and logs.
-	Outcome Outcome
-	// Decision is the limiter's (or the local fallback's) decision; zero when none was
-	// made. For stacked layers it is the decision of every layer's checks, and every
-	// layer's observers see it; Decision.Index counts their checks, outermost first.
-	Decision ratebudget.Decision
-	// Fallback is true when the local fallback decided because the store could not. For
-	// stacked layers on several limiters, it decided a failed limiter's layers, and
-	// another limiter may have refused.
-	Fallback bool
-	// Err is the store error (a *ratebudget.StoreError, for OutcomeDegraded,
-	// OutcomeUnavailable, OutcomeSettleFailed and fallback decisions, for the decision
-	// of stacked layers' other limiters while one failed, and for an admission whose
-	// shadow decision failed (see Shadow); the last one when several failed) or the
-	// key-function error or the limiter's *ratebudget.ConfigError (OutcomeInvalid). Its
-	// text may hold internal details: log it, do not send it.
-	Err error
-	// Latency is the time the limiter took to answer, error or not (zero when it was not
-	// asked, e.g. with the breaker open). For a fallback decision it is the failed store
-	// call's time; the local decision itself takes well under a microsecond. For
-	// stacked layers on several limiters, and for an admission with a shadow decision
-	// (rules in shadow mode), it is the sum of the calls' times.
-	Latency time.Duration
-	// Shadow is the decision of the rules in shadow mode ([Rule.Shadow]), made once the
-	// enforced rules admitted the request: all-or-nothing among a layer's shadow rules,
-	// as if they were enforced (stacked layers decide their shadow rules layer by
-	// layer). Zero when the request has no shadow rule, or the enforced rules did not
-	// admit it. Shadow.Allowed false with Shadow.Rule set is a request the shadow rules
-	// would have refused; it was served all the same. A store
-	// failure of a shadow decision leaves Shadow zero (without the failed layer's
-	// decision when stacked layers have shadow rules) and sets Err when nothing else
-	// did: shadow rules never change a response, and their failures are observed.
-	Shadow ratebudget.Decision
 }
 
 type compiledRule struct {
@@ -376,133 +276,6 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	m.probe = chiroute.NewProbe()
 	m.wrapPC = chiroute.FuncPC(m.wrap)
 	return m, nil
-}
-
-// decide asks the limiter, under the deadline and breaker when it does I/O.
-func (m *mw) decide(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, time.Duration, error) {
-	return m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) { return m.limiter.Allow(ctx, checks) })
-}
-
-// decideWith makes one limiter call, allow, under the deadline and breaker when the
-// limiter does I/O.
-func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebudget.Decision, error)) (ratebudget.Decision, time.Duration, error) {
-	if !m.io {
-		if len(m.cfg.observers) == 0 {
-			// Nobody reads the latency: skip the two clock reads.
-			d, err := allow(ctx)
-			return d, 0, err
-		}
-		start := time.Now()
-		d, err := allow(ctx)
-		return d, time.Since(start), err
-	}
-	var done func(error)
-	if m.breaker != nil {
-		var err error
-		if done, err = m.breaker.allow(); err != nil {
-			return ratebudget.Decision{}, 0, err
-		}
-		defer func() {
-			if done != nil {
-				// allow panicked: a half-open breaker would wait for this probe's result
-				// forever, refusing every other decision. A panic says nothing about the
-				// store.
-				done(errNotCounted)
-			}
-		}()
-	}
-	start := time.Now()
-	dctx, cancel := context.WithTimeout(ctx, m.cfg.timeout)
-	d, err := allow(dctx)
-	cancel()
-	latency := time.Since(start)
-	if err != nil && ended(dctx) && !ended(ctx) && !errors.Is(err, ratebudget.ErrInvalidConfig) {
-		// The decision's own deadline passed: whatever the limiter returned, it is a
-		// store timeout, and the command may have reached the store.
-		var se *ratebudget.StoreError
-		if !errors.As(err, &se) {
-			err = &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: err}
-		}
-	}
-	if done != nil {
-		switch {
-		case err == nil:
-			done(nil)
-		case ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig):
-			// A canceled request or a rejected input says nothing about the store.
-			done(errNotCounted)
-		default:
-			done(err)
-		}
-		done = nil
-	}
-	return d, latency, err
-}
-
-// ended reports whether ctx is done or its deadline has passed. A limiter cut short by
-// the deadline (a client's socket deadline, set from the context's) can return before
-// the context's timer has marked it done: for what the failure says, the context has
-// ended all the same. Asked only of a failed call: it reads the clock.
-func ended(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
-}
-
-// exceeded answers a request whose cost exceeds the capacity of rule i: 413, decided
-// without the limiter (for the layer's cost, rule i is the one of smallest capacity). No
-// budget metadata is sent: the store was not asked, so nothing is known of what remains.
-// st.checks holds the outer layers' checks only; the decision's Index counts them, then
-// this layer's enforced rules before rule i, as the limiter's decisions count checks.
-func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64, i int) {
-	cr := &m.rules[i]
-	index := len(st.checks)
-	for j := range i {
-		if !m.rules[j].shadow {
-			index++
-		}
-	}
-	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
-	observeOuter(st, m, &Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
-	if m.cfg.onRefusal != nil {
-		m.cfg.onRefusal(w, r, d)
-		return
-	}
-	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window}}, 0, cost)
-}
-
-// misconfigured answers 500 for a limiter that rejected the request's checks: a
-// configuration mistake, not the client's and not the store's. Every layer of st sees
-// the event, and the first such answer of m logs the error: the response never says
-// what is wrong, and the mistake (stacked layers with rules of one name) is found only
-// when a request stacks them.
-func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, st *stack, err error) {
-	observeAll(st, &Event{Request: r, Outcome: OutcomeInvalid, Err: err})
-	if m.warnedConfig.CompareAndSwap(false, true) {
-		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: the limiter rejected a request's rate-limit checks as invalid, "+
-			"so the route answers 500; layers stacked on one request decide their rules together and need distinct rule names",
-			slog.String("error", err.Error()), slog.String("path", r.URL.Path))
-	}
-	writeMisconfigured(w, r)
-}
-
-// writeMisconfigured answers 500 for a mistake of the server's configuration, without
-// saying which: the log says it.
-func writeMisconfigured(w http.ResponseWriter, r *http.Request) {
-	problem.Write(w, r, problem.Problem{
-		Type:   problem.Blank,
-		Title:  "Internal Server Error",
-		Status: http.StatusInternalServerError,
-		Detail: "the rate limit of this route is misconfigured",
-	})
-}
-
-func (m *mw) observe(ev *Event) {
-	for _, f := range m.cfg.observers {
-		f(*ev)
-	}
 }
 
 // inProcess is implemented by limiters that decide without I/O (memory.Limiter): they

@@ -41,44 +41,6 @@ type target struct {
 	rules   []*compiledRule
 }
 
-// addTarget records a reserved decision to settle once the handler returns. checks must
-// stay valid until then (the stack's own, or a copy), and so must st.parts, whose layers'
-// observers see a failure to settle it.
-func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule) {
-	if st.settle == nil {
-		st.settle = &settlement{req: st.req, mark: st.mark, parts: st.parts}
-	}
-	se := st.settle
-	se.targets = append(se.targets, target{s: s, m: m, checks: checks, tickets: tickets, rules: rules})
-	for i, cr := range rules {
-		if cr.rule.Algorithm == ratebudget.InFlight && (se.ttl == 0 || checks[i].Rule.Window < se.ttl) {
-			se.ttl = checks[i].Rule.Window
-		}
-		if cr.counts.kind == countRequestBytes {
-			se.body = true
-		}
-	}
-}
-
-// enforcedRules returns the rule of each of st.checks[from:to].
-func (st *stack) enforcedRules(from, to int) []*compiledRule {
-	rules := make([]*compiledRule, 0, to-from)
-	for i := from; i < to; i++ {
-		p := st.partOf(i)
-		rules = append(rules, p.rule(i-p.from, false))
-	}
-	return rules
-}
-
-// shadowRules returns the rule of each shadow check of part p.
-func (p *part) shadowRules() []*compiledRule {
-	rules := make([]*compiledRule, 0, p.to-p.from)
-	for k := 0; k < p.to-p.from; k++ {
-		rules = append(rules, p.rule(k, true))
-	}
-	return rules
-}
-
 // serveSettled runs next and settles every target once it returns, also when it panics
 // (the panic goes on) and when the client has gone away (the settle does not use the
 // request's cancellation). Leases are renewed at half their TTL while next runs.
@@ -280,57 +242,4 @@ func (m *mw) settleContext(ctx context.Context) (context.Context, context.Cancel
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, m.cfg.timeout)
-}
-
-// reserveEach is decideEach through Settler.Reserve: tickets receives each check's
-// ticket.
-func (m *mw) reserveEach(ctx context.Context, checks []ratebudget.Check, out []ratebudget.Outcome, tickets []ratebudget.Ticket) (ratebudget.Decision, []ratebudget.Outcome, time.Duration, error) {
-	d, lat, err := m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) {
-		return m.settler.Reserve(ctx, checks, tickets, out)
-	})
-	if err != nil {
-		return d, nil, lat, err
-	}
-	return d, out, lat, nil
-}
-
-// decideShadow decides the checks of rules in shadow mode, layer by layer, once the
-// enforced rules admitted the request. It returns the first refusal, or the first
-// layer's admission, with the time its limiter calls took; a store failure leaves its
-// layer out of the decision and is returned as err (the last one), unless the request's
-// context ended.
-func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, latency time.Duration, err error) {
-	for i := range st.shadowParts {
-		p := &st.shadowParts[i]
-		checks := st.shadow[p.from:p.to]
-		var d ratebudget.Decision
-		var lat time.Duration
-		var derr error
-		if p.m.settles && p.m.settler != nil {
-			tickets := make([]ratebudget.Ticket, len(checks))
-			d, lat, derr = p.m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) {
-				return p.m.settler.Reserve(ctx, checks, tickets, nil)
-			})
-			if derr == nil && d.Allowed {
-				st.addTarget(p.m, p.m.settler, checks, tickets, p.shadowRules())
-			}
-		} else {
-			d, lat, derr = p.m.decide(ctx, checks)
-		}
-		latency += lat
-		if derr != nil {
-			if !ended(ctx) {
-				var se *ratebudget.StoreError
-				if !errors.As(derr, &se) && !errors.Is(derr, ratebudget.ErrInvalidConfig) {
-					derr = &ratebudget.StoreError{Class: "other", Err: derr}
-				}
-				err = derr
-			}
-			continue
-		}
-		if shadow.Rule == "" || shadow.Allowed && !d.Allowed {
-			shadow = d
-		}
-	}
-	return shadow, latency, err
 }

@@ -1,0 +1,136 @@
+package middleware
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/meta"
+	"github.com/ratebudget/ratebudget/internal/problem"
+	"github.com/ratebudget/ratebudget/keyfuncs"
+)
+
+// InputError is the error given to the error handler ([WithErrorHandler]) and to
+// observers (Event.Err, OutcomeInvalid) for a request whose identity, scope or cost
+// could not be determined. Nothing is counted for such a request, by any layer.
+type InputError struct {
+	// Part is what failed: "identity", "scope" or "cost".
+	Part string
+	// Rule is the rule whose key function failed; empty for the cost.
+	Rule string
+	// Reason is a client-facing explanation ("header X-Api-Key is missing or empty",
+	// "cost must be a positive integer"): from keyfuncs.Reason when it knows the error,
+	// a generic text for the part otherwise.
+	Reason string
+	// Err is the key or cost function's error; nil for a cost below 1.
+	Err error
+}
+
+// Error names the rule, the part and the reason, then the underlying error, which may
+// hold internal details (log it, do not send it).
+func (e *InputError) Error() string {
+	s := "ratebudget: "
+	if e.Rule != "" {
+		s += "rule " + e.Rule + ": "
+	}
+	s += e.Part + ": " + e.Reason
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+// Unwrap returns Err.
+func (e *InputError) Unwrap() error { return e.Err }
+
+// The parts of an [InputError].
+const (
+	partIdentity = "identity"
+	partScope    = "scope"
+	partCost     = "cost"
+)
+
+func inputError(part, rule string, err error, generic string) *InputError {
+	reason, ok := keyfuncs.Reason(err)
+	if !ok {
+		reason = generic
+	}
+	return &InputError{Part: part, Rule: rule, Reason: reason, Err: err}
+}
+
+func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *InputError) {
+	ev := Event{Request: r, Outcome: OutcomeInvalid, Err: err}
+	observeOuter(st, m, &ev)
+	mount, built := errors.Is(err, keyfuncs.ErrNoRoutePattern), errors.Is(err, ratebudget.ErrInvalidConfig)
+	// Not the client's fault: the limiter is mounted where no route is known, or a key
+	// function was built wrong (keyfuncs.Header without a name, Join of nothing). Logged
+	// also when a custom error handler answers: it answers the client, not the operator.
+	switch {
+	case mount && m.warnedMount.CompareAndSwap(false, true):
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a rule's route scope found no route pattern; "+
+			"mount the middleware where the route is known: on a chi router (r.Use, r.With, r.Group) or on the handler given to http.ServeMux.Handle, not around a ServeMux",
+			slog.String("rule", err.Rule), slog.String("path", r.URL.Path))
+	case built && m.warnedKey.CompareAndSwap(false, true):
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a rule's key function was built wrong, so the route answers 500",
+			slog.String("rule", err.Rule), slog.String("part", err.Part), slog.String("error", err.Err.Error()))
+	}
+	if m.cfg.onError != nil {
+		m.cfg.onError(w, r, err)
+		return
+	}
+	if mount || built {
+		writeMisconfigured(w, r)
+		return
+	}
+	headers.WriteInvalid(w, r, err.Part, err.Reason)
+}
+
+// exceeded answers a request whose cost exceeds the capacity of rule i: 413, decided
+// without the limiter (for the layer's cost, rule i is the one of smallest capacity). No
+// budget metadata is sent: the store was not asked, so nothing is known of what remains.
+// st.checks holds the outer layers' checks only; the decision's Index counts them, then
+// this layer's enforced rules before rule i, as the limiter's decisions count checks.
+func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64, i int) {
+	cr := &m.rules[i]
+	index := len(st.checks)
+	for j := range i {
+		if !m.rules[j].shadow {
+			index++
+		}
+	}
+	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
+	observeOuter(st, m, &Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
+	if m.cfg.onRefusal != nil {
+		m.cfg.onRefusal(w, r, d)
+		return
+	}
+	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window}}, 0, cost)
+}
+
+// misconfigured answers 500 for a limiter that rejected the request's checks: a
+// configuration mistake, not the client's and not the store's. Every layer of st sees
+// the event, and the first such answer of m logs the error: the response never says
+// what is wrong, and the mistake (stacked layers with rules of one name) is found only
+// when a request stacks them.
+func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, st *stack, err error) {
+	observeAll(st, &Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+	if m.warnedConfig.CompareAndSwap(false, true) {
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: the limiter rejected a request's rate-limit checks as invalid, "+
+			"so the route answers 500; layers stacked on one request decide their rules together and need distinct rule names",
+			slog.String("error", err.Error()), slog.String("path", r.URL.Path))
+	}
+	writeMisconfigured(w, r)
+}
+
+// writeMisconfigured answers 500 for a mistake of the server's configuration, without
+// saying which: the log says it.
+func writeMisconfigured(w http.ResponseWriter, r *http.Request) {
+	problem.Write(w, r, problem.Problem{
+		Type:   problem.Blank,
+		Title:  "Internal Server Error",
+		Status: http.StatusInternalServerError,
+		Detail: "the rate limit of this route is misconfigured",
+	})
+}

@@ -1,0 +1,283 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/chiroute"
+	"github.com/ratebudget/ratebudget/internal/delivery"
+	"github.com/ratebudget/ratebudget/internal/meta"
+)
+
+// # One decision for stacked layers
+//
+// Every handler that [New]'s middleware returns is a *layer. A request may pass through
+// several layers (an r.Use on a group and an r.With on a route, nested groups, plain
+// wrapping). They make one decision: each layer computes its own checks where it is
+// mounted (so its key functions see what they would see alone), and a layer that knows
+// the next thing to run is another layer hands its checks on in the request's context
+// instead of deciding. The innermost layer decides every layer's checks in one
+// Limiter.Allow call, all-or-nothing, before any non-layer handler runs.
+//
+// A layer knows that another layer comes next when:
+//   - its next handler is a layer (chi.Chain, r.With, r.Group with r.Use, and plain
+//     wrapping all compose middlewares directly around each other), or
+//   - its next handler is a chi router's routing step (the layer is the last r.Use of a
+//     router) and the route the request matches starts with a layer (its first r.With or
+//     the subrouter's first r.Use, which runs also when the subrouter answers 404 or 405),
+//     found by looking ahead in the router, router by router.
+//
+// Any other handler between two layers (a logger, an authentication middleware) may do
+// work or answer on its own, so the outer layer decides before it runs, and the inner
+// layer decides again on its own: two decisions, as without stacking.
+
+// layer is one middleware instance around one next handler.
+type layer struct {
+	m     *mw
+	next  http.Handler
+	inner bool // next is a layer
+}
+
+func (m *mw) wrap(next http.Handler) http.Handler {
+	_, inner := next.(*layer)
+	return &layer{m: m, next: next, inner: inner}
+}
+
+// stack is the decision state that the layers of one request share.
+type stack struct {
+	// decided is set once the checks have been decided, answered once a layer has
+	// answered the request without a decision (400, 413, a canceled request).
+	decided, answered bool
+	parts             []part
+	checks            []ratebudget.Check
+	pbuf              [3]part
+	cbuf              [4]ratebudget.Check
+	infos             [4]meta.Info
+	obuf              [4]ratebudget.Outcome
+	// settles is set when a layer's checks must be settled once the handler returns;
+	// shadow holds the checks of rules in shadow mode, shadowParts their layers.
+	settles     bool
+	shadow      []ratebudget.Check
+	shadowParts []part
+	settle      *settlement   // what the handler's return settles, once admitted
+	req         *http.Request // the request of the decision's events (set by decideStack)
+	// mark numbers the deliveries of the decision's events when more than one layer has
+	// observers (nil otherwise); req is then a copy of the request that carries it.
+	mark *delivery.Mark
+	// unasked marks the checks of limiters that a refusal left unasked (nil when every
+	// limiter was asked): their state is not known.
+	unasked []bool
+}
+
+// part is one layer's share of a stack: its checks are checks[from:to].
+type part struct {
+	m        *mw
+	from, to int
+	cost     int64
+}
+
+type stackKey struct{}
+
+func (st *stack) reset() {
+	clear(st.checks) // no identity or scope outlives its request
+	clear(st.parts)
+	clear(st.shadow)
+	clear(st.shadowParts)
+	st.decided, st.answered, st.settles = false, false, false
+	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
+	st.shadow, st.shadowParts, st.settle, st.req, st.mark, st.unasked = st.shadow[:0], st.shadowParts[:0], nil, nil, nil, nil
+}
+
+// rule returns the rule of the part's k-th check (of its enforced checks, or with shadow
+// true of its shadow checks).
+func (p *part) rule(k int, shadow bool) *compiledRule {
+	switch {
+	case shadow:
+		return &p.m.rules[p.m.shadowed[k]]
+	case p.m.enforced != nil:
+		return &p.m.rules[p.m.enforced[k]]
+	}
+	return &p.m.rules[k]
+}
+
+// ServeHTTP adds the layer's checks to the request's decision and, when it is the
+// innermost layer, decides.
+func (l *layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m := l.m
+	ctx := r.Context()
+	st, _ := ctx.Value(stackKey{}).(*stack)
+	if st != nil && (st.decided || st.answered) {
+		st = nil // reached again after a decision (through another handler): decide alone
+	}
+	if ctx.Err() != nil {
+		ev := Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()}
+		if st != nil {
+			st.answered = true
+			observeOuter(st, m, &ev) // the layers that handed their checks on, too
+			return
+		}
+		m.observe(&ev)
+		return
+	}
+	ahead := !l.inner && m.layerAhead(l.next, r)
+	handOn := l.inner || ahead
+	pooled := false
+	if st == nil {
+		if handOn {
+			st = new(stack)
+			st.reset()
+			r = r.WithContext(context.WithValue(ctx, stackKey{}, st))
+		} else {
+			// Alone, the common case: the stack never leaves this call.
+			st = m.stacks.Get().(*stack)
+			pooled = true
+		}
+	}
+	if pooled {
+		defer func() { st.reset(); m.stacks.Put(st) }()
+	}
+	kr := r // the request the key functions see
+	if _, mux := l.next.(*http.ServeMux); mux && r.Pattern != "" {
+		// Around a ServeMux the route is not known yet: r.Pattern is an enclosing mux's
+		// ("/api/"), which a route scope would take for the route's, one budget for
+		// every route below it. Unknown, as around a top-level ServeMux.
+		kr = r.WithContext(ctx)
+		kr.Pattern = ""
+	}
+	if !m.addChecks(w, kr, st) {
+		return // answered: nothing has been spent by any layer
+	}
+	if handOn {
+		l.next.ServeHTTP(w, r)
+		if ahead && !st.decided && !st.answered {
+			m.undecided(r, st)
+		}
+		return
+	}
+	decideStack(w, r, st, l.next)
+}
+
+// undecided handles a look-ahead that was wrong: the router did not run the layer it was
+// expected to, so the request was served without a decision. Its checks are spent now,
+// so that the budgets still count it, and the mistake is logged once.
+func (m *mw) undecided(r *http.Request, st *stack) {
+	if m.warnedAhead.CompareAndSwap(false, true) {
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: a layer handed its checks to the layer of the route the router was expected to run, "+
+			"but none ran; the request was served before its checks were decided (they are spent now). "+
+			"Mount the layers directly around each other (r.Group with r.Use, r.With, chi.Chain)",
+			slog.String("path", r.URL.Path))
+	}
+	st.decided = true
+	_, _, _ = st.parts[0].m.decide(context.WithoutCancel(r.Context()), st.checks)
+}
+
+// addChecks appends the layer's checks to st. It reports false when the request has been
+// answered: an undeterminable identity, scope or cost (400), or a cost above a rule's
+// capacity (413).
+func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bool) {
+	defer func() {
+		if !ok {
+			st.answered = true
+		}
+	}()
+	cost := int64(1)
+	if m.cfg.cost != nil {
+		c, err := m.cfg.cost(r)
+		switch {
+		case err != nil:
+			m.invalid(w, r, st, inputError(partCost, "", err, "cost could not be determined"))
+			return false
+		case c < 1:
+			m.invalid(w, r, st, &InputError{Part: partCost, Reason: "cost must be a positive integer"})
+			return false
+		}
+		cost = c
+	}
+	if m.layerCost && cost > m.rules[m.minCap].limit {
+		// No store can admit it, and no store need be asked: decided here, so that a
+		// hostile cost never reaches the store, its breaker or the failure policy.
+		m.exceeded(w, r, st, cost, m.minCap)
+		return false
+	}
+	from, sfrom := len(st.checks), len(st.shadow)
+	undo := func() {
+		st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
+	}
+	for i := range m.rules {
+		cr := &m.rules[i]
+		id, err := cr.identity(r)
+		if err == nil && id == "" {
+			err = errEmptyIdentity
+		}
+		if err != nil {
+			undo()
+			m.invalid(w, r, st, inputError(partIdentity, cr.rule.Name, err, "identity could not be determined"))
+			return false
+		}
+		var scope string
+		if cr.scope != nil {
+			scope, err = cr.scope(r)
+			if err == nil && scope == "" {
+				err = errEmptyScope
+			}
+			if err != nil {
+				undo()
+				m.invalid(w, r, st, inputError(partScope, cr.rule.Name, err, "scope could not be determined"))
+				return false
+			}
+		}
+		c := cost
+		if m.settles {
+			if c = cr.reserve(r, cost); c > cr.limit && !cr.shadow {
+				undo()
+				m.exceeded(w, r, st, c, i) // e.g. a Content-Length above a byte budget
+				return false
+			}
+		}
+		if cr.shadow {
+			st.shadow = append(st.shadow, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
+			continue
+		}
+		st.checks = append(st.checks, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
+	}
+	st.parts = append(st.parts, part{m: m, from: from, to: len(st.checks), cost: cost})
+	if len(st.shadow) > sfrom {
+		st.shadowParts = append(st.shadowParts, part{m: m, from: sfrom, to: len(st.shadow), cost: cost})
+	}
+	st.settles = st.settles || m.settles
+	return true
+}
+
+var (
+	errEmptyIdentity = errors.New("ratebudget: the identity function returned an empty key")
+	errEmptyScope    = errors.New("ratebudget: the scope function returned an empty key")
+)
+
+// layerAhead reports whether the next thing to run after this layer is another layer,
+// looking through a chi router's routing step.
+func (m *mw) layerAhead(next http.Handler, r *http.Request) bool {
+	if !m.probe.IsRouting(next) {
+		return false
+	}
+	mux, method, path := m.routes.Level(r)
+	if mux == nil {
+		return false
+	}
+	pattern, levels := chiroute.Find(mux, method, path)
+	if len(levels) == 0 {
+		return false // this router answers 404 or 405: this layer decides
+	}
+	// A subrouter that answers 404 or 405 (pattern "") still runs its r.Use layers.
+	mw, h, ok := m.routes.First(mux, method, pattern, levels)
+	if !ok {
+		return false
+	}
+	if mw != nil {
+		return chiroute.FuncPC(mw) == m.wrapPC
+	}
+	_, isLayer := h.(*layer)
+	return isLayer
+}

@@ -125,12 +125,12 @@ func TestStoppedRedisPolicies(t *testing.T) {
 				classes[fmt.Sprintf("%s/uncertain=%t", se.Class, se.Uncertain)]++
 				switch a.policy {
 				case "closed":
-					if e.Outcome != middleware.OutcomeUnavailable {
-						t.Errorf("event %d: %v, want unavailable", i, e.Outcome)
+					if e.Result != middleware.Unavailable {
+						t.Errorf("event %d: %v, want unavailable", i, e.Result)
 					}
 				case "open":
-					if e.Outcome != middleware.OutcomeDegraded {
-						t.Errorf("event %d: %v, want degraded", i, e.Outcome)
+					if e.Result != middleware.Degraded {
+						t.Errorf("event %d: %v, want degraded", i, e.Result)
 					}
 				case "local":
 					if !e.Fallback {
@@ -251,7 +251,7 @@ func TestPausedRedisBreaker(t *testing.T) {
 	for _, a := range arms {
 		var allowed, timeouts int
 		for _, e := range a.h.since(0) {
-			if e.Outcome == middleware.OutcomeAllowed {
+			if e.Result == middleware.Allowed {
 				allowed++
 			} else if se := storeErr(t, e); se.Class == "timeout" {
 				timeouts++
@@ -511,8 +511,8 @@ func TestCanceledMidDecision(t *testing.T) {
 	if rec.Body.Len() != 0 || len(rec.Header()) != 0 { // the handler would have written "ok"
 		t.Errorf("canceled request: body %q headers %v, want nothing written and the handler not called", rec.Body.String(), rec.Header())
 	}
-	if evs := ev.since(ev.len() - 1); evs[0].Outcome != middleware.OutcomeCanceled {
-		t.Errorf("event %v, want canceled", evs[0].Outcome)
+	if evs := ev.since(ev.len() - 1); evs[0].Result != middleware.Canceled {
+		t.Errorf("event %v, want canceled", evs[0].Result)
 	}
 	p.hold.Store(false)
 	// A breaker of one failure would be open now had the cancellation counted.

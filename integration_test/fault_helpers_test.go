@@ -308,7 +308,7 @@ func warm(t *testing.T, h http.Handler, ev *events) {
 		n := ev.len()
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
-		if got := ev.since(n); rec.Code == 200 && len(got) == 1 && got[0].Outcome == middleware.OutcomeAllowed && !got[0].Fallback {
+		if got := ev.since(n); rec.Code == 200 && len(got) == 1 && got[0].Result == middleware.Allowed && !got[0].Fallback {
 			return
 		}
 	}
@@ -319,7 +319,7 @@ func storeErr(t *testing.T, e middleware.Event) *ratebudget.StoreError {
 	t.Helper()
 	var se *ratebudget.StoreError
 	if !errors.As(e.Err, &se) {
-		t.Fatalf("event %v: error %v, want a *ratebudget.StoreError", e.Outcome, e.Err)
+		t.Fatalf("event %v: error %v, want a *ratebudget.StoreError", e.Result, e.Err)
 	}
 	return se
 }

@@ -67,8 +67,8 @@ func TestRequestDeadlineWhileStoreHangsIsCanceled(t *testing.T) {
 				t.Fatalf("%d events for %d requests", len(events), n)
 			}
 			for i, e := range events {
-				if e.Outcome != middleware.OutcomeCanceled || e.Fallback {
-					t.Errorf("request %d: outcome %v (fallback %v, err %v), want canceled", i, e.Outcome, e.Fallback, e.Err)
+				if e.Result != middleware.Canceled || e.Fallback {
+					t.Errorf("request %d: outcome %v (fallback %v, err %v), want canceled", i, e.Result, e.Fallback, e.Err)
 				}
 			}
 			if len(transitions) != 0 {

@@ -95,7 +95,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		ev.Err = err
 		if ended(ctx) {
-			ev.Outcome = OutcomeCanceled
+			ev.Result = Canceled
 			observeAll(st, &ev)
 			if st.settle != nil {
 				st.settle.cancelAll(ctx)
@@ -110,7 +110,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		decided := !single && policy != failClosed
 		switch {
 		case policy == failOpen && !decided, decided && ev.Decision.Allowed && open:
-			ev.Outcome = OutcomeDegraded
+			ev.Result = Degraded
 			ev.Decision = ratebudget.Decision{}
 			observeAll(st, &ev)
 			if st.settle != nil {
@@ -125,7 +125,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			ev.Decision, outcomes = fallback(ctx, st, failed)
 			ev.Fallback = true
 		default:
-			ev.Outcome = OutcomeUnavailable
+			ev.Result = Unavailable
 			observeAll(st, &ev)
 			if st.settle != nil {
 				st.settle.cancelAll(ctx)
@@ -146,7 +146,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	infos, index := st.visible(infos, d.Index)
 	switch {
 	case d.Allowed:
-		ev.Outcome = OutcomeAllowed
+		ev.Result = Allowed
 		if len(st.shadow) > 0 {
 			var lat time.Duration
 			var serr error
@@ -167,9 +167,9 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		next.ServeHTTP(w, r)
 	case rep.m.cfg.onRefusal != nil:
-		ev.Outcome = OutcomeDenied
+		ev.Result = Denied
 		if d.Exceeded {
-			ev.Outcome = OutcomeExceeded
+			ev.Result = Exceeded
 		}
 		observeAll(st, &ev)
 		meta.Write(w.Header(), rep.m.cfg.style, infos, index)
@@ -179,11 +179,11 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 		}
 		rep.m.cfg.onRefusal(w, r, rd)
 	case d.Exceeded:
-		ev.Outcome = OutcomeExceeded
+		ev.Result = Exceeded
 		observeAll(st, &ev)
 		meta.WriteCostExceeded(w, r, rep.m.cfg.style, infos, index, rep.cost)
 	default:
-		ev.Outcome = OutcomeDenied
+		ev.Result = Denied
 		observeAll(st, &ev)
 		meta.WriteTooManyRequests(w, r, rep.m.cfg.style, infos, index)
 	}

@@ -15,17 +15,17 @@ func TestEnumStrings(t *testing.T) {
 		v    fmt.Stringer
 		want string
 	}{
-		{middleware.OutcomeAllowed, "allowed"},
-		{middleware.OutcomeDenied, "denied"},
-		{middleware.OutcomeExceeded, "exceeded"},
-		{middleware.OutcomeDegraded, "degraded"},
-		{middleware.OutcomeUnavailable, "unavailable"},
-		{middleware.OutcomeInvalid, "invalid"},
-		{middleware.OutcomeCanceled, "canceled"},
-		{middleware.OutcomeSettleFailed, "settle_failed"},
-		{middleware.Outcome(8), "Outcome(8)"},
-		{middleware.Outcome(42), "Outcome(42)"},
-		{middleware.Outcome(255), "Outcome(255)"},
+		{middleware.Allowed, "allowed"},
+		{middleware.Denied, "denied"},
+		{middleware.Exceeded, "exceeded"},
+		{middleware.Degraded, "degraded"},
+		{middleware.Unavailable, "unavailable"},
+		{middleware.Invalid, "invalid"},
+		{middleware.Canceled, "canceled"},
+		{middleware.SettleFailed, "settle_failed"},
+		{middleware.Result(8), "Result(8)"},
+		{middleware.Result(42), "Result(42)"},
+		{middleware.Result(255), "Result(255)"},
 	}
 	for _, tc := range cases {
 		if got := tc.v.String(); got != tc.want {

@@ -19,18 +19,18 @@ import (
 func TestEventsPerRequestKind(t *testing.T) {
 	t.Parallel()
 	const (
-		allowed     = middleware.OutcomeAllowed
-		denied      = middleware.OutcomeDenied
-		exceeded    = middleware.OutcomeExceeded
-		degraded    = middleware.OutcomeDegraded
-		unavailable = middleware.OutcomeUnavailable
-		invalid     = middleware.OutcomeInvalid
-		canceled    = middleware.OutcomeCanceled
-		settle      = middleware.OutcomeSettleFailed
+		allowed     = middleware.Allowed
+		denied      = middleware.Denied
+		exceeded    = middleware.Exceeded
+		degraded    = middleware.Degraded
+		unavailable = middleware.Unavailable
+		invalid     = middleware.Invalid
+		canceled    = middleware.Canceled
+		settle      = middleware.SettleFailed
 	)
 	type want struct {
 		code         int
-		outer, inner []middleware.Outcome
+		outer, inner []middleware.Result
 		// rule is the rule the outer layer's decision event reports ("" for none).
 		rule string
 	}
@@ -57,7 +57,7 @@ func TestEventsPerRequestKind(t *testing.T) {
 	shadow.Shadow = true
 	settling := r1
 	settling.Counts = middleware.CountSuccesses(nil)
-	all := func(o ...middleware.Outcome) []middleware.Outcome { return o }
+	all := func(o ...middleware.Result) []middleware.Result { return o }
 	for _, k := range []kind{
 		{name: "allowed", store: "ok", outerRule: r5, innerRule: r1, path: "/", hdr: alice,
 			alone:   want{200, all(allowed), nil, "outer"},
@@ -192,7 +192,7 @@ func TestEventsPerRequestKind(t *testing.T) {
 				}
 				for i, ev := range evs {
 					if ev.Request == nil || ev.Request.URL.Path != k.path {
-						t.Errorf("event %d (%v) without the request", i, ev.Outcome)
+						t.Errorf("event %d (%v) without the request", i, ev.Result)
 					}
 				}
 				if shape == "stacked" && k.name == "shadow refusal" {
@@ -236,7 +236,7 @@ func TestSettleFailureSeenByEveryLayer(t *testing.T) {
 			if rec := do(h, "GET", "/", nil); rec.Code != 500 {
 				t.Fatalf("%d, want the handler's 500", rec.Code)
 			}
-			want := []middleware.Outcome{middleware.OutcomeAllowed, middleware.OutcomeSettleFailed}
+			want := []middleware.Result{middleware.Allowed, middleware.SettleFailed}
 			for name, e := range map[string]*events{"outer": &outerEvs, "inner": &innerEvs} {
 				if outs, _ := e.take(); !slices.Equal(outs, want) {
 					t.Errorf("%s layer saw %v, want %v", name, outs, want)

@@ -50,12 +50,12 @@ func TestStoreErrorPolicies(t *testing.T) {
 		name    string
 		opt     middleware.Option
 		codes   []int
-		outcome []middleware.Outcome
+		outcome []middleware.Result
 	}{
-		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, []middleware.Outcome{middleware.OutcomeUnavailable, middleware.OutcomeUnavailable}},
-		{"open", middleware.WithFailOpen(), []int{200, 200, 200}, []middleware.Outcome{middleware.OutcomeDegraded, middleware.OutcomeDegraded, middleware.OutcomeDegraded}},
+		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, []middleware.Result{middleware.Unavailable, middleware.Unavailable}},
+		{"open", middleware.WithFailOpen(), []int{200, 200, 200}, []middleware.Result{middleware.Degraded, middleware.Degraded, middleware.Degraded}},
 		// 10 / 2 replicas = 5 per process.
-		{"local", middleware.WithLocalFallback(2), []int{200, 200, 200, 200, 200, 429, 429}, []middleware.Outcome{0, 0, 0, 0, 0, middleware.OutcomeDenied, middleware.OutcomeDenied}},
+		{"local", middleware.WithLocalFallback(2), []int{200, 200, 200, 200, 200, 429, 429}, []middleware.Result{0, 0, 0, 0, 0, middleware.Denied, middleware.Denied}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -79,8 +79,8 @@ func TestStoreErrorPolicies(t *testing.T) {
 						t.Errorf("body leaks the store error: %q", got)
 					}
 				}
-				if e := events[i]; e.Outcome != tc.outcome[i] || e.Err == nil || !errors.Is(e.Err, ratebudget.ErrStoreUnavailable) {
-					t.Errorf("event %d: outcome %v err %v, want %v with the store error", i, e.Outcome, e.Err, tc.outcome[i])
+				if e := events[i]; e.Result != tc.outcome[i] || e.Err == nil || !errors.Is(e.Err, ratebudget.ErrStoreUnavailable) {
+					t.Errorf("event %d: outcome %v err %v, want %v with the store error", i, e.Result, e.Err, tc.outcome[i])
 				}
 				if tc.name == "local" && !events[i].Fallback {
 					t.Errorf("event %d not marked as a fallback decision", i)
@@ -462,8 +462,8 @@ func TestHugeCostIsNeverAStoreFailure(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				for i, e := range events[:60] {
-					if e.Outcome != middleware.OutcomeExceeded || !e.Decision.Exceeded || e.Decision.Limit != 10 || e.Err != nil {
-						t.Fatalf("event %d: %+v, want OutcomeExceeded with the rule's capacity and no error", i, e)
+					if e.Result != middleware.Exceeded || !e.Decision.Exceeded || e.Decision.Limit != 10 || e.Err != nil {
+						t.Fatalf("event %d: %+v, want Exceeded with the rule's capacity and no error", i, e)
 					}
 				}
 			})
@@ -491,8 +491,8 @@ func TestLimiterConfigErrorIs500(t *testing.T) {
 		if rec.Code != 500 || strings.Contains(rec.Body.String(), "rejected") {
 			t.Fatalf("%d %q, want 500 without the error's text", rec.Code, rec.Body.String())
 		}
-		if got.Outcome != middleware.OutcomeInvalid || !errors.Is(got.Err, ratebudget.ErrInvalidConfig) || got.Fallback {
-			t.Fatalf("event %+v, want OutcomeInvalid with the configuration error", got)
+		if got.Result != middleware.Invalid || !errors.Is(got.Err, ratebudget.ErrInvalidConfig) || got.Fallback {
+			t.Fatalf("event %+v, want Invalid with the configuration error", got)
 		}
 	}
 }
@@ -512,7 +512,7 @@ func TestLocalFallbackRefusesACostAboveItsBudgetWith429(t *testing.T) {
 	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") == "" {
 		t.Fatalf("%d %v, want 429 with Retry-After: the local budget is 10/4 = 2", rec.Code, rec.Header())
 	}
-	if outcomes, all := evs.take(); len(outcomes) != 1 || outcomes[0] != middleware.OutcomeDenied || !all[0].Fallback || all[0].Decision.Exceeded {
+	if outcomes, all := evs.take(); len(outcomes) != 1 || outcomes[0] != middleware.Denied || !all[0].Fallback || all[0].Decision.Exceeded {
 		t.Errorf("events %+v, want one fallback denial", all)
 	}
 }

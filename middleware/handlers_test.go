@@ -334,7 +334,7 @@ func TestExceededIndexCountsEveryLayer(t *testing.T) {
 	id := keyfuncs.Header("X-Client")
 	var observed []int
 	observe := middleware.WithObserver(func(e middleware.Event) {
-		if e.Outcome == middleware.OutcomeExceeded {
+		if e.Result == middleware.Exceeded {
 			observed = append(observed, e.Decision.Index)
 		}
 	})

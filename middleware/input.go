@@ -13,7 +13,7 @@ import (
 )
 
 // InputError is the error given to the error handler ([WithErrorHandler]) and to
-// observers (Event.Err, OutcomeInvalid) for a request whose identity, scope or cost
+// observers (Event.Err, Invalid) for a request whose identity, scope or cost
 // could not be determined. Nothing is counted for such a request, by any layer.
 type InputError struct {
 	// Part is what failed: "identity", "scope" or "cost".
@@ -61,7 +61,7 @@ func inputError(part, rule string, err error, generic string) *InputError {
 }
 
 func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *InputError) {
-	ev := Event{Request: r, Outcome: OutcomeInvalid, Err: err}
+	ev := Event{Request: r, Result: Invalid, Err: err}
 	observeOuter(st, m, &ev)
 	mount, built := errors.Is(err, keyfuncs.ErrNoRoutePattern), errors.Is(err, ratebudget.ErrInvalidConfig)
 	// Not the client's fault: the limiter is mounted where no route is known, or a key
@@ -101,7 +101,7 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 		}
 	}
 	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
-	observeOuter(st, m, &Event{Request: r, Outcome: OutcomeExceeded, Decision: d})
+	observeOuter(st, m, &Event{Request: r, Result: Exceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
 		m.cfg.onRefusal(w, r, d)
 		return
@@ -115,7 +115,7 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 // what is wrong, and the mistake (stacked layers with rules of one name) is found only
 // when a request stacks them.
 func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, st *stack, err error) {
-	observeAll(st, &Event{Request: r, Outcome: OutcomeInvalid, Err: err})
+	observeAll(st, &Event{Request: r, Result: Invalid, Err: err})
 	if m.warnedConfig.CompareAndSwap(false, true) {
 		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: the limiter rejected a request's rate-limit checks as invalid, "+
 			"so the route answers 500; layers stacked on one request decide their rules together and need distinct rule names",

@@ -113,7 +113,7 @@ func (l *layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		st = nil // reached again after a decision (through another handler): decide alone
 	}
 	if ctx.Err() != nil {
-		ev := Event{Request: r, Outcome: OutcomeCanceled, Err: ctx.Err()}
+		ev := Event{Request: r, Result: Canceled, Err: ctx.Err()}
 		if st != nil {
 			st.answered = true
 			observeOuter(st, m, &ev) // the layers that handed their checks on, too

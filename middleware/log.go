@@ -10,7 +10,7 @@ import (
 )
 
 // LogStoreErrors returns an observer ([WithObserver]) that logs budget-store failures at
-// level Warn, failed settles and lease renewals ([OutcomeSettleFailed]) included, at most
+// level Warn, failed settles and lease renewals ([SettleFailed]) included, at most
 // once per every: a failing store would otherwise write a line per request. Each line
 // carries the outcome the policy produced, the error (for operators, never for clients)
 // and how many failures were suppressed since the previous line. A non-positive every
@@ -26,7 +26,7 @@ func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
 	var last time.Time
 	var suppressed int
 	return func(e Event) {
-		if e.Err == nil || e.Outcome == OutcomeInvalid || e.Outcome == OutcomeCanceled {
+		if e.Err == nil || e.Result == Invalid || e.Result == Canceled {
 			return
 		}
 		if !delivery.First(e.Request, &mu) {
@@ -43,7 +43,7 @@ func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
 		suppressed, last = 0, now
 		mu.Unlock()
 		log.LogAttrs(context.Background(), slog.LevelWarn, "rate-limit store failure",
-			slog.String("outcome", e.Outcome.String()),
+			slog.String("outcome", e.Result.String()),
 			slog.Bool("fallback", e.Fallback),
 			slog.String("err", e.Err.Error()),
 			slog.Int("suppressed", n))

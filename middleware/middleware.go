@@ -18,11 +18,11 @@
 //	the limiter rejects the checks as invalid 500     Cache-Control: no-store, one log line (a *ratebudget.ConfigError:
 //	  (stacked layers with rules of one name)         never a store failure)
 //	store unavailable (default: fail-closed)  503     Retry-After, Cache-Control: no-store
-//	store unavailable, WithFailOpen           handler's  none (the event is OutcomeDegraded)
+//	store unavailable, WithFailOpen           handler's  none (the event is Degraded)
 //	store unavailable, WithLocalFallback      handler's or 429 from the per-replica budget
 //	request context already canceled          nothing is written, nothing is spent
 //	request canceled while the store decides  nothing is written; the store may have spent (uncertain)
-//	  (its client gone, or its own deadline   (OutcomeCanceled): no policy applies, the breaker does not count it
+//	  (its client gone, or its own deadline   (Canceled): no policy applies, the breaker does not count it
 //	  passed)
 //
 // 5xx answers from the handler itself are passed through untouched.
@@ -51,7 +51,7 @@
 // layer whose rules are all in shadow mode has no say); under fail-open and local fallback
 // the other limiters still decide their layers' rules, and a refusal gives back the
 // local fallback's spend too. An admission with a limiter failed under fail-open is
-// OutcomeDegraded, without metadata, even when a local fallback decided another failed
+// Degraded, without metadata, even when a local fallback decided another failed
 // limiter's layers (Event.Fallback is then set too).
 //
 // # Failure handling

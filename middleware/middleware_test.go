@@ -251,7 +251,7 @@ func TestKeyErrorIsNotASharedBucket(t *testing.T) {
 	if rec := do(h, "GET", "/", map[string]string{"X-Client": "a"}); rec.Code != 200 {
 		t.Fatalf("identified: %d", rec.Code)
 	}
-	if len(events) != 4 || events[0].Outcome != middleware.OutcomeInvalid || events[3].Outcome != middleware.OutcomeAllowed {
+	if len(events) != 4 || events[0].Result != middleware.Invalid || events[3].Result != middleware.Allowed {
 		t.Fatalf("events %+v", events)
 	}
 }

@@ -9,32 +9,35 @@ import (
 	"github.com/ratebudget/ratebudget/internal/delivery"
 )
 
-// Outcome classifies a decision for observers, metrics and logs.
-type Outcome uint8
+// Result is the class of an [Event]: what became of the request (admitted, refused and
+// how, not decided), or a failed settle. Observers, metrics and logs key on it; its
+// String is the metric label. Not to be confused with [ratebudget.Outcome], one check's
+// result within Event.Decision.
+type Result uint8
 
 const (
-	// OutcomeAllowed: admitted by the limiter (or by the local fallback: Event.Fallback).
-	OutcomeAllowed Outcome = iota
-	// OutcomeDenied: refused with 429 (by the limiter or the local fallback).
-	OutcomeDenied
-	// OutcomeExceeded: refused with 413, the cost exceeds a rule's capacity.
-	OutcomeExceeded
-	// OutcomeDegraded: admitted without a decision because the store failed under fail-open
+	// Allowed: admitted by the limiter (or by the local fallback: Event.Fallback).
+	Allowed Result = iota
+	// Denied: refused with 429 (by the limiter or the local fallback).
+	Denied
+	// Exceeded: refused with 413, the cost exceeds a rule's capacity.
+	Exceeded
+	// Degraded: admitted without a decision because the store failed under fail-open
 	// (for stacked layers, a failed limiter's layers under fail-open were not enforced;
 	// Event.Fallback tells whether a local fallback decided another's).
-	OutcomeDegraded
-	// OutcomeUnavailable: refused with 503 because the store failed under fail-closed.
-	OutcomeUnavailable
-	// OutcomeInvalid: identity, scope or cost could not be determined (answered by the
+	Degraded
+	// Unavailable: refused with 503 because the store failed under fail-closed.
+	Unavailable
+	// Invalid: identity, scope or cost could not be determined (answered by the
 	// error handler), or the limiter rejected the checks as invalid (a
 	// *ratebudget.ConfigError, answered 500); nothing counted.
-	OutcomeInvalid
-	// OutcomeCanceled: the request's context ended (its client went away, or its deadline
+	Invalid
+	// Canceled: the request's context ended (its client went away, or its deadline
 	// passed) before the decision; nothing written. A store failure that comes once the
 	// request's deadline has passed is such a request's, not a store failure: no policy
 	// applies, and the breaker does not count it.
-	OutcomeCanceled
-	// OutcomeSettleFailed: not a decision, but the store failing to settle an admitted
+	Canceled
+	// SettleFailed: not a decision, but the store failing to settle an admitted
 	// request's reservation once its handler returned (or to give it back because a
 	// later limiter refused the request), or to renew its in-flight leases while the
 	// handler ran. It comes in an event of its own for the observers of every layer of
@@ -47,31 +50,31 @@ const (
 	// goroutine, while the handler runs. A lease found expired when renewed
 	// (ratebudget.ErrLeaseLost) is not a failure of the store and is not reported. Such
 	// failures do not count toward the breaker.
-	OutcomeSettleFailed
+	SettleFailed
 )
 
-var outcomeNames = [...]string{"allowed", "denied", "exceeded", "degraded", "unavailable", "invalid", "canceled", "settle_failed"}
+var resultNames = [...]string{"allowed", "denied", "exceeded", "degraded", "unavailable", "invalid", "canceled", "settle_failed"}
 
-// String returns the outcome's metric label: "allowed", "denied", "exceeded", "degraded",
-// "unavailable", "invalid", "canceled" or "settle_failed"; "Outcome(n)" for a value
+// String returns the result's metric label: "allowed", "denied", "exceeded", "degraded",
+// "unavailable", "invalid", "canceled" or "settle_failed"; "Result(n)" for a value
 // that is none of the named ones.
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
+func (r Result) String() string {
+	if int(r) < len(resultNames) {
+		return resultNames[r]
 	}
-	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+	return "Result(" + strconv.Itoa(int(r)) + ")"
 }
 
 // Event describes one decision, or one failed settle of an admitted request
-// ([OutcomeSettleFailed]), for observers ([WithObserver]).
+// ([SettleFailed]), for observers ([WithObserver]).
 type Event struct {
 	// Request is the request decided on. Observers must not retain it. When more than
 	// one stacked layer of the request has observers, it is a shallow copy of that
 	// request, the same for every event of the decision and every layer, whose context
 	// also carries what lets package metrics count each event once.
 	Request *http.Request
-	// Outcome classifies the decision (or the failed settle) for metrics and logs.
-	Outcome Outcome
+	// Result classifies the decision (or the failed settle) for metrics and logs.
+	Result Result
 	// Decision is the limiter's (or the local fallback's) decision; zero when none was
 	// made. For stacked layers it is the decision of every layer's checks, and every
 	// layer's observers see it; Decision.Index counts their checks, outermost first.
@@ -80,11 +83,11 @@ type Event struct {
 	// stacked layers on several limiters, it decided a failed limiter's layers, and
 	// another limiter may have refused.
 	Fallback bool
-	// Err is the store error (a *ratebudget.StoreError, for OutcomeDegraded,
-	// OutcomeUnavailable, OutcomeSettleFailed and fallback decisions, for the decision
+	// Err is the store error (a *ratebudget.StoreError, for Degraded,
+	// Unavailable, SettleFailed and fallback decisions, for the decision
 	// of stacked layers' other limiters while one failed, and for an admission whose
 	// shadow decision failed (see Shadow); the last one when several failed) or the
-	// key-function error or the limiter's *ratebudget.ConfigError (OutcomeInvalid). Its
+	// key-function error or the limiter's *ratebudget.ConfigError (Invalid). Its
 	// text may hold internal details: log it, do not send it.
 	Err error
 	// Latency is the time the limiter took to answer, error or not (zero when it was not

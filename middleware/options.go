@@ -128,7 +128,7 @@ func WithErrorHandler(f func(http.ResponseWriter, *http.Request, error)) Option 
 
 // WithObserver adds a function that sees every decision, allowed and denied alike, with
 // its latency (see [Event]), and every failed settle or lease renewal of an admitted
-// request ([OutcomeSettleFailed]). Stacked layers make one decision, whose events every
+// request ([SettleFailed]). Stacked layers make one decision, whose events every
 // layer's observers see: a function given to several layers of a stack is called once
 // per layer for each event (a metrics.Collector counts each once). Observers run
 // synchronously on the request path (a renewal's, on its timer's goroutine), in the

@@ -40,7 +40,7 @@ func TestCallbackPanicReleasesLease(t *testing.T) {
 		{"observer on admission", func(armed *atomic.Bool) ([]middleware.Rule, []middleware.Option) {
 			return []middleware.Rule{{Rule: conc, Identity: global}},
 				[]middleware.Option{middleware.WithObserver(func(ev middleware.Event) {
-					if ev.Outcome == middleware.OutcomeAllowed && armed.CompareAndSwap(true, false) {
+					if ev.Result == middleware.Allowed && armed.CompareAndSwap(true, false) {
 						panic(errCallback)
 					}
 				})}
@@ -48,7 +48,7 @@ func TestCallbackPanicReleasesLease(t *testing.T) {
 		{"observer with a shadow rule", func(armed *atomic.Bool) ([]middleware.Rule, []middleware.Option) {
 			return []middleware.Rule{{Rule: rule("api", 100, time.Minute), Identity: global}, {Rule: conc, Identity: global, Shadow: true}},
 				[]middleware.Option{middleware.WithObserver(func(ev middleware.Event) {
-					if ev.Outcome == middleware.OutcomeAllowed && armed.CompareAndSwap(true, false) {
+					if ev.Result == middleware.Allowed && armed.CompareAndSwap(true, false) {
 						panic(errCallback)
 					}
 				})}
@@ -80,7 +80,7 @@ func TestCallbackPanicReleasesLease(t *testing.T) {
 			rules, opts := tc.build(&armed)
 			var decided atomic.Int64
 			opts = append(opts, middleware.WithObserver(func(ev middleware.Event) {
-				if ev.Outcome == middleware.OutcomeAllowed {
+				if ev.Result == middleware.Allowed {
 					decided.Add(1)
 				}
 			}))

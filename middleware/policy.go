@@ -17,7 +17,7 @@ const (
 	// limiter that protects a resource should not drop its protection silently.
 	failClosed policy = iota
 	// failOpen admits every request while the store cannot decide; events report
-	// OutcomeDegraded so the lost protection is visible.
+	// Degraded so the lost protection is visible.
 	failOpen
 	// localFallback decides in process with each rule's Limit (and Burst) divided by the
 	// configured number of replicas.
@@ -26,7 +26,7 @@ const (
 
 // WithFailOpen makes the middleware admit every request while the store cannot decide,
 // instead of refusing with 503 (the default, fail-closed). Such admissions are reported
-// as [OutcomeDegraded], so that the lost protection is visible. It replaces an earlier
+// as [Degraded], so that the lost protection is visible. It replaces an earlier
 // [WithLocalFallback], as that replaces it: the last one given decides.
 func WithFailOpen() Option {
 	return func(c *config) error {

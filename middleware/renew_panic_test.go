@@ -61,7 +61,7 @@ func TestRenewalPanicKeepsTheProcess(t *testing.T) {
 			var opts []middleware.Option
 			if tc.fail {
 				opts = append(opts, middleware.WithObserver(func(ev middleware.Event) {
-					if ev.Outcome == middleware.OutcomeSettleFailed {
+					if ev.Result == middleware.SettleFailed {
 						panic(errRenewBug)
 					}
 				}))

@@ -31,7 +31,7 @@ func TestEmptyIdentityIsRefused(t *testing.T) {
 		}
 	}
 	var ie *middleware.InputError
-	if len(events) != 3 || events[0].Outcome != middleware.OutcomeInvalid || !errors.As(events[0].Err, &ie) || ie.Part != "identity" || ie.Rule != "per-client" {
+	if len(events) != 3 || events[0].Result != middleware.Invalid || !errors.As(events[0].Err, &ie) || ie.Part != "identity" || ie.Rule != "per-client" {
 		t.Fatalf("events %+v", events)
 	}
 	// An empty scope is refused the same way; a service-wide budget is explicit.

@@ -39,10 +39,10 @@ func TestPoliciesOnAReplica(t *testing.T) {
 		name    string
 		opt     middleware.Option
 		codes   []int
-		outcome middleware.Outcome
+		outcome middleware.Result
 	}{
-		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, middleware.OutcomeUnavailable},
-		{"open", middleware.WithFailOpen(), []int{200, 200}, middleware.OutcomeDegraded},
+		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, middleware.Unavailable},
+		{"open", middleware.WithFailOpen(), []int{200, 200}, middleware.Degraded},
 		// 4 / 2 replicas = 2 per process.
 		{"local", middleware.WithLocalFallback(2), []int{200, 200, 429}, 0},
 	} {
@@ -69,8 +69,8 @@ func TestPoliciesOnAReplica(t *testing.T) {
 				if !errors.As(e.Err, &se) || se.Class != "server" || se.Uncertain || !strings.HasPrefix(se.Err.Error(), "READONLY") {
 					t.Errorf("event %d: %v, want a certain READONLY server error", i, e.Err)
 				}
-				if tc.name != "local" && e.Outcome != tc.outcome {
-					t.Errorf("event %d: outcome %v, want %v", i, e.Outcome, tc.outcome)
+				if tc.name != "local" && e.Result != tc.outcome {
+					t.Errorf("event %d: outcome %v, want %v", i, e.Result, tc.outcome)
 				}
 				if tc.name == "local" && !e.Fallback {
 					t.Errorf("event %d: not a fallback decision", i)

@@ -142,7 +142,7 @@ func (t *target) holdsLease() bool {
 
 // finish settles every target at the costs of its rules' contracts. A failed settle
 // leaves the reserved spend in place (an overcount) and lets leases expire; it is
-// reported to the observers (OutcomeSettleFailed). When a contract's callback panics,
+// reported to the observers (SettleFailed). When a contract's callback panics,
 // the targets not yet settled are settled at their reserved costs, so that their leases
 // are released, and the panic goes on.
 func (se *settlement) finish(ctx context.Context, r *http.Request, rec *recorder) {
@@ -220,14 +220,14 @@ func (se *settlement) settle(ctx context.Context, t *target, costs []int64) {
 }
 
 // failed shows the observers of every layer of the request that settling or renewing t
-// failed with err after latency: an event of its own (OutcomeSettleFailed), after the
+// failed with err after latency: an event of its own (SettleFailed), after the
 // decision's.
 func (se *settlement) failed(t *target, err error, latency time.Duration) {
 	var sErr *ratebudget.StoreError
 	if !errors.As(err, &sErr) {
 		err = &ratebudget.StoreError{Class: "other", Err: err}
 	}
-	ev := Event{Request: se.req, Outcome: OutcomeSettleFailed, Err: err, Latency: latency}
+	ev := Event{Request: se.req, Result: SettleFailed, Err: err, Latency: latency}
 	if se.mark != nil {
 		se.mark.Next()
 	}

@@ -55,14 +55,14 @@ func (e *events) observe(ev middleware.Event) {
 }
 
 // take returns the outcomes seen since the last take, and the events.
-func (e *events) take() ([]middleware.Outcome, []middleware.Event) {
+func (e *events) take() ([]middleware.Result, []middleware.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	evs := e.evs
 	e.evs = nil
-	var outs []middleware.Outcome
+	var outs []middleware.Result
 	for _, ev := range evs {
-		outs = append(outs, ev.Outcome)
+		outs = append(outs, ev.Result)
 	}
 	return outs, evs
 }
@@ -72,9 +72,9 @@ func (e *events) take() ([]middleware.Outcome, []middleware.Event) {
 func wantSettleFailed(t *testing.T, ev middleware.Event, path string, class string) {
 	t.Helper()
 	var se *ratebudget.StoreError
-	if ev.Outcome != middleware.OutcomeSettleFailed || !errors.As(ev.Err, &se) || se.Class != class ||
+	if ev.Result != middleware.SettleFailed || !errors.As(ev.Err, &se) || se.Class != class ||
 		ev.Request == nil || ev.Request.URL.Path != path || ev.Decision.Rule != "" {
-		t.Fatalf("event %+v (err %v), want OutcomeSettleFailed of %s with a %q store error and no decision", ev, ev.Err, path, class)
+		t.Fatalf("event %+v (err %v), want SettleFailed of %s with a %q store error and no decision", ev, ev.Err, path, class)
 	}
 }
 
@@ -94,7 +94,7 @@ func TestSettleFailureIsObserved(t *testing.T) {
 		t.Fatalf("status %d, want the handler's 500", c)
 	}
 	outs, evs := seen.take()
-	if len(outs) != 2 || outs[0] != middleware.OutcomeAllowed {
+	if len(outs) != 2 || outs[0] != middleware.Allowed {
 		t.Fatalf("events %v, want the admission, then the failed settle", outs)
 	}
 	wantSettleFailed(t, evs[1], "/flaky", "connection")
@@ -102,7 +102,7 @@ func TestSettleFailureIsObserved(t *testing.T) {
 	if c := do(h, "GET", "/flaky?status=500", nil).Code; c != 500 {
 		t.Fatalf("status %d, want the handler's 500", c)
 	}
-	if outs, _ := seen.take(); len(outs) != 1 || outs[0] != middleware.OutcomeAllowed {
+	if outs, _ := seen.take(); len(outs) != 1 || outs[0] != middleware.Allowed {
 		t.Fatalf("events %v after a settle that succeeded, want the admission alone", outs)
 	}
 	// The failed settle gave nothing back: 1 of 3 spent.
@@ -123,7 +123,7 @@ func TestRenewFailureIsObserved(t *testing.T) {
 	var seen events
 	observer := func(ev middleware.Event) {
 		seen.observe(ev)
-		if ev.Outcome == middleware.OutcomeSettleFailed {
+		if ev.Result == middleware.SettleFailed {
 			select {
 			case failed <- ev:
 			default:
@@ -142,16 +142,16 @@ func TestRenewFailureIsObserved(t *testing.T) {
 	if c := do(h, "GET", "/slow", nil).Code; c != 200 {
 		t.Fatalf("status %d", c)
 	}
-	if during.Outcome != middleware.OutcomeSettleFailed {
+	if during.Result != middleware.SettleFailed {
 		t.Fatal("no failed renewal was observed while the handler ran (10s)")
 	}
 	wantSettleFailed(t, during, "/slow", "connection")
 	outs, _ := seen.take()
-	if len(outs) < 2 || outs[0] != middleware.OutcomeAllowed {
+	if len(outs) < 2 || outs[0] != middleware.Allowed {
 		t.Fatalf("events %v, want the admission, then failed renewals", outs)
 	}
 	for _, o := range outs[1:] {
-		if o != middleware.OutcomeSettleFailed {
+		if o != middleware.SettleFailed {
 			t.Fatalf("events %v, want only failed renewals after the admission", outs)
 		}
 	}
@@ -177,7 +177,7 @@ func TestCancelFailureIsObserved(t *testing.T) {
 	if c := do(h, "GET", "/", nil).Code; c != 200 {
 		t.Fatalf("first: %d", c)
 	}
-	if outs, _ := outerSeen.take(); len(outs) != 1 || outs[0] != middleware.OutcomeAllowed {
+	if outs, _ := outerSeen.take(); len(outs) != 1 || outs[0] != middleware.Allowed {
 		t.Fatalf("outer layer's events %v, want the admission alone", outs)
 	}
 	innerSeen.take()
@@ -186,11 +186,11 @@ func TestCancelFailureIsObserved(t *testing.T) {
 		t.Fatalf("second: %d, want 429 from the inner limiter", c)
 	}
 	outs, evs := outerSeen.take()
-	if len(outs) != 2 || outs[1] != middleware.OutcomeDenied {
+	if len(outs) != 2 || outs[1] != middleware.Denied {
 		t.Fatalf("outer layer's events %v, want the failed cancel, then the refusal", outs)
 	}
 	wantSettleFailed(t, evs[0], "/", "connection")
-	if outs, _ := innerSeen.take(); len(outs) != 2 || outs[0] != middleware.OutcomeSettleFailed || outs[1] != middleware.OutcomeDenied {
+	if outs, _ := innerSeen.take(); len(outs) != 2 || outs[0] != middleware.SettleFailed || outs[1] != middleware.Denied {
 		t.Fatalf("inner layer's events %v, want the failed cancel, then the refusal, as the outer layer", outs)
 	}
 }
@@ -215,7 +215,7 @@ func TestSettleFailureOnRedis(t *testing.T) {
 		t.Fatalf("status %d, want the handler's 503", c)
 	}
 	outs, evs := seen.take()
-	if len(outs) != 2 || outs[0] != middleware.OutcomeAllowed {
+	if len(outs) != 2 || outs[0] != middleware.Allowed {
 		t.Fatalf("events %v, want the admission, then the failed settle", outs)
 	}
 	wantSettleFailed(t, evs[1], "/gone", "connection")

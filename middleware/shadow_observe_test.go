@@ -61,7 +61,7 @@ func TestShadowStoreFailureIsObserved(t *testing.T) {
 			}
 			e := all[0]
 			var se *ratebudget.StoreError
-			if e.Outcome != middleware.OutcomeAllowed || e.Decision.Rule != tc.rule || e.Shadow != (ratebudget.Decision{}) {
+			if e.Result != middleware.Allowed || e.Decision.Rule != tc.rule || e.Shadow != (ratebudget.Decision{}) {
 				t.Errorf("event %+v, want allowed by %q with no shadow decision", e, tc.rule)
 			}
 			if !errors.As(e.Err, &se) || se.Class != "connection" {

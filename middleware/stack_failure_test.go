@@ -69,7 +69,7 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 	rules := []ratebudget.Rule{ruleA, ruleB, ruleC}
 	type want struct {
 		code    int
-		outcome middleware.Outcome
+		outcome middleware.Result
 		rule    string // Decision.Rule
 		err     bool   // Event.Err set
 		fb      bool   // Event.Fallback
@@ -95,18 +95,18 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 				}
 				rl = append(rl, left)
 			}
-			return want{code: 429, outcome: middleware.OutcomeDenied, rule: rules[c.refuser].Name, rl: strings.Join(rl, ", ")}
+			return want{code: 429, outcome: middleware.Denied, rule: rules[c.refuser].Name, rl: strings.Join(rl, ", ")}
 		case c.policy == "closed":
-			return want{code: 503, outcome: middleware.OutcomeUnavailable, err: true, asked: true}
+			return want{code: 503, outcome: middleware.Unavailable, err: true, asked: true}
 		case c.refuser >= 0:
 			// Only the refusing rule's state is known for certain.
-			return want{code: 429, outcome: middleware.OutcomeDenied, rule: rules[c.refuser].Name, err: true, fb: c.policy == "local",
+			return want{code: 429, outcome: middleware.Denied, rule: rules[c.refuser].Name, err: true, fb: c.policy == "local",
 				rl: `"` + rules[c.refuser].Name + `";r=0;t=60`, asked: true}
 		case c.policy == "open":
-			return want{code: 200, outcome: middleware.OutcomeDegraded, err: true, asked: true}
+			return want{code: 200, outcome: middleware.Degraded, err: true, asked: true}
 		}
 		// LocalFallback admits with replicas 1: b is the most restrictive (2 of 3 left).
-		return want{code: 200, outcome: middleware.OutcomeAllowed, rule: "b", err: true, fb: true, rl: `"b";r=2;t=60`, asked: true}
+		return want{code: 200, outcome: middleware.Allowed, rule: "b", err: true, fb: true, rl: `"b";r=2;t=60`, asked: true}
 	}
 	var cases []tc
 	for _, policy := range []string{"closed", "open", "local"} {
@@ -165,7 +165,7 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 				t.Errorf("RateLimit %q, want %q", got, w.rl)
 			}
 			policyHeader := `"a";q=5;w=60, "b";q=3;w=60, "c";q=4;w=60`
-			if w.code == 503 || w.outcome == middleware.OutcomeDegraded {
+			if w.code == 503 || w.outcome == middleware.Degraded {
 				policyHeader = "" // no decision: no metadata at all
 			}
 			if got := rec.Header().Get("RateLimit-Policy"); got != policyHeader {
@@ -183,18 +183,18 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 				ev := all[0]
 				if i == 0 {
 					first = ev
-				} else if ev.Outcome != first.Outcome || ev.Decision != first.Decision || ev.Fallback != first.Fallback || ev.Err != first.Err {
+				} else if ev.Result != first.Result || ev.Decision != first.Decision || ev.Fallback != first.Fallback || ev.Err != first.Err {
 					t.Errorf("layer %s saw %+v, layer a %+v: every layer sees the same event", rules[i].Name, ev, first)
 				}
 			}
-			if first.Outcome != w.outcome || first.Decision.Rule != w.rule || (first.Err != nil) != w.err || first.Fallback != w.fb {
+			if first.Result != w.outcome || first.Decision.Rule != w.rule || (first.Err != nil) != w.err || first.Fallback != w.fb {
 				t.Errorf("event %v rule %q err %v fallback %v; want %v %q err=%v fallback=%v",
-					first.Outcome, first.Decision.Rule, first.Err, first.Fallback, w.outcome, w.rule, w.err, w.fb)
+					first.Result, first.Decision.Rule, first.Err, first.Fallback, w.outcome, w.rule, w.err, w.fb)
 			}
 			if w.err && !errors.Is(first.Err, ratebudget.ErrStoreUnavailable) {
 				t.Errorf("event error %v, want the failed store's", first.Err)
 			}
-			if first.Outcome == middleware.OutcomeDegraded && first.Decision != (ratebudget.Decision{}) {
+			if first.Result == middleware.Degraded && first.Decision != (ratebudget.Decision{}) {
 				t.Errorf("degraded event with a decision %+v", first.Decision)
 			}
 			for i, r := range rules {
@@ -258,12 +258,12 @@ func TestShadowOnlyLayerOnAFailedLimiter(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		shadow, main middleware.Option
-		outcome      middleware.Outcome
+		outcome      middleware.Result
 	}{
-		{"closed shadow, open enforced", policyOpt("closed"), policyOpt("open"), middleware.OutcomeDegraded},
-		{"local shadow, open enforced", policyOpt("local"), policyOpt("open"), middleware.OutcomeDegraded},
-		{"local shadow, local enforced", policyOpt("local"), policyOpt("local"), middleware.OutcomeAllowed},
-		{"open shadow, local enforced", policyOpt("open"), policyOpt("local"), middleware.OutcomeAllowed},
+		{"closed shadow, open enforced", policyOpt("closed"), policyOpt("open"), middleware.Degraded},
+		{"local shadow, open enforced", policyOpt("local"), policyOpt("open"), middleware.Degraded},
+		{"local shadow, local enforced", policyOpt("local"), policyOpt("local"), middleware.Allowed},
+		{"open shadow, local enforced", policyOpt("open"), policyOpt("local"), middleware.Allowed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -281,7 +281,7 @@ func TestShadowOnlyLayerOnAFailedLimiter(t *testing.T) {
 				if rec := do(h, "GET", "/", nil); rec.Code != 200 {
 					t.Fatalf("%s: %d %s, want 200: a shadow rule never changes a response", order, rec.Code, rec.Body)
 				}
-				if _, all := evs.take(); len(all) != 2 || all[0].Outcome != tc.outcome {
+				if _, all := evs.take(); len(all) != 2 || all[0].Result != tc.outcome {
 					t.Errorf("%s: events %+v, want %v", order, all, tc.outcome)
 				}
 			}
@@ -470,7 +470,7 @@ func TestStackedBreakersPerLimiter(t *testing.T) {
 	}
 	_, all := evs.take()
 	var se *ratebudget.StoreError
-	if len(all) != 6 || all[5].Outcome != middleware.OutcomeDegraded || !errors.As(all[5].Err, &se) || se.Class != "breaker_open" {
+	if len(all) != 6 || all[5].Result != middleware.Degraded || !errors.As(all[5].Err, &se) || se.Class != "breaker_open" {
 		t.Errorf("last event %+v, want degraded with the open breaker's error", all[len(all)-1])
 	}
 	// A refusal by the first limiter leaves the second unasked: its breaker sees nothing.

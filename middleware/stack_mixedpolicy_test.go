@@ -12,7 +12,7 @@ import (
 
 // Two failed limiters, one under FailOpen and one under LocalFallback, and a healthy
 // one: an admission lets the FailOpen layer's rules go unenforced, so the event is
-// OutcomeDegraded (FailOpen: "events report OutcomeDegraded so the lost protection is
+// Degraded (FailOpen: "events report Degraded so the lost protection is
 // visible"), without metadata, with Fallback set for the local decision; as it is with
 // the FailOpen failure alone. Either order of the failed layers.
 func TestStackedFailOpenAndLocalFallbackIsDegraded(t *testing.T) {
@@ -46,9 +46,9 @@ func TestStackedFailOpenAndLocalFallbackIsDegraded(t *testing.T) {
 					t.Fatalf("layer %s saw %d events, want 1", rules[i].Name, len(all))
 				}
 				ev := all[0]
-				if ev.Outcome != middleware.OutcomeDegraded || !ev.Fallback || ev.Err == nil || ev.Decision != (ratebudget.Decision{}) {
+				if ev.Result != middleware.Degraded || !ev.Fallback || ev.Err == nil || ev.Decision != (ratebudget.Decision{}) {
 					t.Errorf("layer %s saw outcome %v fallback %v err %v decision %+v; want degraded, fallback, the store error, no decision",
-						rules[i].Name, ev.Outcome, ev.Fallback, ev.Err, ev.Decision)
+						rules[i].Name, ev.Result, ev.Fallback, ev.Err, ev.Decision)
 				}
 			}
 			if got := rec.Header().Get("RateLimit") + rec.Header().Get("RateLimit-Policy"); got != "" {

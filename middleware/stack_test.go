@@ -530,14 +530,14 @@ func TestStoreFailureKeepsOtherLimitersEnforced(t *testing.T) {
 				}
 			}
 			outcomes, all := evs.take()
-			if len(outcomes) != 3 || outcomes[1] != middleware.OutcomeDenied || all[1].Decision.Rule != "inner" || all[1].Err == nil {
+			if len(outcomes) != 3 || outcomes[1] != middleware.Denied || all[1].Decision.Rule != "inner" || all[1].Err == nil {
 				t.Errorf("events %v, want the inner rule's refusals with the outer store's error", all)
 			}
 			if tc.name == "local" {
-				if outcomes[0] != middleware.OutcomeAllowed || !all[0].Fallback {
+				if outcomes[0] != middleware.Allowed || !all[0].Fallback {
 					t.Errorf("first event %+v, want a fallback admission", all[0])
 				}
-			} else if outcomes[0] != middleware.OutcomeDegraded {
+			} else if outcomes[0] != middleware.Degraded {
 				t.Errorf("first event %v, want degraded", outcomes[0])
 			}
 		})
@@ -567,7 +567,7 @@ func TestConfigErrorOfALaterLimiterSpendsNothing(t *testing.T) {
 		t.Errorf("the outer lease is still held after a 500: %+v %v", d, err)
 	}
 	for name, e := range map[string]*events{"outer": &outerEvs, "inner": &innerEvs} {
-		if outcomes, _ := e.take(); len(outcomes) != 2 || outcomes[0] != middleware.OutcomeInvalid {
+		if outcomes, _ := e.take(); len(outcomes) != 2 || outcomes[0] != middleware.Invalid {
 			t.Errorf("%s layer saw %v, want two invalid events", name, outcomes)
 		}
 	}
@@ -595,7 +595,7 @@ func TestCanceledAtAnInnerLayerIsObservedByEveryLayer(t *testing.T) {
 		t.Fatalf("answered %d %q, want nothing written", rec.Code, rec.Body)
 	}
 	for name, e := range map[string]*events{"outer": &outerEvs, "inner": &innerEvs} {
-		if outcomes, _ := e.take(); len(outcomes) != 1 || outcomes[0] != middleware.OutcomeCanceled {
+		if outcomes, _ := e.take(); len(outcomes) != 1 || outcomes[0] != middleware.Canceled {
 			t.Errorf("%s layer saw %v, want one canceled event", name, outcomes)
 		}
 	}
@@ -618,7 +618,7 @@ func TestShadowOnlyLayerOnAnotherLimiter(t *testing.T) {
 			t.Fatalf("request %d: %d %s, want %d", i, rec.Code, rec.Body, want)
 		}
 	}
-	if _, all := evs.take(); len(all) != 4 || all[0].Outcome != middleware.OutcomeAllowed || all[0].Shadow.Rule != "outer" || !all[0].Shadow.Allowed {
+	if _, all := evs.take(); len(all) != 4 || all[0].Result != middleware.Allowed || all[0].Shadow.Rule != "outer" || !all[0].Shadow.Allowed {
 		t.Errorf("events %+v, want the admission with the shadow rule's decision", all)
 	}
 	if n := left(t, b, outerRule, keyfuncs.GlobalKey); n != 4 {
@@ -643,7 +643,7 @@ func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
 			t.Fatalf("request %d: %d, want 200", i, rec.Code)
 		}
 	}
-	if outcomes, all := evs.take(); len(outcomes) != 6 || outcomes[0] != middleware.OutcomeDegraded || all[0].Err == nil {
+	if outcomes, all := evs.take(); len(outcomes) != 6 || outcomes[0] != middleware.Degraded || all[0].Err == nil {
 		t.Errorf("events %v, want degraded ones with the store error", outcomes)
 	}
 }

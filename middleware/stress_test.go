@@ -50,7 +50,7 @@ func stressInFlight(t *testing.T, lim ratebudget.Limiter, left func() int64) {
 		{Rule: conc, Identity: global},
 		{Rule: work, Identity: global, Counts: units},
 	}, middleware.WithTimeout(time.Minute), middleware.WithObserver(func(ev middleware.Event) {
-		if ev.Outcome == middleware.OutcomeAllowed && ev.Request.Header.Get("X-Panic") == "observer" {
+		if ev.Result == middleware.Allowed && ev.Request.Header.Get("X-Panic") == "observer" {
 			panic(errCallback)
 		}
 	}))(handler)

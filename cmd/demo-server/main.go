@@ -628,12 +628,12 @@ func breakerChanged(m *metrics.Collector, log *slog.Logger) func(open bool) {
 
 func logRefusals(log *slog.Logger) func(middleware.Event) {
 	return func(e middleware.Event) {
-		switch e.Outcome {
-		case middleware.OutcomeAllowed:
+		switch e.Result {
+		case middleware.Allowed:
 			return
-		case middleware.OutcomeDenied, middleware.OutcomeExceeded:
-			log.Info("refused", "outcome", e.Outcome.String(), "rule", e.Decision.Rule, "retry_after", e.Decision.RetryAfter, "path", e.Request.URL.Path)
-		case middleware.OutcomeInvalid:
+		case middleware.Denied, middleware.Exceeded:
+			log.Info("refused", "outcome", e.Result.String(), "rule", e.Decision.Rule, "retry_after", e.Decision.RetryAfter, "path", e.Request.URL.Path)
+		case middleware.Invalid:
 			log.Info("unidentified request", "err", e.Err, "path", e.Request.URL.Path)
 		}
 	}

@@ -10,15 +10,15 @@
 //	ratebudget_shadow_refusals_total{rule}          counter    admitted requests a shadow rule would have refused
 //	ratebudget_settle_failures_total                counter    failed settle, give-back and renewal calls
 //
-// Label values are bounded: rule names, outcome names, error classes and breaker states.
+// Label values are bounded: rule names, result names (the outcome label), error classes and breaker states.
 //
 // # What each metric counts
 //
 // ratebudget_decisions_total counts decisions: one per [middleware.Event] other than a
 // failed settle, that is one per request through one layer or through stacked layers
 // (which decide together, see below), however it was answered. outcome is the event's
-// Outcome: allowed, denied, exceeded, degraded, unavailable, invalid or canceled. rule
-// is the rule the decision reported (Event.Decision.Rule): for a 429 the refusing rule
+// [middleware.Result]: allowed, denied, exceeded, degraded, unavailable, invalid or
+// canceled. rule is the rule the decision reported (Event.Decision.Rule): for a 429 the refusing rule
 // (of several, the one with the longest wait), for a 413 the rule whose capacity the
 // cost exceeds, for an admission the most restrictive rule of the request (fewest units
 // left: the one the metadata headers describe), also when the local fallback decided.
@@ -54,7 +54,7 @@
 // counted, and its call's time is in the latency's "error" result.
 //
 // ratebudget_settle_failures_total counts the failed store calls made for requests
-// already decided (middleware.OutcomeSettleFailed): settling an admitted request's
+// already decided (middleware.SettleFailed): settling an admitted request's
 // reservation when its handler returned, giving it back when a later limiter of a stack
 // refused the request, and renewing its in-flight leases while the handler ran. A
 // request can fail several (each renewal, then its settle), each counted once here and
@@ -132,8 +132,8 @@ type Collector struct {
 }
 
 type counterKey struct {
-	rule    string
-	outcome middleware.Outcome
+	rule   string
+	result middleware.Result
 }
 
 // New returns a Collector whose metric names start with "ratebudget_".
@@ -187,7 +187,7 @@ func (c *Collector) Observe(e middleware.Event) {
 		return // shown to another layer of the request's stack already
 	}
 	var se *ratebudget.StoreError
-	if e.Outcome == middleware.OutcomeSettleFailed {
+	if e.Result == middleware.SettleFailed {
 		c.settles.Inc()
 		if errors.As(e.Err, &se) {
 			c.storeErrors.WithLabelValues(se.Class, strconv.FormatBool(se.Uncertain)).Inc()
@@ -198,13 +198,13 @@ func (c *Collector) Observe(e middleware.Event) {
 	if rule == "" {
 		rule = "none"
 	}
-	k := counterKey{rule, e.Outcome}
+	k := counterKey{rule, e.Result}
 	ctr, ok := c.counters.Load(k)
 	if !ok {
-		ctr, _ = c.counters.LoadOrStore(k, c.decisions.WithLabelValues(rule, e.Outcome.String()))
+		ctr, _ = c.counters.LoadOrStore(k, c.decisions.WithLabelValues(rule, e.Result.String()))
 	}
 	ctr.(prometheus.Counter).Inc()
-	if e.Outcome == middleware.OutcomeCanceled {
+	if e.Result == middleware.Canceled {
 		return // the request's context ended: the store neither failed nor answered
 	}
 	if e.Latency > 0 {

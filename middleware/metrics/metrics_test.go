@@ -300,7 +300,7 @@ func TestSettleFailuresCountFailedCalls(t *testing.T) {
 		Rule:     ratebudget.Rule{Name: "slow", Algorithm: ratebudget.InFlight, Limit: 1, Window: 20 * time.Millisecond},
 		Identity: keyfuncs.Global(),
 	}}, middleware.WithObserver(m.Observe), middleware.WithObserver(func(e middleware.Event) {
-		if e.Outcome == middleware.OutcomeSettleFailed {
+		if e.Result == middleware.SettleFailed {
 			failures.Add(1)
 			select {
 			case renewFailed <- struct{}{}:

@@ -460,7 +460,7 @@ func TestStackedRenewalFailuresCountedOnce(t *testing.T) {
 	renewFailed := make(chan struct{}, 1)
 	var failures atomic.Int64
 	count := middleware.WithObserver(func(e middleware.Event) {
-		if e.Outcome == middleware.OutcomeSettleFailed {
+		if e.Result == middleware.SettleFailed {
 			failures.Add(1)
 			select {
 			case renewFailed <- struct{}{}:

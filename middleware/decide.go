@@ -18,189 +18,302 @@ type group struct {
 	parts  []part // the parts of this limiter, in layer order
 	m      *mw    // the innermost of them: its deadline and breaker apply
 	checks []ratebudget.Check
-	index  []int // index[i] is checks[i]'s index in the stack
+	index  []int // index[i] is checks[i]'s index in the stack; nil when they are the stack's
 }
 
-// decideStack decides every check of st and answers or calls next.
+// verdict is what asking the limiters of a stack came to, before the failure policy of
+// a failed one applies (see applyPolicy).
+type verdict struct {
+	d ratebudget.Decision
+	// outcomes is every check's outcome, nil when not every one is known.
+	outcomes []ratebudget.Outcome
+	latency  time.Duration // the limiter calls' time
+	// err is the error of the last limiter that failed, failed its group (err nil: none).
+	err    error
+	failed group
+	// walked is set when the stack's layers use several limiters, asked one by one
+	// (decideGroups): a failure under a policy other than fail-closed was then applied
+	// in the walk, and d is the other limiters' decision.
+	walked bool
+	// fellBack is set when a local fallback decided a failed limiter's checks, open when
+	// a limiter failed under fail-open, so that its rules went unenforced.
+	fellBack, open bool
+}
+
+// answer is how a request is answered once its checks were asked.
+type answer uint8
+
+const (
+	answerDecision      answer = iota // served with metadata, or refused (429, 413)
+	answerDegraded                    // served without a decision: a limiter failed under fail-open
+	answerUnavailable                 // 503: a limiter failed under fail-closed
+	answerCanceled                    // nothing written: the request's context ended
+	answerMisconfigured               // 500: a limiter rejected the checks as invalid
+)
+
+// decideStack decides every check of st and answers or calls next, in four steps:
+// decide (ask the limiters), apply the failure policy, report (the metadata) and answer.
 func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Handler) {
 	st.decided, st.req = true, r
 	if observing(st.parts, nil) > 1 {
 		st.req, st.mark = delivery.Request(r)
 	}
 	ctx := r.Context()
-	innermost := st.parts[len(st.parts)-1].m
-	var ev Event
-	ev.Request = st.req
-	var outcomes []ratebudget.Outcome
-	single := true
-	for i := range st.parts {
-		if st.parts[i].m.limKey != innermost.limKey {
-			single = false
-			break
-		}
-	}
 	// Once reserved, a decision's spend is settled when the handler returns
-	// (serveSettled) or given back when the request is answered without it. A callback
-	// that panics before the handler runs (an observer, the refusal handler) gives it
-	// back too: http.Server recovers the panic, and a lease left held would refuse the
-	// client until it expired.
+	// (serveSettled) or given back when the request is answered without it: a refusal
+	// and a rejected configuration give it back before their event (a failed give-back
+	// is observed first), any other answer when decideStack returns. A callback that
+	// panics before the handler runs (an observer, the refusal handler) gives it back
+	// too: http.Server recovers the panic, and a lease left held would refuse the client
+	// until it expired.
 	served := false
 	defer func() {
-		if !served && st.settle != nil {
-			st.settle.cancelAll(ctx)
+		if !served {
+			st.giveBack(ctx)
 		}
 	}()
-	var err error
-	var failed *group
-	open := false // a limiter failed under fail-open, and its rules went unenforced
-	switch {
-	case len(st.checks) == 0:
-		// Every rule is in shadow mode: nothing is enforced.
-		ev.Decision = ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}}
-	case single:
-		// The group's parts are the layers with enforced rules: a layer whose rules are
-		// all in shadow mode never changes a response, so neither its policy nor its
-		// local fallback applies.
-		g := group{key: innermost.limKey, parts: enforcing(st.parts), m: innermost, checks: st.checks}
-		out := st.obuf[:0]
-		if len(st.checks) > len(st.obuf) {
-			out = make([]ratebudget.Outcome, 0, len(st.checks))
-		}
-		if st.settles {
-			tickets := make([]ratebudget.Ticket, len(st.checks))
-			ev.Decision, outcomes, ev.Latency, err = g.m.reserveEach(ctx, st.checks, out[:len(st.checks)], tickets)
-			if err == nil && ev.Decision.Allowed {
-				st.addTarget(g.m, g.m.settler, st.checks, tickets, st.enforcedRules(0, len(st.checks)))
-			}
-		} else {
-			ev.Decision, outcomes, ev.Latency, err = g.m.decideEach(ctx, st.checks, out[:len(st.checks)])
-		}
-		if err != nil {
-			failed = &g
-		}
+	v := st.decide(ctx)
+	how := st.applyPolicy(ctx, &v)
+	if how == answerMisconfigured || how == answerDecision && !v.d.Allowed {
+		st.giveBack(ctx)
+	}
+	ev := Event{Request: st.req, Decision: v.d, Fallback: v.fellBack, Err: v.err, Latency: v.latency}
+	switch how {
+	case answerMisconfigured:
+		st.parts[len(st.parts)-1].m.misconfigured(w, r, st, v.err)
+		return
+	case answerCanceled:
+		ev.Result = Canceled
+		observeAll(st, &ev)
+		return
+	case answerUnavailable:
+		ev.Result = Unavailable
+		observeAll(st, &ev)
+		headers.WriteUnavailable(w, r, unavailableRetryAfter(v.failed.parts))
+		return
+	case answerDegraded:
+		ev.Result, ev.Decision = Degraded, ratebudget.Decision{}
+		observeAll(st, &ev) // the limiters that did decide are settled below
 	default:
-		ev.Decision, outcomes, ev.Latency, failed, ev.Fallback, open, err = decideGroups(ctx, st)
-	}
-	if err != nil {
-		if errors.Is(err, ratebudget.ErrInvalidConfig) {
-			if st.settle != nil {
-				st.settle.cancelAll(ctx) // an earlier limiter's reservation
-			}
-			innermost.misconfigured(w, r, st, err)
-			return
-		}
-		var se *ratebudget.StoreError
-		if !errors.As(err, &se) {
-			err = &ratebudget.StoreError{Class: "other", Err: err}
-		}
-		ev.Err = err
-		if ended(ctx) {
-			ev.Result = Canceled
-			observeAll(st, &ev)
-			if st.settle != nil {
-				st.settle.cancelAll(ctx)
-			}
-			return
-		}
-		policy := strictest(failed.parts)
-		// decideGroups applies a policy other than fail-closed itself and goes on with the
-		// other limiters, whose refusal refuses: the request was decided, and an
-		// admission is degraded when a limiter failed under fail-open (whatever the local
-		// fallback decided for another), whose rules went unenforced.
-		decided := !single && policy != failClosed
-		switch {
-		case policy == failOpen && !decided, decided && ev.Decision.Allowed && open:
-			ev.Result = Degraded
-			ev.Decision = ratebudget.Decision{}
-			observeAll(st, &ev)
-			if st.settle != nil {
-				served = true
-				serveSettled(w, r, st.settle, next) // the limiters that did decide
-				return
-			}
-			next.ServeHTTP(w, r)
-			return
-		case decided:
-		case policy == localFallback:
-			ev.Decision, outcomes = fallback(ctx, st, failed)
-			ev.Fallback = true
-		default:
-			ev.Result = Unavailable
-			observeAll(st, &ev)
-			if st.settle != nil {
-				st.settle.cancelAll(ctx)
-			}
-			headers.WriteUnavailable(w, r, unavailableRetryAfter(failed.parts))
-			return
+		if !st.answer(w, r, &ev, v.outcomes) {
+			return // refused
 		}
 	}
+	served = true
+	if st.settle != nil {
+		serveSettled(w, r, st.settle, next)
+		return
+	}
+	next.ServeHTTP(w, r)
+}
+
+// decide asks the limiters of st: the one limiter of every layer in one call, or
+// several limiter by limiter (decideGroups).
+func (st *stack) decide(ctx context.Context) verdict {
+	if len(st.checks) == 0 {
+		// Every rule is in shadow mode: nothing is enforced.
+		return verdict{d: ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}}}
+	}
+	innermost := st.parts[len(st.parts)-1].m
+	for i := range st.parts {
+		if st.parts[i].m.limKey != innermost.limKey {
+			return decideGroups(ctx, st)
+		}
+	}
+	// The group's parts are the layers with enforced rules: a layer whose rules are all
+	// in shadow mode never changes a response, so neither its policy nor its local
+	// fallback applies.
+	g := group{key: innermost.limKey, parts: enforcing(st.parts), m: innermost, checks: st.checks}
+	out := st.obuf[:0]
+	if len(st.checks) > len(st.obuf) {
+		out = make([]ratebudget.Outcome, 0, len(st.checks))
+	}
+	var v verdict
+	v.d, v.outcomes, v.latency, v.err = st.ask(ctx, &g, st.settles, out[:len(st.checks)])
+	if v.err != nil {
+		v.failed = g
+	}
+	return v
+}
+
+// ask makes the call of g's limiter: a reservation when reserve is set (an admission is
+// then settled once the handler returns, or given back), a decision otherwise. out
+// receives every check's outcome when the limiter reports them (see decideEach).
+func (st *stack) ask(ctx context.Context, g *group, reserve bool, out []ratebudget.Outcome) (ratebudget.Decision, []ratebudget.Outcome, time.Duration, error) {
+	if !reserve {
+		return g.m.decideEach(ctx, g.checks, out)
+	}
+	tickets := make([]ratebudget.Ticket, len(g.checks))
+	d, outcomes, lat, err := g.m.reserveEach(ctx, g.checks, out, tickets)
+	if err == nil && d.Allowed {
+		st.addTarget(g.m, g.m.settler, g.checks, tickets, st.enforcedRules(g))
+	}
+	return d, outcomes, lat, err
+}
+
+// applyPolicy says how a request whose checks were asked is answered: by the decision
+// when no limiter failed, or when a limiter failed under fail-open or local fallback
+// and the others decided (decideGroups applied those policies already). Otherwise the
+// strictest policy of the failed limiter's layers applies: fail-open admits without a
+// decision, local fallback decides on the per-replica budgets (v then holds that
+// decision), fail-closed answers 503. A canceled request and a configuration error take
+// no policy. A store error that is not a *ratebudget.StoreError becomes one (class
+// "other").
+func (st *stack) applyPolicy(ctx context.Context, v *verdict) answer {
+	if v.err == nil {
+		return answerDecision
+	}
+	if errors.Is(v.err, ratebudget.ErrInvalidConfig) {
+		return answerMisconfigured
+	}
+	var se *ratebudget.StoreError
+	if !errors.As(v.err, &se) {
+		v.err = &ratebudget.StoreError{Class: "other", Err: v.err}
+	}
+	if ended(ctx) {
+		return answerCanceled
+	}
+	policy := strictest(v.failed.parts)
+	// In a walk, the other limiters' refusal refuses: the request was decided, and an
+	// admission is degraded when a limiter failed under fail-open (whatever the local
+	// fallback decided for another), whose rules went unenforced.
+	decided := v.walked && policy != failClosed
+	switch {
+	case policy == failOpen && !decided, decided && v.d.Allowed && v.open:
+		return answerDegraded
+	case decided:
+		return answerDecision
+	case policy == localFallback:
+		v.d, v.outcomes = fallback(ctx, st, &v.failed), nil
+		v.fellBack = true
+		return answerDecision
+	}
+	return answerUnavailable
+}
+
+// answer answers by the decision ev.Decision: it writes the metadata (of every check
+// when the limiter reported each outcome, see report) and shows ev to the observers.
+// It reports true for an admission, which the caller serves, having decided the rules
+// in shadow mode; a refusal is answered here.
+func (st *stack) answer(w http.ResponseWriter, r *http.Request, ev *Event, outcomes []ratebudget.Outcome) bool {
 	d := &ev.Decision
 	rep := st.partOf(d.Index)
-	infos := st.infos[:0]
-	if len(st.checks) > len(st.infos) {
-		infos = make([]meta.Info, 0, len(st.checks))
+	infos, index := st.report(d, outcomes)
+	if !d.Allowed {
+		st.refuse(w, r, ev, rep, infos, index)
+		return false
 	}
-	for i := range st.checks {
-		infos = append(infos, st.info(i, d, outcomes))
+	ev.Result = Allowed
+	if len(st.shadow) > 0 {
+		shadow, lat, err := decideShadow(r.Context(), st)
+		ev.Shadow, ev.Latency = shadow, ev.Latency+lat
+		if ev.Err == nil {
+			ev.Err = err // a shadow decision's store failure: observed, never answered
+		}
 	}
-	infos, index := st.visible(infos, d.Index)
-	switch {
-	case d.Allowed:
-		ev.Result = Allowed
-		if len(st.shadow) > 0 {
-			var lat time.Duration
-			var serr error
-			ev.Shadow, lat, serr = decideShadow(ctx, st)
-			ev.Latency += lat
-			if ev.Err == nil {
-				ev.Err = serr // a shadow decision's store failure: observed, never answered
-			}
-		}
-		observeAll(st, &ev)
-		if len(infos) > 0 {
-			meta.Write(w.Header(), rep.m.cfg.style, infos, index)
-		}
-		if st.settle != nil {
-			served = true
-			serveSettled(w, r, st.settle, next)
-			return
-		}
-		next.ServeHTTP(w, r)
-	case rep.m.cfg.onRefusal != nil:
-		ev.Result = Denied
-		if d.Exceeded {
-			ev.Result = Exceeded
-		}
-		observeAll(st, &ev)
+	observeAll(st, ev)
+	if len(infos) > 0 {
 		meta.Write(w.Header(), rep.m.cfg.style, infos, index)
+	}
+	return true
+}
+
+// refuse answers a refusal, 429 or 413 (the cost exceeds a rule's capacity), or by the
+// refusal handler of rep, the layer of the reported rule, whose style writes infos.
+func (st *stack) refuse(w http.ResponseWriter, r *http.Request, ev *Event, rep *part, infos []meta.Info, index int) {
+	d := &ev.Decision
+	ev.Result = Denied
+	if d.Exceeded {
+		ev.Result = Exceeded
+	}
+	observeAll(st, ev)
+	cfg := &rep.m.cfg
+	switch {
+	case cfg.onRefusal != nil:
+		meta.Write(w.Header(), cfg.style, infos, index)
 		rd := *d
 		if d.Index >= 0 && d.Index < len(st.checks) && st.checks[d.Index].Rule.Algorithm == ratebudget.InFlight {
 			rd.RetryAfter = leaseRetryAfter(rd.RetryAfter)
 		}
-		rep.m.cfg.onRefusal(w, r, rd)
+		cfg.onRefusal(w, r, rd)
 	case d.Exceeded:
-		ev.Result = Exceeded
-		observeAll(st, &ev)
-		meta.WriteCostExceeded(w, r, rep.m.cfg.style, infos, index, rep.cost)
+		meta.WriteCostExceeded(w, r, cfg.style, infos, index, rep.cost)
 	default:
-		ev.Result = Denied
-		observeAll(st, &ev)
-		meta.WriteTooManyRequests(w, r, rep.m.cfg.style, infos, index)
+		meta.WriteTooManyRequests(w, r, cfg.style, infos, index)
+	}
+}
+
+// giveBack gives back the spend of every reservation of st that has not been settled:
+// the request is answered without being served.
+func (st *stack) giveBack(ctx context.Context) {
+	if st.settle != nil {
+		st.settle.cancelAll(ctx)
 	}
 }
 
 // decideGroups decides a stack whose layers use different limiters: one all-or-nothing
 // call per limiter, in the order the layers were mounted (outermost first). A group's
 // refusal stops the walk: later groups spend nothing; earlier groups' spend is given
-// back when their limiter implements ratebudget.Settler (it was reserved), and stays
-// spent otherwise. A group's store failure under fail-open or local fallback is decided
-// by that policy (fellBack reports a local decision, open an admission under fail-open)
-// and the walk goes on, so that the other limiters' rules still apply; failed and err
-// are then the last failure. Any other failure (fail-closed, a configuration error, a
-// canceled request) stops the walk with the earlier groups' reservations standing:
-// decideStack answers it. The decision
-// reported is the refusing group's, or when all admit the most restrictive rule of all.
-func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcomes []ratebudget.Outcome, latency time.Duration, failed *group, fellBack, open bool, err error) {
+// back (by decideStack) when their limiter implements ratebudget.Settler (it was
+// reserved), and stays spent otherwise. A group's store failure under fail-open or local
+// fallback is decided by that policy (see tolerate) and the walk goes on, so that the
+// other limiters' rules still apply; the verdict's failed and err are then the last
+// failure. Any other failure (fail-closed, a configuration error, a canceled request)
+// stops the walk with the earlier groups' reservations standing: decideStack answers
+// it. The decision reported is the refusing group's, or when all admit the most
+// restrictive rule of all.
+func decideGroups(ctx context.Context, st *stack) verdict {
+	groups := st.groups()
+	v := verdict{walked: true}
+	all := make([]ratebudget.Outcome, len(st.checks))
+	known := true // every group asked reported every check's outcome
+	best := -1
+	for _, g := range groups {
+		// Reserved when it can be, so that a later limiter's refusal gives this spend back.
+		gd, gout, lat, err := st.ask(ctx, g, g.m.settler != nil, make([]ratebudget.Outcome, len(g.checks)))
+		v.latency += lat
+		if err != nil {
+			known = false // the failed group's state is not known
+			var decided, stop bool
+			if gd, decided, stop = st.tolerate(ctx, g, err, &v); stop {
+				return v
+			}
+			if !decided {
+				continue // fail-open: the group's rules go unenforced
+			}
+		} else {
+			if gout == nil {
+				known = false
+			} else {
+				for i, k := range g.index {
+					all[k] = gout[i]
+				}
+			}
+			gd.Index = g.index[gd.Index]
+		}
+		if !gd.Allowed {
+			v.d = gd
+			if known {
+				v.outcomes = st.refusedBy(groups, g, all)
+			}
+			return v
+		}
+		if best < 0 || tighter(&gd, &v.d) {
+			v.d, best = gd, gd.Index
+		}
+	}
+	if best < 0 {
+		v.d.Allowed = true // every group failed under fail-open: degraded
+	}
+	if known {
+		v.outcomes = all
+	}
+	return v
+}
+
+// groups returns the enforced checks of st by limiter, in the order of each limiter's
+// first layer.
+func (st *stack) groups() []*group {
 	var groups []*group
 	for i := range st.parts {
 		p := st.parts[i]
@@ -224,90 +337,53 @@ func decideGroups(ctx context.Context, st *stack) (d ratebudget.Decision, outcom
 			g.index = append(g.index, k)
 		}
 	}
-	all := make([]ratebudget.Outcome, len(st.checks))
-	known := true
-	best := -1
-	for _, g := range groups {
-		var gd ratebudget.Decision
-		var gout []ratebudget.Outcome
-		var lat time.Duration
-		var gerr error
-		if g.m.settler != nil {
-			// Reserved, so that a later limiter's refusal gives this spend back.
-			tickets := make([]ratebudget.Ticket, len(g.checks))
-			gd, gout, lat, gerr = g.m.reserveEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)), tickets)
-			if gerr == nil && gd.Allowed {
-				rules := make([]*compiledRule, len(g.index))
-				for i, k := range g.index {
-					p := st.partOf(k)
-					rules[i] = p.rule(k-p.from, false)
-				}
-				st.addTarget(g.m, g.m.settler, g.checks, tickets, rules)
-			}
-		} else {
-			gd, gout, lat, gerr = g.m.decideEach(ctx, g.checks, make([]ratebudget.Outcome, len(g.checks)))
+	return groups
+}
+
+// tolerate applies, within decideGroups' walk, the policy of g, whose limiter failed
+// with err. Under fail-closed, and for a canceled request or a configuration error, it
+// stops the walk (stop) with v the stack's verdict: no decision, g failed. Otherwise the
+// walk goes on with g the last failure: under fail-open without a decision of g's rules
+// (open), under local fallback with its decision (decided: d, whose Index is the
+// stack's; a refusal stops the walk too, with v that refusal).
+func (st *stack) tolerate(ctx context.Context, g *group, err error, v *verdict) (d ratebudget.Decision, decided, stop bool) {
+	policy := strictest(g.parts)
+	if policy == failClosed || ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig) {
+		*v = verdict{latency: v.latency, failed: *g, err: err, walked: true}
+		return ratebudget.Decision{}, false, true
+	}
+	v.failed, v.err = *g, err
+	if policy == failOpen {
+		v.open = true
+		return ratebudget.Decision{}, false, false
+	}
+	d = fallback(ctx, st, g)
+	v.fellBack = true
+	if !d.Allowed {
+		v.d, v.outcomes = d, nil
+		return d, true, true
+	}
+	return d, true, false
+}
+
+// refusedBy returns the outcomes of a walk that refused's limiter refused, from all,
+// those of every check of the groups asked (the groups after refused are marked
+// unasked): the refusing group spent nothing, and reports so; the groups before it that
+// reserved are given their spend back, and report the state after it; the others' spend
+// stands.
+func (st *stack) refusedBy(groups []*group, refused *group, all []ratebudget.Outcome) []ratebudget.Outcome {
+	for _, x := range groups {
+		if x == refused {
+			break
 		}
-		latency += lat
-		if gerr == nil && !gd.Allowed && st.settle != nil {
-			st.settle.cancelAll(ctx)
-		}
-		if gerr != nil {
-			policy := strictest(g.parts)
-			if policy == failClosed || ended(ctx) || errors.Is(gerr, ratebudget.ErrInvalidConfig) {
-				return ratebudget.Decision{}, nil, latency, g, false, false, gerr
+		if x.m.settler != nil {
+			for _, k := range x.index {
+				givenBack(st.checks[k:k+1], all[k:k+1])
 			}
-			failed, err = g, gerr
-			known = false // the failed group's state is not known
-			if policy == failOpen {
-				open = true
-				continue
-			}
-			gd, _ = fallback(ctx, st, g) // its Index is the stack's already
-			fellBack = true
-			if !gd.Allowed {
-				return gd, nil, latency, failed, true, open, err
-			}
-		} else {
-			if gout == nil {
-				known = false
-			} else {
-				for i, k := range g.index {
-					all[k] = gout[i]
-				}
-			}
-			gd.Index = g.index[gd.Index]
-		}
-		if !gd.Allowed {
-			// The refusing group spent nothing, and reports so; the groups before it
-			// that reserved were given their spend back (cancelAll); the others' spend
-			// stands.
-			for _, x := range groups {
-				if x == g {
-					break
-				}
-				if x.m.settler != nil {
-					for _, k := range x.index {
-						givenBack(st.checks[k:k+1], all[k:k+1])
-					}
-				}
-			}
-			if known {
-				outcomes = all
-				st.unasked = unasked(st, groups, g)
-			}
-			return gd, outcomes, latency, failed, fellBack, open, err
-		}
-		if best < 0 || tighter(&gd, &d) {
-			d, best = gd, gd.Index
 		}
 	}
-	if best < 0 {
-		d.Allowed = true // every group failed under fail-open: degraded
-	}
-	if known {
-		outcomes = all
-	}
-	return d, outcomes, latency, failed, fellBack, open, err
+	st.unasked = unasked(st, groups, refused)
+	return all
 }
 
 // unasked marks the checks of the groups after refused, which a refusal left unasked;
@@ -375,9 +451,10 @@ func unavailableRetryAfter(parts []part) time.Duration {
 // fallback decides the failed group's checks on each layer's local budget, layer by
 // layer (a degraded mode: each layer's local decision is all-or-nothing on its own).
 // Every admission is reserved on the local budget, so that a refusal, by a later layer's
-// local budget or by a later limiter, gives the spend back as it gives a healthy
-// limiter's back. Layers under fail-open admit.
-func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []ratebudget.Outcome) {
+// local budget or by a later limiter, gives the spend back (decideStack) as it gives a
+// healthy limiter's back. Layers under fail-open admit. It reports no outcome of each
+// check.
+func fallback(ctx context.Context, st *stack, g *group) ratebudget.Decision {
 	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}, Index: -1}
 	for _, p := range g.parts {
 		if p.m.fallback == nil {
@@ -406,10 +483,7 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 			pd.RetryAfter = max(pd.RetryAfter, p.m.cfg.retryAfter)
 		}
 		if !pd.Allowed {
-			if st.settle != nil {
-				st.settle.cancelAll(ctx) // the earlier layers' local spend
-			}
-			return pd, nil
+			return pd // the earlier layers' local spend is given back with the rest
 		}
 		if d.Index < 0 || tighter(&pd, &d) {
 			d = pd
@@ -418,7 +492,7 @@ func fallback(ctx context.Context, st *stack, g *group) (ratebudget.Decision, []
 	if d.Index < 0 {
 		d.Index = 0
 	}
-	return d, nil
+	return d
 }
 
 // decideShadow decides the checks of rules in shadow mode, layer by layer, once the
@@ -481,12 +555,16 @@ func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Chec
 	}
 }
 
-// enforcedRules returns the rule of each of st.checks[from:to].
-func (st *stack) enforcedRules(from, to int) []*compiledRule {
-	rules := make([]*compiledRule, 0, to-from)
-	for i := from; i < to; i++ {
-		p := st.partOf(i)
-		rules = append(rules, p.rule(i-p.from, false))
+// enforcedRules returns the rule of each of g's checks.
+func (st *stack) enforcedRules(g *group) []*compiledRule {
+	rules := make([]*compiledRule, len(g.checks))
+	for i := range rules {
+		k := i
+		if g.index != nil {
+			k = g.index[i]
+		}
+		p := st.partOf(k)
+		rules[i] = p.rule(k-p.from, false)
 	}
 	return rules
 }

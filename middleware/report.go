@@ -8,6 +8,20 @@ import (
 	"github.com/ratebudget/ratebudget/internal/meta"
 )
 
+// report returns the metadata of every check of st for the decision d (outcomes as in
+// info), without the rules of layers that send none, and the index of the reported
+// check among them (see visible).
+func (st *stack) report(d *ratebudget.Decision, outcomes []ratebudget.Outcome) ([]meta.Info, int) {
+	infos := st.infos[:0]
+	if len(st.checks) > len(st.infos) {
+		infos = make([]meta.Info, 0, len(st.checks))
+	}
+	for i := range st.checks {
+		infos = append(infos, st.info(i, d, outcomes))
+	}
+	return st.visible(infos, d.Index)
+}
+
 // info is the metadata of check i: from its outcome when the limiter reported each one,
 // from the decision for the reported check, and without state otherwise.
 func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outcome) meta.Info {

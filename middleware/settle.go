@@ -195,7 +195,8 @@ func (t *target) costs(r *http.Request, rec *recorder, reserved bool) []int64 {
 	return costs
 }
 
-// cancelAll gives back every target's spend in full: a later limiter refused the request.
+// cancelAll gives back every target's spend in full: the request is answered without
+// being served (a later limiter refused it, say; see stack.giveBack).
 // Each target is removed before it is settled, so that none is settled twice when a
 // settle panics and a deferred cancelAll runs again.
 func (se *settlement) cancelAll(ctx context.Context) {

@@ -209,13 +209,7 @@ func (b *breaker) done(start time.Time, probe bool, err error) {
 	defer b.mu.Unlock()
 	now := b.now()
 	if probe {
-		b.probing = false
-		switch {
-		case err == nil:
-			b.close(now)
-		case err != errNotCounted:
-			b.nextProbe = now.Add(b.cfg.Cooldown)
-		}
+		b.probed(now, err)
 		return
 	}
 	if err == errNotCounted {
@@ -231,31 +225,53 @@ func (b *breaker) done(start time.Time, probe bool, err error) {
 	case replied:
 		b.replied, b.unanswered, b.lost = now, time.Time{}, 0
 	default:
-		from := start
-		if b.replied.After(from) {
-			from = b.replied // another call had a reply while this one waited
-		}
-		if b.unanswered.IsZero() || from.Before(b.unanswered) {
-			b.unanswered = from
-		}
-		if se != nil && se.Class == "connection" {
-			b.lost++
-		}
+		b.unreplied(start, se != nil && se.Class == "connection")
 	}
 	if b.open {
 		return // a call let through before the breaker opened
 	}
-	if b.lost >= lostConnections || now.Sub(b.unanswered) >= b.cfg.Stall && !b.unanswered.IsZero() {
+	if b.lost >= lostConnections || now.Sub(b.unanswered) >= b.cfg.Stall && !b.unanswered.IsZero() || b.failing() {
 		b.trip(now)
-		return
 	}
+}
+
+// probed records the result of the decision let through as the probe of an open
+// breaker (there is no ping): an answer closes it, a store failure waits Cooldown
+// before the next probe. b.mu is held.
+func (b *breaker) probed(now time.Time, err error) {
+	b.probing = false
+	switch {
+	case err == nil:
+		b.close(now)
+	case err != errNotCounted:
+		b.nextProbe = now.Add(b.cfg.Cooldown)
+	}
+}
+
+// unreplied records a call let through at start that got no reply from the store;
+// unreachable when it could not connect. b.mu is held.
+func (b *breaker) unreplied(start time.Time, unreachable bool) {
+	from := start
+	if b.replied.After(from) {
+		from = b.replied // another call had a reply while this one waited
+	}
+	if b.unanswered.IsZero() || from.Before(b.unanswered) {
+		b.unanswered = from
+	}
+	if unreachable {
+		b.lost++
+	}
+}
+
+// failing reports whether the decisions of the window fail at Breaker.FailureRatio,
+// with at least MinCalls of them. b.mu is held.
+func (b *breaker) failing() bool {
 	ok, failed := 0, 0
 	for _, c := range b.buckets {
 		ok, failed = ok+c.ok, failed+c.failed
 	}
-	if n := ok + failed; n >= b.cfg.MinCalls && float64(failed) >= b.cfg.FailureRatio*float64(n) {
-		b.trip(now)
-	}
+	n := ok + failed
+	return n >= b.cfg.MinCalls && float64(failed) >= b.cfg.FailureRatio*float64(n)
 }
 
 // bucket returns the bucket counting decisions that end at now, clearing those whose

@@ -183,65 +183,31 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 			st.answered = true
 		}
 	}()
-	cost := int64(1)
-	if m.cfg.cost != nil {
-		c, err := m.cfg.cost(r)
-		switch {
-		case err != nil:
-			m.invalid(w, r, st, inputError(partCost, "", err, "cost could not be determined"))
-			return false
-		case c < 1:
-			m.invalid(w, r, st, &InputError{Part: partCost, Reason: "cost must be a positive integer"})
-			return false
-		}
-		cost = c
-	}
-	if m.layerCost && cost > m.rules[m.minCap].limit {
-		// No store can admit it, and no store need be asked: decided here, so that a
-		// hostile cost never reaches the store, its breaker or the failure policy.
-		m.exceeded(w, r, st, cost, m.minCap)
+	cost, ok := m.cost(w, r, st)
+	if !ok {
 		return false
 	}
 	from, sfrom := len(st.checks), len(st.shadow)
-	undo := func() {
-		st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
-	}
 	for i := range m.rules {
 		cr := &m.rules[i]
-		id, err := cr.identity(r)
-		if err == nil && id == "" {
-			err = errEmptyIdentity
+		c, ierr := cr.check(r, cost)
+		if ierr == nil && m.settles {
+			c.Cost = cr.reserve(r, cost)
 		}
-		if err != nil {
-			undo()
-			m.invalid(w, r, st, inputError(partIdentity, cr.rule.Name, err, "identity could not be determined"))
+		switch {
+		case ierr != nil:
+			st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
+			m.invalid(w, r, st, ierr)
 			return false
+		case m.settles && c.Cost > cr.limit && !cr.shadow:
+			st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
+			m.exceeded(w, r, st, c.Cost, i) // e.g. a Content-Length above a byte budget
+			return false
+		case cr.shadow:
+			st.shadow = append(st.shadow, c)
+		default:
+			st.checks = append(st.checks, c)
 		}
-		var scope string
-		if cr.scope != nil {
-			scope, err = cr.scope(r)
-			if err == nil && scope == "" {
-				err = errEmptyScope
-			}
-			if err != nil {
-				undo()
-				m.invalid(w, r, st, inputError(partScope, cr.rule.Name, err, "scope could not be determined"))
-				return false
-			}
-		}
-		c := cost
-		if m.settles {
-			if c = cr.reserve(r, cost); c > cr.limit && !cr.shadow {
-				undo()
-				m.exceeded(w, r, st, c, i) // e.g. a Content-Length above a byte budget
-				return false
-			}
-		}
-		if cr.shadow {
-			st.shadow = append(st.shadow, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
-			continue
-		}
-		st.checks = append(st.checks, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
 	}
 	st.parts = append(st.parts, part{m: m, from: from, to: len(st.checks), cost: cost})
 	if len(st.shadow) > sfrom {
@@ -249,6 +215,55 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 	}
 	st.settles = st.settles || m.settles
 	return true
+}
+
+// cost returns the layer's cost of r. When it cannot be determined (400), or exceeds
+// the capacity of a rule it is charged to (413), it answers r and reports false; st
+// holds the outer layers' checks.
+func (m *mw) cost(w http.ResponseWriter, r *http.Request, st *stack) (int64, bool) {
+	cost := int64(1)
+	if m.cfg.cost != nil {
+		c, err := m.cfg.cost(r)
+		switch {
+		case err != nil:
+			m.invalid(w, r, st, inputError(partCost, "", err, "cost could not be determined"))
+			return 0, false
+		case c < 1:
+			m.invalid(w, r, st, &InputError{Part: partCost, Reason: "cost must be a positive integer"})
+			return 0, false
+		}
+		cost = c
+	}
+	if m.layerCost && cost > m.rules[m.minCap].limit {
+		// No store can admit it, and no store need be asked: decided here, so that a
+		// hostile cost never reaches the store, its breaker or the failure policy.
+		m.exceeded(w, r, st, cost, m.minCap)
+		return 0, false
+	}
+	return cost, true
+}
+
+// check returns the rule's check of r at cost, or the error of an identity or scope
+// that could not be determined (an empty key included).
+func (cr *compiledRule) check(r *http.Request, cost int64) (ratebudget.Check, *InputError) {
+	id, err := cr.identity(r)
+	if err == nil && id == "" {
+		err = errEmptyIdentity
+	}
+	if err != nil {
+		return ratebudget.Check{}, inputError(partIdentity, cr.rule.Name, err, "identity could not be determined")
+	}
+	var scope string
+	if cr.scope != nil {
+		scope, err = cr.scope(r)
+		if err == nil && scope == "" {
+			err = errEmptyScope
+		}
+		if err != nil {
+			return ratebudget.Check{}, inputError(partScope, cr.rule.Name, err, "scope could not be determined")
+		}
+	}
+	return ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: cost}, nil
 }
 
 var (

@@ -181,6 +181,27 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		return nil, configErr("limiter", "must not be nil")
 	}
 	m := &mw{limiter: lim}
+	if err := m.configure(opts); err != nil {
+		return nil, err
+	}
+	if err := m.compile(rules); err != nil {
+		return nil, err
+	}
+	if err := m.use(lim); err != nil {
+		return nil, err
+	}
+	m.stacks.New = func() any {
+		st := new(stack)
+		st.reset()
+		return st
+	}
+	m.probe = chiroute.NewProbe()
+	m.wrapPC = chiroute.FuncPC(m.wrap)
+	return m, nil
+}
+
+// configure sets m.cfg: the defaults, then opts in order.
+func (m *mw) configure(opts []Option) error {
 	m.cfg = config{
 		timeout:    50 * time.Millisecond,
 		retryAfter: time.Second,
@@ -188,33 +209,47 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	m.cfg.breaker, _ = Breaker{}.withDefaults()
 	for _, o := range opts {
 		if o == nil {
-			return nil, configErr("options", "must not contain nil")
+			return configErr("options", "must not contain nil")
 		}
 		if err := o(&m.cfg); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	return nil
+}
+
+// compile validates rules and sets m.rules, and what the layer derives from them (see
+// index). The configuration must be set.
+func (m *mw) compile(rules []Rule) error {
 	plain := make([]ratebudget.Rule, len(rules))
 	for i, r := range rules {
 		plain[i] = r.Rule
 	}
 	if err := ratebudget.ValidateRules(plain); err != nil {
-		return nil, err
+		return err
 	}
 	for _, r := range rules {
 		if r.Identity == nil {
-			return nil, &ratebudget.ConfigError{Rule: r.Name, Field: "Identity", Problem: "must not be nil (use keyfuncs.Global() for a service-wide budget)"}
+			return &ratebudget.ConfigError{Rule: r.Name, Field: "Identity", Problem: "must not be nil (use keyfuncs.Global() for a service-wide budget)"}
 		}
 		cr := compiledRule{rule: r.Rule, identity: r.Identity, scope: r.Scope, limit: r.Rule.Capacity(), counts: r.Counts, shadow: r.Shadow}
 		cr.limitText = strconv.FormatInt(cr.limit, 10)
 		if err := cr.compileCounts(); err != nil {
-			return nil, err
+			return err
 		}
 		if m.cfg.policy == localFallback {
 			cr.local = localRule(r.Rule, m.cfg.replicas)
 		}
 		m.rules = append(m.rules, cr)
 	}
+	m.index()
+	return nil
+}
+
+// index sets what m derives from its rules: settles, the enforced and shadowed rules,
+// and the rule of smallest capacity that the layer's cost is charged to (minCap,
+// layerCost).
+func (m *mw) index() {
 	m.minCap = -1
 	for i := range m.rules {
 		cr := &m.rules[i]
@@ -237,9 +272,15 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	if m.shadowed == nil {
 		m.enforced = nil // every rule is enforced: checks map to rules one to one
 	}
+}
+
+// use sets how m asks lim: through its optional interfaces (Settler, Reporter, Ping,
+// InProcess), under a deadline and a breaker when it does I/O, with a local fallback
+// under that policy. The rules and the configuration must be set.
+func (m *mw) use(lim ratebudget.Limiter) error {
 	m.settler, _ = lim.(ratebudget.Settler)
 	if m.settles && m.settler == nil {
-		return nil, configErr("limiter", "must implement ratebudget.Settler for rules that count other than attempts or that are InFlight")
+		return configErr("limiter", "must implement ratebudget.Settler for rules that count other than attempts or that are InFlight")
 	}
 	ip, ok := lim.(inProcess)
 	m.io = !ok || !ip.InProcess()
@@ -253,7 +294,7 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	if m.cfg.policy == localFallback {
 		fb, err := memory.New()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		m.fallback = fb
 	}
@@ -268,14 +309,7 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 	if !reflect.TypeOf(lim).Comparable() {
 		m.limKey = new(byte) // a func or map limiter: equal only to itself through this layer
 	}
-	m.stacks.New = func() any {
-		st := new(stack)
-		st.reset()
-		return st
-	}
-	m.probe = chiroute.NewProbe()
-	m.wrapPC = chiroute.FuncPC(m.wrap)
-	return m, nil
+	return nil
 }
 
 // inProcess is implemented by limiters that decide without I/O (memory.Limiter): they

@@ -213,7 +213,7 @@ func (st *stack) answer(w http.ResponseWriter, r *http.Request, ev *Event, outco
 	}
 	observeAll(st, ev)
 	if len(infos) > 0 {
-		meta.Write(w.Header(), rep.m.cfg.style, infos, index)
+		st.values.Write(w.Header(), rep.m.cfg.style, infos, index)
 	}
 	return true
 }
@@ -230,7 +230,7 @@ func (st *stack) refuse(w http.ResponseWriter, r *http.Request, ev *Event, rep *
 	cfg := &rep.m.cfg
 	switch {
 	case cfg.onRefusal != nil:
-		meta.Write(w.Header(), cfg.style, infos, index)
+		st.values.Write(w.Header(), cfg.style, infos, index)
 		rd := *d
 		if d.Index >= 0 && d.Index < len(st.checks) && st.checks[d.Index].Rule.Algorithm == ratebudget.InFlight {
 			rd.RetryAfter = leaseRetryAfter(rd.RetryAfter)

@@ -70,6 +70,10 @@ type stack struct {
 	// unasked marks the checks of limiters that a refusal left unasked (nil when every
 	// limiter was asked): their state is not known.
 	unasked []bool
+	// values is the memory of the metadata headers' values for a stack of a layer's pool,
+	// which the requests it serves share (they outlive the request, and are never
+	// written again); nil for a stack of its own, whose values are allocated.
+	values *meta.Values
 }
 
 // part is one layer's share of a stack: its checks are checks[from:to].

@@ -90,6 +90,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
+	"github.com/ratebudget/ratebudget/internal/meta"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -191,7 +192,7 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 		return nil, err
 	}
 	m.stacks.New = func() any {
-		st := new(stack)
+		st := &stack{values: new(meta.Values)}
 		st.reset()
 		return st
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -257,4 +258,63 @@ func TestDraft10Fields(t *testing.T) {
 	if got := h.Get("X-RateLimit-Reset"); got != "60" {
 		t.Errorf("X-RateLimit-Reset %s, want 60", got)
 	}
+}
+
+// TestValuesShared: the responses written with one Values share its memory, and each
+// keeps its own values while later ones are written, across chunks, for one rule and
+// several, in every style; a value a handler appends to is copied, not written over
+// the next response's. Each response equals the one Write without a Values writes.
+func TestValuesShared(t *testing.T) {
+	t.Parallel()
+	var v meta.Values
+	type written struct{ got, want http.Header }
+	var all []written
+	for i := range 600 {
+		s := []headers.Style{headers.XRateLimit, headers.IETF, headers.Both, headers.IETFDraft10, headers.BothDraft10}[i%5]
+		rules := []meta.Info{{Policy: "api", Limit: int64(1000 + i), Remaining: int64(i), Reset: time.Duration(i) * time.Second, Window: time.Minute, Available: time.Second}}
+		if i%3 == 0 {
+			rules = append(rules, meta.Info{Policy: strings.Repeat("p", i%70), Limit: 7, Remaining: int64(i % 7), Window: time.Hour, Unreported: i%2 == 0})
+		}
+		got, want := http.Header{}, http.Header{}
+		v.Write(got, s, rules, len(rules)-1)
+		meta.Write(want, s, rules, len(rules)-1)
+		got["X-Ratelimit-Limit"] = append(got["X-Ratelimit-Limit"], "appended")
+		want["X-Ratelimit-Limit"] = append(want["X-Ratelimit-Limit"], "appended")
+		all = append(all, written{got, want})
+	}
+	for i, w := range all {
+		if len(w.got) != len(w.want) {
+			t.Fatalf("response %d: %d fields, want %d", i, len(w.got), len(w.want))
+		}
+		for k, vals := range w.want {
+			if strings.Join(w.got[k], "|") != strings.Join(vals, "|") {
+				t.Fatalf("response %d: %s = %q, want %q", i, k, w.got[k], vals)
+			}
+		}
+	}
+}
+
+// TestValuesFreed: the chunks of a Values whose responses are gone are freed; none keeps
+// an older one alive. 100,000 responses fill about 2,500 chunks (20 MB) of which only
+// the current one must stay.
+func TestValuesFreed(t *testing.T) {
+	var v meta.Values
+	in := []meta.Info{{Policy: "api", Limit: 1 << 40, Remaining: 1 << 39, Reset: time.Hour, Window: time.Hour, Available: time.Second}}
+	write := func(n int) {
+		for i := range n {
+			in[0].Remaining = int64(i)
+			v.Write(http.Header{}, headers.Both, in, 0)
+		}
+	}
+	write(1000)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	write(100_000)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > 4<<20 {
+		t.Errorf("the heap grew by %d bytes over 100,000 responses whose headers are gone, want at most 4 MiB", grown)
+	}
+	runtime.KeepAlive(&v)
 }

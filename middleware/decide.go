@@ -18,26 +18,25 @@ type group struct {
 	parts  []part // the parts of this limiter, in layer order
 	m      *mw    // the innermost of them: its deadline and breaker apply
 	checks []ratebudget.Check
-	index  []int // index[i] is checks[i]'s index in the stack; nil when they are the stack's
+	index  []int // index[i] is checks[i]'s index in the stack
 }
 
 // verdict is what asking the limiters of a stack came to, before the failure policy of
-// a failed one applies (see applyPolicy).
+// a failed one applies (see applyPolicy), with the event that the request is answered
+// with, whose Decision, Latency (the limiter calls' time), Err (of the last limiter
+// that failed; nil when none did) and Fallback (a local fallback decided a failed
+// limiter's checks) it sets.
 type verdict struct {
-	d ratebudget.Decision
+	ev Event
 	// outcomes is every check's outcome, nil when not every one is known.
 	outcomes []ratebudget.Outcome
-	latency  time.Duration // the limiter calls' time
-	// err is the error of the last limiter that failed, failed its group (err nil: none).
-	err    error
-	failed group
+	// failed is the parts of the last limiter that failed.
+	failed []part
 	// walked is set when the stack's layers use several limiters, asked one by one
 	// (decideGroups): a failure under a policy other than fail-closed was then applied
-	// in the walk, and d is the other limiters' decision.
-	walked bool
-	// fellBack is set when a local fallback decided a failed limiter's checks, open when
-	// a limiter failed under fail-open, so that its rules went unenforced.
-	fellBack, open bool
+	// in the walk, and ev.Decision is the other limiters' decision. open is set when a
+	// limiter failed under fail-open, so that its rules went unenforced.
+	walked, open bool
 }
 
 // answer is how a request is answered once its checks were asked.
@@ -72,30 +71,32 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 			st.giveBack(ctx)
 		}
 	}()
-	v := st.decide(ctx)
+	var v verdict
+	v.ev.Request = st.req
+	st.decide(ctx, &v)
 	how := st.applyPolicy(ctx, &v)
-	if how == answerMisconfigured || how == answerDecision && !v.d.Allowed {
+	ev := &v.ev
+	if how == answerMisconfigured || how == answerDecision && !ev.Decision.Allowed {
 		st.giveBack(ctx)
 	}
-	ev := Event{Request: st.req, Decision: v.d, Fallback: v.fellBack, Err: v.err, Latency: v.latency}
 	switch how {
 	case answerMisconfigured:
-		st.parts[len(st.parts)-1].m.misconfigured(w, r, st, v.err)
+		st.parts[len(st.parts)-1].m.misconfigured(w, r, st, ev.Err)
 		return
 	case answerCanceled:
 		ev.Result = Canceled
-		observeAll(st, &ev)
+		observeAll(st, ev)
 		return
 	case answerUnavailable:
 		ev.Result = Unavailable
-		observeAll(st, &ev)
-		headers.WriteUnavailable(w, r, unavailableRetryAfter(v.failed.parts))
+		observeAll(st, ev)
+		headers.WriteUnavailable(w, r, unavailableRetryAfter(v.failed))
 		return
 	case answerDegraded:
 		ev.Result, ev.Decision = Degraded, ratebudget.Decision{}
-		observeAll(st, &ev) // the limiters that did decide are settled below
+		observeAll(st, ev) // the limiters that did decide are settled below
 	default:
-		if !st.answer(w, r, &ev, v.outcomes) {
+		if !st.answer(w, r, ev, v.outcomes) {
 			return // refused
 		}
 	}
@@ -107,46 +108,48 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	next.ServeHTTP(w, r)
 }
 
-// decide asks the limiters of st: the one limiter of every layer in one call, or
-// several limiter by limiter (decideGroups).
-func (st *stack) decide(ctx context.Context) verdict {
+// decide asks the limiters of st, into v: the one limiter of every layer in one call,
+// or several limiter by limiter (decideGroups).
+func (st *stack) decide(ctx context.Context, v *verdict) {
 	if len(st.checks) == 0 {
 		// Every rule is in shadow mode: nothing is enforced.
-		return verdict{d: ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}}}
+		v.ev.Decision = ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}}
+		return
 	}
 	innermost := st.parts[len(st.parts)-1].m
 	for i := range st.parts {
 		if st.parts[i].m.limKey != innermost.limKey {
-			return decideGroups(ctx, st)
+			decideGroups(ctx, st, v)
+			return
 		}
 	}
-	// The group's parts are the layers with enforced rules: a layer whose rules are all
-	// in shadow mode never changes a response, so neither its policy nor its local
-	// fallback applies.
-	g := group{key: innermost.limKey, parts: enforcing(st.parts), m: innermost, checks: st.checks}
 	out := st.obuf[:0]
 	if len(st.checks) > len(st.obuf) {
 		out = make([]ratebudget.Outcome, 0, len(st.checks))
 	}
-	var v verdict
-	v.d, v.outcomes, v.latency, v.err = st.ask(ctx, &g, st.settles, out[:len(st.checks)])
-	if v.err != nil {
-		v.failed = g
+	out = out[:len(st.checks)]
+	d := &v.ev
+	if st.settles {
+		d.Decision, v.outcomes, d.Latency, d.Err = st.reserve(ctx, innermost, st.checks, nil, out)
+	} else {
+		d.Decision, v.outcomes, d.Latency, d.Err = innermost.decideEach(ctx, st.checks, out)
 	}
-	return v
+	if d.Err != nil {
+		// The layers with enforced rules: a layer whose rules are all in shadow mode
+		// never changes a response, so neither its policy nor its local fallback applies.
+		v.failed = enforcing(st.parts)
+	}
 }
 
-// ask makes the call of g's limiter: a reservation when reserve is set (an admission is
-// then settled once the handler returns, or given back), a decision otherwise. out
-// receives every check's outcome when the limiter reports them (see decideEach).
-func (st *stack) ask(ctx context.Context, g *group, reserve bool, out []ratebudget.Outcome) (ratebudget.Decision, []ratebudget.Outcome, time.Duration, error) {
-	if !reserve {
-		return g.m.decideEach(ctx, g.checks, out)
-	}
-	tickets := make([]ratebudget.Ticket, len(g.checks))
-	d, outcomes, lat, err := g.m.reserveEach(ctx, g.checks, out, tickets)
+// reserve asks m's limiter to reserve checks, those of st at the indexes index (nil:
+// all of st's, in order), and records an admission to be settled once the handler
+// returns, or given back. out receives every check's outcome when the limiter reports
+// them (see decideEach).
+func (st *stack) reserve(ctx context.Context, m *mw, checks []ratebudget.Check, index []int, out []ratebudget.Outcome) (ratebudget.Decision, []ratebudget.Outcome, time.Duration, error) {
+	tickets := make([]ratebudget.Ticket, len(checks))
+	d, outcomes, lat, err := m.reserveEach(ctx, checks, out, tickets)
 	if err == nil && d.Allowed {
-		st.addTarget(g.m, g.m.settler, g.checks, tickets, st.enforcedRules(g))
+		st.addTarget(m, m.settler, checks, tickets, st.enforcedRules(len(checks), index))
 	}
 	return d, outcomes, lat, err
 }
@@ -160,32 +163,33 @@ func (st *stack) ask(ctx context.Context, g *group, reserve bool, out []ratebudg
 // no policy. A store error that is not a *ratebudget.StoreError becomes one (class
 // "other").
 func (st *stack) applyPolicy(ctx context.Context, v *verdict) answer {
-	if v.err == nil {
+	ev := &v.ev
+	if ev.Err == nil {
 		return answerDecision
 	}
-	if errors.Is(v.err, ratebudget.ErrInvalidConfig) {
+	if errors.Is(ev.Err, ratebudget.ErrInvalidConfig) {
 		return answerMisconfigured
 	}
 	var se *ratebudget.StoreError
-	if !errors.As(v.err, &se) {
-		v.err = &ratebudget.StoreError{Class: "other", Err: v.err}
+	if !errors.As(ev.Err, &se) {
+		ev.Err = &ratebudget.StoreError{Class: "other", Err: ev.Err}
 	}
 	if ended(ctx) {
 		return answerCanceled
 	}
-	policy := strictest(v.failed.parts)
+	policy := strictest(v.failed)
 	// In a walk, the other limiters' refusal refuses: the request was decided, and an
 	// admission is degraded when a limiter failed under fail-open (whatever the local
 	// fallback decided for another), whose rules went unenforced.
 	decided := v.walked && policy != failClosed
 	switch {
-	case policy == failOpen && !decided, decided && v.d.Allowed && v.open:
+	case policy == failOpen && !decided, decided && ev.Decision.Allowed && v.open:
 		return answerDegraded
 	case decided:
 		return answerDecision
 	case policy == localFallback:
-		v.d, v.outcomes = fallback(ctx, st, &v.failed), nil
-		v.fellBack = true
+		ev.Decision, v.outcomes = fallback(ctx, st, v.failed), nil
+		ev.Fallback = true
 		return answerDecision
 	}
 	return answerUnavailable
@@ -251,32 +255,41 @@ func (st *stack) giveBack(ctx context.Context) {
 	}
 }
 
-// decideGroups decides a stack whose layers use different limiters: one all-or-nothing
-// call per limiter, in the order the layers were mounted (outermost first). A group's
-// refusal stops the walk: later groups spend nothing; earlier groups' spend is given
-// back (by decideStack) when their limiter implements ratebudget.Settler (it was
-// reserved), and stays spent otherwise. A group's store failure under fail-open or local
-// fallback is decided by that policy (see tolerate) and the walk goes on, so that the
-// other limiters' rules still apply; the verdict's failed and err are then the last
+// decideGroups decides, into v, a stack whose layers use different limiters: one
+// all-or-nothing call per limiter, in the order the layers were mounted (outermost
+// first). A group's refusal stops the walk: later groups spend nothing; earlier groups'
+// spend is given back (by decideStack) when their limiter implements ratebudget.Settler
+// (it was reserved), and stays spent otherwise. A group's store failure under fail-open
+// or local fallback is decided by that policy (see tolerate) and the walk goes on, so
+// that the other limiters' rules still apply; v's failed and error are then the last
 // failure. Any other failure (fail-closed, a configuration error, a canceled request)
 // stops the walk with the earlier groups' reservations standing: decideStack answers
 // it. The decision reported is the refusing group's, or when all admit the most
 // restrictive rule of all.
-func decideGroups(ctx context.Context, st *stack) verdict {
+func decideGroups(ctx context.Context, st *stack, v *verdict) {
 	groups := st.groups()
-	v := verdict{walked: true}
+	v.walked = true
 	all := make([]ratebudget.Outcome, len(st.checks))
 	known := true // every group asked reported every check's outcome
 	best := -1
 	for _, g := range groups {
-		// Reserved when it can be, so that a later limiter's refusal gives this spend back.
-		gd, gout, lat, err := st.ask(ctx, g, g.m.settler != nil, make([]ratebudget.Outcome, len(g.checks)))
-		v.latency += lat
+		var gd ratebudget.Decision
+		var gout []ratebudget.Outcome
+		var lat time.Duration
+		var err error
+		out := make([]ratebudget.Outcome, len(g.checks))
+		if g.m.settler != nil {
+			// Reserved, so that a later limiter's refusal gives this spend back.
+			gd, gout, lat, err = st.reserve(ctx, g.m, g.checks, g.index, out)
+		} else {
+			gd, gout, lat, err = g.m.decideEach(ctx, g.checks, out)
+		}
+		v.ev.Latency += lat
 		if err != nil {
 			known = false // the failed group's state is not known
 			var decided, stop bool
-			if gd, decided, stop = st.tolerate(ctx, g, err, &v); stop {
-				return v
+			if gd, decided, stop = st.tolerate(ctx, g, err, v); stop {
+				return
 			}
 			if !decided {
 				continue // fail-open: the group's rules go unenforced
@@ -292,23 +305,22 @@ func decideGroups(ctx context.Context, st *stack) verdict {
 			gd.Index = g.index[gd.Index]
 		}
 		if !gd.Allowed {
-			v.d = gd
+			v.ev.Decision = gd
 			if known {
 				v.outcomes = st.refusedBy(groups, g, all)
 			}
-			return v
+			return
 		}
-		if best < 0 || tighter(&gd, &v.d) {
-			v.d, best = gd, gd.Index
+		if d := &v.ev.Decision; best < 0 || tighter(&gd, d) {
+			*d, best = gd, gd.Index
 		}
 	}
 	if best < 0 {
-		v.d.Allowed = true // every group failed under fail-open: degraded
+		v.ev.Decision.Allowed = true // every group failed under fail-open: degraded
 	}
 	if known {
 		v.outcomes = all
 	}
-	return v
 }
 
 // groups returns the enforced checks of st by limiter, in the order of each limiter's
@@ -348,19 +360,19 @@ func (st *stack) groups() []*group {
 // stack's; a refusal stops the walk too, with v that refusal).
 func (st *stack) tolerate(ctx context.Context, g *group, err error, v *verdict) (d ratebudget.Decision, decided, stop bool) {
 	policy := strictest(g.parts)
+	v.failed, v.ev.Err = g.parts, err
 	if policy == failClosed || ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig) {
-		*v = verdict{latency: v.latency, failed: *g, err: err, walked: true}
+		v.ev.Decision, v.ev.Fallback, v.outcomes, v.open = ratebudget.Decision{}, false, nil, false
 		return ratebudget.Decision{}, false, true
 	}
-	v.failed, v.err = *g, err
 	if policy == failOpen {
 		v.open = true
 		return ratebudget.Decision{}, false, false
 	}
-	d = fallback(ctx, st, g)
-	v.fellBack = true
+	d = fallback(ctx, st, g.parts)
+	v.ev.Fallback = true
 	if !d.Allowed {
-		v.d, v.outcomes = d, nil
+		v.ev.Decision, v.outcomes = d, nil
 		return d, true, true
 	}
 	return d, true, false
@@ -448,15 +460,15 @@ func unavailableRetryAfter(parts []part) time.Duration {
 	return parts[len(parts)-1].m.cfg.retryAfter
 }
 
-// fallback decides the failed group's checks on each layer's local budget, layer by
+// fallback decides the checks of parts, a failed limiter's, on each layer's local budget, layer by
 // layer (a degraded mode: each layer's local decision is all-or-nothing on its own).
 // Every admission is reserved on the local budget, so that a refusal, by a later layer's
 // local budget or by a later limiter, gives the spend back (decideStack) as it gives a
 // healthy limiter's back. Layers under fail-open admit. It reports no outcome of each
 // check.
-func fallback(ctx context.Context, st *stack, g *group) ratebudget.Decision {
+func fallback(ctx context.Context, st *stack, parts []part) ratebudget.Decision {
 	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true}, Index: -1}
-	for _, p := range g.parts {
+	for _, p := range parts {
 		if p.m.fallback == nil {
 			continue
 		}
@@ -555,13 +567,14 @@ func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Chec
 	}
 }
 
-// enforcedRules returns the rule of each of g's checks.
-func (st *stack) enforcedRules(g *group) []*compiledRule {
-	rules := make([]*compiledRule, len(g.checks))
+// enforcedRules returns the rule of each of n checks of st, those at the indexes index
+// (nil: the first n).
+func (st *stack) enforcedRules(n int, index []int) []*compiledRule {
+	rules := make([]*compiledRule, n)
 	for i := range rules {
 		k := i
-		if g.index != nil {
-			k = g.index[i]
+		if index != nil {
+			k = index[i]
 		}
 		p := st.partOf(k)
 		rules[i] = p.rule(k-p.from, false)

@@ -194,23 +194,24 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 	from, sfrom := len(st.checks), len(st.shadow)
 	for i := range m.rules {
 		cr := &m.rules[i]
-		c, ierr := cr.check(r, cost)
+		id, scope, ierr := cr.keys(r)
+		c := cost
 		if ierr == nil && m.settles {
-			c.Cost = cr.reserve(r, cost)
+			c = cr.reserve(r, cost)
 		}
 		switch {
 		case ierr != nil:
 			st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
 			m.invalid(w, r, st, ierr)
 			return false
-		case m.settles && c.Cost > cr.limit && !cr.shadow:
+		case m.settles && c > cr.limit && !cr.shadow:
 			st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
-			m.exceeded(w, r, st, c.Cost, i) // e.g. a Content-Length above a byte budget
+			m.exceeded(w, r, st, c, i) // e.g. a Content-Length above a byte budget
 			return false
 		case cr.shadow:
-			st.shadow = append(st.shadow, c)
+			st.shadow = append(st.shadow, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
 		default:
-			st.checks = append(st.checks, c)
+			st.checks = append(st.checks, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
 		}
 	}
 	st.parts = append(st.parts, part{m: m, from: from, to: len(st.checks), cost: cost})
@@ -247,27 +248,26 @@ func (m *mw) cost(w http.ResponseWriter, r *http.Request, st *stack) (int64, boo
 	return cost, true
 }
 
-// check returns the rule's check of r at cost, or the error of an identity or scope
-// that could not be determined (an empty key included).
-func (cr *compiledRule) check(r *http.Request, cost int64) (ratebudget.Check, *InputError) {
+// keys returns the rule's identity and scope of r, or the error of one that could not be
+// determined (an empty key included).
+func (cr *compiledRule) keys(r *http.Request) (id, scope string, _ *InputError) {
 	id, err := cr.identity(r)
 	if err == nil && id == "" {
 		err = errEmptyIdentity
 	}
 	if err != nil {
-		return ratebudget.Check{}, inputError(partIdentity, cr.rule.Name, err, "identity could not be determined")
+		return "", "", inputError(partIdentity, cr.rule.Name, err, "identity could not be determined")
 	}
-	var scope string
 	if cr.scope != nil {
 		scope, err = cr.scope(r)
 		if err == nil && scope == "" {
 			err = errEmptyScope
 		}
 		if err != nil {
-			return ratebudget.Check{}, inputError(partScope, cr.rule.Name, err, "scope could not be determined")
+			return "", "", inputError(partScope, cr.rule.Name, err, "scope could not be determined")
 		}
 	}
-	return ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: cost}, nil
+	return id, scope, nil
 }
 
 var (

@@ -1,6 +1,9 @@
 package memory
 
-import "github.com/ratebudget/ratebudget"
+import (
+	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
+)
 
 // The in-flight time rule and the settling of admitted spends, in the engine's terms (see
 // engine.go): times are Unix milliseconds, and every function works on one budget whose
@@ -23,7 +26,7 @@ func decideInFlight(b *budget, r *ratebudget.Rule, now int64, commit bool, lease
 		reset = last - now
 	}
 	if live+1 > limit {
-		return ratebudget.Outcome{Remaining: limit - live, ResetAfter: ms(reset), RetryAfter: ms(leases[0].at - now)}
+		return ratebudget.Outcome{Remaining: limit - live, ResetAfter: timerule.Duration(reset), RetryAfter: timerule.Duration(leases[0].at - now)}
 	}
 	at := now + w
 	if commit {
@@ -32,7 +35,7 @@ func decideInFlight(b *budget, r *ratebudget.Rule, now int64, commit bool, lease
 		}
 		insertLease(b, event{at: at, n: lease})
 	}
-	return ratebudget.Outcome{Allowed: true, Remaining: limit - live - 1, ResetAfter: ms(max(at, last) - now)}
+	return ratebudget.Outcome{Allowed: true, Remaining: limit - live - 1, ResetAfter: timerule.Duration(max(at, last) - now)}
 }
 
 // insertLease adds lease e to b's leases in order of expiry, after those that expire at
@@ -196,7 +199,7 @@ func charge(b *budget, r *ratebudget.Rule, n, now int64) {
 	case ratebudget.TokenBucket:
 		level, ts, lag := tokenLevel(b, r, now)
 		full := r.Capacity() * w
-		floor := max(-full, full-maxScaled)
+		floor := max(-full, full-timerule.MaxScaled)
 		if level > floor {
 			// Debt stops at one capacity below zero, so n above twice the capacity is
 			// clipped first: then n × window <= 2^54 does not overflow.
@@ -224,31 +227,25 @@ func charge(b *budget, r *ratebudget.Rule, n, now int64) {
 
 // tokenLevel is a token bucket's level at now (scaled units, below zero in debt), the
 // timestamp it is measured at and the clock's lag behind it, as decideToken reads them
-// (there inline: the call, which the compiler does not inline, cost a single-check
-// decision 8-35% in BenchmarkMemoryAllow/token). The bucket keeps its deficit, so that
-// the level is the rule's capacity less what was spent and not yet refilled, however
-// the capacity or the window changed since (a deficit written under another Window is
-// converted to this one's units, see convertDeficit); debt is cut at one capacity below
-// zero. The bucket is full at its expiry, when the rule that wrote it would have
-// refilled it, also if this rule's Limit is lower.
+// (there written out, see decideToken). The bucket keeps its deficit, so that the level
+// is the rule's capacity less what was spent and not yet refilled, however the capacity
+// or the window changed since (a deficit written under another Window is converted to
+// this one's units, see timerule.ConvertDeficit); debt is cut at one capacity below
+// zero (timerule.RefilledDeficit). The bucket is full at its expiry, when the rule that
+// wrote it would have refilled it, also if this rule's Limit is lower.
 func tokenLevel(b *budget, r *ratebudget.Rule, now int64) (level, ts, lag int64) {
 	w := r.Window.Milliseconds()
 	full := r.Capacity() * w
-	ts = b.end
-	elapsed := now - ts
-	if elapsed < 0 {
-		lag, elapsed = -elapsed, 0
-	} else {
-		ts = now
+	elapsed, lag := timerule.SinceWrite(b.end, now)
+	ts = max(b.end, now)
+	if now >= b.expires {
+		return full, ts, lag
 	}
 	d := b.count
 	if bw := b.window(); bw != w && d > 0 {
-		d = convertDeficit(d, bw, w)
+		d = timerule.ConvertDeficit(d, bw, w)
 	}
-	if elapsed >= ceilDiv(d, r.Limit) || now >= b.expires {
-		return full, ts, lag
-	}
-	return full - min(d-elapsed*r.Limit, 2*full), ts, lag
+	return full - timerule.RefilledDeficit(d, elapsed, r.Limit, full), ts, lag
 }
 
 // setToken writes a token bucket's level at ts, and its expiry: when it is full again.
@@ -257,10 +254,7 @@ func setToken(b *budget, r *ratebudget.Rule, level, ts, lag, now int64) {
 	full := r.Capacity() * w
 	b.count, b.end = full-level, ts
 	b.setWindow(w)
-	b.expires = now
-	if level < full {
-		b.expires = now + lag + ceilDiv(full-level, r.Limit)
-	}
+	b.expires = now + timerule.TokenWait(full, level, lag, r.Limit)
 }
 
 // freshState gives a budget just created the state that equals no state at all: a closed
@@ -286,26 +280,23 @@ func unspent(b *budget, r *ratebudget.Rule, now int64) ratebudget.Outcome {
 	switch r.Algorithm {
 	case ratebudget.FixedWindow:
 		if now < b.end && b.count != 0 {
-			o.Remaining, o.ResetAfter = r.Limit-b.count, ms(b.end-now)
+			o.Remaining, o.ResetAfter = r.Limit-b.count, timerule.Duration(b.end-now)
 		}
 	case ratebudget.TokenBucket:
 		level, _, lag := tokenLevel(b, r, now)
 		w := r.Window.Milliseconds()
-		full := r.Capacity() * w
-		o.Remaining = level / w
-		if level < full {
-			o.ResetAfter = ms(lag + ceilDiv(full-level, r.Limit))
-		}
+		o.Remaining = timerule.Tokens(level, w)
+		o.ResetAfter = timerule.Duration(timerule.TokenWait(r.Capacity()*w, level, lag, r.Limit))
 	case ratebudget.RollingWindow:
 		if b.rolling != nil {
 			if ev := b.trimRolling(now, r.Window.Milliseconds()); len(ev) > 0 {
-				o.Remaining, o.ResetAfter = r.Limit-b.count, ms(ev[len(ev)-1].at+r.Window.Milliseconds()-now)
+				o.Remaining, o.ResetAfter = r.Limit-b.count, timerule.Duration(timerule.LeavesAfter(ev[len(ev)-1].at, r.Window.Milliseconds(), now))
 			}
 		}
 	case ratebudget.InFlight:
 		if b.rolling != nil {
 			if leases := pruneLeases(b, now); len(leases) > 0 {
-				o.Remaining, o.ResetAfter = r.Limit-int64(len(leases)), ms(leases[len(leases)-1].at-now)
+				o.Remaining, o.ResetAfter = r.Limit-int64(len(leases)), timerule.Duration(leases[len(leases)-1].at-now)
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // retryByWalk is a refused rolling-window decision's retry time (ms from now) found by
@@ -93,7 +94,7 @@ func TestRollingRetryExactAtBoundaries(t *testing.T) {
 				want := retryByWalk(b, &r, cost, m.now())
 				checkLog(t, b)
 				d, _ := m.Allow(ctx, []ratebudget.Check{c})
-				if d.Allowed || d.RetryAfter != ms(want) {
+				if d.Allowed || d.RetryAfter != timerule.Duration(want) {
 					t.Fatalf("cost %d: %+v, want refused with RetryAfter %dms", cost, d, want)
 				}
 				clk.advance(d.RetryAfter - time.Millisecond)
@@ -131,7 +132,7 @@ func TestRollingRetryMatchesWalk(t *testing.T) {
 				want := retryByWalk(&cp, &r, c.Cost, m.now())
 				refused++
 				d, _ := m.Allow(ctx, []ratebudget.Check{c})
-				if d.Allowed || d.RetryAfter != ms(want) {
+				if d.Allowed || d.RetryAfter != timerule.Duration(want) {
 					t.Fatalf("step %d, cost %d: %+v, want refused with RetryAfter %dms", i, c.Cost, d, want)
 				}
 				continue

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // budgetOf returns the budget of c in m, or nil.
@@ -53,8 +54,8 @@ func TestSettleDebtBounded(t *testing.T) {
 			case ratebudget.TokenBucket:
 				full := r.Capacity() * r.Window.Milliseconds()
 				charge(b, &r, ratebudget.MaxLimit, m.now()) // again, from the debt
-				if b.count > 2*full || b.count > maxScaled {
-					t.Fatalf("%s: deficit %d, want at most %d (a level of at least minus the capacity) and within 2^53", r.Name, b.count, min(2*full, maxScaled))
+				if b.count > 2*full || b.count > timerule.MaxScaled {
+					t.Fatalf("%s: deficit %d, want at most %d (a level of at least minus the capacity) and within 2^53", r.Name, b.count, min(2*full, timerule.MaxScaled))
 				}
 				b.count = 0 // admit again
 			default:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -24,16 +25,16 @@ import (
 func FuzzConvertDeficitRedis(f *testing.F) {
 	maxW := maxWindow.Milliseconds()
 	for _, s := range [][3]int64{
-		{0, 1, maxW}, {1, 1, maxW}, {1, maxW, 1}, {maxScaled, 1, maxW}, {maxScaled, maxW, 1},
-		{maxScaled, maxW, maxW - 1}, {maxScaled - 1, maxW - 1, maxW}, {maxScaled - 1, maxW, maxW - 1},
+		{0, 1, maxW}, {1, 1, maxW}, {1, maxW, 1}, {timerule.MaxScaled, 1, maxW}, {timerule.MaxScaled, maxW, 1},
+		{timerule.MaxScaled, maxW, maxW - 1}, {timerule.MaxScaled - 1, maxW - 1, maxW}, {timerule.MaxScaled - 1, maxW, maxW - 1},
 		{7_200_000, 3_600_000, 60_000}, {maxW - 1, maxW, maxW - 1}, {1 << 43, maxW - 1, maxW},
-		{7, 3, 2}, {maxScaled, 131072, 131073}, {maxScaled - 131071, 131071, 131072},
+		{7, 3, 2}, {timerule.MaxScaled, 131072, 131073}, {timerule.MaxScaled - 131071, 131071, 131072},
 		{1<<53 - 1, 3, 1<<17 + 1}, {86_400_000 * 200, 3_600_000, 86_400_000}, {5, 2, 1},
-		{maxScaled / 2, maxW / 2, maxW}, {maxScaled/3 + 1, 1 << 34, 3 << 33},
+		{timerule.MaxScaled / 2, maxW / 2, maxW}, {timerule.MaxScaled/3 + 1, 1 << 34, 3 << 33},
 	} {
 		f.Add(s[0], s[1], s[2], int64(1))
 	}
-	f.Add(int64(maxScaled), int64(1), maxW, int64(1<<30))
+	f.Add(int64(timerule.MaxScaled), int64(1), maxW, int64(1<<30))
 	f.Add(int64(1<<52+3), int64(3), int64(1<<17+1), int64(7))
 	allow, err := os.ReadFile("../lua/allow.lua")
 	if err != nil {
@@ -54,11 +55,11 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 		"local function settle(KEYS, ARGV)\n" + string(settleBody) + "\nend\n" +
 		"local done = settle(KEYS, ARGV)\nreturn {done, redis.call('GET', KEYS[1]) or 'none'}")
 	f.Fuzz(func(t *testing.T, d, from, to, give int64) {
-		d = int64(uint64(d) % (maxScaled + 1))
+		d = int64(uint64(d) % (timerule.MaxScaled + 1))
 		from = 1 + int64(uint64(from-1)%uint64(maxW))
 		to = 1 + int64(uint64(to-1)%uint64(maxW))
-		capacity := min(ratebudget.MaxLimit-1, maxScaled/to) // a cost of capacity + 1 is exceeded
-		r := ratebudget.Rule{Name: "conv", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: capacity, Window: ms(to)}
+		capacity := min(ratebudget.MaxLimit-1, timerule.MaxScaled/to) // a cost of capacity + 1 is exceeded
+		r := ratebudget.Rule{Name: "conv", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: capacity, Window: timerule.Duration(to)}
 		full := capacity * to
 		give = 1 + int64(uint64(give-1)%uint64(capacity))
 
@@ -73,7 +74,7 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 		}
 		want := d
 		if from != to && d > 0 {
-			want = convertDeficit(d, from, to)
+			want = timerule.ConvertDeficit(d, from, to)
 		}
 		want = min(want, 2*full)
 		if v[3] != want {

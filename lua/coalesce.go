@@ -4,13 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/maphash"
-	"math"
-	"math/bits"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/deadline"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // coalescer is a layer in front of a limiter that groups concurrent identical
@@ -248,7 +247,7 @@ func (c *coalescer) sendGroup(ctx context.Context, sig uint64, f *flight, g *gro
 	g.d, g.err = d, err
 	switch {
 	case n == 1:
-	case err != nil && ended(ctx):
+	case err != nil && deadline.Ended(ctx):
 		g.alone = true // the sender gave up; the others decide for themselves
 	case err == nil && !d.Allowed:
 		g.alone = true // the group does not fit: share the last units out one by one
@@ -288,46 +287,9 @@ func (c *coalescer) member(ctx context.Context, g *group, checks []ratebudget.Ch
 		outs = make([]ratebudget.Outcome, len(checks))
 	}
 	for j := range outs {
-		outs[j] = memberOutcome(&checks[j].Rule, g.outs[j], more)
+		outs[j] = timerule.SpentFewer(&checks[j].Rule, g.outs[j], more)
 	}
 	return ratebudget.Combine(checks, outs), nil
-}
-
-// memberOutcome is a check's outcome o for its group's cost, as seen by a member that
-// spent more units fewer: that many more remain, and a token bucket is full again
-// sooner by the time it takes to refill them (rounded to whole milliseconds against
-// the member, as Redis rounds waits up: at most 1ms late). A fixed window ends, and a
-// rolling window's newest event ages out, at the same time for every member; an
-// admitted check has no wait. Only admitted groups are shared out (a refused group's
-// members decide one by one), so o is an admission.
-func memberOutcome(r *ratebudget.Rule, o ratebudget.Outcome, more int64) ratebudget.Outcome {
-	if !o.Allowed || more == 0 {
-		return o
-	}
-	o.Remaining += more
-	if r.Algorithm == ratebudget.TokenBucket {
-		// The deficit is counted in tokens × window ms and refills at Limit per ms.
-		// more x window ms may exceed 64 bits (more <= 2^40, a window up to 2^35 ms).
-		hi, lo := bits.Mul64(uint64(more), uint64(r.Window.Milliseconds()))
-		if hi >= uint64(r.Limit) {
-			o.ResetAfter = 0 // the quotient itself needs more than 64 bits
-		} else if q, _ := bits.Div64(hi, lo, uint64(r.Limit)); q > math.MaxInt64 {
-			o.ResetAfter = 0
-		} else {
-			o.ResetAfter = max(o.ResetAfter-msDuration(int64(q)), 0)
-		}
-	}
-	return o
-}
-
-// ended reports whether ctx is done or its deadline has passed (a socket deadline set
-// from it can fire just before the context's own timer).
-func ended(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	dl, ok := ctx.Deadline()
-	return ok && !time.Now().Before(dl)
 }
 
 // certain is the error of a decision that gave up before anything was sent for it.

@@ -5,7 +5,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/refusal"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 var (
@@ -533,7 +533,7 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 			// reports them (see ratebudget.Reporter).
 			if err := c.refund(ctx, d); err == nil || errors.Is(err, errRefundDetached) {
 				for _, j := range given {
-					d.outs[j] = unspentOutcome(&d.checks[j], d.outs[j], d.idle[j])
+					d.outs[j] = timerule.Unspent(d.outs[j], d.checks[j].Cost, d.idle[j])
 				}
 			}
 			continue
@@ -541,14 +541,6 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 		d.spent = true
 	}
 	return ratebudget.Combine(d.checks, d.outs), nil
-}
-
-// unspentOutcome is check c's outcome o of an admitted spend, once given back: its
-// budget as it was before, whose reset after was idle ms (allow.lua's mode '4').
-func unspentOutcome(c *ratebudget.Check, o ratebudget.Outcome, idle int64) ratebudget.Outcome {
-	o.Remaining += c.Cost // a token bucket's too: the spend took whole units
-	o.ResetAfter = msDuration(idle)
-	return o
 }
 
 // refund gives back the spend of the groups admitted so far, best effort: a settle at
@@ -842,15 +834,6 @@ func (c *core) submit(ctx context.Context, p *redis.AutoPipeliner, cmd redis.Cmd
 
 // parseAllow checks allow.lua's reply for the checks g and stores it in d.outs and
 // d.aux.
-// msDuration converts n ms, at least 0, to a Duration, saturating at the longest one
-// (about 292 years): a token bucket may take up to 2^53 ms to fill.
-func msDuration(n int64) time.Duration {
-	if n > math.MaxInt64/int64(time.Millisecond) {
-		return math.MaxInt64
-	}
-	return time.Duration(n) * time.Millisecond
-}
-
 func parseAllow(v any, d *decision, g []int) (bool, error) {
 	vals, ok := v.([]any)
 	if !ok {
@@ -876,8 +859,8 @@ func parseAllow(v any, d *decision, g []int) (bool, error) {
 			Allowed:    f[0] == 1,
 			Exceeded:   f[1] == 1,
 			Remaining:  f[2],
-			ResetAfter: msDuration(f[3]),
-			RetryAfter: msDuration(f[4]),
+			ResetAfter: timerule.Duration(f[3]),
+			RetryAfter: timerule.Duration(f[4]),
 		}
 		if o.Allowed && o.Exceeded {
 			return false, badReply(fmt.Sprintf("check %d: both allowed and exceeded", k))

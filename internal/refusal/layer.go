@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // Limiter is a refusal cache in front of another limiter: a refusal that the inner
@@ -221,7 +222,7 @@ func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outs
 				continue
 			}
 			for j := range outs {
-				outs[j] = Elapsed(snap.Outs[j], snap.Sent, sent)
+				outs[j] = timerule.Elapsed(snap.Outs[j], snap.Sent, sent)
 			}
 			return ratebudget.Combine(checks, outs), nil
 		}

@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 const shards = 32
@@ -169,19 +170,9 @@ func (c *Cache) LookupEach(key []byte, cost int64, sameCost bool, now int64) (ra
 		return ratebudget.Decision{}, nil, false
 	}
 	d := e.d
-	d.RetryAfter = roundUpMs(e.until - now)
-	d.ResetAfter = max(roundUpMs(e.resetAt-now), d.RetryAfter)
+	d.RetryAfter = timerule.RoundUp(e.until - now)
+	d.ResetAfter = max(timerule.RoundUp(e.resetAt-now), d.RetryAfter)
 	return d, e.snap, true
-}
-
-// Elapsed returns outcome o, reported for a request sent at sent, as of now: its waits
-// shortened by the time elapsed (rounded up to whole milliseconds, as Lookup does).
-func Elapsed(o ratebudget.Outcome, sent, now int64) ratebudget.Outcome {
-	if o.RetryAfter > 0 {
-		o.RetryAfter = roundUpMs(sent + int64(o.RetryAfter) - now)
-	}
-	o.ResetAfter = max(roundUpMs(sent+int64(o.ResetAfter)-now), o.RetryAfter)
-	return o
 }
 
 // Store records refusal d of cost units for key, decided for a request sent at sent (a
@@ -271,12 +262,4 @@ func (c *Cache) Len() int {
 		c.shards[i].mu.Unlock()
 	}
 	return n
-}
-
-func roundUpMs(ns int64) time.Duration {
-	if ns <= 0 {
-		return 0
-	}
-	ms := (ns + int64(time.Millisecond) - 1) / int64(time.Millisecond)
-	return time.Duration(ms) * time.Millisecond
 }

@@ -53,11 +53,36 @@ func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig 
 // is admitted then is the failure policy's choice (see package middleware).
 var ErrStoreUnavailable = errors.New("ratebudget: budget store unavailable")
 
+// ErrorClass is the class of a [StoreError]: a short, bounded label for metrics and logs,
+// one of the constants below, whose string is the label's value. The zero value is no
+// class; every StoreError of this module carries one of the constants.
+type ErrorClass string
+
+// The classes of [StoreError].
+const (
+	// ClassTimeout: the store did not answer by the decision's deadline, or no
+	// connection was free in time.
+	ClassTimeout ErrorClass = "timeout"
+	// ClassCanceled: the caller's context was canceled.
+	ClassCanceled ErrorClass = "canceled"
+	// ClassConnection: the transport failed: no connection could be made (refused, a
+	// TLS handshake that failed), or it broke (reset, closed).
+	ClassConnection ErrorClass = "connection"
+	// ClassServer: the store answered with an error reply (OOM, BUSY, a corrupt
+	// budget...), so it did not spend.
+	ClassServer ErrorClass = "server"
+	// ClassReply: the store answered, but its reply is of an unexpected shape.
+	ClassReply ErrorClass = "reply"
+	// ClassBreakerOpen: the middleware's breaker is open, so the store was not asked.
+	ClassBreakerOpen ErrorClass = "breaker_open"
+	// ClassOther: any other failure.
+	ClassOther ErrorClass = "other"
+)
+
 // StoreError wraps a failure of the budget store.
 type StoreError struct {
-	// Class is a short, bounded label for metrics and logs: "timeout", "canceled",
-	// "connection", "server", "reply", "breaker_open" or "other".
-	Class string
+	// Class says what failed, for metrics and logs (see [ErrorClass]).
+	Class ErrorClass
 	// Uncertain is true when the decision may have been applied before the failure (the
 	// request reached the store and the reply was lost): budget may have been spent.
 	// A server error reply (OOM, BUSY, NOSCRIPT...) is definite: nothing was spent.

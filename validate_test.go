@@ -88,7 +88,7 @@ func TestErrors(t *testing.T) {
 
 	cause := errors.New("dial tcp: refused")
 	for _, uncertain := range []bool{false, true} {
-		var err error = &ratebudget.StoreError{Class: "connection", Uncertain: uncertain, Err: cause}
+		var err error = &ratebudget.StoreError{Class: ratebudget.ClassConnection, Uncertain: uncertain, Err: cause}
 		if !errors.Is(err, ratebudget.ErrStoreUnavailable) || !errors.Is(err, cause) || errors.Is(err, ratebudget.ErrInvalidConfig) {
 			t.Errorf("StoreError matching: %v", err)
 		}

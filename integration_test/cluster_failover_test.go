@@ -33,7 +33,7 @@ func errClass(err error) string {
 	}
 	var se *ratebudget.StoreError
 	if errors.As(err, &se) {
-		return se.Class + ": " + s
+		return string(se.Class) + ": " + s
 	}
 	return s
 }

@@ -202,13 +202,13 @@ func TestPausedRedisBreaker(t *testing.T) {
 		timeouts := 0
 		for i, e := range evs {
 			se := storeErr(t, e)
-			want := "breaker_open"
-			if i == timeouts && se.Class == "timeout" {
-				want = "timeout"
+			want := ratebudget.ClassBreakerOpen
+			if i == timeouts && se.Class == ratebudget.ClassTimeout {
+				want = ratebudget.ClassTimeout
 				timeouts++
 			}
-			if se.Class != want || se.Uncertain != (want == "timeout") {
-				t.Errorf("%s: event %d: class %q uncertain %t, want %q uncertain %t", a.name, i, se.Class, se.Uncertain, want, want == "timeout")
+			if se.Class != want || se.Uncertain != (want == ratebudget.ClassTimeout) {
+				t.Errorf("%s: event %d: class %q uncertain %t, want %q uncertain %t", a.name, i, se.Class, se.Uncertain, want, want == ratebudget.ClassTimeout)
 			}
 		}
 		if timeouts < 1 || timeouts > failures {
@@ -253,7 +253,7 @@ func TestPausedRedisBreaker(t *testing.T) {
 		for _, e := range a.h.since(0) {
 			if e.Result == middleware.Allowed {
 				allowed++
-			} else if se := storeErr(t, e); se.Class == "timeout" {
+			} else if se := storeErr(t, e); se.Class == ratebudget.ClassTimeout {
 				timeouts++
 			}
 		}
@@ -395,7 +395,7 @@ func TestOOMIsDefinite(t *testing.T) {
 		for i, e := range a.h.since(n) {
 			se := storeErr(t, e)
 			var rerr redis.Error
-			if se.Class != "server" || se.Uncertain || !errors.As(se, &rerr) || !strings.HasPrefix(rerr.Error(), "OOM") {
+			if se.Class != ratebudget.ClassServer || se.Uncertain || !errors.As(se, &rerr) || !strings.HasPrefix(rerr.Error(), "OOM") {
 				t.Errorf("%s: event %d: %v, want a definite server error (OOM)", a.name, i, se)
 			}
 		}
@@ -452,7 +452,7 @@ func TestLostReplyIsUncertain(t *testing.T) {
 			}
 			evs := ev.since(n)
 			se := storeErr(t, evs[0])
-			if !se.Uncertain || se.Class != "connection" {
+			if !se.Uncertain || se.Class != ratebudget.ClassConnection {
 				t.Errorf("lost reply classified %q uncertain=%t, want connection, uncertain", se.Class, se.Uncertain)
 			}
 			dropped := p.dropped.Load() - dropped0
@@ -583,7 +583,7 @@ func TestMetricsUnderFaults(t *testing.T) {
 	for _, e := range slices.Concat(upEv.since(0), openEv.since(0), closedEv.since(0)) {
 		if e.Err != nil {
 			se := storeErr(t, e)
-			wantErrs[se.Class+"/"+strconv.FormatBool(se.Uncertain)]++
+			wantErrs[string(se.Class)+"/"+strconv.FormatBool(se.Uncertain)]++
 		}
 	}
 	got := gather(t, reg)
@@ -681,7 +681,7 @@ func TestBlackholedDialIsDefinite(t *testing.T) {
 	if !errors.As(err, &op) || op.Op != "dial" || !op.Timeout() {
 		t.Fatalf("error %v, want a dial timeout underneath", err)
 	}
-	if se.Class != "connection" || se.Uncertain {
+	if se.Class != ratebudget.ClassConnection || se.Uncertain {
 		t.Errorf("dial timeout classified %q uncertain=%t, want connection, definite: nothing was sent", se.Class, se.Uncertain)
 	}
 }

@@ -314,7 +314,7 @@ func TestCoalescedMembersLeave(t *testing.T) {
 			for range leaving + 2 {
 				r := <-left
 				var se *ratebudget.StoreError
-				if !errors.As(r.err, &se) || se.Uncertain || (se.Class != "canceled" && se.Class != "timeout") {
+				if !errors.As(r.err, &se) || se.Uncertain || (se.Class != ratebudget.ClassCanceled && se.Class != ratebudget.ClassTimeout) {
 					t.Fatalf("a member that left: %+v, %v; want a certain canceled or timeout error", r.d, r.err)
 				}
 			}
@@ -412,7 +412,7 @@ func TestCoalescedSenderLeaves(t *testing.T) {
 			srv.Thaw(t)
 			s := <-sender
 			var se *ratebudget.StoreError
-			if !errors.As(s.err, &se) || se.Uncertain || se.Class != "canceled" {
+			if !errors.As(s.err, &se) || se.Uncertain || se.Class != ratebudget.ClassCanceled {
 				t.Fatalf("sender: %+v, %v; want a certain canceled error", s.d, s.err)
 			}
 			for range 4 {
@@ -455,7 +455,7 @@ func TestCoalescedSenderTimesOut(t *testing.T) {
 			}
 			s := <-sender
 			var se *ratebudget.StoreError
-			if !errors.As(s.err, &se) || !se.Uncertain || se.Class != "timeout" {
+			if !errors.As(s.err, &se) || !se.Uncertain || se.Class != ratebudget.ClassTimeout {
 				t.Fatalf("sender: %+v, %v; want an uncertain timeout", s.d, s.err)
 			}
 			srv.Thaw(t)

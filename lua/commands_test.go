@@ -600,7 +600,7 @@ func TestTokenBucketState(t *testing.T) {
 		}
 		_, err := l.Allow(ctx, chk)
 		var se *ratebudget.StoreError
-		if !errors.As(err, &se) || se.Class != "server" || !strings.Contains(err.Error(), "corrupt bucket") {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassServer || !strings.Contains(err.Error(), "corrupt bucket") {
 			t.Errorf("bucket %q: Allow = %v, want a corrupt-bucket server error", bad, err)
 		}
 		if got := c.Get(ctx, key).Val(); got != bad {

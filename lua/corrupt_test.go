@@ -34,7 +34,7 @@ func TestCorruptCounterWritesNothing(t *testing.T) {
 		}
 		_, err := l.Allow(ctx, checks)
 		var se *ratebudget.StoreError
-		if !errors.As(err, &se) || se.Class != "server" || se.Uncertain || !strings.Contains(err.Error(), "corrupt counter") {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassServer || se.Uncertain || !strings.Contains(err.Error(), "corrupt counter") {
 			t.Errorf("counter %q: Allow = %v, want a certain corrupt-counter server error", form, err)
 		}
 		if n := c.Exists(ctx, l.Key(a)).Val(); n != 0 {
@@ -51,7 +51,7 @@ func TestCorruptCounterWritesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		err = l.Settle(ctx, checks, tickets, []int64{3, 3})
-		if !errors.As(err, &se) || se.Class != "server" || se.Uncertain {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassServer || se.Uncertain {
 			t.Errorf("counter %q: Settle = %v, want a certain server error", form, err)
 		}
 		if v := c.Get(ctx, l.Key(a)).Val(); v != "1" {
@@ -104,7 +104,7 @@ func TestCorruptCounterSingleCheck(t *testing.T) {
 		}
 		d, err := l.Allow(ctx, []ratebudget.Check{a})
 		var se *ratebudget.StoreError
-		if !errors.As(err, &se) || se.Class != "server" || se.Uncertain {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassServer || se.Uncertain {
 			t.Errorf("counter %q: Allow = %+v, %v; want a certain server error", form, d, err)
 		}
 		if v := c.Get(ctx, l.Key(a)).Val(); v != form {

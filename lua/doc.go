@@ -217,10 +217,12 @@
 //
 // # Errors
 //
-// Failures of the store are *[ratebudget.StoreError] with a Class: "server" for an error
-// reply (OOM, BUSY, ...; nothing was spent), "reply" for a reply of an unexpected shape,
-// "timeout" and "canceled" for the caller's context, "connection" for transport errors
-// (certain for a connection never made: refused, or a TLS handshake that failed).
+// Failures of the store are *[ratebudget.StoreError] with a Class:
+// [ratebudget.ClassServer] for an error reply (OOM, BUSY, ...; nothing was spent),
+// [ratebudget.ClassReply] for a reply of an unexpected shape, [ratebudget.ClassTimeout]
+// and [ratebudget.ClassCanceled] for the caller's context, [ratebudget.ClassConnection]
+// for transport errors (certain for a connection never made: refused, or a TLS
+// handshake that failed).
 // Uncertain is set when the script may have run although its reply was lost, and when a
 // decision of several slot groups failed and the refund of its groups already admitted
 // failed too (their spend may stay). A reservation that an uncertain call may have made

@@ -19,44 +19,44 @@ import (
 // re-send a script call (see onceCmd), so err is that of the only attempt that may have
 // run; a redirect followed (MOVED, ASK) had not run.
 func classify(err error) error {
-	se := &ratebudget.StoreError{Class: "other", Uncertain: true, Err: err}
+	se := &ratebudget.StoreError{Class: ratebudget.ClassOther, Uncertain: true, Err: err}
 	var opErr *net.OpError
 	var netErr net.Error
 	var rErr redis.Error
 	var ns notSent
 	switch {
 	case errors.As(err, &ns):
-		se.Class, se.Uncertain = "canceled", false
+		se.Class, se.Uncertain = ratebudget.ClassCanceled, false
 		if errors.Is(err, context.DeadlineExceeded) {
-			se.Class = "timeout"
+			se.Class = ratebudget.ClassTimeout
 		}
 	case errors.Is(err, redis.Nil):
-		se.Class = "reply" // the script ran but its reply is unusable
+		se.Class = ratebudget.ClassReply // the script ran but its reply is unusable
 	case errors.As(err, &opErr) && opErr.Op == "dial":
 		// No connection, so nothing was sent, even when the dial ran out of time (a
 		// blackholed address): checked before the context errors a dial timeout matches.
-		se.Class, se.Uncertain = "connection", false
+		se.Class, se.Uncertain = ratebudget.ClassConnection, false
 	case handshakeFailed(err):
-		se.Class, se.Uncertain = "connection", false
+		se.Class, se.Uncertain = ratebudget.ClassConnection, false
 	case errors.Is(err, context.Canceled):
-		se.Class = "canceled"
+		se.Class = ratebudget.ClassCanceled
 	case errors.Is(err, context.DeadlineExceeded):
-		se.Class = "timeout"
+		se.Class = ratebudget.ClassTimeout
 	case errors.Is(err, redis.ErrPoolTimeout):
 		// No connection was free: the script was never sent.
-		se.Class, se.Uncertain = "timeout", false
+		se.Class, se.Uncertain = ratebudget.ClassTimeout, false
 	case errors.Is(err, redis.ErrClosed):
-		se.Class, se.Uncertain = "connection", false
+		se.Class, se.Uncertain = ratebudget.ClassConnection, false
 	case errors.As(err, &rErr):
 		// The server answered with an error: the script did not spend (it validates
 		// before its first write, and an OOM refusal comes at the first write).
-		se.Class, se.Uncertain = "server", false
+		se.Class, se.Uncertain = ratebudget.ClassServer, false
 	case errors.As(err, &netErr) && netErr.Timeout():
-		se.Class = "timeout"
+		se.Class = ratebudget.ClassTimeout
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.Is(err, net.ErrClosed), errors.As(err, &opErr):
-		se.Class = "connection"
+		se.Class = ratebudget.ClassConnection
 	}
 	return se
 }
@@ -104,5 +104,5 @@ func (e *replyError) Error() string { return "lua: unexpected reply: " + e.msg }
 
 func badReply(msg string) error {
 	// The script ran and may have spent.
-	return &ratebudget.StoreError{Class: "reply", Uncertain: true, Err: &replyError{msg}}
+	return &ratebudget.StoreError{Class: ratebudget.ClassReply, Uncertain: true, Err: &replyError{msg}}
 }

@@ -18,9 +18,10 @@ func TestClassifyTLS(t *testing.T) {
 	conn, _ := net.Pipe()
 	defer conn.Close()
 	for _, tc := range []struct {
-		name, class string
-		err         error
-		uncertain   bool
+		name      string
+		class     ratebudget.ErrorClass
+		err       error
+		uncertain bool
 	}{
 		{"verification", "connection", fmt.Errorf("dial: %w", &tls.CertificateVerificationError{Err: errors.New("x509: expired")}), false},
 		{"first record not TLS", "connection", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake", Conn: conn}, false},

@@ -120,7 +120,7 @@ func TestStoreErrors(t *testing.T) {
 		l, _ := lua.New(c)
 		_, err := l.Allow(context.Background(), chk)
 		var se *ratebudget.StoreError
-		if !errors.As(err, &se) || se.Class != "connection" || se.Uncertain {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassConnection || se.Uncertain {
 			t.Fatalf("Allow = %v, want a certain connection StoreError", err)
 		}
 	})
@@ -132,7 +132,7 @@ func TestStoreErrors(t *testing.T) {
 		cancel()
 		_, err := l.Allow(ctx, chk)
 		var se *ratebudget.StoreError
-		if !errors.As(err, &se) || se.Class != "canceled" || se.Uncertain {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassCanceled || se.Uncertain {
 			t.Fatalf("Allow = %v, want a certain canceled StoreError", err)
 		}
 	})
@@ -147,7 +147,7 @@ func TestStoreErrors(t *testing.T) {
 		}
 		_, err := l.Allow(context.Background(), chk)
 		var se *ratebudget.StoreError
-		if !errors.As(err, &se) || se.Class != "server" || se.Uncertain {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassServer || se.Uncertain {
 			t.Fatalf("Allow = %v, want a certain server StoreError", err)
 		}
 	})
@@ -186,7 +186,7 @@ func TestBadReplies(t *testing.T) {
 		l, _ := lua.New(fakeScripter{reply: reply})
 		_, err := l.Allow(context.Background(), chk)
 		var se *ratebudget.StoreError
-		if !errors.As(err, &se) || se.Class != "reply" {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassReply {
 			t.Errorf("reply %#v: Allow = %v, want a reply StoreError", reply, err)
 		}
 	}

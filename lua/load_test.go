@@ -118,7 +118,7 @@ func TestReturnsByDeadline(t *testing.T) {
 	for range callers {
 		r := <-out
 		var se *ratebudget.StoreError
-		if !errors.As(r.err, &se) || se.Class != "timeout" || !se.Uncertain {
+		if !errors.As(r.err, &se) || se.Class != ratebudget.ClassTimeout || !se.Uncertain {
 			t.Fatalf("decision on a hung server: %v, want an uncertain timeout", r.err)
 		}
 		// Far short of the client's ReadTimeout: the context bounded the wait.

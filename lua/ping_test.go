@@ -36,7 +36,7 @@ func TestPingOwnConnection(t *testing.T) {
 	for range 50 {
 		err := l.Ping(ctx)
 		var se *ratebudget.StoreError
-		if !errors.As(err, &se) || se.Class != "connection" {
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassConnection {
 			t.Fatalf("Ping of a stopped server: %v, want a connection StoreError", err)
 		}
 	}

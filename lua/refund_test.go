@@ -71,7 +71,7 @@ func TestRefundFailureIsUncertain(t *testing.T) {
 			before := h.failed.Load()
 			_, err := l.Allow(ctx, []ratebudget.Check{site, user})
 			var se *ratebudget.StoreError
-			if !errors.As(err, &se) || se.Class != "server" {
+			if !errors.As(err, &se) || se.Class != ratebudget.ClassServer {
 				t.Fatalf("Allow = %v, want the user group's server error", err)
 			}
 			spent := c.Exists(ctx, l.Key(site)).Val() == 1

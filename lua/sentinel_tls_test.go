@@ -177,7 +177,7 @@ wait:
 func failureClass(err error) string {
 	var se *ratebudget.StoreError
 	if errors.As(err, &se) {
-		return se.Class + map[bool]string{true: " (uncertain)", false: ""}[se.Uncertain]
+		return string(se.Class) + map[bool]string{true: " (uncertain)", false: ""}[se.Uncertain]
 	}
 	return err.Error()
 }

@@ -35,7 +35,7 @@ func wantServerError(t *testing.T, what string, err error, prefix string) {
 	t.Helper()
 	var se *ratebudget.StoreError
 	var re redis.Error
-	if !errors.As(err, &se) || se.Class != "server" || se.Uncertain || !errors.As(err, &re) || !strings.HasPrefix(re.Error(), prefix) {
+	if !errors.As(err, &se) || se.Class != ratebudget.ClassServer || se.Uncertain || !errors.As(err, &re) || !strings.HasPrefix(re.Error(), prefix) {
 		t.Fatalf("%s: %v, want a certain server StoreError %s", what, err, prefix)
 	}
 }
@@ -259,7 +259,7 @@ func TestSlowScriptBelowThreshold(t *testing.T) {
 	_, err := l.Allow(dctx, []ratebudget.Check{fw})
 	cancel()
 	var se *ratebudget.StoreError
-	if !errors.As(err, &se) || se.Class != "timeout" || !se.Uncertain {
+	if !errors.As(err, &se) || se.Class != ratebudget.ClassTimeout || !se.Uncertain {
 		t.Fatalf("Allow while another script runs: %v, want an uncertain timeout", err)
 	}
 	must(t, <-slow)
@@ -289,7 +289,7 @@ func TestClientPauseWrite(t *testing.T) {
 	_, err := l.Allow(dctx, fw)
 	cancel()
 	var se *ratebudget.StoreError
-	if !errors.As(err, &se) || se.Class != "timeout" || !se.Uncertain {
+	if !errors.As(err, &se) || se.Class != ratebudget.ClassTimeout || !se.Uncertain {
 		t.Fatalf("Allow while paused: %v, want an uncertain timeout", err)
 	}
 	must(t, control.Do(ctx, "CLIENT", "UNPAUSE").Err())
@@ -375,7 +375,7 @@ func TestMaxClientsReached(t *testing.T) {
 	all := stateChecks("ann")
 	_, err := l.Allow(ctx, all)
 	var se *ratebudget.StoreError
-	if !errors.As(err, &se) || (se.Class != "connection" && se.Class != "server") {
+	if !errors.As(err, &se) || (se.Class != ratebudget.ClassConnection && se.Class != ratebudget.ClassServer) {
 		t.Fatalf("Allow at maxclients: %v, want a connection or server StoreError", err)
 	}
 	must(t, control.ConfigSet(ctx, "maxclients", "100").Err())

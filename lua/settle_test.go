@@ -141,7 +141,7 @@ func TestSettleErrorWritesNothing(t *testing.T) {
 	}
 	err := l.Settle(ctx, checks, tickets, []int64{0, 3, 1})
 	var se *ratebudget.StoreError
-	if !errors.As(err, &se) || se.Class != "server" || !strings.Contains(err.Error(), "corrupt counter") {
+	if !errors.As(err, &se) || se.Class != ratebudget.ClassServer || !strings.Contains(err.Error(), "corrupt counter") {
 		t.Fatalf("Settle: %v, want a server error naming the corrupt counter", err)
 	}
 	for i, tk := range tickets {

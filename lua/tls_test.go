@@ -152,7 +152,7 @@ func TestTLSHandshakeFailureIsCertain(t *testing.T) {
 func wantCertainConnection(t *testing.T, what string, err error, cause string) {
 	t.Helper()
 	var se *ratebudget.StoreError
-	if !errors.As(err, &se) || se.Class != "connection" || se.Uncertain || !strings.Contains(err.Error(), cause) {
+	if !errors.As(err, &se) || se.Class != ratebudget.ClassConnection || se.Uncertain || !strings.Contains(err.Error(), cause) {
 		t.Fatalf("%s: %v, want a certain connection StoreError naming %q", what, err, cause)
 	}
 }
@@ -165,11 +165,11 @@ func TestPlaintextClientOfTLSServer(t *testing.T) {
 	srv := redistest.StartTLS(t)
 	l := newLimiter(t, tlsClient(t, srv.Addr, nil), lua.WithRefusalCache(0))
 	var se *ratebudget.StoreError
-	if err := l.Load(context.Background()); !errors.As(err, &se) || se.Class != "connection" {
+	if err := l.Load(context.Background()); !errors.As(err, &se) || se.Class != ratebudget.ClassConnection {
 		t.Fatalf("Load: %v, want a connection StoreError", err)
 	}
 	checks := stateChecks("ann")
-	if _, err := l.Allow(context.Background(), checks); !errors.As(err, &se) || se.Class != "connection" {
+	if _, err := l.Allow(context.Background(), checks); !errors.As(err, &se) || se.Class != ratebudget.ClassConnection {
 		t.Fatalf("Allow: %v, want a connection StoreError", err)
 	}
 	wantUnspent(t, srv.Client(t), l, checks)
@@ -230,7 +230,7 @@ func TestTLSStalledHandshakeKeepsTheDeadline(t *testing.T) {
 	_, err := l.Allow(ctx, stateChecks("ann")[:1])
 	took := time.Since(start)
 	var se *ratebudget.StoreError
-	if !errors.As(err, &se) || se.Class != "timeout" || took > 2*time.Second {
+	if !errors.As(err, &se) || se.Class != ratebudget.ClassTimeout || took > 2*time.Second {
 		t.Fatalf("Allow on a frozen TLS server: %v after %v, want a timeout at the 100ms deadline", err, took)
 	}
 	srv.Thaw(t)

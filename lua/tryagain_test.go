@@ -213,7 +213,7 @@ func TestTryAgainWhileResharding(t *testing.T) {
 		early := dctx.Err() == nil
 		var se *ratebudget.StoreError
 		var rErr redis.Error
-		if !errors.As(err, &se) || se.Class != "server" || se.Uncertain ||
+		if !errors.As(err, &se) || se.Class != ratebudget.ClassServer || se.Uncertain ||
 			!errors.As(err, &rErr) || !strings.HasPrefix(rErr.Error(), "TRYAGAIN ") {
 			t.Fatalf("Allow = %v; want a certain server error carrying TRYAGAIN", err)
 		}
@@ -290,7 +290,7 @@ func TestOnlyTryAgainIsSentAgain(t *testing.T) {
 		err       error
 		sent      bool
 		wantCalls int64
-		wantClass string
+		wantClass ratebudget.ErrorClass
 		uncertain bool
 		wantSpent int64
 	}{

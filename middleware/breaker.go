@@ -192,7 +192,7 @@ func (b *breaker) allow() (done func(error), err error) {
 		}
 		if !probe {
 			b.mu.Unlock()
-			return nil, &ratebudget.StoreError{Class: "breaker_open", Err: errBreakerOpen}
+			return nil, &ratebudget.StoreError{Class: ratebudget.ClassBreakerOpen, Err: errBreakerOpen}
 		}
 	}
 	b.mu.Unlock()
@@ -204,7 +204,7 @@ func (b *breaker) allow() (done func(error), err error) {
 // it was the probe of an open breaker.
 func (b *breaker) done(start time.Time, probe bool, err error) {
 	var se *ratebudget.StoreError
-	replied := err == nil || errors.As(err, &se) && (se.Class == "server" || se.Class == "reply")
+	replied := err == nil || errors.As(err, &se) && (se.Class == ratebudget.ClassServer || se.Class == ratebudget.ClassReply)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.now()
@@ -225,7 +225,7 @@ func (b *breaker) done(start time.Time, probe bool, err error) {
 	case replied:
 		b.replied, b.unanswered, b.lost = now, time.Time{}, 0
 	default:
-		b.unreplied(start, se != nil && se.Class == "connection")
+		b.unreplied(start, se != nil && se.Class == ratebudget.ClassConnection)
 	}
 	if b.open {
 		return // a call let through before the breaker opened

@@ -51,7 +51,7 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 		// store timeout, and the command may have reached the store.
 		var se *ratebudget.StoreError
 		if !errors.As(err, &se) {
-			err = &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: err}
+			err = &ratebudget.StoreError{Class: ratebudget.ClassTimeout, Uncertain: true, Err: err}
 		}
 	}
 	if done != nil {

@@ -172,7 +172,7 @@ func (st *stack) applyPolicy(ctx context.Context, v *verdict) answer {
 	}
 	var se *ratebudget.StoreError
 	if !errors.As(ev.Err, &se) {
-		ev.Err = &ratebudget.StoreError{Class: "other", Err: ev.Err}
+		ev.Err = &ratebudget.StoreError{Class: ratebudget.ClassOther, Err: ev.Err}
 	}
 	if ended(ctx) {
 		return answerCanceled
@@ -535,7 +535,7 @@ func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, l
 			if !ended(ctx) {
 				var se *ratebudget.StoreError
 				if !errors.As(derr, &se) && !errors.Is(derr, ratebudget.ErrInvalidConfig) {
-					derr = &ratebudget.StoreError{Class: "other", Err: derr}
+					derr = &ratebudget.StoreError{Class: ratebudget.ClassOther, Err: derr}
 				}
 				err = derr
 			}

@@ -26,20 +26,20 @@ type flaky struct {
 	down  atomic.Bool
 	hang  atomic.Bool // block until the context ends
 	calls atomic.Int64
-	class string // the failures' StoreError.Class; "" for a refused connection
+	class ratebudget.ErrorClass // the failures' StoreError.Class; "" for a refused connection
 }
 
 func (f *flaky) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	f.calls.Add(1)
 	if f.hang.Load() {
 		<-ctx.Done()
-		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: ctx.Err()}
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassTimeout, Uncertain: true, Err: ctx.Err()}
 	}
 	if f.down.Load() {
 		if f.class != "" {
 			return ratebudget.Decision{}, &ratebudget.StoreError{Class: f.class, Err: errors.New("OOM command not allowed")}
 		}
-		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("dial tcp 10.1.2.3:6379: connect: connection refused")}
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Err: errors.New("dial tcp 10.1.2.3:6379: connect: connection refused")}
 	}
 	return f.next.Allow(ctx, checks)
 }
@@ -120,7 +120,7 @@ func TestDecisionDeadline(t *testing.T) {
 				t.Fatalf("hung store: %d, want 503", rec.Code)
 			}
 			var se *ratebudget.StoreError
-			if !errors.As(got.Err, &se) || se.Class != "timeout" || !se.Uncertain || !errors.Is(got.Err, context.DeadlineExceeded) {
+			if !errors.As(got.Err, &se) || se.Class != ratebudget.ClassTimeout || !se.Uncertain || !errors.Is(got.Err, context.DeadlineExceeded) {
 				t.Fatalf("event error %v, want an uncertain timeout wrapping the deadline", got.Err)
 			}
 		})
@@ -297,7 +297,7 @@ func TestBreakerIgnoresCanceledRequests(t *testing.T) {
 		calls.Add(1)
 		if cancelRequest != nil {
 			cancelRequest()
-			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "canceled", Err: ctx.Err()}
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassCanceled, Err: ctx.Err()}
 		}
 		return next.Allow(ctx, checks)
 	})
@@ -349,7 +349,7 @@ func TestLocalFallbackLeavesPooledRulesIntact(t *testing.T) {
 	lim := limiterFunc(func(_ context.Context, c []ratebudget.Check) (ratebudget.Decision, error) {
 		seen = append(seen, c[0].Rule)
 		if fail {
-			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("down")}
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Err: errors.New("down")}
 		}
 		return ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true, Remaining: 1}, Rule: c[0].Rule.Name, Limit: c[0].Rule.Limit}, nil
 	})
@@ -373,7 +373,7 @@ func TestLocalFallbackLeavesPooledRulesIntact(t *testing.T) {
 func TestLocalFallbackShares(t *testing.T) {
 	t.Parallel()
 	down := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
-		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("down")}
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Err: errors.New("down")}
 	})
 	for _, tc := range []struct {
 		name     string
@@ -502,7 +502,7 @@ func TestLimiterConfigErrorIs500(t *testing.T) {
 func TestLocalFallbackRefusesACostAboveItsBudgetWith429(t *testing.T) {
 	t.Parallel()
 	lim := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
-		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("down")}
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Err: errors.New("down")}
 	})
 	var evs events
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}}, middleware.WithLocalFallback(4),

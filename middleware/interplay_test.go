@@ -97,7 +97,7 @@ func TestRefusalsThroughCompressAndRecoverer(t *testing.T) {
 	t.Parallel()
 	type mw = func(http.Handler) http.Handler
 	down := limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
-		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("connection refused")}
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Err: errors.New("connection refused")}
 	})
 	orders := []struct {
 		name       string

@@ -16,7 +16,7 @@ func TestLogStoreErrorsIsRateLimited(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer
 	obs := middleware.LogStoreErrors(slog.New(slog.NewTextHandler(&buf, nil)), time.Hour)
-	fail := middleware.Event{Result: middleware.Unavailable, Err: &ratebudget.StoreError{Class: "timeout", Err: errors.New("i/o timeout")}}
+	fail := middleware.Event{Result: middleware.Unavailable, Err: &ratebudget.StoreError{Class: ratebudget.ClassTimeout, Err: errors.New("i/o timeout")}}
 	obs(middleware.Event{Result: middleware.Allowed})
 	obs(middleware.Event{Result: middleware.Invalid, Err: errors.New("no ip")})
 	for range 100 {
@@ -45,7 +45,7 @@ func TestLogStoreErrorsNilLoggerDoesNotPanic(t *testing.T) {
 			t.Fatalf("observer built with a nil logger panicked on a store failure: %v", p)
 		}
 	}()
-	obs(middleware.Event{Result: middleware.Unavailable, Err: &ratebudget.StoreError{Class: "timeout", Err: errors.New("i/o timeout")}})
+	obs(middleware.Event{Result: middleware.Unavailable, Err: &ratebudget.StoreError{Class: ratebudget.ClassTimeout, Err: errors.New("i/o timeout")}})
 }
 
 // One LogStoreErrors observer given to every stacked layer (one set of options for

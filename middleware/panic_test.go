@@ -117,7 +117,7 @@ func TestBreakerProbePanicDoesNotWedgeTheBreaker(t *testing.T) {
 		calls.Add(1)
 		switch mode.Load() {
 		case 0:
-			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("connection refused")}
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Err: errors.New("connection refused")}
 		case 1:
 			panic(errCallback)
 		}
@@ -169,12 +169,12 @@ func TestBreakerHalfOpenProbesOneAtATime(t *testing.T) {
 			}
 		}
 		if calls.Add(1) == 1 || failing.Load() {
-			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Err: errors.New("connection refused")}
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Err: errors.New("connection refused")}
 		}
 		select { // the probe is held until every other request has been answered
 		case <-release:
 		case <-ctx.Done():
-			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "canceled", Err: ctx.Err()}
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassCanceled, Err: ctx.Err()}
 		}
 		return next.Allow(ctx, checks)
 	})

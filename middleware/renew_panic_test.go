@@ -35,7 +35,7 @@ func (p *panicRenewer) Renew(ctx context.Context, checks []ratebudget.Check, tic
 	}
 	defer p.once.Do(func() { close(p.renewed) })
 	if p.fail {
-		return &ratebudget.StoreError{Class: "other", Err: errRenewBug}
+		return &ratebudget.StoreError{Class: ratebudget.ClassOther, Err: errRenewBug}
 	}
 	panic(errRenewBug)
 }

@@ -66,7 +66,7 @@ func TestPoliciesOnAReplica(t *testing.T) {
 			_, evs := seen.take()
 			for i, e := range evs {
 				var se *ratebudget.StoreError
-				if !errors.As(e.Err, &se) || se.Class != "server" || se.Uncertain || !strings.HasPrefix(se.Err.Error(), "READONLY") {
+				if !errors.As(e.Err, &se) || se.Class != ratebudget.ClassServer || se.Uncertain || !strings.HasPrefix(se.Err.Error(), "READONLY") {
 					t.Errorf("event %d: %v, want a certain READONLY server error", i, e.Err)
 				}
 				if tc.name != "local" && e.Result != tc.outcome {

@@ -226,7 +226,7 @@ func (se *settlement) settle(ctx context.Context, t *target, costs []int64) {
 func (se *settlement) failed(t *target, err error, latency time.Duration) {
 	var sErr *ratebudget.StoreError
 	if !errors.As(err, &sErr) {
-		err = &ratebudget.StoreError{Class: "other", Err: err}
+		err = &ratebudget.StoreError{Class: ratebudget.ClassOther, Err: err}
 	}
 	ev := Event{Request: se.req, Result: SettleFailed, Err: err, Latency: latency}
 	if se.mark != nil {

@@ -25,7 +25,7 @@ type failingSettler struct {
 	failSettle, failRenew atomic.Bool
 }
 
-var errDown = &ratebudget.StoreError{Class: "connection", Uncertain: true, Err: errors.New("read tcp 10.1.2.3:6379: connection reset by peer")}
+var errDown = &ratebudget.StoreError{Class: ratebudget.ClassConnection, Uncertain: true, Err: errors.New("read tcp 10.1.2.3:6379: connection reset by peer")}
 
 func (f *failingSettler) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	if f.failSettle.Load() {
@@ -69,7 +69,7 @@ func (e *events) take() ([]middleware.Result, []middleware.Event) {
 
 // wantSettleFailed fails unless ev reports a failed settle of the request to path with
 // the store's error.
-func wantSettleFailed(t *testing.T, ev middleware.Event, path string, class string) {
+func wantSettleFailed(t *testing.T, ev middleware.Event, path string, class ratebudget.ErrorClass) {
 	t.Helper()
 	var se *ratebudget.StoreError
 	if ev.Result != middleware.SettleFailed || !errors.As(ev.Err, &se) || se.Class != class ||

@@ -20,7 +20,7 @@ type shadowDown struct{ next ratebudget.Limiter }
 func (s shadowDown) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	for _, c := range checks {
 		if c.Rule.Name == "canary" {
-			return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Uncertain: true, Err: errors.New("read: connection reset by peer")}
+			return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Uncertain: true, Err: errors.New("read: connection reset by peer")}
 		}
 	}
 	return s.next.Allow(ctx, checks)
@@ -64,7 +64,7 @@ func TestShadowStoreFailureIsObserved(t *testing.T) {
 			if e.Result != middleware.Allowed || e.Decision.Rule != tc.rule || e.Shadow != (ratebudget.Decision{}) {
 				t.Errorf("event %+v, want allowed by %q with no shadow decision", e, tc.rule)
 			}
-			if !errors.As(e.Err, &se) || se.Class != "connection" {
+			if !errors.As(e.Err, &se) || se.Class != ratebudget.ClassConnection {
 				t.Errorf("event's Err %v, want the shadow decision's store error", e.Err)
 			}
 			if e.Latency <= 0 {

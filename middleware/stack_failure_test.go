@@ -24,7 +24,7 @@ type flakySettler struct {
 	calls atomic.Int64
 }
 
-var errStoreDown = &ratebudget.StoreError{Class: "connection", Err: errors.New("dial tcp 10.1.2.3:6379: connect: connection refused")}
+var errStoreDown = &ratebudget.StoreError{Class: ratebudget.ClassConnection, Err: errors.New("dial tcp 10.1.2.3:6379: connect: connection refused")}
 
 func (f *flakySettler) Allow(ctx context.Context, checks []ratebudget.Check) (ratebudget.Decision, error) {
 	f.calls.Add(1)
@@ -470,7 +470,7 @@ func TestStackedBreakersPerLimiter(t *testing.T) {
 	}
 	_, all := evs.take()
 	var se *ratebudget.StoreError
-	if len(all) != 6 || all[5].Result != middleware.Degraded || !errors.As(all[5].Err, &se) || se.Class != "breaker_open" {
+	if len(all) != 6 || all[5].Result != middleware.Degraded || !errors.As(all[5].Err, &se) || se.Class != ratebudget.ClassBreakerOpen {
 		t.Errorf("last event %+v, want degraded with the open breaker's error", all[len(all)-1])
 	}
 	// A refusal by the first limiter leaves the second unasked: its breaker sees nothing.
@@ -506,7 +506,7 @@ func TestStackedTimeoutLatency(t *testing.T) {
 	}
 	_, all := evs.take()
 	var se *ratebudget.StoreError
-	if len(all) != 2 || !all[0].Fallback || !errors.As(all[0].Err, &se) || se.Class != "timeout" || !se.Uncertain || all[0].Latency < timeout {
+	if len(all) != 2 || !all[0].Fallback || !errors.As(all[0].Err, &se) || se.Class != ratebudget.ClassTimeout || !se.Uncertain || all[0].Latency < timeout {
 		t.Fatalf("events %+v, want a fallback admission with an uncertain timeout and a latency of at least %v", all, timeout)
 	}
 }

@@ -37,8 +37,8 @@
 // shadow mode, the sample is the sum of the calls' times, "error" when one failed.
 //
 // ratebudget_store_errors_total counts the store errors the events carry, by the error's
-// class (ratebudget.StoreError.Class: "timeout", "connection", "server", "reply",
-// "breaker_open", "other") and whether budget may have been spent before the failure
+// class (ratebudget.StoreError.Class, a ratebudget.ErrorClass: ratebudget.ClassTimeout, "connection",
+// "server", "reply", "breaker_open", "other") and whether budget may have been spent before the failure
 // (uncertain "true" or "false"): one per decision whose event carries one (degraded and
 // unavailable requests, local fallback decisions, admissions whose shadow decision
 // failed, and decisions of stacked layers' other limiters while one failed: the last
@@ -190,7 +190,7 @@ func (c *Collector) Observe(e middleware.Event) {
 	if e.Result == middleware.SettleFailed {
 		c.settles.Inc()
 		if errors.As(e.Err, &se) {
-			c.storeErrors.WithLabelValues(se.Class, strconv.FormatBool(se.Uncertain)).Inc()
+			c.storeErrors.WithLabelValues(string(se.Class), strconv.FormatBool(se.Uncertain)).Inc()
 		}
 		return
 	}
@@ -218,7 +218,7 @@ func (c *Collector) Observe(e middleware.Event) {
 		c.shadow.WithLabelValues(e.Shadow.Rule).Inc()
 	}
 	if errors.As(e.Err, &se) {
-		c.storeErrors.WithLabelValues(se.Class, strconv.FormatBool(se.Uncertain)).Inc()
+		c.storeErrors.WithLabelValues(string(se.Class), strconv.FormatBool(se.Uncertain)).Inc()
 	}
 }
 

@@ -28,7 +28,7 @@ type switchable struct {
 
 func (s *switchable) Allow(ctx context.Context, c []ratebudget.Check) (ratebudget.Decision, error) {
 	if s.down.Load() {
-		return ratebudget.Decision{}, &ratebudget.StoreError{Class: "connection", Uncertain: true, Err: errors.New("EOF")}
+		return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassConnection, Uncertain: true, Err: errors.New("EOF")}
 	}
 	return s.next.Allow(ctx, c)
 }
@@ -135,7 +135,7 @@ type settleDown struct{ *memory.Limiter }
 
 func (s settleDown) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, _ []int64) error {
 	clear(tickets[:len(checks)])
-	return &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: context.DeadlineExceeded}
+	return &ratebudget.StoreError{Class: ratebudget.ClassTimeout, Uncertain: true, Err: context.DeadlineExceeded}
 }
 
 // A failed settle is counted as a settle failure and a store error, and neither as a
@@ -184,7 +184,7 @@ type goneClient struct{ cancel context.CancelFunc }
 func (g goneClient) Allow(ctx context.Context, _ []ratebudget.Check) (ratebudget.Decision, error) {
 	g.cancel()
 	<-ctx.Done()
-	return ratebudget.Decision{}, &ratebudget.StoreError{Class: "timeout", Uncertain: true, Err: ctx.Err()}
+	return ratebudget.Decision{}, &ratebudget.StoreError{Class: ratebudget.ClassTimeout, Uncertain: true, Err: ctx.Err()}
 }
 
 // A request whose client went away during the decision is counted as canceled, and
@@ -279,11 +279,11 @@ type leaseDown struct{ *memory.Limiter }
 
 func (l leaseDown) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, _ []int64) error {
 	clear(tickets[:len(checks)])
-	return &ratebudget.StoreError{Class: "connection", Uncertain: true, Err: errors.New("EOF")}
+	return &ratebudget.StoreError{Class: ratebudget.ClassConnection, Uncertain: true, Err: errors.New("EOF")}
 }
 
 func (l leaseDown) Renew(context.Context, []ratebudget.Check, []ratebudget.Ticket) error {
-	return &ratebudget.StoreError{Class: "connection", Uncertain: true, Err: errors.New("EOF")}
+	return &ratebudget.StoreError{Class: ratebudget.ClassConnection, Uncertain: true, Err: errors.New("EOF")}
 }
 
 // ratebudget_settle_failures_total counts failed store calls, not requests: one request

@@ -218,39 +218,25 @@ func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 func checksValid(checks []Check) bool {
 	for i := range checks {
 		c := &checks[i]
-		r := &c.Rule
-		w := r.Window
-		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > InFlight ||
-			r.Limit <= 0 || r.Limit > MaxLimit || w < time.Millisecond || w > maxWindow || w%time.Millisecond != 0 ||
-			c.Cost <= 0 || c.Cost > MaxLimit || r.Algorithm == InFlight && c.Cost != 1 {
+		if !c.Rule.valid() || c.Cost <= 0 || c.Cost > MaxLimit || c.Rule.Algorithm == InFlight && c.Cost != 1 ||
+			namedBefore(checks, i) {
 			return false
-		}
-		for k := 0; k < len(r.Name); k++ {
-			if !nameByte[r.Name[k]] {
-				return false
-			}
-		}
-		if r.Burst != 0 || r.Algorithm == TokenBucket {
-			if r.Algorithm != TokenBucket || r.Burst < 0 || r.Burst > MaxLimit || r.Capacity() > maxScaled/w.Milliseconds() {
-				return false
-			}
-		}
-		for j := 0; j < i; j++ {
-			if checks[j].Rule.Name == r.Name && checks[j].Identity == c.Identity && checks[j].Scope == c.Scope {
-				return false
-			}
 		}
 	}
 	return len(checks) > 0
 }
 
-// nameByte marks the bytes allowed in a rule name: [A-Za-z0-9_.-].
-var nameByte = func() (t [256]bool) {
-	for c := range 256 {
-		t[c] = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
+// namedBefore reports whether a check before checks[i] names its budget: the same rule
+// name, identity and scope.
+func namedBefore(checks []Check, i int) bool {
+	c := &checks[i]
+	for j := 0; j < i; j++ {
+		if checks[j].Rule.Name == c.Rule.Name && checks[j].Identity == c.Identity && checks[j].Scope == c.Scope {
+			return true
+		}
 	}
-	return t
-}()
+	return false
+}
 
 // ValidateChecks checks what a limiter must verify before it spends anything: at least one
 // check, valid rules, costs in 1..MaxLimit (exactly 1 for an [InFlight] rule) and no
@@ -280,10 +266,8 @@ func ValidateChecks(checks []Check) error {
 		if c.Rule.Algorithm == InFlight && c.Cost != 1 {
 			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be 1 for an InFlight rule (one lease), got " + strconv.FormatInt(c.Cost, 10)}
 		}
-		for j := 0; j < i; j++ {
-			if checks[j].Rule.Name == c.Rule.Name && checks[j].Identity == c.Identity && checks[j].Scope == c.Scope {
-				return &ConfigError{Rule: c.Rule.Name, Field: "checks", Problem: "names the same budget twice"}
-			}
+		if namedBefore(checks, i) {
+			return &ConfigError{Rule: c.Rule.Name, Field: "checks", Problem: "names the same budget twice"}
 		}
 	}
 	return nil

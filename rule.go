@@ -104,48 +104,99 @@ func (r Rule) Capacity() int64 {
 // or a token bucket whose capacity times its Window in milliseconds exceeds 2^53 (the
 // scale of its exact refill arithmetic).
 func (r Rule) Validate() error {
-	bad := func(field, format string, args ...any) error {
-		return &ConfigError{Rule: r.Name, Field: field, Problem: fmt.Sprintf(format, args...)}
-	}
-	if r.Name == "" {
-		return bad("Name", "must not be empty")
-	}
-	if len(r.Name) > maxNameLen {
-		return bad("Name", "is %d bytes, longer than %d", len(r.Name), maxNameLen)
-	}
-	for i := 0; i < len(r.Name); i++ {
-		c := r.Name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return bad("Name", "has byte %q at %d; use only [A-Za-z0-9_.-]", c, i)
-		}
+	if err := r.validateName(); err != nil {
+		return err
 	}
 	if r.Algorithm > InFlight {
-		return bad("Algorithm", "unknown value %d", uint8(r.Algorithm))
+		return r.bad("Algorithm", "unknown value %d", uint8(r.Algorithm))
 	}
 	if r.Limit <= 0 || r.Limit > MaxLimit {
-		return bad("Limit", "must be in 1..%d, got %d", int64(MaxLimit), r.Limit)
+		return r.bad("Limit", "must be in 1..%d, got %d", int64(MaxLimit), r.Limit)
 	}
 	if r.Window < time.Millisecond || r.Window > maxWindow {
-		return bad("Window", "must be in 1ms..%v, got %v", maxWindow, r.Window)
+		return r.bad("Window", "must be in 1ms..%v, got %v", maxWindow, r.Window)
 	}
 	if r.Window%time.Millisecond != 0 {
-		return bad("Window", "must be a whole number of milliseconds, got %v", r.Window)
+		return r.bad("Window", "must be a whole number of milliseconds, got %v", r.Window)
 	}
-	if r.Burst != 0 {
-		if r.Algorithm != TokenBucket {
-			return bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, r.Algorithm)
-		}
-		if r.Burst < 0 || r.Burst > MaxLimit {
-			return bad("Burst", "must be in 0..%d, got %d", int64(MaxLimit), r.Burst)
-		}
+	return r.validateBurst()
+}
+
+// bad is the *ConfigError of r's field.
+func (r *Rule) bad(field, format string, args ...any) error {
+	return &ConfigError{Rule: r.Name, Field: field, Problem: fmt.Sprintf(format, args...)}
+}
+
+// validateName is Validate's check of the Name.
+func (r *Rule) validateName() error {
+	if r.Name == "" {
+		return r.bad("Name", "must not be empty")
 	}
-	if r.Algorithm == TokenBucket {
-		if c, w := r.Capacity(), r.Window.Milliseconds(); c > maxScaled/w {
-			return bad("Burst", "capacity %d × window %dms exceeds 2^53; shorten the window or lower the capacity", c, w)
+	if len(r.Name) > maxNameLen {
+		return r.bad("Name", "is %d bytes, longer than %d", len(r.Name), maxNameLen)
+	}
+	for i := 0; i < len(r.Name); i++ {
+		if c := r.Name[i]; !nameByte[c] {
+			return r.bad("Name", "has byte %q at %d; use only [A-Za-z0-9_.-]", c, i)
 		}
 	}
 	return nil
 }
+
+// validateBurst is Validate's check of the Burst and of a token bucket's scale, once
+// the Limit and Window are valid.
+func (r *Rule) validateBurst() error {
+	if r.Burst != 0 {
+		if r.Algorithm != TokenBucket {
+			return r.bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, r.Algorithm)
+		}
+		if r.Burst < 0 || r.Burst > MaxLimit {
+			return r.bad("Burst", "must be in 0..%d, got %d", int64(MaxLimit), r.Burst)
+		}
+	}
+	if r.Algorithm == TokenBucket {
+		if c, w := r.Capacity(), r.Window.Milliseconds(); c > maxScaled/w {
+			return r.bad("Burst", "capacity %d × window %dms exceeds 2^53; shorten the window or lower the capacity", c, w)
+		}
+	}
+	return nil
+}
+
+// valid reports whether Validate would return nil, without building an error (so
+// without allocating).
+func (r *Rule) valid() bool {
+	w := r.Window
+	if !nameValid(r.Name) || r.Algorithm > InFlight || r.Limit <= 0 || r.Limit > MaxLimit ||
+		w < time.Millisecond || w > maxWindow || w%time.Millisecond != 0 {
+		return false
+	}
+	if r.Burst != 0 || r.Algorithm == TokenBucket {
+		return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= MaxLimit && r.Capacity() <= maxScaled/w.Milliseconds()
+	}
+	return true
+}
+
+// nameValid reports whether name is a valid rule name: 1 to maxNameLen bytes of
+// [A-Za-z0-9_.-].
+func nameValid(name string) bool {
+	if name == "" || len(name) > maxNameLen {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if !nameByte[name[i]] {
+			return false
+		}
+	}
+	return true
+}
+
+// nameByte marks the bytes allowed in a rule name: [A-Za-z0-9_.-].
+var nameByte = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.'
+	}
+	return t
+}()
 
 // ValidateRules validates each rule ([Rule.Validate]) and checks that there is at least
 // one and that names are unique. It returns a *[ConfigError] naming the field at fault

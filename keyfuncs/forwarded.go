@@ -72,49 +72,9 @@ func parseForwarded(lines []string, hops []hop) ([]hop, bool) {
 	for _, s := range lines {
 		i := 0
 		for {
-			// One element: pairs separated by ';', ended by ',' or the end of the line.
-			i = skipOWS(s, i)
-			var h hop
-			seen, empty := 0, true
-			for i < len(s) && s[i] != ',' {
-				if s[i] == ';' {
-					i = skipOWS(s, i+1)
-					continue
-				}
-				j := tokenEnd(s, i)
-				if j == i || j >= len(s) || s[j] != '=' {
-					return hops, false
-				}
-				name := s[i:j]
-				i = j + 1
-				var val string
-				if i < len(s) && s[i] == '"' {
-					var ok bool
-					if val, i, ok = quoted(s, i); !ok {
-						return hops, false
-					}
-				} else {
-					if j = tokenEnd(s, i); j == i {
-						return hops, false
-					}
-					val, i = s[i:j], j
-				}
-				empty = false
-				p := param(name)
-				if seen&p != 0 {
-					return hops, false
-				}
-				seen |= p
-				if p == paramFor {
-					var ok bool
-					if h, ok = parseForValue(val); !ok {
-						return hops, false
-					}
-				}
-				i = skipOWS(s, i)
-				if i < len(s) && s[i] != ';' && s[i] != ',' {
-					return hops, false
-				}
+			h, j, empty, ok := parseElement(s, i)
+			if !ok {
+				return hops, false
 			}
 			if !empty {
 				if len(hops) == maxForwardedHops {
@@ -122,13 +82,69 @@ func parseForwarded(lines []string, hops []hop) ([]hop, bool) {
 				}
 				hops = append(hops, h) // an element without "for" stays an unknown hop
 			}
-			if i >= len(s) {
+			if j >= len(s) {
 				break
 			}
-			i++ // skip ','
+			i = j + 1 // skip ','
 		}
 	}
 	return hops, true
+}
+
+// parseElement parses the forwarded-element of s at i, with the whitespace before it:
+// pairs separated by ';', ended by ',' or the end of the line. It returns the element's
+// hop (an unknown hop without "for"), the index of its ',' (or len(s)), and whether it
+// has no pair; ok is false for a syntax error, a parameter given twice or a "for" value
+// that is not a node.
+func parseElement(s string, i int) (h hop, end int, empty, ok bool) {
+	i = skipOWS(s, i)
+	seen := 0
+	empty = true
+	for i < len(s) && s[i] != ',' {
+		if s[i] == ';' {
+			i = skipOWS(s, i+1)
+			continue
+		}
+		var name, val string
+		if name, val, i, ok = parsePair(s, i); !ok {
+			return h, i, empty, false
+		}
+		empty = false
+		p := param(name)
+		if seen&p != 0 {
+			return h, i, empty, false
+		}
+		seen |= p
+		if p == paramFor {
+			if h, ok = parseForValue(val); !ok {
+				return h, i, empty, false
+			}
+		}
+		i = skipOWS(s, i)
+		if i < len(s) && s[i] != ';' && s[i] != ',' {
+			return h, i, empty, false
+		}
+	}
+	return h, i, empty, true
+}
+
+// parsePair parses the forwarded-pair of s at i, token "=" value, the value a token or
+// a quoted string (returned unquoted). It returns the index after the pair; ok is false
+// for any other syntax.
+func parsePair(s string, i int) (name, val string, end int, ok bool) {
+	j := tokenEnd(s, i)
+	if j == i || j >= len(s) || s[j] != '=' {
+		return "", "", i, false
+	}
+	name, i = s[i:j], j+1
+	if i < len(s) && s[i] == '"' {
+		val, i, ok = quoted(s, i)
+		return name, val, i, ok
+	}
+	if j = tokenEnd(s, i); j == i {
+		return "", "", i, false
+	}
+	return name, s[i:j], j, true
 }
 
 // param returns the bit of a registered parameter name (case-insensitive), or 0 for an

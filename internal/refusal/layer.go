@@ -82,23 +82,10 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 	var keys, buf []byte
 	sent, backs := l.cache.Now(), l.backs.Load()
 	if !l.cache.Empty() {
-		keys = make([]byte, 0, keyLen*len(checks))
-		found, exceeded := false, false
-		var best ratebudget.Decision
-		for i := range checks {
-			c := &checks[i]
-			keys, buf = l.key(keys, buf, c)
-			// A check that exceeds its capacity makes the decision Exceeded, which no
-			// cached refusal reports: the inner limiter decides it.
-			exceeded = exceeded || c.Cost > c.Rule.Capacity()
-			d, ok := l.cache.Lookup(keys[keyLen*i:keyLen*(i+1)], c.Cost, sameCost(&c.Rule), sent)
-			if ok && (!found || d.RetryAfter > best.RetryAfter) {
-				d.Index = i
-				best, found = d, true
-			}
-		}
-		if found && !exceeded && ratebudget.ValidateChecks(checks) == nil {
-			return best, nil
+		var d ratebudget.Decision
+		var ok bool
+		if d, keys, buf, ok = l.cached(checks, sent); ok {
+			return d, nil
 		}
 	}
 	d, err := l.inner.Allow(ctx, checks)
@@ -117,7 +104,7 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 			}
 			l.spent(keys[keyLen*i : keyLen*(i+1)])
 		}
-	case !d.Exceeded && d.RetryAfter > 0 && d.Index >= 0 && d.Index < len(checks):
+	case storable(d, len(checks)):
 		// d reports the outcome the inner limiter decided for checks[d.Index].
 		var k []byte
 		if keys != nil {
@@ -128,6 +115,32 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 		l.cache.StoreIf(k, checks[d.Index].Cost, sent, d, nil, l.noBackSince(k, backs))
 	}
 	return d, nil
+}
+
+// cached looks the checks' budgets up at sent: it returns the cached refusal with the
+// longest wait, when one is found, no check exceeds its capacity (which makes the
+// decision Exceeded, which no cached refusal reports: the inner limiter decides it)
+// and the checks are valid; and the checks' keys, and the key buffer, it built.
+func (l *Limiter) cached(checks []ratebudget.Check, sent int64) (best ratebudget.Decision, keys, buf []byte, ok bool) {
+	keys = make([]byte, 0, keyLen*len(checks))
+	found, exceeded := false, false
+	for i := range checks {
+		c := &checks[i]
+		keys, buf = l.key(keys, buf, c)
+		exceeded = exceeded || c.Cost > c.Rule.Capacity()
+		d, hit := l.cache.Lookup(keys[keyLen*i:keyLen*(i+1)], c.Cost, sameCost(&c.Rule), sent)
+		if hit && (!found || d.RetryAfter > best.RetryAfter) {
+			d.Index = i
+			best, found = d, true
+		}
+	}
+	return best, keys, buf, found && !exceeded && ratebudget.ValidateChecks(checks) == nil
+}
+
+// storable reports whether d, the inner limiter's decision of n checks, is a refusal
+// with a wait, of a check it names: one to cache.
+func storable(d ratebudget.Decision, n int) bool {
+	return !d.Allowed && !d.Exceeded && d.RetryAfter > 0 && d.Index >= 0 && d.Index < n
 }
 
 // ForgetChecks drops the refusals cached for the budgets of checks: they were spent by
@@ -211,21 +224,8 @@ func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outs
 	for i := range checks {
 		gens = append(gens, l.gens[genSlot(keys[keyLen*i:])].Load())
 	}
-	if !l.cache.Empty() {
-		exceeded := false
-		for i := range checks {
-			exceeded = exceeded || checks[i].Cost > checks[i].Rule.Capacity()
-		}
-		for i := 0; i < len(checks) && !exceeded; i++ {
-			_, snap, ok := l.cache.LookupEach(keys[keyLen*i:keyLen*(i+1)], checks[i].Cost, sameCost(&checks[i].Rule), sent)
-			if !ok || !l.holds(snap, sig, gens, sent) || ratebudget.ValidateChecks(checks) != nil {
-				continue
-			}
-			for j := range outs {
-				outs[j] = timerule.Elapsed(snap.Outs[j], snap.Sent, sent)
-			}
-			return ratebudget.Combine(checks, outs), nil
-		}
+	if !l.cache.Empty() && l.repeat(checks, outs, keys, sig, gens, sent) {
+		return ratebudget.Combine(checks, outs), nil
 	}
 	d, err := l.inner.AllowEach(ctx, checks, outs)
 	if err != nil {
@@ -236,12 +236,35 @@ func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outs
 		for i := 0; i < len(checks) && !l.cache.Empty(); i++ {
 			l.spent(keys[keyLen*i : keyLen*(i+1)])
 		}
-	case !d.Exceeded && d.RetryAfter > 0 && d.Index >= 0 && d.Index < len(checks):
+	case storable(d, len(checks)):
 		snap := &Snapshot{Checks: string(sig), Outs: append([]ratebudget.Outcome(nil), outs...), Sent: sent, Gens: append([]uint64(nil), gens...)}
 		k := keys[keyLen*d.Index : keyLen*(d.Index+1)]
 		l.cache.StoreIf(k, checks[d.Index].Cost, sent, d, snap, l.noBackSince(k, backs))
 	}
 	return d, nil
+}
+
+// repeat sets outs to the outcomes of a cached refusal's snapshot of the very checks
+// (keys, their signature sig, and their generations gens) as of sent, and reports
+// whether it found one that holds (see holds). It finds none when a check exceeds its
+// capacity, or for invalid checks.
+func (l *Limiter) repeat(checks []ratebudget.Check, outs []ratebudget.Outcome, keys, sig []byte, gens []uint64, sent int64) bool {
+	for i := range checks {
+		if checks[i].Cost > checks[i].Rule.Capacity() {
+			return false
+		}
+	}
+	for i := range checks {
+		_, snap, ok := l.cache.LookupEach(keys[keyLen*i:keyLen*(i+1)], checks[i].Cost, sameCost(&checks[i].Rule), sent)
+		if !ok || !l.holds(snap, sig, gens, sent) || ratebudget.ValidateChecks(checks) != nil {
+			continue
+		}
+		for j := range outs {
+			outs[j] = timerule.Elapsed(snap.Outs[j], snap.Sent, sent)
+		}
+		return true
+	}
+	return false
 }
 
 // holds reports whether snap gives the outcomes of the checks named sig, whose

@@ -833,7 +833,8 @@ func (c *core) submit(ctx context.Context, p *redis.AutoPipeliner, cmd redis.Cmd
 }
 
 // parseAllow checks allow.lua's reply for the checks g and stores it in d.outs and
-// d.aux.
+// d.aux (and in d.idle and d.tickets when the reply has them). It reports whether all
+// were admitted.
 func parseAllow(v any, d *decision, g []int) (bool, error) {
 	vals, ok := v.([]any)
 	if !ok {
@@ -844,52 +845,79 @@ func parseAllow(v any, d *decision, g []int) (bool, error) {
 	}
 	all := true
 	for k, j := range g {
-		var f [6]int64
-		for e := range f {
-			n, ok := vals[6*k+e].(int64)
-			if !ok {
-				return false, badReply(fmt.Sprintf("element %d is %T, want an integer", 6*k+e, vals[6*k+e]))
-			}
-			f[e] = n
-		}
-		if f[0] < 0 || f[0] > 1 || f[1] < 0 || f[1] > 1 || f[3] < 0 || f[4] < 0 || f[5] < 0 {
-			return false, badReply(fmt.Sprintf("check %d: out-of-range values %v", k, f))
-		}
-		o := ratebudget.Outcome{
-			Allowed:    f[0] == 1,
-			Exceeded:   f[1] == 1,
-			Remaining:  f[2],
-			ResetAfter: timerule.Duration(f[3]),
-			RetryAfter: timerule.Duration(f[4]),
-		}
-		if o.Allowed && o.Exceeded {
-			return false, badReply(fmt.Sprintf("check %d: both allowed and exceeded", k))
+		o, aux, err := parseOutcome(vals[6*k:6*k+6], k)
+		if err != nil {
+			return false, err
 		}
 		all = all && o.Allowed
 		d.outs[j] = o
-		d.aux[j] = f[5]
+		d.aux[j] = aux
 	}
 	if len(vals) == 8*len(g) {
-		for k, j := range g {
-			idle, ok := vals[7*len(g)+k].(int64)
-			if !ok || idle < 0 {
-				return false, badReply(fmt.Sprintf("reset before the spend %d is %v, want an integer, at least 0", k, vals[7*len(g)+k]))
-			}
-			d.idle[j] = idle
+		if err := parseIdle(vals[7*len(g):], d, g); err != nil {
+			return false, err
 		}
 	}
 	if len(vals) >= 7*len(g) {
-		for k, j := range g {
-			tk, ok := vals[6*len(g)+k].(int64)
-			if !ok {
-				return false, badReply(fmt.Sprintf("ticket %d is %T, want an integer", k, vals[6*len(g)+k]))
-			}
-			d.tickets[j] = ticketOf(&d.checks[j], tk, d.aux[j])
-			d.tickets[j].Reservation = d.rid
-			if d.checks[j].Rule.Algorithm == ratebudget.InFlight {
-				d.tickets[j].ID = d.leases[j]
-			}
+		if err := parseTickets(vals[6*len(g):7*len(g)], d, g); err != nil {
+			return false, err
 		}
 	}
 	return all, nil
+}
+
+// parseOutcome reads check k's six values of allow.lua's reply: its outcome and its
+// sixth value.
+func parseOutcome(vals []any, k int) (ratebudget.Outcome, int64, error) {
+	var f [6]int64
+	for e := range f {
+		n, ok := vals[e].(int64)
+		if !ok {
+			return ratebudget.Outcome{}, 0, badReply(fmt.Sprintf("element %d is %T, want an integer", 6*k+e, vals[e]))
+		}
+		f[e] = n
+	}
+	if f[0] < 0 || f[0] > 1 || f[1] < 0 || f[1] > 1 || f[3] < 0 || f[4] < 0 || f[5] < 0 {
+		return ratebudget.Outcome{}, 0, badReply(fmt.Sprintf("check %d: out-of-range values %v", k, f))
+	}
+	o := ratebudget.Outcome{
+		Allowed:    f[0] == 1,
+		Exceeded:   f[1] == 1,
+		Remaining:  f[2],
+		ResetAfter: timerule.Duration(f[3]),
+		RetryAfter: timerule.Duration(f[4]),
+	}
+	if o.Allowed && o.Exceeded {
+		return ratebudget.Outcome{}, 0, badReply(fmt.Sprintf("check %d: both allowed and exceeded", k))
+	}
+	return o, f[5], nil
+}
+
+// parseIdle reads each check's reset before the spend (allow.lua's modes '4' and '6')
+// into d.idle.
+func parseIdle(vals []any, d *decision, g []int) error {
+	for k, j := range g {
+		idle, ok := vals[k].(int64)
+		if !ok || idle < 0 {
+			return badReply(fmt.Sprintf("reset before the spend %d is %v, want an integer, at least 0", k, vals[k]))
+		}
+		d.idle[j] = idle
+	}
+	return nil
+}
+
+// parseTickets reads each check's ticket value into d.tickets, once d.aux is read.
+func parseTickets(vals []any, d *decision, g []int) error {
+	for k, j := range g {
+		tk, ok := vals[k].(int64)
+		if !ok {
+			return badReply(fmt.Sprintf("ticket %d is %T, want an integer", k, vals[k]))
+		}
+		d.tickets[j] = ticketOf(&d.checks[j], tk, d.aux[j])
+		d.tickets[j].Reservation = d.rid
+		if d.checks[j].Rule.Algorithm == ratebudget.InFlight {
+			d.tickets[j].ID = d.leases[j]
+		}
+	}
+	return nil
 }

@@ -133,159 +133,26 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 			keys[i], slots[i] = string(k), s
 		}
 	}
-	mode := "settle"
-	if renewing {
-		mode = "renew"
-	}
 	// One call per slot group, built first and then sent: the groups of several slots
 	// at once, so that a group whose master stalls does not use up ctx's time for the
 	// others (their leases would stay held until their TTL).
-	type call struct {
-		args   []any
-		gkeys  []string
-		checks []ratebudget.Check // the group's checks settled, when marked
-		marked bool               // a reservation's settle: gkeys ends with its marker
-		charge bool               // only extras: allow.lua's mode '3'
-		err    error
-		lost   bool
-		// panicked is set when the call panicked (a client hook's bug) on a goroutine
-		// of its own, with p its value: the panic goes on on the caller's goroutine.
-		panicked bool
-		p        any
-	}
-	var calls []*call
+	var calls []*settleCall
 	seen := make([]bool, n)
 	for first := range checks {
 		if seen[first] {
 			continue
 		}
-		var gkeys []string
-		var gchecks []ratebudget.Check
-		var rid int64 // the reservation's id, if it has one
-		args := []any{mode}
-		extras := []any{"3"} // allow.lua's arguments, while every check is charged above
-		for i := first; i < n; i++ {
-			if seen[i] || !c.oneServer && slots[i] != slots[first] {
-				continue
-			}
-			seen[i] = true
-			t, ch := tickets[i], &checks[i]
-			if t == (ratebudget.Ticket{}) {
-				continue
-			}
-			r := &ch.Rule
-			member := "-"
-			var give, extra, aux int64
-			switch {
-			case r.Algorithm == ratebudget.InFlight:
-				member = leaseMember(t.ID) // released, or renewed
-			case renewing:
-				continue
-			case costs == nil:
-				give = ch.Cost
-			case costs[i] < ch.Cost:
-				give = ch.Cost - costs[i]
-			case costs[i] > ch.Cost:
-				extra = costs[i] - ch.Cost
-			default:
-				continue // settled at the reserved cost: nothing to change
-			}
-			if r.Algorithm == ratebudget.RollingWindow {
-				aux = t.ID
-			}
-			if rid == 0 {
-				rid = t.Reservation
-			}
-			gchecks = append(gchecks, *ch)
-			gkeys = append(gkeys, keys[i])
-			args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), give, extra, aux, t.At, member)
-			if extras != nil && extra > 0 {
-				extras = append(extras, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), extra)
-			} else {
-				extras = nil
-			}
-		}
-		if len(gkeys) == 0 {
-			continue
-		}
-		if rid != 0 && !renewing {
-			// A reservation's settle deletes its marker, and is re-sent after a failure:
-			// through settle.lua, whose marker makes it apply at most once.
-			args[0] = "first"
-			calls = append(calls, &call{
-				gkeys:  append(gkeys, markerKey(keys[first], rid)),
-				args:   append(args, markerTTLArg),
-				checks: gchecks,
-				marked: true,
-			})
-			continue
-		}
-		if extras != nil {
-			// Only extras: allow.lua's mode '3' itself, the code settle.lua would run for
-			// them, without settle.lua's own work.
-			calls = append(calls, &call{gkeys: gkeys, args: extras, charge: true})
-		} else {
-			calls = append(calls, &call{gkeys: gkeys, args: args})
+		if k := c.settleGroup(checks, tickets, costs, keys, slots, seen, first, renewing); k != nil {
+			calls = append(calls, k)
 		}
 	}
-	do := func(k *call) {
-		if k.charge {
-			v, err := c.run(ctx, allowScript, allowSource, k.gkeys, k.args)
-			if err != nil {
-				k.err = classify(err)
-			} else if vals, ok := v.([]any); !ok || len(vals) != 6*len(k.gkeys) {
-				k.err = badReply(fmt.Sprintf("charge: %v", v))
-			}
-			return
-		}
-		v, err := c.run(ctx, settleScript, settleSource, k.gkeys, k.args)
-		if err != nil {
-			k.err = classify(err)
-			if se, ok := k.err.(*ratebudget.StoreError); ok && partlyWritten(err) {
-				se.Uncertain = true // Redis keeps the writes before the failure
-			}
-		} else if vals, ok := v.([]any); !ok || len(vals) != len(k.gkeys) && !(k.marked && len(vals) == len(k.gkeys)-1) {
-			k.err = badReply(fmt.Sprintf("settle: %v", v))
-		} else if renewing {
-			for _, x := range vals {
-				if x != int64(1) {
-					k.lost = true
-				}
-			}
-		}
-	}
-	if len(calls) == 1 {
-		do(calls[0])
-	} else {
-		var wg sync.WaitGroup
-		for _, k := range calls {
-			wg.Go(func() {
-				defer func() {
-					if p := recover(); p != nil {
-						k.panicked, k.p = true, p
-					}
-				}()
-				do(k)
-			})
-		}
-		wg.Wait()
-		for _, k := range calls {
-			if k.panicked {
-				panic(k.p) // on the caller's goroutine, as with a single call
-			}
-		}
-	}
+	sendAll(calls, func(k *settleCall) { c.sendSettle(ctx, k, renewing) })
 	if !renewing {
 		clear(tickets[:n])
 	}
 	for _, k := range calls {
 		if k.marked && k.err != nil {
-			args := append([]any{"retry"}, k.args[1:]...)
-			var done func()
-			if c.gaveBack != nil {
-				done = func() { c.gaveBack(k.checks) }
-			}
-			c.repair.add(ctx, k.gkeys, args, done)
+			c.resend(ctx, k)
 		}
 	}
 	var firstErr error
@@ -301,6 +168,178 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 		return ratebudget.ErrLeaseLost
 	}
 	return nil
+}
+
+// settleCall is one script call of a settle: a slot group's.
+type settleCall struct {
+	args   []any
+	gkeys  []string
+	checks []ratebudget.Check // the group's checks settled, when marked
+	marked bool               // a reservation's settle: gkeys ends with its marker
+	charge bool               // only extras: allow.lua's mode '3'
+	err    error
+	lost   bool
+	// panicked is set when the call panicked (a client hook's bug) on a goroutine of
+	// its own, with p its value: the panic goes on on the caller's goroutine.
+	panicked bool
+	p        any
+}
+
+// settleGroup builds the call of the slot group of checks[first] (every check of the
+// call with WithOneServer), marking its checks seen; nil when none of them has
+// anything to settle.
+func (c *core) settleGroup(checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64, keys []string, slots []uint16, seen []bool, first int, renewing bool) *settleCall {
+	mode := "settle"
+	if renewing {
+		mode = "renew"
+	}
+	var gkeys []string
+	var gchecks []ratebudget.Check
+	var rid int64 // the reservation's id, if it has one
+	args := []any{mode}
+	extras := []any{"3"} // allow.lua's arguments, while every check is charged above
+	for i := first; i < len(checks); i++ {
+		if seen[i] || !c.oneServer && slots[i] != slots[first] {
+			continue
+		}
+		seen[i] = true
+		t, ch := tickets[i], &checks[i]
+		if t == (ratebudget.Ticket{}) {
+			continue
+		}
+		member, give, extra, ok := settleOf(ch, t, costs, i, renewing)
+		if !ok {
+			continue
+		}
+		r := &ch.Rule
+		var aux int64
+		if r.Algorithm == ratebudget.RollingWindow {
+			aux = t.ID
+		}
+		if rid == 0 {
+			rid = t.Reservation
+		}
+		gchecks = append(gchecks, *ch)
+		gkeys = append(gkeys, keys[i])
+		args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), give, extra, aux, t.At, member)
+		if extras != nil && extra > 0 {
+			extras = append(extras, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), extra)
+		} else {
+			extras = nil
+		}
+	}
+	switch {
+	case len(gkeys) == 0:
+		return nil
+	case rid != 0 && !renewing:
+		// A reservation's settle deletes its marker, and is re-sent after a failure:
+		// through settle.lua, whose marker makes it apply at most once.
+		args[0] = "first"
+		return &settleCall{
+			gkeys:  append(gkeys, markerKey(keys[first], rid)),
+			args:   append(args, markerTTLArg),
+			checks: gchecks,
+			marked: true,
+		}
+	case extras != nil:
+		// Only extras: allow.lua's mode '3' itself, the code settle.lua would run for
+		// them, without settle.lua's own work.
+		return &settleCall{gkeys: gkeys, args: extras, charge: true}
+	}
+	return &settleCall{gkeys: gkeys, args: args}
+}
+
+// settleOf is what settling check ch of ticket t (checks[i]) at costs asks of
+// settle.lua: the lease member ('-' but for an in-flight check, whose lease is released
+// or renewed), the units to give back and the units to charge above the reservation.
+// It reports false when there is nothing to do: renewing a check without a lease, or a
+// settle at the reserved cost.
+func settleOf(ch *ratebudget.Check, t ratebudget.Ticket, costs []int64, i int, renewing bool) (member string, give, extra int64, ok bool) {
+	switch {
+	case ch.Rule.Algorithm == ratebudget.InFlight:
+		return leaseMember(t.ID), 0, 0, true
+	case renewing:
+		return "", 0, 0, false
+	case costs == nil:
+		return "-", ch.Cost, 0, true
+	case costs[i] < ch.Cost:
+		return "-", ch.Cost - costs[i], 0, true
+	case costs[i] > ch.Cost:
+		return "-", 0, costs[i] - ch.Cost, true
+	}
+	return "", 0, 0, false // settled at the reserved cost: nothing to change
+}
+
+// sendSettle sends call k and records its failure, and with renewing whether a lease
+// was lost, in k.
+func (c *core) sendSettle(ctx context.Context, k *settleCall, renewing bool) {
+	if k.charge {
+		v, err := c.run(ctx, allowScript, allowSource, k.gkeys, k.args)
+		if err != nil {
+			k.err = classify(err)
+		} else if vals, ok := v.([]any); !ok || len(vals) != 6*len(k.gkeys) {
+			k.err = badReply(fmt.Sprintf("charge: %v", v))
+		}
+		return
+	}
+	v, err := c.run(ctx, settleScript, settleSource, k.gkeys, k.args)
+	if err != nil {
+		k.err = classify(err)
+		if se, ok := k.err.(*ratebudget.StoreError); ok && partlyWritten(err) {
+			se.Uncertain = true // Redis keeps the writes before the failure
+		}
+		return
+	}
+	vals, ok := v.([]any)
+	if !ok || len(vals) != len(k.gkeys) && !(k.marked && len(vals) == len(k.gkeys)-1) {
+		k.err = badReply(fmt.Sprintf("settle: %v", v))
+		return
+	}
+	if renewing {
+		for _, x := range vals {
+			if x != int64(1) {
+				k.lost = true
+			}
+		}
+	}
+}
+
+// sendAll runs send for each call: on the caller's goroutine for one call, else each
+// on a goroutine of its own, waiting for all. A panic of a call's send goes on on the
+// caller's goroutine, once every call is done.
+func sendAll(calls []*settleCall, send func(*settleCall)) {
+	if len(calls) == 1 {
+		send(calls[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, k := range calls {
+		wg.Go(func() {
+			defer func() {
+				if p := recover(); p != nil {
+					k.panicked, k.p = true, p
+				}
+			}()
+			send(k)
+		})
+	}
+	wg.Wait()
+	for _, k := range calls {
+		if k.panicked {
+			panic(k.p) // on the caller's goroutine, as with a single call
+		}
+	}
+}
+
+// resend hands the failed call k of a reservation's settle to the repairs, which re-send
+// it until it lands; the refusal cache, if any, is told of the checks given back then.
+func (c *core) resend(ctx context.Context, k *settleCall) {
+	args := append([]any{"retry"}, k.args[1:]...)
+	var done func()
+	if c.gaveBack != nil {
+		done = func() { c.gaveBack(k.checks) }
+	}
+	c.repair.add(ctx, k.gkeys, args, done)
 }
 
 // partlyWritten reports whether err is settle.lua's reply for a command that failed

@@ -1,13 +1,16 @@
 package lua
 
+import "github.com/ratebudget/ratebudget"
+
 // Waiting reports how many decisions wait in coalesced groups, and for how many
 // signatures a decision is in flight.
 func Waiting(l *Limiter) (members, flights int) {
-	if l.coal == nil {
+	coal := coalescerOf(l)
+	if coal == nil {
 		return 0, 0
 	}
-	for i := range l.coal.mu {
-		sh := &l.coal.mu[i]
+	for i := range coal.mu {
+		sh := &coal.mu[i]
 		sh.Lock()
 		for _, f := range sh.m {
 			flights++
@@ -23,7 +26,17 @@ func Waiting(l *Limiter) (members, flights int) {
 // OnSeal sets a function that runs, with the shard locked, whenever a coalesced group
 // is sealed, just before its members are woken. Set it before the limiter's first
 // decision.
-func OnSeal(l *Limiter, f func()) { l.coal.sealed = f }
+func OnSeal(l *Limiter, f func()) { coalescerOf(l).sealed = f }
+
+// coalescerOf returns l's coalescing layer, nil without WithCoalescing.
+func coalescerOf(l *Limiter) *coalescer {
+	top := ratebudget.Limiter(l.top)
+	if l.refusals != nil {
+		top = l.refusals.Inner()
+	}
+	c, _ := top.(*coalescer)
+	return c
+}
 
 // AllowSource is allow.lua.
 var AllowSource = allowSource

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/argcheck"
 	"github.com/ratebudget/ratebudget/internal/refusal"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
@@ -38,9 +39,8 @@ const refundTimeout = 500 * time.Millisecond
 // [WithRefusalCache]). It is safe for concurrent use. Make one with [New]: the zero
 // Limiter has no client and must not be used.
 type Limiter struct {
-	top      layer // the refusal cache around core, or core
+	top      layer // the outermost of the configured layers: refusal cache, coalescing, core
 	core     *core
-	coal     *coalescer // WithCoalescing's layer, if any
 	refusals *refusal.Limiter
 }
 
@@ -243,8 +243,7 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 		return nil, &ratebudget.ConfigError{Field: "WithOneServer", Problem: fmt.Sprintf("needs a *redis.Client, got %T", client)}
 	}
 	if cfg.coalesce > 0 {
-		l.coal = newCoalescer(l.top, cfg.coalesce)
-		l.top = l.coal
+		l.top = newCoalescer(l.top, cfg.coalesce)
 	}
 	if cfg.cacheSize > 0 {
 		l.refusals = refusal.Wrap(l.top, cfg.cacheSize)
@@ -329,8 +328,8 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 // gives the outcomes Redis reported when it refused the same checks (a snapshot, as
 // any decision's metadata is), or Redis is asked.
 func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
-	if len(outcomes) != len(checks) {
-		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
+	if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
+		return ratebudget.Decision{}, err
 	}
 	if hasLease(checks) {
 		d, err := l.core.decide(ctx, checks, nil, outcomes)

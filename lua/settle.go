@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/argcheck"
 )
 
 var _ ratebudget.Settler = (*Limiter)(nil)
@@ -62,8 +63,10 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 			return ratebudget.Decision{}, err
 		}
 	}
-	if outcomes != nil && len(outcomes) != len(checks) {
-		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
+	if outcomes != nil {
+		if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
+			return ratebudget.Decision{}, err
+		}
 	}
 	d, err := l.core.decide(ctx, checks, tickets[:len(checks)], outcomes)
 	l.admitted(checks, d, err)

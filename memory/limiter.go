@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/argcheck"
 )
 
 const memShards = 64
@@ -190,8 +191,8 @@ func (m *Limiter) Allow(_ context.Context, checks []ratebudget.Check) (ratebudge
 // AllowEach decides as Allow does and sets outcomes[i] to checks[i]'s outcome
 // ([ratebudget.Reporter]). outcomes must have len(checks) elements.
 func (m *Limiter) AllowEach(_ context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
-	if len(outcomes) != len(checks) {
-		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
+	if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
+		return ratebudget.Decision{}, err
 	}
 	return m.allow(checks, outcomes, nil)
 }
@@ -208,8 +209,10 @@ func (m *Limiter) Reserve(_ context.Context, checks []ratebudget.Check, tickets 
 			return ratebudget.Decision{}, err
 		}
 	}
-	if outcomes != nil && len(outcomes) != len(checks) {
-		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
+	if outcomes != nil {
+		if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
+			return ratebudget.Decision{}, err
+		}
 	}
 	return m.allow(checks, outcomes, tickets[:len(checks)])
 }

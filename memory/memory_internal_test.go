@@ -177,7 +177,7 @@ func TestHashCollisionsChain(t *testing.T) {
 		if s.get(h, &keys[i]) != nil {
 			t.Fatalf("key %d found before it was added", i)
 		}
-		b := s.add(h, &keys[i])
+		b := s.insert(h, &keys[i], true, nil)
 		b.expires = int64(i % 2) // keys 0, 2 and 4 expire at 0, keys 1 and 3 at 1
 	}
 	for i := range keys {
@@ -191,7 +191,7 @@ func TestHashCollisionsChain(t *testing.T) {
 		t.Fatalf("after sweeping at 1: %d budgets, map %d", s.n, len(s.m))
 	}
 	for i := range keys {
-		s.add(h, &keys[i]).expires = int64(10 + i%2)
+		s.insert(h, &keys[i], true, nil).expires = int64(10 + i%2)
 	}
 	s.nextSweep = 0
 	m.maybeSweep(&s, 10) // keys 0, 2 and 4 expire at 10

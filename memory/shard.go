@@ -121,13 +121,11 @@ func (s *memShard) get(h uint64, k *memKey) *budget {
 	return b
 }
 
-// add creates the budget of k (hash h), which must not exist, at the end of the queue.
-// It does not enforce the shard's cap: see makeRoom.
-func (s *memShard) add(h uint64, k *memKey) *budget { return s.insert(h, k, true, nil) }
-
-// insert is add for a caller that knows from find whether any budget has hash h: when
-// none does (collides false), the map is not read again. A non-nil spare (a budget just
-// evicted, which nothing refers to) is reused rather than a new one allocated.
+// insert creates the budget of k (hash h), which must not exist, at the end of the
+// queue. It does not enforce the shard's cap: see makeRoom. collides says, as find
+// reported, whether any budget has hash h: when none does, the map is not read again
+// (true is always correct). A non-nil spare (a budget just evicted, which nothing refers
+// to) is reused rather than a new one allocated.
 func (s *memShard) insert(h uint64, k *memKey, collides bool, spare *budget) *budget {
 	b := spare
 	if b == nil {

@@ -50,6 +50,9 @@ func Wrap(inner Inner, maxEntries int) *Limiter {
 	return &Limiter{inner: inner, cache: New(maxEntries), s1: maphash.MakeSeed(), s2: maphash.MakeSeed()}
 }
 
+// Inner returns the limiter the cache is in front of.
+func (l *Limiter) Inner() Inner { return l.inner }
+
 // keyLen is the length of a check's cache key: two 64-bit seeded hashes of the check's
 // budget (rule name and algorithm, identity and scope: what names its budget in the
 // store), then one of the rule's parameters (see budgetLen), so that a key's size does

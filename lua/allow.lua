@@ -42,8 +42,8 @@
 --                   by that much (the lag: no refill, and every wait includes it, as in
 --                   engine.go). A reader under another window (a rule whose Window
 --                   changed under the same name) converts d to its own units: the same
---                   tokens, d x window / w rounded up, at most 2^53 (engine.go's
---                   convertDeficit). "<d>:<t>" and a plain "<d>" (as written before w
+--                   tokens, d x window / w rounded up, at most 2^53 (timerule's
+--                   ConvertDeficit). "<d>:<t>" and a plain "<d>" (as written before w
 --                   and t were) are read in the reader's units, the latter with t =
 --                   ceil(d / rate). A value without a TTL counts as written now; a
 --                   deficit above full is debt (level below zero, from a settle above
@@ -278,7 +278,7 @@ for i = 1, n do
       if wv and wv ~= ARGV[5 * i - 1] then
         -- Written under another window (the rule's Window changed under the same name):
         -- the same number of tokens in this window's units, d x w / wo rounded up, at
-        -- most 2^53, as engine.go's convertDeficit. Exactly: d = q x wo + r, and r x w
+        -- most 2^53, as timerule.ConvertDeficit. Exactly: d = q x wo + r, and r x w
         -- (up to 2^70) is divided in two parts, w split at 2^17, every product below 2^53.
         local wo = tonumber(wv)
         if wo < 1 or wo > MAXWINDOW then

@@ -123,7 +123,7 @@ local function ceildiv(a, b)
 end
 
 -- convert is allow.lua's conversion of a token bucket's deficit d, written under the
--- window wo, to the units of the window w (engine.go's convertDeficit): d x w / wo
+-- window wo, to the units of the window w (timerule.ConvertDeficit): d x w / wo
 -- rounded up, at most 2^53, exactly. nil for a window out of range (a corrupt bucket).
 local function convert(d, wo, w)
   if wo == w then return d end

@@ -213,13 +213,27 @@ func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 }
 
 // checksValid is ValidateChecks' fast path: the same conditions, checked without
-// building errors, so that valid checks are validated without allocating. When it
-// reports false, ValidateChecks finds the error.
+// building errors, so that valid checks are validated without allocating, in a few ns a
+// check. When it reports false, ValidateChecks finds the error.
 func checksValid(checks []Check) bool {
 	for i := range checks {
 		c := &checks[i]
-		if !c.Rule.valid() || c.Cost <= 0 || c.Cost > MaxLimit || c.Rule.Algorithm == InFlight && c.Cost != 1 ||
-			namedBefore(checks, i) {
+		r := &c.Rule
+		w := r.Window
+		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > InFlight ||
+			r.Limit <= 0 || r.Limit > MaxLimit || w < time.Millisecond || w > maxWindow || w%time.Millisecond != 0 ||
+			uint64(c.Cost-1) >= MaxLimit || r.Algorithm == InFlight && c.Cost != 1 { // a Cost of 1..MaxLimit
+			return false
+		}
+		for k := 0; k < len(r.Name); k++ {
+			if !nameByte[r.Name[k]] {
+				return false
+			}
+		}
+		if (r.Burst != 0 || r.Algorithm == TokenBucket) && !r.burstValid() {
+			return false
+		}
+		if i > 0 && namedBefore(checks, i) {
 			return false
 		}
 	}

@@ -162,32 +162,10 @@ func (r *Rule) validateBurst() error {
 	return nil
 }
 
-// valid reports whether Validate would return nil, without building an error (so
-// without allocating).
-func (r *Rule) valid() bool {
-	w := r.Window
-	if !nameValid(r.Name) || r.Algorithm > InFlight || r.Limit <= 0 || r.Limit > MaxLimit ||
-		w < time.Millisecond || w > maxWindow || w%time.Millisecond != 0 {
-		return false
-	}
-	if r.Burst != 0 || r.Algorithm == TokenBucket {
-		return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= MaxLimit && r.Capacity() <= maxScaled/w.Milliseconds()
-	}
-	return true
-}
-
-// nameValid reports whether name is a valid rule name: 1 to maxNameLen bytes of
-// [A-Za-z0-9_.-].
-func nameValid(name string) bool {
-	if name == "" || len(name) > maxNameLen {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		if !nameByte[name[i]] {
-			return false
-		}
-	}
-	return true
+// burstValid reports whether validateBurst would return nil, for a rule of a valid
+// Window.
+func (r *Rule) burstValid() bool {
+	return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= MaxLimit && r.Capacity() <= maxScaled/r.Window.Milliseconds()
 }
 
 // nameByte marks the bytes allowed in a rule name: [A-Za-z0-9_.-].

@@ -1,9 +1,13 @@
 package timerule
 
 import (
+	"math"
 	"math/big"
 	"math/rand/v2"
 	"testing"
+	"time"
+
+	"github.com/ratebudget/ratebudget"
 )
 
 // maxWindow is the longest Window (ms) that [ratebudget.Rule.Validate] accepts: 366 days.
@@ -40,6 +44,60 @@ func TestConvertDeficit(t *testing.T) {
 	for _, c := range cases {
 		if got, w := ConvertDeficit(c[0], c[1], c[2]), want(c[0], c[1], c[2]); got != w {
 			t.Fatalf("ConvertDeficit(%d, %d, %d) = %d, want %d", c[0], c[1], c[2], got, w)
+		}
+	}
+}
+
+// TestElapsed: an outcome's waits shrink by the time elapsed since its request was sent,
+// rounded up to whole milliseconds, never below zero, and the reset stays no earlier
+// than the retry.
+func TestElapsed(t *testing.T) {
+	o := ratebudget.Outcome{Remaining: 3, ResetAfter: 10 * time.Millisecond, RetryAfter: 4 * time.Millisecond}
+	for _, c := range []struct {
+		elapsed      time.Duration
+		reset, retry time.Duration
+	}{
+		{0, 10 * time.Millisecond, 4 * time.Millisecond},
+		{time.Microsecond, 10 * time.Millisecond, 4 * time.Millisecond}, // rounded up
+		{time.Millisecond, 9 * time.Millisecond, 3 * time.Millisecond},
+		{4 * time.Millisecond, 6 * time.Millisecond, 0},
+		{20 * time.Millisecond, 0, 0},
+	} {
+		got := Elapsed(o, 1000, 1000+int64(c.elapsed))
+		if got.ResetAfter != c.reset || got.RetryAfter != c.retry || got.Remaining != 3 {
+			t.Errorf("after %v: %+v, want reset %v, retry %v", c.elapsed, got, c.reset, c.retry)
+		}
+	}
+	admitted := ratebudget.Outcome{Allowed: true, ResetAfter: time.Millisecond}
+	if got := Elapsed(admitted, 0, int64(time.Millisecond)/2); got.RetryAfter != 0 || got.ResetAfter != time.Millisecond {
+		t.Errorf("an admission half a millisecond on: %+v, want no retry and a reset of 1ms", got)
+	}
+}
+
+// TestDuration: whole milliseconds convert exactly, and a wait beyond the longest
+// Duration saturates there.
+func TestDuration(t *testing.T) {
+	if got := Duration(1500); got != 1500*time.Millisecond {
+		t.Errorf("Duration(1500) = %v", got)
+	}
+	if got := Duration(MaxScaled); got != math.MaxInt64 {
+		t.Errorf("Duration(2^53) = %v, want the longest Duration", got)
+	}
+}
+
+// TestTokenWait: a bucket that holds enough waits for nothing; else the lag, then the
+// refill of what is missing rounded up to whole ms.
+func TestTokenWait(t *testing.T) {
+	for _, c := range [][5]int64{ // want, level, lag, rate, wait
+		{10, 10, 5, 3, 0},
+		{10, 11, 5, 3, 0},
+		{10, 9, 0, 3, 1},
+		{10, 4, 0, 3, 2},
+		{10, 4, 7, 3, 9},
+		{10, -20, 0, 3, 10}, // in debt
+	} {
+		if got := TokenWait(c[0], c[1], c[2], c[3]); got != c[4] {
+			t.Errorf("TokenWait(%d, %d, %d, %d) = %d, want %d", c[0], c[1], c[2], c[3], got, c[4])
 		}
 	}
 }

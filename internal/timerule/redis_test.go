@@ -3,10 +3,12 @@ package timerule
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -228,7 +230,8 @@ func TestTokenBucketTwinRedis(t *testing.T) {
 // TestUnspentTwinRedis: an admission's outcome given back with Unspent, from allow.lua's
 // reply in mode '4' (the spend, and each check's reset before it), is what allow.lua
 // reports for the same budget when it decides without spending, under a fixed window
-// and a token bucket of every state. (A rolling window's and a lease's waits are read
+// and a token bucket of every state; GivenBack's, from the spend's outcome alone, too,
+// within a millisecond (and 1 ns per unit) for a token bucket's reset. (A rolling window's and a lease's waits are read
 // from the server's TIME, which moves within a script: TestSameOutcomesAsMemory in
 // package lua holds them, through the refunds that Unspent reports.)
 func TestUnspentTwinRedis(t *testing.T) {
@@ -240,9 +243,11 @@ func TestUnspentTwinRedis(t *testing.T) {
 		var value string
 		var px int64
 		var args func(mode string) []string
+		var rule ratebudget.Rule
 		if i%2 == 0 {
 			k := randomTokenCase(rng)
 			value, px, args = fmt.Sprintf("%d:%d:%d", k.d, k.t, k.w), k.px, k.args
+			rule = ratebudget.Rule{Algorithm: ratebudget.TokenBucket, Limit: k.rate, Burst: k.capa, Window: Duration(k.w)}
 		} else {
 			lim, w := logInt64(rng, ratebudget.MaxLimit), logInt64(rng, maxWindow)
 			count, cost := rng.Int64N(lim+1), 1+rng.Int64N(lim)
@@ -250,6 +255,7 @@ func TestUnspentTwinRedis(t *testing.T) {
 				count = 0 // a window opened by the spend
 			}
 			value, px = strconv.FormatInt(count, 10), 1+rng.Int64N(w)
+			rule = ratebudget.Rule{Algorithm: ratebudget.FixedWindow, Limit: lim, Window: Duration(w)}
 			args = func(mode string) []string {
 				l := strconv.FormatInt(lim, 10)
 				return []string{mode, "0", l, strconv.FormatInt(w, 10), l, strconv.FormatInt(cost, 10)}
@@ -268,6 +274,16 @@ func TestUnspentTwinRedis(t *testing.T) {
 		want := ratebudget.Outcome{Allowed: true, Remaining: got.first[2], ResetAfter: Duration(got.first[3])}
 		if u := Unspent(spent, cost, got.second[7]); u != want {
 			t.Fatalf("%q PX %d, %v: Unspent(%+v, %d, %d) = %+v; allow.lua decided %+v", value, px, args("4"), spent, cost, got.second[7], u, want)
+		}
+		// GivenBack, which does not know the reset before the spend: the same remaining,
+		// the same reset under a fixed window, within a millisecond under a token bucket.
+		// (Window/Limit is truncated to whole ns: up to 1 ns more per unit given back. A
+		// reset beyond the longest Duration, 292 years, is saturated, and not compared.)
+		gb := GivenBack(&rule, cost, spent)
+		if d := gb.ResetAfter - want.ResetAfter; gb.Remaining != want.Remaining ||
+			rule.Algorithm == ratebudget.FixedWindow && d != 0 ||
+			spent.ResetAfter < math.MaxInt64 && (d < -time.Millisecond || d > time.Millisecond+time.Duration(cost)) {
+			t.Fatalf("%q PX %d, %v: GivenBack(%+v, %d) = %+v; allow.lua decided %+v", value, px, args("4"), spent, cost, gb, want)
 		}
 	}
 	if checked < 500 {

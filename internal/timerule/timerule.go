@@ -171,3 +171,82 @@ func Elapsed(o ratebudget.Outcome, sent, now int64) ratebudget.Outcome {
 	o.ResetAfter = max(RoundUp(sent+int64(o.ResetAfter)-now), o.RetryAfter)
 	return o
 }
+
+// GivenBack is an admitted check's outcome o (reported after its spend of cost units
+// under r) once that spend is given back, estimated from o alone (Unspent is exact, and
+// needs the reset before the spend): the state a stacked decision reports for a
+// limiter whose admission it gave back because a later limiter refused. A refusal is
+// returned as it is: it spent nothing, and reports so (see [ratebudget.Reporter]).
+//
+// Remaining gets the cost back, exactly (at most the capacity). ResetAfter is exact for a
+// budget whole again (0) and for a fixed window (a spend never moves an open window's
+// end). A token bucket is full again sooner by the refill of the cost, Window/Limit per
+// unit, so that the time to its next unit is the one the admission implied (a spend of
+// whole units does not change it); waits are whole milliseconds, so this is within a
+// millisecond of the exact reset, later by up to 1 ns more per unit given back
+// (Window/Limit is truncated to whole ns), and UntilAvailable, which rounds it up to
+// whole milliseconds, stays at most 1 ms early for costs below a million units. For a rolling window or leases the admission
+// does not say when the budget's earlier newest event leaves, or its earlier newest
+// lease expires: ResetAfter stays the time the given-back one would have (an upper
+// bound).
+func GivenBack(r *ratebudget.Rule, cost int64, o ratebudget.Outcome) ratebudget.Outcome {
+	if !o.Allowed {
+		return o
+	}
+	capacity := r.Capacity()
+	o.Remaining = min(o.Remaining+cost, capacity)
+	switch {
+	case o.Remaining >= capacity:
+		o.ResetAfter = 0
+	case r.Algorithm == ratebudget.TokenBucket:
+		per := r.Window / time.Duration(r.Limit)
+		if per > 0 && time.Duration(cost) > o.ResetAfter/per {
+			o.ResetAfter = 0
+		} else {
+			o.ResetAfter -= time.Duration(cost) * per
+		}
+	}
+	return o
+}
+
+// UntilAvailable is the time until more of a budget under r is available, for a
+// budget of capacity units with remaining left and reset until it is whole (both
+// drafts' t, draft-11's effective window): the fixed window's end, a token bucket's next
+// whole unit; zero when nothing is used, or when it cannot be known from the outcome (a
+// rolling window, whose oldest event is not reported; leases).
+//
+// A token bucket refills Limit units per Window, Limit scaled units (units × window ms)
+// a millisecond: the next whole unit arrives k = capacity-remaining-1 units, k×Window
+// scaled units, before it is full. The reset is the deficit D's refill rounded up to
+// whole ms, R = ceil(D/Limit), which leaves D within Limit scaled units; the next unit
+// comes ceil((D-k×Window)/Limit) ms from now, of which this is the least (exact when
+// Limit divides k×Window, else at most 1 ms early), in integers: a per-unit Duration
+// loses its fraction k times over, or is zero for a unit that refills in under a
+// nanosecond. It is at least 1 ns, for a header to send as 0 s.
+func UntilAvailable(r *ratebudget.Rule, capacity, remaining int64, reset time.Duration) time.Duration {
+	if reset <= 0 || remaining >= capacity {
+		return 0
+	}
+	switch r.Algorithm {
+	case ratebudget.FixedWindow:
+		return reset
+	case ratebudget.TokenBucket:
+		w := r.Window.Milliseconds()
+		resetMs := int64(reset / time.Millisecond)
+		if reset%time.Millisecond != 0 {
+			resetMs++
+		}
+		kw := (capacity - remaining - 1) * w // at most capacity×Window <= 2^53
+		next := resetMs - kw/r.Limit
+		if kw%r.Limit != 0 {
+			next--
+		}
+		return max(time.Duration(next)*time.Millisecond, time.Nanosecond)
+	}
+	return 0
+}
+
+// LeaseRetry is the wait to tell a client refused by an InFlight rule whose limiter
+// reported d: at most 1 s. A slot frees when any of the client's running requests ends:
+// the lease's expiry, which the limiter reports, only bounds a crashed holder's.
+func LeaseRetry(d time.Duration) time.Duration { return min(d, time.Second) }

@@ -101,3 +101,36 @@ func TestTokenWait(t *testing.T) {
 		}
 	}
 }
+
+// TestUntilAvailable: a fixed window frees at its end; a token bucket at its next whole
+// unit, counted back from its reset (rounded up to whole ms); at least 1 ns, so that a
+// header sends it; nothing for a whole budget, a rolling window or leases.
+func TestUntilAvailable(t *testing.T) {
+	token := ratebudget.Rule{Name: "t", Algorithm: ratebudget.TokenBucket, Limit: 3, Window: 9 * time.Second} // a unit per 3s
+	fixed := ratebudget.Rule{Name: "f", Algorithm: ratebudget.FixedWindow, Limit: 3, Window: 9 * time.Second}
+	rolling := ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 3, Window: 9 * time.Second}
+	for _, c := range []struct {
+		r           *ratebudget.Rule
+		remaining   int64
+		reset, want time.Duration
+	}{
+		{&token, 1, 6 * time.Second, 3 * time.Second}, // two short: the first back in 3s
+		{&token, 2, 3 * time.Second, 3 * time.Second},
+		{&token, 0, 8*time.Second + 500*time.Microsecond, 2*time.Second + time.Millisecond}, // rounded up
+		{&token, 3, 0, 0},
+		{&token, 1, 3 * time.Second, time.Nanosecond}, // 1 ms early at most: never below 1ns
+		{&fixed, 0, 4 * time.Second, 4 * time.Second},
+		{&fixed, 3, 4 * time.Second, 0},
+		{&rolling, 0, 4 * time.Second, 0},
+	} {
+		if got := UntilAvailable(c.r, c.r.Capacity(), c.remaining, c.reset); got != c.want {
+			t.Errorf("%s, %d remaining, reset %v: %v, want %v", c.r.Name, c.remaining, c.reset, got, c.want)
+		}
+	}
+	if got := LeaseRetry(time.Hour); got != time.Second {
+		t.Errorf("LeaseRetry(1h) = %v, want 1s", got)
+	}
+	if got := LeaseRetry(time.Millisecond); got != time.Millisecond {
+		t.Errorf("LeaseRetry(1ms) = %v, want 1ms", got)
+	}
+}

@@ -290,3 +290,113 @@ func TestUnspentTwinRedis(t *testing.T) {
 		t.Fatalf("%d admissions given back, want at least 500", checked)
 	}
 }
+
+// TestRollingWindowTwinRedis: allow.lua's waits for a rolling window are LeavesAfter's:
+// the reset when the newest event in the window leaves it, the retry when the oldest
+// event whose leaving frees enough does; for logs with events aged out, events ahead of
+// the clock (written before it went back), costs that fit, wait and exceed the limit.
+// The log is written by the script that then decides, at the server's TIME.
+func TestRollingWindowTwinRedis(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	allow, err := os.ReadFile("../../lua/allow.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ARGV: the number of events n, then each event's age (ms before now; negative:
+	// ahead) and cost, oldest first; then allow.lua's arguments. It replies allow.lua's
+	// reply, the server's now (ms) and 1 when no millisecond ticked meanwhile.
+	s := redis.NewScript("local function allow(KEYS, ARGV)\n" + string(allow) + "\nend\n" + `
+redis.call('SET', KEYS[2], '1', 'PX', '100000000')
+local probe = redis.call('PTTL', KEYS[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('DEL', KEYS[1])
+local n = tonumber(ARGV[1])
+local acc = 0
+for i = 1, n do
+  local at, cost = now - tonumber(ARGV[2 * i]), tonumber(ARGV[2 * i + 1])
+  acc = acc + cost
+  redis.call('ZADD', KEYS[1], at, acc .. ':' .. cost .. ':' .. at)
+end
+local a = {}
+for i = 2 + 2 * n, #ARGV do a[#a + 1] = ARGV[i] end
+local r = allow({KEYS[1]}, a)
+local stable = 0
+if redis.call('PTTL', KEYS[2]) == probe then stable = 1 end
+return {r, now, stable}`)
+	rng := rand.New(rand.NewPCG(27, 5))
+	refused := 0
+	for range 2000 {
+		w := 1 + rng.Int64N(100_000)
+		lim := 1 + rng.Int64N(200)
+		cost := 1 + rng.Int64N(lim+10)
+		var ages, costs []int64
+		age := 2*w - rng.Int64N(w/2+1) // the oldest may have left the window
+		for range rng.IntN(20) {
+			ages, costs = append(ages, age), append(costs, 1+rng.Int64N(50))
+			age -= 1 + rng.Int64N(w/10+1)
+			if age < -5 {
+				break
+			}
+		}
+		args := []any{len(ages)}
+		for i := range ages {
+			args = append(args, ages[i], costs[i])
+		}
+		args = append(args, "0", "2", lim, w, lim, cost)
+		var v []any
+		for try := 0; ; try++ {
+			v, err = s.Run(context.Background(), c, []string{"rolling", "rolling-probe"}, args...).Slice()
+			if err != nil || len(v) != 3 {
+				t.Fatalf("%v: %v, %v", args, v, err)
+			}
+			if v[2] == int64(1) {
+				break
+			}
+			if try == 100 {
+				t.Fatalf("%v: a millisecond ticked within 100 runs", args)
+			}
+		}
+		now := v[1].(int64)
+		got := fmt.Sprint(v[0])
+
+		// The window (now-w, now]: its events' sum, and its newest event's time.
+		var sum, last int64
+		var in []int // the events in the window, oldest first
+		for i, a := range ages {
+			if at := now - a; at > now-w {
+				in = append(in, i)
+				sum += costs[i]
+				last = at
+			}
+		}
+		reset := int64(0)
+		if len(in) > 0 {
+			reset = LeavesAfter(last, w, now)
+		}
+		var want []int64
+		switch {
+		case cost > lim:
+			want = []int64{0, 1, lim - sum, reset, 0, 0}
+		case sum+cost > lim:
+			refused++
+			need, freed := sum+cost-lim, int64(0)
+			retry := reset
+			for _, i := range in {
+				if freed += costs[i]; freed >= need {
+					retry = LeavesAfter(now-ages[i], w, now)
+					break
+				}
+			}
+			want = []int64{0, 0, lim - sum, reset, retry, 0}
+		default:
+			want = []int64{1, 0, lim - sum, reset, 0, 0} // decided only: before the cost
+		}
+		if got != fmt.Sprint(want) {
+			t.Fatalf("events aged %v costing %v, limit %d per %dms, cost %d: allow.lua %s, LeavesAfter %v", ages, costs, lim, w, cost, got, want)
+		}
+	}
+	if refused < 200 {
+		t.Fatalf("%d refusals with a wait, want at least 200", refused)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/deadline"
 )
 
 // decide asks the limiter, under the deadline and breaker when it does I/O.
@@ -46,7 +47,7 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 	d, err := allow(dctx)
 	cancel()
 	latency := time.Since(start)
-	if err != nil && ended(dctx) && !ended(ctx) && !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if err != nil && deadline.Ended(dctx) && !deadline.Ended(ctx) && !errors.Is(err, ratebudget.ErrInvalidConfig) {
 		// The decision's own deadline passed: whatever the limiter returned, it is a
 		// store timeout, and the command may have reached the store.
 		var se *ratebudget.StoreError
@@ -58,7 +59,7 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 		switch {
 		case err == nil:
 			done(nil)
-		case ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig):
+		case deadline.Ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig):
 			// A canceled request or a rejected input says nothing about the store.
 			done(errNotCounted)
 		default:
@@ -96,16 +97,4 @@ func (m *mw) reserveEach(ctx context.Context, checks []ratebudget.Check, out []r
 		return d, nil, lat, err
 	}
 	return d, out, lat, nil
-}
-
-// ended reports whether ctx is done or its deadline has passed. A limiter cut short by
-// the deadline (a client's socket deadline, set from the context's) can return before
-// the context's timer has marked it done: for what the failure says, the context has
-// ended all the same. Asked only of a failed call: it reads the clock.
-func ended(ctx context.Context) bool {
-	if ctx.Err() != nil {
-		return true
-	}
-	d, ok := ctx.Deadline()
-	return ok && !time.Now().Before(d)
 }

@@ -8,8 +8,10 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/deadline"
 	"github.com/ratebudget/ratebudget/internal/delivery"
 	"github.com/ratebudget/ratebudget/internal/meta"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // group is the checks of one limiter within a stack.
@@ -174,7 +176,7 @@ func (st *stack) applyPolicy(ctx context.Context, v *verdict) answer {
 	if !errors.As(ev.Err, &se) {
 		ev.Err = &ratebudget.StoreError{Class: ratebudget.ClassOther, Err: ev.Err}
 	}
-	if ended(ctx) {
+	if deadline.Ended(ctx) {
 		return answerCanceled
 	}
 	policy := strictest(v.failed)
@@ -237,7 +239,7 @@ func (st *stack) refuse(w http.ResponseWriter, r *http.Request, ev *Event, rep *
 		st.values.Write(w.Header(), cfg.style, infos, index)
 		rd := *d
 		if d.Index >= 0 && d.Index < len(st.checks) && st.checks[d.Index].Rule.Algorithm == ratebudget.InFlight {
-			rd.RetryAfter = leaseRetryAfter(rd.RetryAfter)
+			rd.RetryAfter = timerule.LeaseRetry(rd.RetryAfter) // an InFlight refusal: at most 1s
 		}
 		cfg.onRefusal(w, r, rd)
 	case d.Exceeded:
@@ -361,7 +363,7 @@ func (st *stack) groups() []*group {
 func (st *stack) tolerate(ctx context.Context, g *group, err error, v *verdict) (d ratebudget.Decision, decided, stop bool) {
 	policy := strictest(g.parts)
 	v.failed, v.ev.Err = g.parts, err
-	if policy == failClosed || ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if policy == failClosed || deadline.Ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig) {
 		v.ev.Decision, v.ev.Fallback, v.outcomes, v.open = ratebudget.Decision{}, false, nil, false
 		return ratebudget.Decision{}, false, true
 	}
@@ -532,7 +534,7 @@ func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, l
 		}
 		latency += lat
 		if derr != nil {
-			if !ended(ctx) {
+			if !deadline.Ended(ctx) {
 				var se *ratebudget.StoreError
 				if !errors.As(derr, &se) && !errors.Is(derr, ratebudget.ErrInvalidConfig) {
 					derr = &ratebudget.StoreError{Class: ratebudget.ClassOther, Err: derr}

@@ -1,11 +1,10 @@
 package middleware
 
 import (
-	"time"
-
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/meta"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // report returns the metadata of every check of st for the decision d (outcomes as in
@@ -53,10 +52,10 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 		in.Remaining, in.Limit, in.LimitText = d.Remaining, d.Limit, ""
 	}
 	if !in.Unreported {
-		in.Available = available(&c.Rule, in.Limit, in.Remaining, in.Reset)
+		in.Available = timerule.UntilAvailable(&c.Rule, in.Limit, in.Remaining, in.Reset)
 	}
 	if lease {
-		in.RetryAfter = leaseRetryAfter(in.RetryAfter)
+		in.RetryAfter = timerule.LeaseRetry(in.RetryAfter)
 	}
 	return in
 }
@@ -103,81 +102,15 @@ func (st *stack) partOf(i int) *part {
 	return &st.parts[0]
 }
 
-// leaseRetryAfter is the wait a refusal by an InFlight rule tells the client: at most 1s.
-// A slot frees when any of the client's running requests ends: the lease's expiry, which
-// the limiter reports, only bounds a crashed holder's.
-func leaseRetryAfter(d time.Duration) time.Duration {
-	return min(d, time.Second)
-}
-
 // givenBack turns the outcomes of a limiter's admission, which it reports after the
 // spend, into the state of the budgets once the middleware gave that spend back (a
-// later limiter of a stacked decision refused). A limiter's own refusal needs no such
-// turn: it spends nothing, and reports so (see ratebudget.Reporter).
-//
-// Remaining gets the cost back, exactly. ResetAfter is exact for a budget whole again
-// (0) and for a fixed window (a spend never moves an open window's end). A token bucket
-// is full again sooner by the refill of the cost, Window/Limit per unit, so that the time
-// to its next unit is the one the admission implied (a spend of whole units does not
-// change it); the limiter rounds waits to whole milliseconds, so this is within a
-// millisecond of its own, and available, which rounds it up to whole milliseconds,
-// stays at most 1 ms early. For a rolling window or
-// leases the admission does not say when the budget's earlier newest event leaves, or
-// its earlier newest lease expires: ResetAfter stays the time the given-back one would
-// have (an upper bound), which no header sends (their effective window is unknown).
+// later limiter of a stacked decision refused), as timerule.GivenBack estimates it. A
+// limiter's own refusal needs no such turn: it spends nothing, and reports so (see
+// ratebudget.Reporter).
 func givenBack(checks []ratebudget.Check, outcomes []ratebudget.Outcome) {
 	for i := range outcomes {
-		o := &outcomes[i]
-		if !o.Allowed || i >= len(checks) {
-			continue
-		}
-		c := &checks[i]
-		capacity := c.Rule.Capacity()
-		o.Remaining = min(o.Remaining+c.Cost, capacity)
-		switch {
-		case o.Remaining >= capacity:
-			o.ResetAfter = 0
-		case c.Rule.Algorithm == ratebudget.TokenBucket:
-			per := c.Rule.Window / time.Duration(c.Rule.Limit)
-			if per > 0 && time.Duration(c.Cost) > o.ResetAfter/per {
-				o.ResetAfter = 0
-			} else {
-				o.ResetAfter -= time.Duration(c.Cost) * per
-			}
+		if i < len(checks) {
+			outcomes[i] = timerule.GivenBack(&checks[i].Rule, checks[i].Cost, outcomes[i])
 		}
 	}
-}
-
-// available is the t of both drafts for a rule's state (draft-11's effective window):
-// the time until more quota is made available, or zero when it cannot be known from the decision (a
-// rolling window, whose oldest event is not reported) or nothing is used.
-func available(r *ratebudget.Rule, capacity, remaining int64, reset time.Duration) time.Duration {
-	if reset <= 0 || remaining >= capacity {
-		return 0
-	}
-	switch r.Algorithm {
-	case ratebudget.FixedWindow:
-		return reset
-	case ratebudget.TokenBucket:
-		// The bucket refills Limit units per Window, Limit scaled units (units × window
-		// ms) a millisecond: the next whole unit arrives k = capacity-remaining-1 units,
-		// k×Window scaled units, before it is full. The reset is the deficit D's refill
-		// rounded up to whole ms, R = ceil(D/Limit), which leaves D within Limit scaled
-		// units; the next unit comes ceil((D-k×Window)/Limit) ms from now, of which this
-		// is the least (exact when Limit divides k×Window, else at most 1 ms early), in
-		// integers: a per-unit Duration loses its fraction k times over, or is zero for a
-		// unit that refills in under a nanosecond.
-		w := r.Window.Milliseconds()
-		resetMs := int64(reset / time.Millisecond)
-		if reset%time.Millisecond != 0 {
-			resetMs++
-		}
-		kw := (capacity - remaining - 1) * w // at most capacity×Window <= 2^53
-		next := resetMs - kw/r.Limit
-		if kw%r.Limit != 0 {
-			next--
-		}
-		return max(time.Duration(next)*time.Millisecond, time.Nanosecond) // sent as t=0 when under a second
-	}
-	return 0
 }

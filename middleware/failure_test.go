@@ -197,7 +197,9 @@ func TestBreakerStall(t *testing.T) {
 	for _, hung := range []bool{false, true} {
 		f := &flaky{next: newMemory(t, newClock())}
 		var opened atomic.Int64
-		stall := 100 * time.Millisecond // longer than the timeouts below take together
+		// Longer than one timed-out call takes even on a starved machine, shorter than the
+		// timeouts below take together (120 x 5ms): only a gap without replies may open it.
+		stall := 500 * time.Millisecond
 		if hung {
 			stall = time.Millisecond // shorter than one call's deadline
 		}
@@ -209,14 +211,14 @@ func TestBreakerStall(t *testing.T) {
 				}
 			}}))(ok)
 		if !hung {
-			// Every other call waits out its deadline, 250ms in all; the calls between
+			// Every other call waits out its deadline, 600ms in all; the calls between
 			// are answered.
-			for i := range 100 {
+			for i := range 240 {
 				f.hang.Store(i%2 == 1)
 				do(h, "GET", "/", nil)
 			}
-			if opened.Load() != 0 || f.calls.Load() != 100 {
-				t.Fatalf("breaker opened %d times, store called %d times; want 0 and 100: answers came between the timeouts", opened.Load(), f.calls.Load())
+			if opened.Load() != 0 || f.calls.Load() != 240 {
+				t.Fatalf("breaker opened %d times, store called %d times; want 0 and 240: answers came between the timeouts", opened.Load(), f.calls.Load())
 			}
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
@@ -11,6 +12,7 @@ import (
 	"github.com/ratebudget/ratebudget/internal/deadline"
 	"github.com/ratebudget/ratebudget/internal/delivery"
 	"github.com/ratebudget/ratebudget/internal/meta"
+	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
@@ -241,11 +243,23 @@ func (st *stack) refuse(w http.ResponseWriter, r *http.Request, ev *Event, rep *
 		if d.Index >= 0 && d.Index < len(st.checks) && st.checks[d.Index].Rule.Algorithm == ratebudget.InFlight {
 			rd.RetryAfter = timerule.LeaseRetry(rd.RetryAfter) // an InFlight refusal: at most 1s
 		}
+		presetRefusal(w.Header(), &rd)
 		cfg.onRefusal(w, r, rd)
 	case d.Exceeded:
 		meta.WriteCostExceeded(w, r, cfg.style, infos, index, rep.cost)
 	default:
 		meta.WriteTooManyRequests(w, r, cfg.style, infos, index)
+	}
+}
+
+// presetRefusal sets on h what the default refusal of d sends besides its metadata and
+// body, for a refusal handler to keep or overwrite: Cache-Control: no-store, and for a
+// 429 Retry-After in whole seconds (rounded up, at least 1) from d.RetryAfter. A 413
+// (d.Exceeded) gets no Retry-After: waiting cannot help.
+func presetRefusal(h http.Header, d *ratebudget.Decision) {
+	h.Set("Cache-Control", "no-store")
+	if !d.Exceeded {
+		h.Set("Retry-After", strconv.FormatInt(problem.RetryAfterSeconds(d.RetryAfter), 10))
 	}
 }
 

@@ -14,8 +14,8 @@ import (
 )
 
 // A refusal handler that records the refusal, then answers as the default does. The
-// middleware has set the budget metadata before it calls the handler; the headers
-// writers add Retry-After, Cache-Control: no-store and the body.
+// middleware has set the budget metadata, Retry-After and Cache-Control: no-store before
+// it calls the handler; the headers writers add the status and the body.
 func ExampleWithRefusalHandler() {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC) // a clock that stands still
 	lim, _ := memory.New(memory.WithClock(func() time.Time { return now }))

@@ -65,8 +65,16 @@ func TestRefusalHandlerAnswersRefusals(t *testing.T) {
 	if rr.limitSeen != "3" {
 		t.Fatalf("X-RateLimit-Limit on w when the handler ran: %q, want 3 (metadata set before it)", rr.limitSeen)
 	}
-	if got := rec.Header().Get("Retry-After"); got != "" {
-		t.Fatalf("Retry-After %q: the default refusal's headers were written too", got)
+	// The handler finds the default's Retry-After (the whole minute's window, rounded
+	// up) and Cache-Control already set, and none of its body.
+	if got, want := rec.Header().Get("Retry-After"), strconv.FormatInt(int64((rr.d.RetryAfter+time.Second-1)/time.Second), 10); got != want {
+		t.Fatalf("Retry-After %q, want %q (from the decision's %v)", got, want, rr.d.RetryAfter)
+	}
+	if got := rec.Header().Get("Cache-Control"); got != "no-store" {
+		t.Fatalf("Cache-Control %q, want no-store", got)
+	}
+	if rec.Body.Len() != 0 {
+		t.Fatalf("body %q: the default refusal's body was written too", rec.Body.String())
 	}
 
 	// A cost above the capacity can never be admitted: the handler answers it too, with
@@ -75,9 +83,64 @@ func TestRefusalHandlerAnswersRefusals(t *testing.T) {
 	if rec.Code != http.StatusTeapot || rr.calls != 2 || !rr.d.Exceeded || rr.d.Allowed {
 		t.Fatalf("cost over capacity: status %d, calls %d, decision %+v; want 418 with Exceeded", rec.Code, rr.calls, rr.d)
 	}
+	if ra, cc := rec.Header().Get("Retry-After"), rec.Header().Get("Cache-Control"); ra != "" || cc != "no-store" {
+		t.Fatalf("cost over capacity: Retry-After %q, Cache-Control %q; want none (waiting cannot help) and no-store", ra, cc)
+	}
 	// Refusals spent nothing: the unit left still admits a cost of 1.
 	if rec := do(h, "GET", "/?cost=1", nil); rec.Code != http.StatusOK {
 		t.Fatalf("after the refusals: %d, want 200 (a refusal spends nothing)", rec.Code)
+	}
+}
+
+// A refusal handler that writes only a body answers with the default's Retry-After
+// (whole seconds, rounded up: 1.5 s is 2) and Cache-Control: no-store, so a handler
+// ported from one that relied on them keeps sending them; one that sets its own
+// Retry-After replaces it.
+func TestRefusalHandlerGetsRetryAfter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		own   string // the handler's Retry-After, "" for none
+		want  string
+		style headers.Style
+	}{
+		{"body_only", "", "2", headers.XRateLimit},
+		{"body_only_no_metadata", "", "2", headers.None},
+		{"handler_overwrites", "7", "7", headers.XRateLimit},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var got ratebudget.Decision
+			// One token every 1.5 s: once both are spent the next comes in 1.5 s.
+			tb := ratebudget.Rule{Name: "api", Algorithm: ratebudget.TokenBucket, Limit: 2, Window: 3 * time.Second}
+			h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: tb, Identity: keyfuncs.Global()}},
+				middleware.WithHeaders(tc.style),
+				middleware.WithRefusalHandler(func(w http.ResponseWriter, _ *http.Request, d ratebudget.Decision) {
+					got = d
+					if tc.own != "" {
+						w.Header().Set("Retry-After", tc.own)
+					}
+					_, _ = io.WriteString(w, "slow down\n")
+				}))(ok)
+			for range 2 {
+				if rec := do(h, "GET", "/", nil); rec.Code != http.StatusOK || rec.Header().Get("Retry-After") != "" {
+					t.Fatalf("admission: %d, Retry-After %q; want 200 without one", rec.Code, rec.Header().Get("Retry-After"))
+				}
+			}
+			rec := do(h, "GET", "/", nil)
+			if got.Allowed || got.RetryAfter != 1500*time.Millisecond {
+				t.Fatalf("decision %+v, want a refusal with RetryAfter 1.5s", got)
+			}
+			if ra := rec.Header().Get("Retry-After"); ra != tc.want {
+				t.Errorf("Retry-After %q, want %q", ra, tc.want)
+			}
+			if cc := rec.Header().Get("Cache-Control"); cc != "no-store" {
+				t.Errorf("Cache-Control %q, want no-store", cc)
+			}
+			if rec.Body.String() != "slow down\n" {
+				t.Errorf("body %q, want the handler's only", rec.Body.String())
+			}
+		})
 	}
 }
 

@@ -103,6 +103,7 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
 	observeOuter(st, m, &Event{Request: r, Result: Exceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
+		presetRefusal(w.Header(), &d)
 		m.cfg.onRefusal(w, r, d)
 		return
 	}

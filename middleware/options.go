@@ -89,12 +89,16 @@ func WithQuotaUnit(unit string) Option {
 
 // WithRefusalHandler replaces the default refusal response (429, or 413 when the cost
 // can never be admitted; a handler can answer as these do with
-// headers.WriteTooManyRequests and headers.WriteCostExceeded). For a refusal the limiter decided, metadata headers are already set
-// on w when it is called; a cost above a rule's capacity (Decision.Exceeded) is refused
-// before the limiter is asked, and w has none. The Decision's RetryAfter is the wait the
-// default refusal sends as Retry-After: for an InFlight rule at most 1s (a slot frees as
-// soon as any of the client's running requests ends), not the lease's expiry that the
-// limiter reports (observers see that one, in Event.Decision). For stacked layers the
+// headers.WriteTooManyRequests and headers.WriteCostExceeded). When it is called, w
+// already has Cache-Control: no-store and, for a 429, the default's Retry-After (whole
+// seconds from the Decision's RetryAfter, rounded up, at least 1), which f may overwrite
+// or delete; for a refusal the limiter decided, the metadata headers are set too; a cost
+// above a rule's capacity (Decision.Exceeded) is refused before the limiter is asked,
+// and w has no metadata and no Retry-After (waiting cannot help). The Decision's
+// RetryAfter is the wait the default refusal sends as Retry-After: for an InFlight rule
+// at most 1s (a slot frees as soon as any of the client's running requests ends), not
+// the lease's expiry that the limiter reports (observers see that one, in
+// Event.Decision). For stacked layers the
 // handler of the layer whose rule is reported answers, and Decision.Index counts the
 // checks of every layer, outermost first.
 func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.Decision)) Option {

@@ -21,7 +21,7 @@ import (
 //
 // A rule's name is its budget: on one limiter, LimitByIP middlewares of the same limit
 // and window spend from one budget per client wherever they are mounted, and two of
-// them stacked on one request are refused by the limiter (the route answers 500); of
+// them stacked on one request (in r.Use and a route's r.With) spend it once; of
 // different limits or windows, such as a global limit in r.Use and a stricter one in a
 // route's r.With, they are budgets of their own, each enforced.
 func LimitByIP(lim ratebudget.Limiter, limit int64, window time.Duration, opts ...Option) (func(http.Handler) http.Handler, error) {

@@ -62,6 +62,21 @@ const (
 	countResponseBytes
 )
 
+// String names the contract, as the option that sets it.
+func (k countKind) String() string {
+	switch k {
+	case countSuccesses:
+		return "CountSuccesses"
+	case countActual:
+		return "CountActual"
+	case countRequestBytes:
+		return "CountRequestBytes"
+	case countResponseBytes:
+		return "CountResponseBytes"
+	}
+	return "attempts"
+}
+
 // CountSuccesses charges a request only when charged(status) reports true for the
 // response's status; nil charged means status < 500, so that server failures are not
 // charged. The cost is reserved at admission, so concurrent requests cannot overspend

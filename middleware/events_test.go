@@ -52,7 +52,8 @@ func TestEventsPerRequestKind(t *testing.T) {
 	alice := map[string]string{"X-Client": "alice"}
 	r5 := middleware.Rule{Rule: rule("outer", 5, time.Minute), Identity: client}
 	r1 := middleware.Rule{Rule: rule("inner", 1, time.Minute), Identity: client}
-	same := middleware.Rule{Rule: rule("outer", 5, time.Minute), Identity: client} // a second rule "outer"
+	same := middleware.Rule{Rule: rule("outer", 5, time.Minute), Identity: client}  // a second rule "outer"
+	other := middleware.Rule{Rule: rule("outer", 3, time.Minute), Identity: client} // "outer" of another limit
 	shadow := r1
 	shadow.Shadow = true
 	settling := r1
@@ -105,6 +106,10 @@ func TestEventsPerRequestKind(t *testing.T) {
 			stacked: want{200, all(allowed), all(allowed), "outer"},
 			between: want{200, all(allowed), all(allowed), "outer"}},
 		{name: "rules of one name", store: "ok", outerRule: r5, innerRule: same, path: "/", hdr: alice,
+			alone:   want{200, all(allowed), nil, "outer"},
+			stacked: want{200, all(allowed), all(allowed), "outer"}, // one budget, decided once
+			between: want{200, all(allowed), all(allowed), "outer"}},
+		{name: "rules of one name defined differently", store: "ok", outerRule: r5, innerRule: other, path: "/", hdr: alice,
 			alone:   want{200, all(allowed), nil, "outer"},
 			stacked: want{500, all(invalid), all(invalid), ""},
 			between: want{200, all(allowed), all(allowed), "outer"}},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
@@ -113,16 +114,56 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 // misconfigured answers 500 for a limiter that rejected the request's checks: a
 // configuration mistake, not the client's and not the store's. Every layer of st sees
 // the event, and the first such answer of m logs the error: the response never says
-// what is wrong, and the mistake (stacked layers with rules of one name) is found only
-// when a request stacks them.
+// what is wrong.
 func (m *mw) misconfigured(w http.ResponseWriter, r *http.Request, st *stack, err error) {
 	observeAll(st, &Event{Request: r, Result: Invalid, Err: err})
 	if m.warnedConfig.CompareAndSwap(false, true) {
 		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: the limiter rejected a request's rate-limit checks as invalid, "+
-			"so the route answers 500; layers stacked on one request decide their rules together and need distinct rule names",
+			"so the route answers 500",
 			slog.String("error", err.Error()), slog.String("path", r.URL.Path))
 	}
 	writeMisconfigured(w, r)
+}
+
+// conflict answers 500 for a request through stacked layers that define one rule name
+// on one limiter two ways, outer in an earlier layer and cr in m: a configuration
+// mistake found only when a request stacks them, and found before anything is spent.
+// Every layer of st, and m, see the event (its Err a *ratebudget.ConfigError naming the
+// first field that differs), and the first such answer of m logs both definitions.
+func (m *mw) conflict(w http.ResponseWriter, r *http.Request, st *stack, outer, cr *compiledRule) {
+	field, a, b := differs(outer, cr)
+	err := &ratebudget.ConfigError{Rule: cr.rule.Name, Field: field,
+		Problem: "is " + a + " in an outer layer and " + b + " in an inner one; stacked layers on one limiter may share a rule name only with one definition"}
+	observeOuter(st, m, &Event{Request: r, Result: Invalid, Err: err})
+	if m.warnedConflict.CompareAndSwap(false, true) {
+		slog.Default().LogAttrs(r.Context(), slog.LevelError, "ratebudget: stacked layers define one rate-limit rule name differently on one limiter, "+
+			"so the route answers 500 before anything is spent; define it alike in every layer (one budget) or give each definition its own name",
+			slog.String("rule", cr.rule.Name), slog.String("outer", definition(outer)), slog.String("inner", definition(cr)),
+			slog.String("path", r.URL.Path))
+	}
+	writeMisconfigured(w, r)
+}
+
+// differs returns the first field in which a and b, rules of one name, differ, with its
+// value in each.
+func differs(a, b *compiledRule) (field, av, bv string) {
+	switch x, y := &a.rule, &b.rule; {
+	case x.Algorithm != y.Algorithm:
+		return "Algorithm", x.Algorithm.String(), y.Algorithm.String()
+	case x.Limit != y.Limit:
+		return "Limit", strconv.FormatInt(x.Limit, 10), strconv.FormatInt(y.Limit, 10)
+	case x.Window != y.Window:
+		return "Window", x.Window.String(), y.Window.String()
+	case x.Burst != y.Burst:
+		return "Burst", strconv.FormatInt(x.Burst, 10), strconv.FormatInt(y.Burst, 10)
+	}
+	return "Counts", a.counts.kind.String(), b.counts.kind.String()
+}
+
+// definition describes the budget cr defines, for a log line.
+func definition(cr *compiledRule) string {
+	return "Algorithm " + cr.rule.Algorithm.String() + ", Limit " + strconv.FormatInt(cr.rule.Limit, 10) + ", Window " + cr.rule.Window.String() +
+		", Burst " + strconv.FormatInt(cr.rule.Burst, 10) + ", Counts " + cr.counts.kind.String()
 }
 
 // writeMisconfigured answers 500 for a mistake of the server's configuration, without

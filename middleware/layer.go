@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
@@ -53,10 +54,14 @@ type stack struct {
 	decided, answered bool
 	parts             []part
 	checks            []ratebudget.Check
-	pbuf              [3]part
-	cbuf              [4]ratebudget.Check
-	infos             [4]meta.Info
-	obuf              [4]ratebudget.Outcome
+	// ruleOf is the rule of each check, shadowRuleOf of each shadow check: a layer's
+	// checks are its rules but those merged into an earlier layer's check (see add).
+	ruleOf, shadowRuleOf []*compiledRule
+	pbuf                 [3]part
+	cbuf                 [4]ratebudget.Check
+	rbuf                 [4]*compiledRule
+	infos                [4]meta.Info
+	obuf                 [4]ratebudget.Outcome
 	// settles is set when a layer's checks must be settled once the handler returns;
 	// shadow holds the checks of rules in shadow mode, shadowParts their layers.
 	settles     bool
@@ -90,21 +95,11 @@ func (st *stack) reset() {
 	clear(st.parts)
 	clear(st.shadow)
 	clear(st.shadowParts)
+	clear(st.ruleOf)
+	clear(st.shadowRuleOf)
 	st.decided, st.answered, st.settles = false, false, false
-	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
+	st.parts, st.checks, st.ruleOf, st.shadowRuleOf = st.pbuf[:0], st.cbuf[:0], st.rbuf[:0], st.shadowRuleOf[:0]
 	st.shadow, st.shadowParts, st.settle, st.req, st.mark, st.unasked = st.shadow[:0], st.shadowParts[:0], nil, nil, nil, nil
-}
-
-// rule returns the rule of the part's k-th check (of its enforced checks, or with shadow
-// true of its shadow checks).
-func (p *part) rule(k int, shadow bool) *compiledRule {
-	switch {
-	case shadow:
-		return &p.m.rules[p.m.shadowed[k]]
-	case p.m.enforced != nil:
-		return &p.m.rules[p.m.enforced[k]]
-	}
-	return &p.m.rules[k]
 }
 
 // ServeHTTP adds the layer's checks to the request's decision and, when it is the
@@ -201,17 +196,18 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 		}
 		switch {
 		case ierr != nil:
-			st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
+			st.truncate(from, sfrom)
 			m.invalid(w, r, st, ierr)
 			return false
 		case m.settles && c > cr.limit && !cr.shadow:
-			st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
+			st.truncate(from, sfrom)
 			m.exceeded(w, r, st, c, i) // e.g. a Content-Length above a byte budget
 			return false
-		case cr.shadow:
-			st.shadow = append(st.shadow, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
-		default:
-			st.checks = append(st.checks, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
+		}
+		if outer := st.add(m, cr, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c}, &sfrom); outer != nil {
+			st.truncate(from, sfrom)
+			m.conflict(w, r, st, outer, cr)
+			return false
 		}
 	}
 	st.parts = append(st.parts, part{m: m, from: from, to: len(st.checks), cost: cost})
@@ -220,6 +216,100 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 	}
 	st.settles = st.settles || m.settles
 	return true
+}
+
+// truncate drops the checks of the layer whose checks begin at from (enforced) and sfrom
+// (shadow).
+func (st *stack) truncate(from, sfrom int) {
+	st.checks, st.ruleOf = st.checks[:from], st.ruleOf[:from]
+	st.shadow, st.shadowRuleOf = st.shadow[:sfrom], st.shadowRuleOf[:sfrom]
+}
+
+// add adds check c of rule cr, a rule of layer m, whose shadow checks begin at *sfrom.
+// Rules of one name on one limiter name one budget (per identity and scope), so when an
+// earlier layer of st has a check of c's budget under a rule defined alike (see alike),
+// the two are one check, decided once: the earlier one, its cost the larger of the two,
+// enforced when either is (an earlier shadow check is dropped, and c enforced in its
+// stead). Otherwise c is appended. add returns the rule of an earlier layer that defines
+// c's rule name differently on m's limiter, whatever its keys, and adds nothing then.
+func (st *stack) add(m *mw, cr *compiledRule, c ratebudget.Check, sfrom *int) (outer *compiledRule) {
+	k, shadow, outer := st.earlier(m, cr, &c)
+	switch {
+	case outer != nil:
+		return outer
+	case k >= 0 && !shadow:
+		st.checks[k].Cost = max(st.checks[k].Cost, c.Cost)
+		return nil
+	case k >= 0 && cr.shadow:
+		st.shadow[k].Cost = max(st.shadow[k].Cost, c.Cost)
+		return nil
+	case k >= 0:
+		c.Cost = max(c.Cost, st.shadow[k].Cost)
+		st.dropShadow(k)
+		*sfrom--
+	}
+	if cr.shadow {
+		st.shadow, st.shadowRuleOf = append(st.shadow, c), append(st.shadowRuleOf, cr)
+	} else {
+		st.checks, st.ruleOf = append(st.checks, c), append(st.ruleOf, cr)
+	}
+	return nil
+}
+
+// earlier looks among the checks of st's layers (not yet c's, of layer m) on m's limiter
+// for those of c's rule name. It returns the index of c's budget (same identity and
+// scope) in st.checks, or in st.shadow with shadow true, -1 when there is none; or the
+// rule of one defined differently (outer).
+func (st *stack) earlier(m *mw, cr *compiledRule, c *ratebudget.Check) (k int, shadow bool, outer *compiledRule) {
+	k = -1
+	for pass, parts := range [2][]part{st.parts, st.shadowParts} {
+		checks, rules := st.checks, st.ruleOf
+		if pass == 1 {
+			checks, rules = st.shadow, st.shadowRuleOf
+		}
+		for _, p := range parts {
+			if p.m.limKey != m.limKey {
+				continue
+			}
+			for i := p.from; i < p.to; i++ {
+				switch o := &checks[i]; {
+				case o.Rule.Name != c.Rule.Name:
+				case !alike(rules[i], cr):
+					return -1, false, rules[i]
+				case o.Identity == c.Identity && o.Scope == c.Scope:
+					k, shadow = i, pass == 1
+				}
+			}
+		}
+	}
+	return k, shadow, nil
+}
+
+// alike reports whether a and b define a budget alike: the same rule (algorithm, limit,
+// window, burst) counted the same way.
+func alike(a, b *compiledRule) bool {
+	return a.rule == b.rule && a.counts.kind == b.counts.kind
+}
+
+// dropShadow drops shadow check k of an earlier layer, which an enforced check of the
+// same budget replaces, and the shadow part it leaves empty.
+func (st *stack) dropShadow(k int) {
+	st.shadow = slices.Delete(st.shadow, k, k+1)
+	st.shadowRuleOf = slices.Delete(st.shadowRuleOf, k, k+1)
+	parts := st.shadowParts[:0]
+	for _, p := range st.shadowParts {
+		if p.from > k {
+			p.from--
+		}
+		if p.to > k {
+			p.to--
+		}
+		if p.from < p.to {
+			parts = append(parts, p)
+		}
+	}
+	clear(st.shadowParts[len(parts):])
+	st.shadowParts = parts
 }
 
 // cost returns the layer's cost of r. When it cannot be determined (400), or exceeds

@@ -16,7 +16,8 @@
 //	route scope where no route is known       500     Cache-Control: no-store, one log line on how to mount it
 //	  (outside any router)                            (keyfuncs.ErrNoRoutePattern: a mounting mistake)
 //	the limiter rejects the checks as invalid 500     Cache-Control: no-store, one log line (a *ratebudget.ConfigError:
-//	  (stacked layers with rules of one name)         never a store failure)
+//	  or stacked layers define one rule name          never a store failure)
+//	  differently (see Stacking)
 //	store unavailable (default: fail-closed)  503     Retry-After, Cache-Control: no-store
 //	store unavailable, WithFailOpen           handler's  none (the event is Degraded)
 //	store unavailable, WithLocalFallback      handler's or 429 from the per-replica budget
@@ -41,6 +42,18 @@
 // handler of the route a chi router will run. A handler of another kind between two
 // layers (a logger, an authentication middleware) may answer on its own, so the layer
 // before it decides first, and the one after it decides again: two decisions.
+//
+// A rule's name names its budget on a limiter, so stacked layers that have a rule of one
+// name on one limiter, defined alike (Algorithm, Limit, Window, Burst and Counts), with
+// the same identity and scope for the request, have one budget, decided once: the same
+// LimitByIP in r.Use and r.With spends one unit per request, and the metadata lists it
+// once. The check spends the larger of the layers' costs, and is enforced when either
+// layer enforces it (Rule.Shadow); the outer layer's settings (headers, refusal handler,
+// local fallback) apply to it. Stacked layers that define one rule name differently on
+// one limiter (a Limit of 100 in one, 50 in the other) are a configuration mistake found
+// when a request first passes through both: every such request is answered 500 before
+// anything is spent, its event is Invalid with a *ratebudget.ConfigError naming the
+// field, and the first is logged with both definitions.
 //
 // Layers on different limiters (one in process, one on Redis) cannot decide in one call: they
 // decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops the
@@ -156,8 +169,9 @@ type mw struct {
 	// warnedMount is set once the mounting mistake of a route scope has been logged,
 	// warnedAhead once a wrong look-ahead in a router has, warnedConfig once a limiter's
 	// rejection of the checks as invalid has, warnedKey once a key function built wrong
-	// has.
-	warnedMount, warnedAhead, warnedConfig, warnedKey atomic.Bool
+	// has, warnedConflict once stacked layers' definitions of one rule name that differ
+	// have.
+	warnedMount, warnedAhead, warnedConfig, warnedKey, warnedConflict atomic.Bool
 }
 
 // New returns middleware that spends each request's cost from every rule's budget in lim.

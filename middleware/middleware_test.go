@@ -420,41 +420,6 @@ func TestStackedLimitByIP(t *testing.T) {
 	}
 }
 
-// Two stacked layers with rules of one name (two LimitByIP layers of the same limit and
-// window, both named "per-ip-3-60s") are a configuration mistake the limiter finds only when a request stacks them: the
-// answer is 500, and the limiter's error is logged once, naming the rule, so that
-// the server's operator is not left with a bare 500.
-func TestStackedConfigErrorIsLoggedOnce(t *testing.T) { // not parallel: it replaces slog's default logger
-	var logged strings.Builder
-	old := slog.Default()
-	t.Cleanup(func() { slog.SetDefault(old) })
-	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
-	lim, err := memory.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := middleware.LimitByIP(lim, 3, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	strict, err := middleware.LimitByIP(lim, 3, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := chi.NewRouter()
-	r.Use(all)
-	r.With(strict).Get("/strict", ok)
-	for range 3 {
-		if rec := do(r, "GET", "/strict", nil); rec.Code != 500 || strings.Contains(rec.Body.String(), "per-ip") {
-			t.Fatalf("%d %q, want 500 without the configuration's details", rec.Code, rec.Body.String())
-		}
-	}
-	out := logged.String()
-	if n := strings.Count(out, "level=ERROR"); n != 1 || !strings.Contains(out, "per-ip-3-60s") || !strings.Contains(out, "same budget twice") {
-		t.Errorf("logged %d times, want once with the limiter's error naming rule per-ip-3-60s: %q", n, out)
-	}
-}
-
 // A key function built wrong (keyfuncs.Header with no name, Join of nothing, a nil
 // function) is the server's mistake, not the client's: every request is answered 500,
 // not 400, and the mistake is logged once, naming the key function.

@@ -432,7 +432,8 @@ func modelRun(t *testing.T, seed uint64, env modelEnv, exact bool, statuses map[
 		pool = append(pool, l)
 	}
 	// Layers are mostly distinct on a route; one time in ten a layer may repeat on it
-	// (one budget named twice is a 500 when its identity and scope are the same there).
+	// (its budgets are then one, decided once, when its identity and scope are the same
+	// there).
 	repeats := rng.IntN(10) == 0
 	pick := func(max int, outer ...[]*modelLayer) []*modelLayer {
 		used := map[*modelLayer]bool{}
@@ -798,6 +799,12 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 			if r.rule.Algorithm == ratebudget.InFlight {
 				c.cost = 1
 			}
+			if k := slices.IndexFunc(checks, func(o modelCheck) bool { return o.key == c.key }); k >= 0 {
+				// A layer repeated on the route: one budget, decided once at the first
+				// place, at the larger cost.
+				checks[k].cost = max(checks[k].cost, c.cost)
+				continue
+			}
 			checks = append(checks, c)
 		}
 	}
@@ -805,8 +812,8 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 		return none(rt.status)
 	}
 	// One all-or-nothing call per limiter, in the order of the layers (the outermost
-	// first), each deciding its limiter's checks; a refusal or a configuration error
-	// stops the walk, and the limiters before it give their spend back.
+	// first), each deciding its limiter's checks; a refusal stops the walk, and the
+	// limiters before it give their spend back.
 	var groups [][]int
 	for i := range checks {
 		k := -1
@@ -825,13 +832,6 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 	listed := make([]bool, len(checks))
 	refused, best := -1, -1
 	for g, idx := range groups {
-		for a, i := range idx {
-			for _, j := range idx[:a] {
-				if checks[i].key == checks[j].key {
-					return none(http.StatusInternalServerError) // one budget named twice
-				}
-			}
-		}
 		for _, i := range idx {
 			outs[i] = s.outcomeOf(&checks[i])
 			listed[i] = true

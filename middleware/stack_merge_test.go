@@ -171,6 +171,37 @@ func TestStackedConflictingRulesAre500(t *testing.T) { // not parallel: it repla
 	conflicting(t, newMemory(t, newClock()), captureLog(t))
 }
 
+// A rule name is one definition on a limiter whatever the keys: stacked layers defining
+// "api" differently are a 500 also when their identities differ, while layers defining
+// it alike with other identities keep a budget each.
+func TestStackedRuleNameKeysDiffer(t *testing.T) { // not parallel: it replaces slog's default logger
+	logged := captureLog(t)
+	lim := newMemory(t, newClock())
+	byUser, byTeam := keyfuncs.Header("X-User"), keyfuncs.Header("X-Team")
+	hdr := map[string]string{"X-User": "u1", "X-Team": "t1"}
+	layer := func(limit int64, id keyfuncs.KeyFunc) func(http.Handler) http.Handler {
+		return mustNew(t, lim, []middleware.Rule{{Rule: rule("api", limit, time.Minute), Identity: id}}, middleware.WithHeaders(headers.XRateLimit))
+	}
+	if rec := do(layer(5, byUser)(layer(3, byTeam)(ok)), "GET", "/", hdr); rec.Code != http.StatusInternalServerError {
+		t.Fatalf("one name, two definitions, other keys: %d, want 500", rec.Code)
+	}
+	if n := strings.Count(logged.String(), "level=ERROR"); n != 1 {
+		t.Fatalf("logged %d lines, want 1: %q", n, logged.String())
+	}
+	// Alike, with other keys: two budgets (u1's and t1's), each spent by each request.
+	h := layer(5, byUser)(layer(5, byTeam)(ok))
+	for i := range 2 {
+		if rec := do(h, "GET", "/", hdr); rec.Code != http.StatusOK {
+			t.Fatalf("request %d: %d, want 200", i+1, rec.Code)
+		}
+	}
+	for _, id := range []string{"u1", "t1"} {
+		if n := left(t, lim, rule("api", 5, time.Minute), id); n != 3 {
+			t.Errorf("budget of %s: %d left, want 3", id, n)
+		}
+	}
+}
+
 // On Redis, as in process: identical stacked rules are one budget (one spend per
 // request), conflicting ones a 500 that spends nothing.
 func TestStackedRulesOnRedis(t *testing.T) { // not parallel: it replaces slog's default logger

@@ -347,7 +347,7 @@ func (st *stack) groups() []*group {
 	for i := range st.parts {
 		p := st.parts[i]
 		if p.from == p.to {
-			continue // every rule of the layer is in shadow mode: nothing to ask its limiter
+			continue // every rule of the layer is in shadow mode or merged into an earlier layer's check
 		}
 		var g *group
 		for _, x := range groups {

@@ -89,6 +89,18 @@ func startSentinel(tb testing.TB, ca *testCA, replicas, sentinels int, downAfter
 			m, err := a.Master(ctx, set.MasterName).Result()
 			return err == nil && m["num-slaves"] == strconv.Itoa(replicas) && m["num-other-sentinels"] == strconv.Itoa(sentinels-1), fmt.Sprint(m, err)
 		})
+		// and to see every replica connected: a client asking for replicas is given the
+		// primary while the Sentinel flags them disconnected (go-redis's RandomReplicaAddr)
+		poll(ctx, tb, "sentinel "+s.Addr+" to see the replicas connected", func() (bool, string) {
+			rs, err := a.Replicas(ctx, set.MasterName).Result()
+			up := 0
+			for _, r := range rs {
+				if r["flags"] == "slave" {
+					up++
+				}
+			}
+			return err == nil && up == replicas, fmt.Sprint(rs, err)
+		})
 		a.Close()
 	}
 	return set

@@ -128,7 +128,7 @@
 // window is given back only while it is the reserved window; a rolling-window event only
 // while it is the newest (an older event's refund is skipped: an overcount); a token
 // bucket always, up to full. Settle drops this process's cached refusals of the settled
-// budgets; other processes' caches may refuse for at most their cached wait. Renew is
+// budgets; other processes' caches may refuse for at most their cached wait, and 1s. Renew is
 // settle.lua in renew mode.
 //
 // # A reservation lost, a settle failed

@@ -25,7 +25,7 @@
 // outlives the store's refusal. A refund (the Redis limiter refunds a group that a later
 // group refused) or a settle can make budget available earlier: a limiter tells its
 // cache of its own with [Limiter.GaveBack]; after another process's, a cached refusal
-// may refuse work the store would admit, for at most the cached wait.
+// may refuse work the store would admit, for at most the cached wait and MaxRepeat.
 //
 // A refusal is repeated for at most [MaxRepeat] after its request was sent, however long
 // its wait: a budget whose store state changed in a way no time rule does (another

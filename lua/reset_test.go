@@ -121,3 +121,35 @@ func TestResetKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalCacheAfterFlushAll: after a FLUSHALL, a refusal cached under a 25h rule is
+// repeated for less than 1s of the cache's clock after the refused request, reporting
+// Redis's wait, and the next request after that is decided by Redis: admitted.
+func TestRefusalCacheAfterFlushAll(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	var clock atomic.Int64
+	l := newLimiter(t, client, lua.WithRefusalClock(func() time.Duration { return time.Duration(clock.Load()) }))
+	rule := ratebudget.Rule{Name: "daily", Limit: 2, Window: 25 * time.Hour}
+	c := []ratebudget.Check{{Rule: rule, Identity: "tenant-9", Cost: 1}}
+	for range 2 {
+		if d, err := l.Allow(ctx, c); err != nil || !d.Allowed {
+			t.Fatalf("spending: %+v, %v", d, err)
+		}
+	}
+	if d, err := l.Allow(ctx, c); err != nil || d.Allowed {
+		t.Fatalf("a spent budget: %+v, %v", d, err)
+	}
+	if err := client.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	clock.Store(int64(time.Second - time.Millisecond))
+	if d, err := l.Allow(ctx, c); err != nil || d.Allowed || d.RetryAfter < 24*time.Hour {
+		t.Fatalf("%v after the refusal: %+v, %v; want the cached refusal and Redis's wait", time.Second-time.Millisecond, d, err)
+	}
+	clock.Store(int64(time.Second))
+	if d, err := l.Allow(ctx, c); err != nil || !d.Allowed || d.Remaining != 1 {
+		t.Fatalf("1s after the refusal: %+v, %v; want admitted by Redis with 1 remaining", d, err)
+	}
+}

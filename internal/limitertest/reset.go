@@ -18,6 +18,11 @@ func runReset(t *testing.T, newHarness func(t *testing.T) Harness) {
 			e, r := resetterEnv(t, newHarness)
 			testResetSpent(e, r, alg)
 		})
+		t.Run("reset/SettleAfterReset/"+alg.String(), func(t *testing.T) {
+			t.Parallel()
+			e, r := resetterEnv(t, newHarness)
+			testResetThenSettle(e, r, alg)
+		})
 	}
 	cases := []struct {
 		name string
@@ -117,6 +122,31 @@ func testResetInFlight(e *env, r ratebudget.Resetter) {
 	}
 	e.expect(e.allow(c), true, 0)
 	e.expect(e.allow(c), false, 0)
+}
+
+// testResetThenSettle: a reservation made before a reset and cancelled after it gives
+// nothing back to the new budget, but under a token bucket, which records no spends:
+// there it refills the bucket, to its capacity and never above. The new budget's first
+// spend comes a few ms after the reservation's (see ratebudget.Resetter).
+func testResetThenSettle(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm) {
+	s, ok := r.(ratebudget.Settler)
+	if !ok {
+		e.t.Skipf("%T does not implement ratebudget.Settler", r)
+	}
+	ru := rule("api", alg, 5, long)
+	c := check(ru, "wes", 2)
+	d, tk := e.reserve(s, c)
+	e.expect(d, true, 3)
+	e.expect(e.allow(check(ru, "wes", 3)), true, 0)
+	e.wait(2 * time.Millisecond)
+	e.reset(r, c)
+	e.expect(e.allow(check(ru, "wes", 1)), true, 4)
+	e.settle(s, []ratebudget.Check{c}, tk, nil)
+	want := int64(3) // the cancel gave nothing back
+	if alg == ratebudget.TokenBucket {
+		want = 4 // refilled to its capacity of 5, then 1 spent
+	}
+	e.expect(e.allow(check(ru, "wes", 1)), true, want)
 }
 
 // testResetSeveral: one call resets the budgets of several checks, of several rules and

@@ -55,7 +55,7 @@ func aclClient(t *testing.T, srv *redistest.Server, control *redis.Client, pw st
 // TestDocumentedACL: a Redis user with exactly the documented permissions can Load and
 // run every kind of call the limiter makes: decisions of every time rule, one and
 // several slot groups (with a refund), Reserve, Settle below and above the
-// reservation, and Renew.
+// reservation, Renew, and Reset.
 func TestDocumentedACL(t *testing.T) {
 	srv := redistest.Start(t)
 	documentedACLCalls(t, aclClient(t, srv, srv.Client(t), "pw", limiterACL(t, "acl")))
@@ -106,6 +106,7 @@ func documentedACLCalls(t *testing.T, c *redis.Client) {
 		costs := []int64{1 + extra, 1 + extra, 1 + extra, 1}
 		must(t, l.Settle(ctx, checks, tickets, costs))
 	}
+	must(t, l.Reset(ctx, append(all, site)...))
 }
 
 // TestDocumentedACLOnACluster: on a Redis Cluster the same user, with the rules the

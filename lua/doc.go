@@ -128,7 +128,7 @@
 // window is given back only while it is the reserved window; a rolling-window event only
 // while it is the newest (an older event's refund is skipped: an overcount); a token
 // bucket always, up to full. Settle drops this process's cached refusals of the settled
-// budgets; other processes' caches may refuse for at most their cached wait. Renew is
+// budgets; other processes' caches may refuse for at most their cached wait, and 1s. Renew is
 // settle.lua in renew mode.
 //
 // # A reservation lost, a settle failed
@@ -185,15 +185,17 @@
 //
 // The limiter remembers refusals ([WithRefusalCache]): once Redis refuses a check of cost
 // c with RetryAfter r, requests for the same budget with cost c are refused locally
-// until r has passed, so a flooding client costs Redis one call per wait. Under a fixed
+// until r has passed, for at most 1s after the refused request was sent, so a flooding
+// client costs Redis one call per wait, at most one a second per budget. Under a fixed
 // window so are requests of any cost above c, which wait for the window's end too;
 // under a token bucket or a rolling window a larger cost waits longer than r, so Redis
 // is asked and tells its wait. Until
 // then the budget can only become fuller by the time rule itself, so this refuses
 // nothing Redis would admit, except after another process's refund or settle, a budget
-// lost on the server or a server clock stepping forward, for at most the cached wait
-// (this limiter's own refunds and settles drop its refusals of the budgets given back,
-// including refusals decided while the spend held). A cached refusal reports
+// lost on the server, a raised limit, another replica's [Limiter.Reset] or a server
+// clock stepping forward, for at most 1s (this limiter's own refunds, settles and
+// resets drop its refusals of the budgets given back, including refusals decided while
+// the spend held). A cached refusal reports
 // the waits remaining; an admission drops the refusals of its budgets. Through
 // [Limiter.AllowEach] a cached refusal also repeats every check's outcome as Redis
 // reported it, but only for the same checks (budgets, costs, order), while none of their

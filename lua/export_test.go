@@ -1,6 +1,10 @@
 package lua
 
-import "github.com/ratebudget/ratebudget"
+import (
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
 
 // Waiting reports how many decisions wait in coalesced groups, and for how many
 // signatures a decision is in flight.
@@ -49,3 +53,11 @@ var SettleSource = settleSource
 
 // MarkerTTL is how long a reservation's marker, or a void's tombstone, is kept.
 const MarkerTTL = markerTTL
+
+// WithRefusalClock sets the refusal cache's clock: the time since any fixed origin.
+func WithRefusalClock(now func() time.Duration) Option {
+	return func(c *config) error {
+		c.refusalClock = now
+		return nil
+	}
+}

@@ -89,6 +89,8 @@ type config struct {
 	cacheSize int
 	coalesce  int
 	oneServer bool
+	// refusalClock is the refusal cache's clock (nil: the monotonic clock); tests set it.
+	refusalClock func() time.Duration
 }
 
 // WithPrefix sets the first part of every key (default "rb"), to give each
@@ -126,12 +128,15 @@ func WithKeySecret(secret []byte) Option {
 	}
 }
 
-// WithRefusalCache sets how many refusals the limiter remembers (default 65,536; 0
-// turns the cache off): a budget that refused a cost with a known wait is refused again
-// locally, without a call to Redis, for requests of that cost (of at least that cost
-// under a fixed window) until the wait is over, with the wait that is left (see the
-// package documentation for why this is exact). n must be 0 to 2^24; the cache holds at most n entries, plus one per
-// shard of rounding (32 shards).
+// WithRefusalCache sets how many refusals the limiter remembers (default 65,536: the
+// cache is on unless n is 0): a budget that refused a cost with a known wait is refused
+// again locally, without a call to Redis, for requests of that cost (of at least that
+// cost under a fixed window) until the wait is over, but for at most 1s after the
+// refused request was sent, with the wait that is left (see the package documentation
+// for why this is exact). So a change made elsewhere (a raised limit, a budget reset
+// through another replica, a FLUSHALL) is seen within 1s, and a flood of refused
+// requests costs Redis at most one call a second per budget. n must be 0 to 2^24; the
+// cache holds at most n entries, plus one per shard of rounding (32 shards).
 func WithRefusalCache(n int) Option {
 	return func(c *config) error {
 		if n < 0 || n > 1<<24 {
@@ -246,7 +251,7 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 		l.top = newCoalescer(l.top, cfg.coalesce)
 	}
 	if cfg.cacheSize > 0 {
-		l.refusals = refusal.Wrap(l.top, cfg.cacheSize)
+		l.refusals = refusal.Wrap(l.top, cfg.cacheSize, cfg.refusalClock)
 		l.top = l.refusals
 		// A refund gives budget back as a settle does: a refusal cached, or on its way
 		// to the cache, since the refunded spend may no longer hold.

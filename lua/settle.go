@@ -105,7 +105,7 @@ func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets
 	}
 	if l.refusals != nil {
 		// Budget given back may admit sooner than a cached refusal's wait. Other
-		// processes' caches still refuse for at most their cached wait.
+		// processes' caches still refuse for at most their cached wait, and 1s.
 		l.refusals.GaveBack(checks)
 	}
 	return err

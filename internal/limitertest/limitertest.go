@@ -74,7 +74,8 @@ var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.Token
 // Run runs the conformance suite. newHarness is called once per subtest and must return
 // a limiter whose budgets are all empty (for a shared store: a fresh key prefix). The
 // cases of settling and of in-flight limits skip for a limiter that does not implement
-// [ratebudget.Settler].
+// [ratebudget.Settler], those of resets for one that does not implement
+// [ratebudget.Resetter].
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -107,6 +108,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Run("MixedRulesSeveralIdentities", func(t *testing.T) { t.Parallel(); testMixed(newEnv(t, newHarness(t)), true) })
 	runSettle(t, newHarness)
 	runUnspent(t, newHarness)
+	runReset(t, newHarness)
 }
 
 type env struct {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"sync/atomic"
+	"time"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/timerule"
@@ -13,8 +14,8 @@ import (
 // Limiter is a refusal cache in front of another limiter: a refusal that the inner
 // limiter decided with a wait is repeated, without asking it, for requests of the
 // refused cost on the same budget (of at least that cost under a fixed window) until
-// the wait is over (see the package
-// documentation for why this is exact). It is safe for concurrent use.
+// the wait is over, for at most [MaxRepeat] (see the package documentation for why this
+// is exact). It is safe for concurrent use.
 //
 // AllowEach repeats a refusal with every check's outcome only for the very checks
 // (budgets, costs, order) the store refused, while no check's budget was spent or given
@@ -45,9 +46,14 @@ type Inner interface {
 	ratebudget.Reporter
 }
 
-// Wrap returns a refusal cache of at most maxEntries refusals in front of inner.
-func Wrap(inner Inner, maxEntries int) *Limiter {
-	return &Limiter{inner: inner, cache: New(maxEntries), s1: maphash.MakeSeed(), s2: maphash.MakeSeed()}
+// Wrap returns a refusal cache of at most maxEntries refusals in front of inner. now,
+// when not nil, is the cache's clock, read for every decision (the time since any fixed
+// origin, never going back; it must be safe for concurrent use); nil is the monotonic
+// clock.
+func Wrap(inner Inner, maxEntries int, now func() time.Duration) *Limiter {
+	c := New(maxEntries)
+	c.clock = now
+	return &Limiter{inner: inner, cache: c, s1: maphash.MakeSeed(), s2: maphash.MakeSeed()}
 }
 
 // Inner returns the limiter the cache is in front of.

@@ -3,6 +3,7 @@ package refusal
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,7 +46,7 @@ func TestLayerRepeatsRefusals(t *testing.T) {
 	rule := ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute}
 	refusal := ratebudget.Decision{Rule: "api", Limit: 5, Outcome: ratebudget.Outcome{RetryAfter: time.Hour, ResetAfter: time.Hour}}
 	inner := &scripted{answers: []ratebudget.Decision{refusal}}
-	l := Wrap(inner, 1024)
+	l := Wrap(inner, 1024, nil)
 	ctx := context.Background()
 	ann := []ratebudget.Check{{Rule: rule, Identity: "ann", Cost: 2}}
 	for i := range 3 {
@@ -93,7 +94,7 @@ func TestLayerRepeatsRefusals(t *testing.T) {
 // TestLayerKeySize: a cache key has the same size for any identity, so a hostile
 // identity cannot make the cache large.
 func TestLayerKeySize(t *testing.T) {
-	l := Wrap(&scripted{}, 16)
+	l := Wrap(&scripted{}, 16, nil)
 	rule := ratebudget.Rule{Name: "api", Limit: 5, Window: time.Minute}
 	short, _ := l.key(nil, nil, &ratebudget.Check{Rule: rule, Identity: "a"})
 	long, _ := l.key(nil, nil, &ratebudget.Check{Rule: rule, Identity: strings.Repeat("x", 1<<20), Scope: strings.Repeat("y", 1<<20)})
@@ -114,7 +115,7 @@ func TestLayerRepeatsOutcomes(t *testing.T) {
 		{RetryAfter: time.Hour, ResetAfter: time.Hour},
 	}
 	inner := &scripted{answers: []ratebudget.Decision{refusal}, eachOut: outs}
-	l := Wrap(inner, 1024)
+	l := Wrap(inner, 1024, nil)
 	ctx := context.Background()
 	both := []ratebudget.Check{{Rule: site, Cost: 1}, {Rule: api, Identity: "ann", Cost: 1}}
 	ask := func(checks []ratebudget.Check) ([]ratebudget.Outcome, int) {
@@ -164,7 +165,7 @@ func TestLayerRepeatsOutcomes(t *testing.T) {
 		t.Fatal("after a spend from site, its stale outcome was repeated")
 	}
 	// A refusal stored by Allow has no outcomes: AllowEach asks.
-	l2 := Wrap(&scripted{answers: []ratebudget.Decision{refusal}}, 1024)
+	l2 := Wrap(&scripted{answers: []ratebudget.Decision{refusal}}, 1024, nil)
 	if _, err := l2.Allow(ctx, both); err != nil {
 		t.Fatal(err)
 	}
@@ -174,5 +175,42 @@ func TestLayerRepeatsOutcomes(t *testing.T) {
 	}
 	if _, err := l2.Allow(ctx, both); err != nil || inner2.calls != 2 {
 		t.Fatalf("Allow after AllowEach's refusal: %v, %d calls; want the cache", err, inner2.calls)
+	}
+}
+
+// TestLayerRepeatsAtMostMaxRepeat: on the layer's clock, a refusal with an hour's wait is
+// repeated without asking the inner limiter for MaxRepeat, by Allow and by AllowEach,
+// and then the inner limiter is asked again.
+func TestLayerRepeatsAtMostMaxRepeat(t *testing.T) {
+	rule := ratebudget.Rule{Name: "api", Limit: 5, Window: 2 * time.Hour}
+	refusal := ratebudget.Decision{Rule: "api", Limit: 5, Outcome: ratebudget.Outcome{RetryAfter: time.Hour, ResetAfter: time.Hour}}
+	for _, each := range []bool{false, true} {
+		inner := &scripted{answers: []ratebudget.Decision{refusal}}
+		var clock atomic.Int64
+		l := Wrap(inner, 1024, func() time.Duration { return time.Duration(clock.Load()) })
+		ask := func() ratebudget.Decision {
+			t.Helper()
+			checks := []ratebudget.Check{{Rule: rule, Identity: "ann", Cost: 1}}
+			var d ratebudget.Decision
+			var err error
+			if each {
+				d, err = l.AllowEach(context.Background(), checks, make([]ratebudget.Outcome, 1))
+			} else {
+				d, err = l.Allow(context.Background(), checks)
+			}
+			if err != nil || d.Allowed {
+				t.Fatalf("each %v: %+v, %v; want a refusal", each, d, err)
+			}
+			return d
+		}
+		ask()
+		clock.Store(int64(MaxRepeat - time.Millisecond))
+		if d := ask(); inner.calls != 1 || d.RetryAfter != time.Hour-MaxRepeat+time.Millisecond {
+			t.Fatalf("each %v: %d inner calls, RetryAfter %v; want the cached refusal, %v", each, inner.calls, d.RetryAfter, time.Hour-MaxRepeat+time.Millisecond)
+		}
+		clock.Store(int64(MaxRepeat))
+		if ask(); inner.calls != 2 {
+			t.Fatalf("each %v: %d inner calls after %v, want the inner limiter asked again", each, inner.calls, MaxRepeat)
+		}
 	}
 }

@@ -1,7 +1,7 @@
 // Package refusal remembers refusals so that a limiter can repeat them without asking its
 // store: once a budget refused cost units with a known wait, a request for the same
 // budget with that cost (with at least that cost under a fixed window) is refused
-// locally until the wait is over.
+// locally until the wait is over, for at most [MaxRepeat].
 //
 // # Why this is exact
 //
@@ -25,7 +25,13 @@
 // outlives the store's refusal. A refund (the Redis limiter refunds a group that a later
 // group refused) or a settle can make budget available earlier: a limiter tells its
 // cache of its own with [Limiter.GaveBack]; after another process's, a cached refusal
-// may refuse work the store would admit, for at most the cached wait.
+// may refuse work the store would admit, for at most the cached wait and MaxRepeat.
+//
+// A refusal is repeated for at most [MaxRepeat] after its request was sent, however long
+// its wait: a budget whose store state changed in a way no time rule does (another
+// process's settle, a raised limit, a budget reset or lost on the server) is decided by
+// the store again within MaxRepeat, and a flood costs the store at most one call per
+// budget per MaxRepeat. The wait a repeated refusal reports is still the store's.
 //
 // A spend keeps a refusal exact but makes its report stale (fewer units remain than it
 // says), so a limiter calls Forget when the store admits a request for the budget.
@@ -47,6 +53,10 @@ import (
 )
 
 const shards = 32
+
+// MaxRepeat is how long after its request was sent a refusal is repeated at most,
+// whatever its wait.
+const MaxRepeat = time.Second
 
 // budgetLen is how much of a key names its budget. A key's bytes after it, at most 8,
 // name the rule's parameters (a rule of one name keeps its budget in the store whatever
@@ -70,8 +80,9 @@ func split(key []byte) ([]byte, uint64) {
 type Cache struct {
 	seed   maphash.Seed
 	base   time.Time
-	max    int          // entries per shard
-	n      atomic.Int64 // entries in all shards, readable without a lock: an empty cache costs nothing
+	clock  func() time.Duration // nil: the monotonic time since base
+	max    int                  // entries per shard
+	n      atomic.Int64         // entries in all shards, readable without a lock: an empty cache costs nothing
 	shards [shards]shard
 }
 
@@ -102,7 +113,8 @@ func (c *Cache) drop(s *shard, k string) {
 func (c *Cache) Empty() bool { return c.n.Load() == 0 }
 
 type entry struct {
-	until   int64 // monotonic ns since base: refuse until then
+	until   int64 // the wait's end, in readings of Now: the RetryAfter it reports
+	stop    int64 // repeat until then: until, or at most MaxRepeat after the request was sent
 	resetAt int64
 	cost    int64
 	tag     uint64 // the rule's parameters (see budgetLen)
@@ -135,16 +147,22 @@ func New(maxEntries int) *Cache {
 	return c
 }
 
-// Now returns the cache's clock reading, to pass to Store for a request about to be sent.
-func (c *Cache) Now() int64 { return int64(time.Since(c.base)) }
+// Now returns the cache's clock reading (ns), to pass to Store for a request about to
+// be sent.
+func (c *Cache) Now() int64 {
+	if c.clock != nil {
+		return int64(c.clock())
+	}
+	return int64(time.Since(c.base))
+}
 
 func (c *Cache) shard(key []byte) *shard {
 	return &c.shards[maphash.Bytes(c.seed, key)%shards]
 }
 
 // Lookup reports whether key refused a cost no greater than cost (exactly cost when
-// sameCost is set) less than the wait ago; if so it returns the refusal to repeat, with
-// its waits shortened by the time elapsed. Set sameCost for a rule whose wait grows with
+// sameCost is set) less than the wait ago, and less than MaxRepeat ago; if so it returns
+// the refusal to repeat, with its waits shortened by the time elapsed. Set sameCost for a rule whose wait grows with
 // the cost (a token bucket, a rolling window): a refusal of a lower cost would report a
 // wait shorter than the request's.
 func (c *Cache) Lookup(key []byte, cost int64, sameCost bool, now int64) (ratebudget.Decision, bool) {
@@ -161,7 +179,7 @@ func (c *Cache) LookupEach(key []byte, cost int64, sameCost bool, now int64) (ra
 	s := c.shard(key)
 	s.mu.Lock()
 	e, ok := s.m[string(key)]
-	if ok && now >= e.until {
+	if ok && now >= e.stop {
 		c.drop(s, string(key))
 		ok = false
 	}
@@ -191,7 +209,8 @@ func (c *Cache) StoreIf(key []byte, cost int64, sent int64, d ratebudget.Decisio
 		return
 	}
 	key, tag := split(key)
-	e := entry{until: sent + int64(d.RetryAfter), resetAt: sent + int64(d.ResetAfter), cost: cost, tag: tag, d: d, snap: snap}
+	until := sent + int64(d.RetryAfter)
+	e := entry{until: until, stop: min(until, sent+int64(MaxRepeat)), resetAt: sent + int64(d.ResetAfter), cost: cost, tag: tag, d: d, snap: snap}
 	s := c.shard(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -205,7 +224,7 @@ func (c *Cache) StoreIf(key []byte, cost int64, sent int64, d ratebudget.Decisio
 		// requests of several costs are refused together.
 		// Of equal costs, one with a snapshot replaces one without.
 		// A refusal of other parameters is replaced.
-		if old.until > sent && old.tag == tag && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until && (old.snap != nil || snap == nil)) {
+		if old.stop > sent && old.tag == tag && (old.cost < e.cost || old.cost == e.cost && old.until >= e.until && (old.snap != nil || snap == nil)) {
 			return
 		}
 		c.set(s, string(key), e)
@@ -219,7 +238,7 @@ func (c *Cache) StoreIf(key []byte, cost int64, sent int64, d ratebudget.Decisio
 		// cannot make every refusal scan a full shard.
 		s.nextSweep = sent + sweepEvery
 		for k, v := range s.m {
-			if v.until <= sent {
+			if v.stop <= sent {
 				c.drop(s, k)
 			}
 		}

@@ -132,3 +132,51 @@ func TestLookupSameCost(t *testing.T) {
 		}
 	}
 }
+
+// TestLookupRepeatsAtMostMaxRepeat: a refusal with a long wait is repeated for MaxRepeat
+// after its request was sent, reporting the store's wait, and then dropped, so that the
+// store decides the budget again.
+func TestLookupRepeatsAtMostMaxRepeat(t *testing.T) {
+	c := New(1024)
+	key := []byte("rb:{x}:r:fixed")
+	const sent = 1000 * ms
+	wait := 25 * time.Hour
+	c.Store(key, 1, sent, refused(wait, wait))
+	last := sent + int64(MaxRepeat) - 1
+	d, hit := c.Lookup(key, 1, false, last)
+	if !hit || d.RetryAfter != wait-MaxRepeat+time.Millisecond {
+		t.Fatalf("%v after the request: %+v, hit %v; want the refusal, RetryAfter %v", MaxRepeat-1, d, hit, wait-MaxRepeat+time.Millisecond)
+	}
+	if _, hit := c.Lookup(key, 1, false, sent+int64(MaxRepeat)); hit {
+		t.Fatalf("repeated %v after its request, want at most %v", MaxRepeat, MaxRepeat)
+	}
+	if c.Len() != 0 {
+		t.Fatalf("%d entries after the repeat ended, want 0", c.Len())
+	}
+	// A refusal stored again later repeats for MaxRepeat from its own request.
+	c.Store(key, 1, 5000*ms, refused(wait, wait))
+	if _, hit := c.Lookup(key, 1, false, 5000*ms+int64(MaxRepeat)-1); !hit {
+		t.Fatal("a refusal stored again was not repeated")
+	}
+}
+
+// TestSweepDropsRefusalsPastMaxRepeat: a full shard makes room by dropping refusals
+// whose repeat has ended, even while their waits run.
+func TestSweepDropsRefusalsPastMaxRepeat(t *testing.T) {
+	c := New(shards) // 1 per shard
+	for i := range 200 {
+		c.Store([]byte("k"+strconv.Itoa(i)), 1, 0, refused(time.Hour, time.Hour))
+	}
+	before := c.Len()
+	for i := range 200 {
+		c.Store([]byte("n"+strconv.Itoa(i)), 1, int64(MaxRepeat), refused(time.Hour, time.Hour))
+	}
+	for i := range 200 {
+		if _, hit := c.Lookup([]byte("k"+strconv.Itoa(i)), 1, false, int64(MaxRepeat)); hit {
+			t.Fatalf("k%d repeated past MaxRepeat", i)
+		}
+	}
+	if n := c.Len(); n < before/2 {
+		t.Fatalf("%d entries after the sweep (%d before), want the old ones replaced", n, before)
+	}
+}

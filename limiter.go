@@ -219,9 +219,8 @@ func checksValid(checks []Check) bool {
 	for i := range checks {
 		c := &checks[i]
 		r := &c.Rule
-		w := r.Window
-		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > InFlight ||
-			r.Limit <= 0 || r.Limit > MaxLimit || w < time.Millisecond || w > maxWindow || w%time.Millisecond != 0 ||
+		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > Calendar ||
+			r.Limit <= 0 || r.Limit > MaxLimit || !(r.windowValid() || r.Algorithm == Calendar && r.calendarValid()) ||
 			uint64(c.Cost-1) >= MaxLimit || r.Algorithm == InFlight && c.Cost != 1 { // a Cost of 1..MaxLimit
 			return false
 		}

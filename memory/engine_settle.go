@@ -75,8 +75,8 @@ func pruneLeases(b *budget, now int64) []event {
 // ticketOf is the ticket of the admission just committed to b at now.
 func ticketOf(b *budget, r *ratebudget.Rule, now, lease int64) ratebudget.Ticket {
 	switch r.Algorithm {
-	case ratebudget.FixedWindow:
-		return ratebudget.Ticket{At: b.end, ID: 1}
+	case ratebudget.FixedWindow, ratebudget.Calendar:
+		return ratebudget.Ticket{At: b.end, ID: 1} // the window's end, the period's start
 	case ratebudget.RollingWindow:
 		ev := b.rolling.events
 		return ratebudget.Ticket{At: ev[len(ev)-1].at, ID: 1}
@@ -141,6 +141,13 @@ func refund(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, n, now int64) {
 			// opens a window of its own, as it would have without the refunded ones.
 			b.count, b.end, b.expires = 0, now, now
 		}
+	case ratebudget.Calendar:
+		if b.end != t.At || now >= b.expires {
+			return // another period, or this one ended
+		}
+		if b.count -= n; b.count <= 0 {
+			b.count, b.expires = 0, now // nothing admitted in the period is left: no state
+		}
 	case ratebudget.TokenBucket:
 		level, ts, lag := tokenLevel(b, r, now)
 		full := r.Capacity() * r.Window.Milliseconds()
@@ -186,10 +193,16 @@ func refund(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, n, now int64) {
 
 // charge spends n extra units at now without refusing them, into debt of at most one
 // capacity (see [ratebudget.Settler]). A budget just created for the charge must first be given the
-// state of no state at all (see freshState).
-func charge(b *budget, r *ratebudget.Rule, n, now int64) {
+// state of no state at all (see freshState). A Calendar rule finds its period in cal.
+func charge(b *budget, r *ratebudget.Rule, n, now int64, cal *timerule.PeriodCache) {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	switch r.Algorithm {
+	case ratebudget.Calendar:
+		if now < b.end || now >= b.expires {
+			b.count = 0 // the period of now, opened by the extra
+			b.end, b.expires = cal.Of(r, now)
+		}
+		b.count = min(b.count+n, max(2*limit, b.count))
 	case ratebudget.FixedWindow:
 		if now >= b.end {
 			b.count, b.end = 0, now+w // a new window, opened by the extra
@@ -281,6 +294,10 @@ func unspent(b *budget, r *ratebudget.Rule, now int64) ratebudget.Outcome {
 	case ratebudget.FixedWindow:
 		if now < b.end && b.count != 0 {
 			o.Remaining, o.ResetAfter = r.Limit-b.count, timerule.Duration(b.end-now)
+		}
+	case ratebudget.Calendar:
+		if b.end <= now && now < b.expires && b.count != 0 {
+			o.Remaining, o.ResetAfter = r.Limit-b.count, timerule.Duration(b.expires-now)
 		}
 	case ratebudget.TokenBucket:
 		level, _, lag := tokenLevel(b, r, now)

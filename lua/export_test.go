@@ -1,6 +1,10 @@
 package lua
 
-import "github.com/ratebudget/ratebudget"
+import (
+	"time"
+
+	"github.com/ratebudget/ratebudget"
+)
 
 // Waiting reports how many decisions wait in coalesced groups, and for how many
 // signatures a decision is in flight.
@@ -49,3 +53,7 @@ var SettleSource = settleSource
 
 // MarkerTTL is how long a reservation's marker, or a void's tombstone, is kept.
 const MarkerTTL = markerTTL
+
+// SetClock makes l compute Calendar periods around now's readings instead of time.Now,
+// as a caller whose clock is off would. Set it before the limiter's first decision.
+func SetClock(l *Limiter, now func() time.Time) { l.core.now = now }

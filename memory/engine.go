@@ -193,15 +193,14 @@ func decideFixed(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ra
 
 // decideCalendar counts as decideFixed does, in the calendar period that contains now
 // rather than a window opened by the first admission: the budget's count holds while its
-// period [b.end, b.expires) contains now, and a request of a later period starts at 0.
-// Reset and retry are at the period's end.
+// period's start (b.end) is the start of the period of now, as the Redis limiter's does,
+// and a request of another period starts at 0. Reset and retry are at the period's end.
 func decideCalendar(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, cal *timerule.PeriodCache) ratebudget.Outcome {
 	limit := r.Limit
-	var count, start, end int64
-	if b != nil && b.end <= now && now < b.expires {
-		count, start, end = b.count, b.end, b.expires
-	} else {
-		start, end = cal.Of(r, now)
+	count := int64(0)
+	start, end := cal.Of(r, now)
+	if b != nil && b.end == start && now < b.expires {
+		count = b.count
 	}
 	if cost > limit {
 		reset := int64(0) // an untouched period resets nothing

@@ -198,9 +198,8 @@ func charge(b *budget, r *ratebudget.Rule, n, now int64, cal *timerule.PeriodCac
 	limit, w := r.Limit, r.Window.Milliseconds()
 	switch r.Algorithm {
 	case ratebudget.Calendar:
-		if now < b.end || now >= b.expires {
-			b.count = 0 // the period of now, opened by the extra
-			b.end, b.expires = cal.Of(r, now)
+		if start, end := cal.Of(r, now); b.end != start || now >= b.expires {
+			b.count, b.end, b.expires = 0, start, end // the period of now, opened by the extra
 		}
 		b.count = min(b.count+n, max(2*limit, b.count))
 	case ratebudget.FixedWindow:
@@ -281,8 +280,9 @@ func freshState(b *budget, r *ratebudget.Rule, now int64) {
 // unspent is the outcome of a check that fits its budget under r at now, in a decision
 // that another check refused: admitted, and the budget b (nil: none) as it is, nothing
 // having been spent (see [ratebudget.Reporter]). decide reports such a check as if its cost had
-// been spent, which the decision only does when every check fits.
-func unspent(b *budget, r *ratebudget.Rule, now int64) ratebudget.Outcome {
+// been spent, which the decision only does when every check fits. A Calendar rule finds
+// its period in cal.
+func unspent(b *budget, r *ratebudget.Rule, now int64, cal *timerule.PeriodCache) ratebudget.Outcome {
 	o := ratebudget.Outcome{Allowed: true, Remaining: r.Limit}
 	if b == nil {
 		if r.Algorithm == ratebudget.TokenBucket {
@@ -296,7 +296,7 @@ func unspent(b *budget, r *ratebudget.Rule, now int64) ratebudget.Outcome {
 			o.Remaining, o.ResetAfter = r.Limit-b.count, timerule.Duration(b.end-now)
 		}
 	case ratebudget.Calendar:
-		if b.end <= now && now < b.expires && b.count != 0 {
+		if start, _ := cal.Of(r, now); b.end == start && now < b.expires && b.count != 0 {
 			o.Remaining, o.ResetAfter = r.Limit-b.count, timerule.Duration(b.expires-now)
 		}
 	case ratebudget.TokenBucket:

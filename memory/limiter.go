@@ -303,7 +303,7 @@ func (m *Limiter) allowMany(checks []ratebudget.Check, now int64, out []ratebudg
 		// they are.
 		for i := range checks {
 			if outs[i].Allowed {
-				outs[i] = unspent(found[i], &checks[i].Rule, now)
+				outs[i] = unspent(found[i], &checks[i].Rule, now, &m.cal)
 			}
 		}
 		if tickets != nil {

@@ -1,6 +1,7 @@
 package timerule
 
 import (
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -91,24 +92,50 @@ type PeriodCache struct {
 const cacheSlots = 16
 
 // cachedPeriod is one period of a PeriodCache: [start, end) in Unix ms, of the rule
-// fields that chose it.
+// fields that chose it, and the boundaries of the periods around it (see Bounds).
 type cachedPeriod struct {
 	loc        *time.Location
 	p          ratebudget.Period
 	weekStart  time.Weekday
 	start, end int64
+	bounds     string
 }
 
 // Of is PeriodOf of the instant now (Unix ms) for the Calendar rule r, in Unix ms.
 func (c *PeriodCache) Of(r *ratebudget.Rule, now int64) (start, end int64) {
+	e := c.entry(r, now)
+	return e.start, e.end
+}
+
+// Bounds is the boundaries of the periods before, around and after the instant now
+// (Unix ms) for the Calendar rule r: "b0:b1:b2:b3", four Unix ms in decimal, the periods
+// [b0, b1), [b1, b2) (the one that contains now) and [b2, b3). It is the form in which
+// the lua limiter's script takes a Calendar check's periods, to choose the one that
+// contains the server's clock.
+func (c *PeriodCache) Bounds(r *ratebudget.Rule, now int64) string {
+	return c.entry(r, now).bounds
+}
+
+// entry is the cached period of r that contains now, computed and stored when the
+// cache holds another.
+func (c *PeriodCache) entry(r *ratebudget.Rule, now int64) *cachedPeriod {
 	slot := &c.slots[slotOf(r)]
 	if e := slot.Load(); e != nil && e.start <= now && now < e.end && e.loc == r.Location && e.p == r.Period && e.weekStart == r.WeekStart {
-		return e.start, e.end
+		return e
 	}
 	s, e := PeriodOf(time.UnixMilli(now), r.Period, r.Location, r.WeekStart)
-	start, end = s.UnixMilli(), e.UnixMilli()
-	slot.Store(&cachedPeriod{loc: r.Location, p: r.Period, weekStart: r.WeekStart, start: start, end: end})
-	return start, end
+	before, _ := PeriodOf(s.Add(-time.Millisecond), r.Period, r.Location, r.WeekStart)
+	_, after := PeriodOf(e, r.Period, r.Location, r.WeekStart)
+	b := make([]byte, 0, 56)
+	for i, t := range [4]time.Time{before, s, e, after} {
+		if i > 0 {
+			b = append(b, ':')
+		}
+		b = strconv.AppendInt(b, t.UnixMilli(), 10)
+	}
+	p := &cachedPeriod{loc: r.Location, p: r.Period, weekStart: r.WeekStart, start: s.UnixMilli(), end: e.UnixMilli(), bounds: string(b)}
+	slot.Store(p)
+	return p
 }
 
 // slotOf is the slot of r's period in a PeriodCache.

@@ -1,6 +1,7 @@
 package timerule
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -169,10 +170,16 @@ func TestPeriodCache(t *testing.T) {
 		if s != ws.UnixMilli() || e != we.UnixMilli() {
 			t.Fatalf("%s at %v: cache [%d, %d), PeriodOf [%v, %v)", r.Name, time.UnixMilli(now).UTC(), s, e, ws, we)
 		}
+		before, _ := PeriodOf(ws.Add(-time.Millisecond), r.Period, r.Location, r.WeekStart)
+		_, after := PeriodOf(we, r.Period, r.Location, r.WeekStart)
+		want := fmt.Sprintf("%d:%d:%d:%d", before.UnixMilli(), s, e, after.UnixMilli())
+		if got := c.Bounds(r, now); got != want {
+			t.Fatalf("%s at %v: Bounds %q, want %q", r.Name, time.UnixMilli(now).UTC(), got, want)
+		}
 	}
 	r := &rules[1]
 	c.Of(r, now)
-	if n := testing.AllocsPerRun(100, func() { c.Of(r, now) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { c.Of(r, now); c.Bounds(r, now) }); n != 0 {
 		t.Errorf("a cached lookup allocates %v times, want 0", n)
 	}
 }

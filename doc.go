@@ -18,7 +18,7 @@
 //   - identity: whose budget ([Check.Identity]: a client IP prefix, an account, "" nobody = service-wide);
 //   - scope: where it applies ([Check.Scope], and the [Rule.Name], which names one budget that
 //     every route using the rule shares);
-//   - time rule: [FixedWindow], [TokenBucket], [RollingWindow] or [InFlight] ([Rule.Algorithm]).
+//   - time rule: [FixedWindow], [TokenBucket], [RollingWindow], [InFlight] or [Calendar] ([Rule.Algorithm]).
 //
 // A [Limiter] decides all checks of one request in one step, all-or-nothing: if any rule
 // refuses, no rule is charged. A refusal spends nothing and moves no deadline. The
@@ -51,6 +51,14 @@
 // lease until its decision is settled ([Settler.Settle]) or until Window (the lease's time
 // to live) has passed since it was taken or renewed ([Settler.Renew]); a lease taken by
 // Allow, which returns no ticket, is held until it expires.
+//
+// [Calendar]: at most Limit per calendar period ([Rule.Period]: hour, day, week, month or
+// year) of a named time zone ([Rule.Location], UTC when nil): a daily quota resets at the
+// zone's midnight, 23 or 25 hours apart on the days its clocks change, a monthly one at
+// midnight of the 1st. A request is admitted when count+cost <= Limit in the period that
+// contains the current instant; a request of a later period starts from 0. Reset and
+// RetryAfter are the time to the period's end. On Redis the period is the one that
+// contains the server's clock (docs/CALENDAR.md).
 //
 // When the clock goes back, stored state keeps its later time: a fixed window keeps its
 // end, rolling-window events keep their times, a token bucket refills nothing until the

@@ -56,8 +56,9 @@ type Reporter interface {
 // nothing to the new budget (its spend no longer counts), unless the new budget's first
 // spend came in the same millisecond as that decision's (a fixed window, or a
 // rolling-window event, of that millisecond): then up to its refund may be given to the
-// new budget. A token bucket keeps no record of spends: there a refund may refill the
-// bucket, never above its capacity.
+// new budget. A token bucket keeps no record of spends, and a [Calendar] budget's
+// period is the one the decision spent in: there a refund may refill the budget, never
+// above its capacity.
 //
 // A limiter that caches refusals in the calling process drops them for the budgets
 // reset; another process's limiter may repeat a refusal it cached before the reset for
@@ -248,9 +249,8 @@ func checksValid(checks []Check) bool {
 	for i := range checks {
 		c := &checks[i]
 		r := &c.Rule
-		w := r.Window
-		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > InFlight ||
-			r.Limit <= 0 || r.Limit > MaxLimit || w < time.Millisecond || w > maxWindow || w%time.Millisecond != 0 ||
+		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > Calendar ||
+			r.Limit <= 0 || r.Limit > MaxLimit || !(r.windowValid() || r.Algorithm == Calendar && r.calendarValid()) ||
 			uint64(c.Cost-1) >= MaxLimit || r.Algorithm == InFlight && c.Cost != 1 { // a Cost of 1..MaxLimit
 			return false
 		}

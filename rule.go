@@ -27,9 +27,15 @@ const (
 	// taken or last renewed, so that the leases of a holder that crashed expire. A check
 	// of an InFlight rule must cost 1: it holds one lease.
 	InFlight
+	// Calendar counts admitted cost in the calendar period (Rule.Period: an hour, a day,
+	// a week, a month or a year of Rule.Location's calendar) that contains the current
+	// instant, up to Rule.Limit per period: a daily quota resets at midnight, a monthly
+	// one on the 1st, not a window after the first request. Its Window and Burst must be
+	// zero.
+	Calendar
 )
 
-// String returns "fixed", "token", "rolling" or "inflight".
+// String returns "fixed", "token", "rolling", "inflight" or "calendar".
 func (a Algorithm) String() string {
 	switch a {
 	case FixedWindow:
@@ -40,8 +46,51 @@ func (a Algorithm) String() string {
 		return "rolling"
 	case InFlight:
 		return "inflight"
+	case Calendar:
+		return "calendar"
 	}
 	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// Period is the calendar period of a [Calendar] rule. A period is the half-open interval
+// [start, end) of the rule's Location that contains an instant: from the start of the
+// hour, day (midnight), week (midnight of Rule.WeekStart), month (midnight of the 1st) or
+// year (midnight of 1 January) to the start of the next one. A day in a time zone is
+// midnight to next midnight, 23 or 25 hours on the days its clocks change. The zero
+// value is no period, which a Calendar rule refuses.
+type Period uint8
+
+// The calendar periods.
+const (
+	// Hour is the clock hour, from minute 0 to the next hour's minute 0 (an hour of a
+	// zone's clock, which in a zone of a half-hour offset such as Asia/Kolkata starts at
+	// UTC's half hour).
+	Hour Period = iota + 1
+	// Day is from midnight to the next midnight.
+	Day
+	// Week is seven days from midnight of Rule.WeekStart.
+	Week
+	// Month is from midnight of the 1st to midnight of the next month's 1st.
+	Month
+	// Year is from midnight of 1 January to midnight of the next 1 January.
+	Year
+)
+
+// String returns "hour", "day", "week", "month" or "year".
+func (p Period) String() string {
+	switch p {
+	case Hour:
+		return "hour"
+	case Day:
+		return "day"
+	case Week:
+		return "week"
+	case Month:
+		return "month"
+	case Year:
+		return "year"
+	}
+	return fmt.Sprintf("Period(%d)", uint8(p))
 }
 
 // Limits that keep every value exact in a Redis Lua number (a float64, exact below 2^53).
@@ -76,15 +125,26 @@ type Rule struct {
 	// Algorithm is the time rule. The zero value is FixedWindow.
 	Algorithm Algorithm
 	// Limit is the number of cost units admitted per Window (FixedWindow, RollingWindow),
-	// refilled per Window (TokenBucket), or the number of leases held at once (InFlight).
-	// 1 to MaxLimit.
+	// refilled per Window (TokenBucket), the number of leases held at once (InFlight), or
+	// admitted per calendar period (Calendar). 1 to MaxLimit.
 	Limit int64
 	// Window is the length of the window, the refill period, or an InFlight lease's time
-	// to live: a whole number of milliseconds, 1ms to 366 days (8784h).
+	// to live: a whole number of milliseconds, 1ms to 366 days (8784h). A Calendar rule
+	// requires zero: its windows are its periods.
 	Window time.Duration
 	// Burst is the TokenBucket's capacity, in cost units, 0 to MaxLimit; zero means Limit.
 	// Other time rules require zero.
 	Burst int64
+	// Period is a Calendar rule's period, required there (the zero value is none).
+	// Other time rules require zero.
+	Period Period
+	// Location is the time zone whose calendar a Calendar rule's periods follow, e.g.
+	// time.LoadLocation("America/New_York"); nil means UTC. time.Local is refused: it
+	// differs between replicas. Other time rules require nil.
+	Location *time.Location
+	// WeekStart is the first day of a Calendar rule's Week period; the zero value is
+	// Sunday. Other time rules and periods require zero (Sunday).
+	WeekStart time.Weekday
 }
 
 // Capacity is the most cost one identity can ever spend at once under the rule: Burst for
@@ -100,18 +160,27 @@ func (r Rule) Capacity() int64 {
 // Validate reports the first problem with the rule as a *[ConfigError] naming the field:
 // a Name that is not 1 to 64 bytes of [A-Za-z0-9_.-], an unknown Algorithm, a Limit
 // outside 1..MaxLimit, a Window outside 1ms..366 days or not a whole number of
-// milliseconds, a Burst on another time rule than TokenBucket or outside 0..MaxLimit,
-// or a token bucket whose capacity times its Window in milliseconds exceeds 2^53 (the
-// scale of its exact refill arithmetic).
+// milliseconds (not zero, for a Calendar rule), a Burst on another time rule than
+// TokenBucket or outside 0..MaxLimit, a token bucket whose capacity times its Window in
+// milliseconds exceeds 2^53 (the scale of its exact refill arithmetic), or a Period,
+// Location or WeekStart that is invalid for a Calendar rule (no or an unknown Period,
+// time.Local, a WeekStart out of Sunday..Saturday or on another Period than Week) or set
+// on another time rule.
 func (r Rule) Validate() error {
 	if err := r.validateName(); err != nil {
 		return err
 	}
-	if r.Algorithm > InFlight {
+	if r.Algorithm > Calendar {
 		return r.bad("Algorithm", "unknown value %d", uint8(r.Algorithm))
 	}
 	if r.Limit <= 0 || r.Limit > MaxLimit {
 		return r.bad("Limit", "must be in 1..%d, got %d", int64(MaxLimit), r.Limit)
+	}
+	if r.Algorithm == Calendar {
+		return r.validateCalendar()
+	}
+	if err := r.validateNotCalendar(); err != nil {
+		return err
 	}
 	if r.Window < time.Millisecond || r.Window > maxWindow {
 		return r.bad("Window", "must be in 1ms..%v, got %v", maxWindow, r.Window)
@@ -141,6 +210,57 @@ func (r *Rule) validateName() error {
 		}
 	}
 	return nil
+}
+
+// validateCalendar is Validate's check of a Calendar rule's fields, once its Name,
+// Algorithm and Limit are valid.
+func (r *Rule) validateCalendar() error {
+	switch {
+	case r.Period == 0:
+		return r.bad("Period", "must be set for a Calendar rule (Hour, Day, Week, Month or Year)")
+	case r.Period > Year:
+		return r.bad("Period", "unknown value %d", uint8(r.Period))
+	case r.Location == time.Local:
+		return r.bad("Location", "must not be time.Local, which differs between replicas; name the zone, e.g. time.LoadLocation(\"America/New_York\")")
+	case r.WeekStart < time.Sunday || r.WeekStart > time.Saturday:
+		return r.bad("WeekStart", "must be Sunday..Saturday, got %d", int(r.WeekStart))
+	case r.WeekStart != time.Sunday && r.Period != Week:
+		return r.bad("WeekStart", "applies to the Week period only, got %v for %v", r.WeekStart, r.Period)
+	case r.Window != 0:
+		return r.bad("Window", "must be zero for a Calendar rule (its windows are its periods), got %v", r.Window)
+	case r.Burst != 0:
+		return r.bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, r.Algorithm)
+	}
+	return nil
+}
+
+// validateNotCalendar refuses the Calendar fields on another time rule.
+func (r *Rule) validateNotCalendar() error {
+	switch {
+	case r.Period != 0:
+		return r.bad("Period", "applies to Calendar only, got %v for %v", r.Period, r.Algorithm)
+	case r.Location != nil:
+		return r.bad("Location", "applies to Calendar only, got %v for %v", r.Location, r.Algorithm)
+	case r.WeekStart != 0:
+		return r.bad("WeekStart", "applies to Calendar only, got %v for %v", r.WeekStart, r.Algorithm)
+	}
+	return nil
+}
+
+// windowValid reports whether Validate's checks of the Window and of the Calendar fields
+// pass for a rule of another time rule than Calendar, without building an error: part of
+// checksValid, small enough to be inlined.
+func (r *Rule) windowValid() bool {
+	w := r.Window // in 1ms..maxWindow, whole ms; no Calendar field set, not Calendar (nor above)
+	return uint64(w-time.Millisecond) <= uint64(maxWindow-time.Millisecond) && w%time.Millisecond == 0 &&
+		r.Location == nil && int(r.Period)|int(r.WeekStart)|int(r.Algorithm/Calendar) == 0
+}
+
+// calendarValid reports whether validateCalendar would return nil, for a Calendar rule.
+func (r *Rule) calendarValid() bool {
+	return r.Period != 0 && r.Period <= Year && r.Location != time.Local &&
+		uint(r.WeekStart) <= uint(time.Saturday) && (r.WeekStart == time.Sunday || r.Period == Week) &&
+		r.Window == 0 && r.Burst == 0
 }
 
 // validateBurst is Validate's check of the Burst and of a token bucket's scale, once

@@ -101,16 +101,33 @@ func TestErrors(t *testing.T) {
 	}
 }
 
+// Period's String: each period's name, without allocating; "Period(n)" for another.
+func TestPeriodString(t *testing.T) {
+	for p, want := range map[ratebudget.Period]string{
+		ratebudget.Hour: "hour", ratebudget.Day: "day", ratebudget.Week: "week", ratebudget.Month: "month",
+		ratebudget.Year: "year", ratebudget.Period(0): "Period(0)", ratebudget.Period(6): "Period(6)",
+	} {
+		if got := p.String(); got != want {
+			t.Errorf("Period %d: String() = %q, want %q", uint8(p), got, want)
+		}
+		if p >= ratebudget.Hour && p <= ratebudget.Year {
+			if n := testing.AllocsPerRun(100, func() { _ = p.String() }); n != 0 {
+				t.Errorf("Period %d: String() allocates %v times, want 0", uint8(p), n)
+			}
+		}
+	}
+}
+
 // Algorithm's String: each time rule's name, without allocating; "Algorithm(n)" for another.
 func TestAlgorithmString(t *testing.T) {
 	for a, want := range map[ratebudget.Algorithm]string{
 		ratebudget.FixedWindow: "fixed", ratebudget.TokenBucket: "token", ratebudget.RollingWindow: "rolling",
-		ratebudget.InFlight: "inflight", ratebudget.Algorithm(4): "Algorithm(4)", ratebudget.Algorithm(255): "Algorithm(255)",
+		ratebudget.InFlight: "inflight", ratebudget.Calendar: "calendar", ratebudget.Algorithm(5): "Algorithm(5)", ratebudget.Algorithm(255): "Algorithm(255)",
 	} {
 		if got := a.String(); got != want {
 			t.Errorf("Algorithm %d: String() = %q, want %q", uint8(a), got, want)
 		}
-		if a <= ratebudget.InFlight {
+		if a <= ratebudget.Calendar {
 			if n := testing.AllocsPerRun(100, func() { _ = a.String() }); n != 0 {
 				t.Errorf("Algorithm %d: String() allocates %v times, want 0", uint8(a), n)
 			}

@@ -9,9 +9,13 @@
 --          events and give a counter or bucket found without a TTL its TTL back, either
 --          way); "0": decide only, write nothing; "2", "3", "4": see Modes below.
 -- ARGV[2+5(i-1) .. 6+5(i-1)], for check i:
---          algorithm (0 fixed window, 1 token bucket, 2 rolling window, 3 in-flight),
---          limit (units per window; refill per window for the token bucket),
---          window (ms), capacity (units; equal to limit except for a token bucket), cost (units).
+--          algorithm (0 fixed window, 1 token bucket, 2 rolling window, 3 in-flight,
+--          4 calendar), limit (units per window; refill per window for the token bucket;
+--          per period for a calendar check), window (ms; for a calendar check
+--          "<b0>:<b1>:<b2>:<b3>", the boundaries (Unix ms, increasing) of three calendar
+--          periods [b0, b1), [b1, b2), [b2, b3) that the caller computed around its own
+--          clock, see Calendar below), capacity (units; equal to limit except for a
+--          token bucket), cost (units).
 -- Reply: 6 integers per check, in KEYS order:
 --          allowed (0/1), exceeded (0/1, cost > capacity), remaining (units, negative
 --          if the limit was lowered or a settle put the budget in debt), reset after
@@ -26,6 +30,14 @@
 --          deficit, the newest event leaving the window, the last lease expiring).
 --
 -- State:
+--   calendar:       string "<count>:<period start>", in the period of the check's three
+--                   that contains the server's clock (TIME): a value of another period
+--                   counts as none. Written with SET PXAT the period's end, so the key
+--                   expires when its period ends. When the server's clock is in none of
+--                   the three (the caller's clock is off by more than a period), the call
+--                   replies the error 'ERR ratebudget: calendar periods miss server time
+--                   <ms>' before any read or write, and the caller computes the periods
+--                   around that time and calls again.
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY; a
 --                   value not in INCRBY's decimal form, or beyond 2^53, is an error reply
 --                   before any write (for a single check, INCRBY's own).
@@ -82,8 +94,8 @@
 -- most 1,024 aged events once events have left the window,
 -- and a binary search over ranks for a refusal's retry time. A reservation that can be
 -- voided (modes '5', '6') adds a GET of its marker per call, and a SET on admission.
--- TIME once per call, only
--- when a rolling window is decided; PEXPIRETIME once per call that replies tickets
+-- Calendar GET, then SET on admission. TIME once per call, only
+-- when a rolling window, a lease or a calendar period is decided; PEXPIRETIME once per call that replies tickets
 -- (and once more per admitted fixed window). Lua work is kept small next to the
 -- commands: no closure is created, a single check keeps its state in locals and
 -- builds one table (the reply), and a group builds two (the reply and S).
@@ -115,7 +127,7 @@ if n == 0 or #ARGV ~= 1 + extra + 5 * n and #ARGV ~= 1 + extra + 6 * n then
 end
 -- Modes: '0' decide only; '1' decide and spend; '2' as '1', and reply a ticket per check
 -- after the 6n values (settle.lua's record of the spend: a fixed window's PEXPIRETIME,
--- a rolling-window event's or a lease's time, else 0); '3' force: spend every check
+-- a rolling-window event's or a lease's time, a calendar period's start, else 0); '3' force: spend every check
 -- without refusing it, its cost cut so that a fixed or rolling window counts at most
 -- twice its limit and a token bucket's deficit stays within 2 x full and 2^53 (the
 -- extra of a settle above its reservation, run by settle.lua, which calls this script as
@@ -149,6 +161,7 @@ local fmod, format, match, find, sub = math.fmod, string.format, string.match, s
 -- below. Their tables are created at their final size, in one allocation each (a table
 -- constructor takes all the values of the call that ends it: here 12n and 6n zeros),
 -- since growing a Lua table costs more than a command.
+local now, nowstr -- server time in ms (and its digits), read on first use
 local a, lim, w, capa, k
 local S, reply
 if n > 1 and n <= 64 then
@@ -174,6 +187,23 @@ for i = 1, n do
     a = 3
     if k ~= 1 or force or not members or not find(ARGV[1 + 5 * n + i], '^%x+$') or #ARGV[1 + 5 * n + i] > 32 then
       return redis.error_reply('ERR ratebudget: bad lease for check ' .. i)
+    end
+  elseif as == '4' then
+    -- Calendar: the window is the periods' boundaries; the one that holds the server's
+    -- clock is chosen in phase 1.
+    a = 4
+    local b0, b1, b2, b3 = match(ws, '^(%d+):(%d+):(%d+):(%d+)$')
+    b0, b1, b2, b3 = tonumber(b0), tonumber(b1), tonumber(b2), tonumber(b3)
+    if b0 and b0 < b1 and b1 < b2 and b2 < b3 and b3 <= MAXSCALED then
+      if not now then
+        local t = call('TIME')
+        nowstr = t[1] .. sub(sub('00000' .. t[2], -6), 1, 3)
+        now = tonumber(nowstr)
+      end
+      if now < b0 or now >= b3 then
+        return redis.error_reply('ERR ratebudget: calendar periods miss server time ' .. nowstr)
+      end
+      w = 1 -- not used
     end
   elseif as ~= '0' then
     a = nil
@@ -204,7 +234,6 @@ if marker and call('GET', marker) then
   return redis.error_reply('ERR ratebudget: reservation voided')
 end
 
-local now, nowstr -- server time in ms (and its digits), read on first use
 
 -- Phase 1: read (and trim aged rolling-window events, which changes no outcome); compute
 -- every outcome and what an admission would write (x1..x7, per algorithm below).
@@ -367,6 +396,38 @@ for i = 1, n do
     if fix and (ok == 0 or n > 1) then
       call('PEXPIRE', key, fix) -- the spend's SET PX repeats it on admission
     end
+  elseif a == 4 then
+    -- Calendar: x1, the count to write, x2, the period's start (the digits passed),
+    -- x3, its end (ms).
+    local b0, b1, b2, b3 = match(ARGV[5 * i - 1], '^(%d+):(%d+):(%d+):(%d+)$')
+    local ps, pe = b0, tonumber(b1)
+    if now >= pe then
+      ps, pe = b1, tonumber(b2)
+      if now >= pe then ps, pe = b2, tonumber(b3) end
+    end
+    local count, left = 0, pe - now
+    local v = call('GET', key)
+    if v then
+      local cs, ss = match(v, '^(%d+):(%d+)$')
+      if not cs or tonumber(cs) > MAXSCALED then
+        return redis.error_reply('ERR ratebudget: corrupt counter in check ' .. i)
+      end
+      if ss == ps then count = tonumber(cs) end
+    end
+    if force then
+      if count + k > 2 * lim then k = 2 * lim - count end
+      if k < 0 then k = 0 end
+      ok, rem, reset = 1, lim - count - k, left
+    elseif k > lim then
+      exc, rem = 1, lim - count
+      if count > 0 then reset = left end
+    elseif count + k > lim then
+      rem, reset, retry = lim - count, left, left
+    else
+      ok, rem, reset = 1, lim - count - k, left
+      if count ~= 0 then idle = left end
+    end
+    x1, x2, x3 = count + k, ps, pe
   elseif a == 3 then
     -- In-flight leases: a sorted set of lease members scored by expiry (ms). x1: the new
     -- lease's expiry, now + window (also when a lease taken under a longer window of the
@@ -545,6 +606,9 @@ for i = 1, n do
     if tickets then tk = call('PEXPIRETIME', key) end
   elseif a == 1 then
     call('SET', key, x1, 'PX', x2)
+  elseif a == 4 then
+    if k > 0 then call('SET', key, format('%d:%s', x1, x2), 'PXAT', x3) end
+    tk = tonumber(x2)
   elseif a == 3 then
     call('ZADD', key, x1, ARGV[1 + 5 * n + i])
     call('PEXPIREAT', key, x2)

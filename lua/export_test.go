@@ -61,3 +61,7 @@ func WithRefusalClock(now func() time.Duration) Option {
 		return nil
 	}
 }
+
+// SetClock makes l compute Calendar periods around now's readings instead of time.Now,
+// as a caller whose clock is off would. Set it before the limiter's first decision.
+func SetClock(l *Limiter, now func() time.Time) { l.core.now = now }

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,10 @@ type core struct {
 	gaveBack func([]ratebudget.Check)
 	// repair re-sends voids and failed settles.
 	repair repairs
+	// cal keeps the current calendar periods of the Calendar rules decided, around the
+	// reading of now (time.Now; tests drive it), whose boundaries the scripts take.
+	cal timerule.PeriodCache
+	now func() time.Time
 }
 
 // Option configures a [Limiter] in [New].
@@ -209,7 +214,7 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 			return nil, err
 		}
 	}
-	c := &core{keys: newKeyer(cfg.prefix, cfg.secret), oneServer: cfg.oneServer, direct: client}
+	c := &core{keys: newKeyer(cfg.prefix, cfg.secret), oneServer: cfg.oneServer, direct: client, now: time.Now}
 	c.repair.c = c
 	l := &Limiter{core: c, top: c}
 	noTimeout := &ratebudget.ConfigError{Field: "ContextTimeoutEnabled", Problem: "must be true in the client's options, so that a decision returns by its context's deadline"}
@@ -694,10 +699,11 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 	default:
 		args = append(args, "1")
 	}
+	var now int64 // Unix ms, read for a Calendar check
 	for _, j := range g {
 		ch := &d.checks[j]
 		keys = append(keys, d.keys[j])
-		args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, ch.Rule.Window.Milliseconds(),
+		args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, c.window(&ch.Rule, &now),
 			ch.Rule.Capacity(), ch.Cost)
 	}
 	if d.members != nil {
@@ -710,10 +716,52 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 		args = append(args, markerTTLArg)
 	}
 	v, err := c.run(ctx, allowScript, allowSource, keys, args)
+	if server, ok := calendarMiss(err); ok {
+		// The caller's clock is off by more than a period: the periods around the
+		// server's clock, once.
+		for i, j := range g {
+			if r := &d.checks[j].Rule; r.Algorithm == ratebudget.Calendar {
+				args[3+5*i] = c.window(r, &server)
+			}
+		}
+		v, err = c.run(ctx, allowScript, allowSource, keys, args)
+	}
 	if err != nil {
 		return false, classify(err)
 	}
 	return parseAllow(v, d, g)
+}
+
+// window is rule r's window argument for the scripts: its Window in ms, or for a
+// Calendar rule the boundaries of its periods before, around and after *now (Unix ms;
+// when 0, read from c.now first) in the form allow.lua takes (timerule's
+// PeriodCache.Bounds).
+func (c *core) window(r *ratebudget.Rule, now *int64) any {
+	if r.Algorithm != ratebudget.Calendar {
+		return r.Window.Milliseconds()
+	}
+	if *now == 0 {
+		*now = c.now().UnixMilli()
+	}
+	return c.cal.Bounds(r, *now)
+}
+
+// calendarMissPrefix starts allow.lua's error reply when the server's clock is in none
+// of a Calendar check's periods; the server's time (Unix ms) follows.
+const calendarMissPrefix = "ERR ratebudget: calendar periods miss server time "
+
+// calendarMiss reports whether err is allow.lua's reply that the server's clock is in
+// none of a Calendar check's periods, and the server's time it names (Unix ms).
+func calendarMiss(err error) (int64, bool) {
+	if err == nil {
+		return 0, false
+	}
+	rest, ok := strings.CutPrefix(err.Error(), calendarMissPrefix)
+	if !ok {
+		return 0, false
+	}
+	ms, perr := strconv.ParseInt(rest, 10, 64)
+	return ms, perr == nil && ms > 0
 }
 
 // Backoff between script calls answered TRYAGAIN: the first wait, and the longest; and

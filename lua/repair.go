@@ -233,6 +233,7 @@ func (c *core) void(ctx context.Context, d *decision, g []int) {
 	args := make([]any, 0, 2+9*len(g))
 	args = append(args, "void")
 	var checks []ratebudget.Check
+	var now int64 // Unix ms, read for a Calendar check (see core.window)
 	for _, j := range g {
 		ch := &d.checks[j]
 		r := &ch.Rule
@@ -241,7 +242,7 @@ func (c *core) void(ctx context.Context, d *decision, g []int) {
 		if d.members != nil && r.Algorithm == ratebudget.InFlight {
 			member = d.members[j]
 		}
-		args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), ch.Cost, int64(0), int64(0), int64(0), member)
+		args = append(args, int64(r.Algorithm), r.Limit, c.window(r, &now), r.Capacity(), ch.Cost, int64(0), int64(0), int64(0), member)
 		checks = append(checks, *ch) // a copy: the caller's slice is its own again
 	}
 	keys = append(keys, markerKey(d.keys[g[0]], d.rid))

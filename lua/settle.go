@@ -36,8 +36,8 @@ func leaseMember(id int64) string { return fmt.Sprintf("%016x", uint64(id)) }
 // value aux (see settle.lua).
 func ticketOf(c *ratebudget.Check, tk, aux int64) ratebudget.Ticket {
 	switch c.Rule.Algorithm {
-	case ratebudget.FixedWindow:
-		return ratebudget.Ticket{At: tk, ID: 1}
+	case ratebudget.FixedWindow, ratebudget.Calendar:
+		return ratebudget.Ticket{At: tk, ID: 1} // the window's PEXPIRETIME, the period's start
 	case ratebudget.RollingWindow:
 		return ratebudget.Ticket{At: tk, ID: aux}
 	case ratebudget.InFlight:
@@ -201,6 +201,7 @@ func (c *core) settleGroup(checks []ratebudget.Check, tickets []ratebudget.Ticke
 	var rid int64 // the reservation's id, if it has one
 	args := []any{mode}
 	extras := []any{"3"} // allow.lua's arguments, while every check is charged above
+	var now int64        // Unix ms, read for a Calendar check (see core.window)
 	for i := first; i < len(checks); i++ {
 		if seen[i] || !c.oneServer && slots[i] != slots[first] {
 			continue
@@ -224,9 +225,10 @@ func (c *core) settleGroup(checks []ratebudget.Check, tickets []ratebudget.Ticke
 		}
 		gchecks = append(gchecks, *ch)
 		gkeys = append(gkeys, keys[i])
-		args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), give, extra, aux, t.At, member)
+		w := c.window(r, &now)
+		args = append(args, int64(r.Algorithm), r.Limit, w, r.Capacity(), give, extra, aux, t.At, member)
 		if extras != nil && extra > 0 {
-			extras = append(extras, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), extra)
+			extras = append(extras, int64(r.Algorithm), r.Limit, w, r.Capacity(), extra)
 		} else {
 			extras = nil
 		}

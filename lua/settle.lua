@@ -14,12 +14,13 @@
 -- KEYS[i]  the budget key of check i; all keys hash to one slot (or live on one server).
 -- ARGV[1]  'settle' (give back, charge and release) or 'renew' (renew leases, nothing else).
 -- ARGV[2+9(i-1) .. 10+9(i-1)], for check i:
---          algorithm (0 fixed, 1 token, 2 rolling, 3 in-flight), limit, window (ms) and
---          capacity, as allow.lua takes them; the units to give back (0: none); the units
+--          algorithm (0 fixed, 1 token, 2 rolling, 3 in-flight, 4 calendar), limit,
+--          window (ms; a calendar check's period boundaries) and capacity, as allow.lua
+--          takes them; the units to give back (0: none); the units
 --          to charge above the reservation (0: none; never with units to give back, nor
 --          for an in-flight check); and the ticket allow.lua gave in mode '2': the
---          rolling event's cumulative sum (else 0), the window's PEXPIRETIME, the event's
---          or the lease's time (ms; ignored for a token bucket), and the lease member for an
+--          rolling event's cumulative sum (else 0), the window's PEXPIRETIME, the calendar
+--          period's start, the event's or the lease's time (ms; ignored for a token bucket), and the lease member for an
 --          in-flight check (else '-').
 -- Reply: one integer per check: 1 if it was given back, charged, released or renewed,
 --          0 if the state no longer allowed it (the window closed, the event is no longer
@@ -40,7 +41,9 @@
 -- so that the next admission opens its own window. A token bucket's deficit (read with
 -- PTTL as allow.lua reads it, converted to this rule's window's units, and cut at 2 x
 -- full in debt) is lowered, never below a full bucket, and written in allow.lua's form.
--- A renewed lease expires window from now. A rolling-window event is given back only
+-- A calendar count is given back only while its period start is the ticket's (the key
+-- expires at the period's end); back to 0 it is deleted. A renewed lease expires window
+-- from now. A rolling-window event is given back only
 -- while it is the newest, in the window, and has the ticket's time and sum: it is
 -- removed, or rewritten in allow.lua's member form when it merged other admissions; the
 -- event that becomes the newest loses its name of the window only if the given-back
@@ -149,12 +152,15 @@ local xkeys, xargv = {}, {'3'} -- the checks charged above their reservation, fo
 for i = 1, n do
   local b = 1 + 9 * (i - 1)
   local a = {
-    algo = int(ARGV[b + 1], 0, 3), limit = int(ARGV[b + 2], 1, MAXLIMIT),
+    algo = int(ARGV[b + 1], 0, 4), limit = int(ARGV[b + 2], 1, MAXLIMIT),
     win = int(ARGV[b + 3], 1, MAXWINDOW), cap = int(ARGV[b + 4], 1, MAXLIMIT),
     give = int(ARGV[b + 5], 0, MAXLIMIT), extra = int(ARGV[b + 6], 0, MAXLIMIT),
     aux = int(ARGV[b + 7], 0, MAXSCALED), at = int(ARGV[b + 8], 0, MAXSCALED),
     member = ARGV[b + 9],
   }
+  if a.algo == 4 and string.find(ARGV[b + 3], '^%d+:%d+:%d+:%d+$') then
+    a.win = 1 -- the periods' boundaries: allow.lua reads them for a charge
+  end
   if not (a.algo and a.limit and a.win and a.cap and a.give and a.extra and a.aux and a.at)
     or a.extra > 0 and (a.give > 0 or a.algo == 3) then
     return redis.error_reply('ERR ratebudget: bad argument for check ' .. i)
@@ -266,6 +272,20 @@ for i = 1, n do
         write('DECRBY', key, a.give) -- keeps the TTL
         done = 1
       end
+    end
+  elseif a.algo == 4 then
+    -- allow.lua's form "<count>:<period start>"; of another period, nothing to give back.
+    local v = first('GET', key)
+    local cs, ss
+    if v then cs, ss = string.match(v, '^(%d+):(%d+)$') end
+    local c = cs and tonumber(cs)
+    if c and c <= MAXSCALED and tonumber(ss) == a.at then
+      if c <= a.give then
+        write('DEL', key)
+      else
+        write('SET', key, string.format('%d:%s', c - a.give, ss), 'KEEPTTL')
+      end
+      done = 1
     end
   elseif a.algo == 1 then
     local v = first('GET', key)

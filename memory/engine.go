@@ -17,6 +17,8 @@ type budget struct {
 	// timerule.ConvertDeficit).
 	// RollingWindow: count is the sum of the events' costs.
 	// InFlight: unused.
+	// Calendar: count admitted in the calendar period [end, expires): end holds the
+	// period's start.
 	count, end int64
 	// expires is when the state becomes equal to no state at all and can be dropped.
 	expires int64
@@ -151,10 +153,12 @@ func (r *rollingEvents) freedBy(need int64) int {
 // (nil: none). When commit is true and the outcome is an admission it writes the new
 // state into *b, which must then be non-nil (a budget just created must first be given
 // the state of no state at all, see freshState); an InFlight admission takes lease as its
-// lease's number. A refusal never writes, apart from dropping rolling-window events and
+// lease's number, and a Calendar rule finds its period in cal. A refusal never writes, apart from dropping rolling-window events and
 // leases that have expired, which changes no outcome.
-func decide(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, lease int64) ratebudget.Outcome {
+func decide(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, lease int64, cal *timerule.PeriodCache) ratebudget.Outcome {
 	switch r.Algorithm {
+	case ratebudget.Calendar:
+		return decideCalendar(b, r, cost, now, commit, cal)
 	case ratebudget.TokenBucket:
 		return decideToken(b, r, cost, now, commit)
 	case ratebudget.RollingWindow:
@@ -183,6 +187,33 @@ func decideFixed(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ra
 	}
 	if commit {
 		b.count, b.end, b.expires = count+cost, end, end
+	}
+	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: timerule.Duration(end - now)}
+}
+
+// decideCalendar counts as decideFixed does, in the calendar period that contains now
+// rather than a window opened by the first admission: the budget's count holds while its
+// period's start (b.end) is the start of the period of now, as the Redis limiter's does,
+// and a request of another period starts at 0. Reset and retry are at the period's end.
+func decideCalendar(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, cal *timerule.PeriodCache) ratebudget.Outcome {
+	limit := r.Limit
+	count := int64(0)
+	start, end := cal.Of(r, now)
+	if b != nil && b.end == start && now < b.expires {
+		count = b.count
+	}
+	if cost > limit {
+		reset := int64(0) // an untouched period resets nothing
+		if count != 0 {
+			reset = end - now
+		}
+		return ratebudget.Outcome{Exceeded: true, Remaining: limit - count, ResetAfter: timerule.Duration(reset)}
+	}
+	if count+cost > limit {
+		return ratebudget.Outcome{Remaining: limit - count, ResetAfter: timerule.Duration(end - now), RetryAfter: timerule.Duration(end - now)}
+	}
+	if commit {
+		b.count, b.end, b.expires = count+cost, start, end
 	}
 	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: timerule.Duration(end - now)}
 }

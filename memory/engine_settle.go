@@ -75,8 +75,8 @@ func pruneLeases(b *budget, now int64) []event {
 // ticketOf is the ticket of the admission just committed to b at now.
 func ticketOf(b *budget, r *ratebudget.Rule, now, lease int64) ratebudget.Ticket {
 	switch r.Algorithm {
-	case ratebudget.FixedWindow:
-		return ratebudget.Ticket{At: b.end, ID: 1}
+	case ratebudget.FixedWindow, ratebudget.Calendar:
+		return ratebudget.Ticket{At: b.end, ID: 1} // the window's end, the period's start
 	case ratebudget.RollingWindow:
 		ev := b.rolling.events
 		return ratebudget.Ticket{At: ev[len(ev)-1].at, ID: 1}
@@ -141,6 +141,13 @@ func refund(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, n, now int64) {
 			// opens a window of its own, as it would have without the refunded ones.
 			b.count, b.end, b.expires = 0, now, now
 		}
+	case ratebudget.Calendar:
+		if b.end != t.At || now >= b.expires {
+			return // another period, or this one ended
+		}
+		if b.count -= n; b.count <= 0 {
+			b.count, b.expires = 0, now // nothing admitted in the period is left: no state
+		}
 	case ratebudget.TokenBucket:
 		level, ts, lag := tokenLevel(b, r, now)
 		full := r.Capacity() * r.Window.Milliseconds()
@@ -186,10 +193,15 @@ func refund(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, n, now int64) {
 
 // charge spends n extra units at now without refusing them, into debt of at most one
 // capacity (see [ratebudget.Settler]). A budget just created for the charge must first be given the
-// state of no state at all (see freshState).
-func charge(b *budget, r *ratebudget.Rule, n, now int64) {
+// state of no state at all (see freshState). A Calendar rule finds its period in cal.
+func charge(b *budget, r *ratebudget.Rule, n, now int64, cal *timerule.PeriodCache) {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	switch r.Algorithm {
+	case ratebudget.Calendar:
+		if start, end := cal.Of(r, now); b.end != start || now >= b.expires {
+			b.count, b.end, b.expires = 0, start, end // the period of now, opened by the extra
+		}
+		b.count = min(b.count+n, max(2*limit, b.count))
 	case ratebudget.FixedWindow:
 		if now >= b.end {
 			b.count, b.end = 0, now+w // a new window, opened by the extra
@@ -268,8 +280,9 @@ func freshState(b *budget, r *ratebudget.Rule, now int64) {
 // unspent is the outcome of a check that fits its budget under r at now, in a decision
 // that another check refused: admitted, and the budget b (nil: none) as it is, nothing
 // having been spent (see [ratebudget.Reporter]). decide reports such a check as if its cost had
-// been spent, which the decision only does when every check fits.
-func unspent(b *budget, r *ratebudget.Rule, now int64) ratebudget.Outcome {
+// been spent, which the decision only does when every check fits. A Calendar rule finds
+// its period in cal.
+func unspent(b *budget, r *ratebudget.Rule, now int64, cal *timerule.PeriodCache) ratebudget.Outcome {
 	o := ratebudget.Outcome{Allowed: true, Remaining: r.Limit}
 	if b == nil {
 		if r.Algorithm == ratebudget.TokenBucket {
@@ -281,6 +294,10 @@ func unspent(b *budget, r *ratebudget.Rule, now int64) ratebudget.Outcome {
 	case ratebudget.FixedWindow:
 		if now < b.end && b.count != 0 {
 			o.Remaining, o.ResetAfter = r.Limit-b.count, timerule.Duration(b.end-now)
+		}
+	case ratebudget.Calendar:
+		if start, _ := cal.Of(r, now); b.end == start && now < b.expires && b.count != 0 {
+			o.Remaining, o.ResetAfter = r.Limit-b.count, timerule.Duration(b.expires-now)
 		}
 	case ratebudget.TokenBucket:
 		level, _, lag := tokenLevel(b, r, now)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/argcheck"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 const memShards = 64
@@ -44,8 +45,9 @@ type Limiter struct {
 	once   sync.Once    // sets the fields below: in New, or at the first use of a zero Limiter
 	now    func() int64 // Unix milliseconds
 	seed   maphash.Seed
-	sweep  int64 // ms between sweeps of one shard
-	max    int   // budgets held at most, over all shards
+	sweep  int64                // ms between sweeps of one shard
+	max    int                  // budgets held at most, over all shards
+	cal    timerule.PeriodCache // the current periods of the Calendar rules decided
 	shards [memShards]memShard
 }
 
@@ -236,13 +238,13 @@ func (m *Limiter) allow(checks []ratebudget.Check, out []ratebudget.Outcome, tic
 		var o [1]ratebudget.Outcome
 		b, collides := s.find(h, &k)
 		if b != nil {
-			o[0] = decide(b, &c.Rule, c.Cost, now, true, lease) // writes only if it admits
-		} else if o[0] = decide(nil, &c.Rule, c.Cost, now, false, lease); o[0].Allowed {
+			o[0] = decide(b, &c.Rule, c.Cost, now, true, lease, &m.cal) // writes only if it admits
+		} else if o[0] = decide(nil, &c.Rule, c.Cost, now, false, lease, &m.cal); o[0].Allowed {
 			// State is created only for an admission: refusals leave nothing behind.
 			spare := s.makeRoom(now, nil)
 			b = s.insert(h, &k, collides, spare)
 			freshState(b, &c.Rule, now)
-			o[0] = decide(b, &c.Rule, c.Cost, now, true, lease)
+			o[0] = decide(b, &c.Rule, c.Cost, now, true, lease, &m.cal)
 		}
 		if tickets != nil {
 			tickets[0] = ratebudget.Ticket{}
@@ -275,7 +277,7 @@ func (m *Limiter) allowMany(checks []ratebudget.Check, now int64, out []ratebudg
 	allowed := true
 	for i := range checks {
 		found[i] = m.shards[shards[i]].get(hashes[i], &keys[i])
-		outs[i] = decide(found[i], &checks[i].Rule, checks[i].Cost, now, false, 0)
+		outs[i] = decide(found[i], &checks[i].Rule, checks[i].Cost, now, false, 0, &m.cal)
 		allowed = allowed && outs[i].Allowed
 	}
 	if allowed {
@@ -291,7 +293,7 @@ func (m *Limiter) allowMany(checks []ratebudget.Check, now int64, out []ratebudg
 				found[i] = b
 			}
 			lease := s.lease(&checks[i].Rule)
-			outs[i] = decide(b, &checks[i].Rule, checks[i].Cost, now, true, lease)
+			outs[i] = decide(b, &checks[i].Rule, checks[i].Cost, now, true, lease, &m.cal)
 			if tickets != nil {
 				tickets[i] = ticketOf(b, &checks[i].Rule, now, lease)
 			}
@@ -301,7 +303,7 @@ func (m *Limiter) allowMany(checks []ratebudget.Check, now int64, out []ratebudg
 		// they are.
 		for i := range checks {
 			if outs[i].Allowed {
-				outs[i] = unspent(found[i], &checks[i].Rule, now)
+				outs[i] = unspent(found[i], &checks[i].Rule, now, &m.cal)
 			}
 		}
 		if tickets != nil {

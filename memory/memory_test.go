@@ -248,7 +248,7 @@ func TestMemoryCapConcurrent(t *testing.T) {
 }
 
 // TestMemoryAllowAllocs: a decision on budgets that exist allocates nothing, for one
-// check and for three, while the limiter is at its cap; the first decision of a new
+// check, for three and for a Calendar rule's, while the limiter is at its cap; the first decision of a new
 // identity at the cap allocates only the copy of its identity that its budget holds.
 func TestMemoryAllowAllocs(t *testing.T) {
 	if israce.Enabled {
@@ -264,7 +264,14 @@ func TestMemoryAllowAllocs(t *testing.T) {
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 1},
 		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 1},
 	}
-	for name, checks := range map[string][]ratebudget.Check{"one": one, "three": three} {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calendar := []ratebudget.Check{
+		{Rule: ratebudget.Rule{Name: "daily", Algorithm: ratebudget.Calendar, Limit: ratebudget.MaxLimit, Period: ratebudget.Day, Location: ny}, Identity: "203.0.113.7", Cost: 1},
+	}
+	for name, checks := range map[string][]ratebudget.Check{"one": one, "three": three, "calendar": calendar} {
 		allow(t, m, checks...) // the budgets exist
 		allocs := testing.AllocsPerRun(200, func() {
 			if d := allow(t, m, checks...); !d.Allowed {
@@ -296,7 +303,7 @@ func TestMemoryAllowAllocs(t *testing.T) {
 }
 
 // TestMemorySettleAllocs: reserving and settling budgets that exist allocates nothing,
-// for every time rule in one decision: cancelling, settling lower, in debt, and taking
+// for every time rule (a Calendar one included) in one decision: cancelling, settling lower, in debt, and taking
 // and releasing a lease.
 func TestMemorySettleAllocs(t *testing.T) {
 	if israce.Enabled {
@@ -308,10 +315,11 @@ func TestMemorySettleAllocs(t *testing.T) {
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 2},
 		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 2},
 		{Rule: ratebudget.Rule{Name: "running", Algorithm: ratebudget.InFlight, Limit: 4, Window: time.Minute}, Identity: "203.0.113.7", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "monthly", Algorithm: ratebudget.Calendar, Limit: ratebudget.MaxLimit, Period: ratebudget.Month}, Identity: "203.0.113.7", Cost: 2},
 	}
 	ctx := context.Background()
 	tickets := make([]ratebudget.Ticket, len(checks))
-	costs := [][]int64{nil, {1, 1, 1, 1}, {2, 3, 3, 1}}
+	costs := [][]int64{nil, {1, 1, 1, 1, 1}, {2, 3, 3, 1, 3}}
 	run := func(i int) {
 		if d, err := m.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
 			t.Fatalf("Reserve: %+v, %v", d, err)

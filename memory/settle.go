@@ -36,7 +36,7 @@ func (m *Limiter) Settle(_ context.Context, checks []ratebudget.Check, tickets [
 			if b == nil {
 				return nil // created by each, and handed back
 			}
-			charge(b, &c.Rule, actual-c.Cost, now)
+			charge(b, &c.Rule, actual-c.Cost, now, &m.cal)
 		}
 		tickets[i] = ratebudget.Ticket{}
 		return b

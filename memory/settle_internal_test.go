@@ -53,7 +53,7 @@ func TestSettleDebtBounded(t *testing.T) {
 			switch r.Algorithm {
 			case ratebudget.TokenBucket:
 				full := r.Capacity() * r.Window.Milliseconds()
-				charge(b, &r, ratebudget.MaxLimit, m.now()) // again, from the debt
+				charge(b, &r, ratebudget.MaxLimit, m.now(), &m.cal) // again, from the debt
 				if b.count > 2*full || b.count > timerule.MaxScaled {
 					t.Fatalf("%s: deficit %d, want at most %d (a level of at least minus the capacity) and within 2^53", r.Name, b.count, min(2*full, timerule.MaxScaled))
 				}

@@ -30,6 +30,9 @@ type Harness struct {
 	// time: the suite then waits for time to pass and asserts bounds instead of exact
 	// durations.
 	Advance func(d time.Duration)
+	// Now reads the limiter's clock, when it is not the wall clock (with Advance); nil
+	// means time.Now. The cases of Calendar rules choose their zone from it.
+	Now func() time.Time
 	// Short is the first window of the tests that wait for a window to pass on real
 	// time (default 150ms); a run too slow to decide its outcome is repeated with the
 	// window doubled, up to [maxAttempts] runs. Ignored when Advance is set.
@@ -69,7 +72,11 @@ const long = time.Hour
 // window doubles on each, so the last is 32 times the first (4.8s by default).
 const maxAttempts = 6
 
-var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow}
+// algorithms are the time rules of the cases that run for each. A Calendar rule there is
+// a Day in a fixed zone where the test starts at noon (see env.rule): its period ends
+// half a day after the start, further than [long] (a test on real time that ran for
+// long/20 fails anyway), and its resets are the time to that midnight (env.full).
+var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow, ratebudget.Calendar}
 
 // Run runs the conformance suite. newHarness is called once per subtest and must return
 // a limiter whose budgets are all empty (for a shared store: a fresh key prefix). The
@@ -117,13 +124,58 @@ type env struct {
 	fake    bool
 	created time.Time // real time: when the test began
 	since   time.Time // real time: start of the step whose durations are asserted
+	// sinceAt is the limiter's clock at since; noon the zone of Calendar rules, in
+	// which the test began at 12:00.
+	sinceAt time.Time
+	noon    *time.Location
 }
 
 func newEnv(t *testing.T, h Harness) *env {
 	if h.Short <= 0 {
 		h.Short = 150 * time.Millisecond
 	}
-	return &env{t: t, h: h, fake: h.Advance != nil, created: time.Now()}
+	if h.Now == nil {
+		h.Now = time.Now
+	}
+	start := h.Now()
+	into := start.Sub(start.Truncate(24 * time.Hour)) // since UTC's midnight
+	noon := time.FixedZone("noon", int((12*time.Hour-into)/time.Second))
+	return &env{t: t, h: h, fake: h.Advance != nil, created: time.Now(), sinceAt: start, noon: noon}
+}
+
+// rule is the rule name of time rule alg with limit and window, or for a Calendar rule
+// of limit per day in the env's zone, where the test began at noon.
+func (e *env) rule(name string, alg ratebudget.Algorithm, limit int64, window time.Duration) ratebudget.Rule {
+	if alg == ratebudget.Calendar {
+		return ratebudget.Rule{Name: name, Algorithm: alg, Limit: limit, Period: ratebudget.Day, Location: e.noon}
+	}
+	return rule(name, alg, limit, window)
+}
+
+// full is the wait, from the mark, until a budget of alg spent at the mark is whole
+// again: w, or for a Calendar rule the time to its period's end (the next midnight of
+// the env's zone), in whole ms as a limiter counts it (on real time, an upper bound).
+func (e *env) full(alg ratebudget.Algorithm, w time.Duration) time.Duration {
+	if alg != ratebudget.Calendar {
+		return w
+	}
+	at := e.sinceAt.In(e.noon)
+	y, m, d := at.Date()
+	left := time.Date(y, m, d+1, 0, 0, 0, 0, e.noon).Sub(e.sinceAt.Truncate(time.Millisecond))
+	if !e.fake {
+		// The limiter's clock (the server's, or a monotonic one set from the wall clock
+		// once) may read up to a millisecond behind this process's at the mark.
+		left += time.Millisecond
+	}
+	return left
+}
+
+// window is the Decision.Window of alg's rule of window w: 0 for a Calendar rule.
+func window(alg ratebudget.Algorithm, w time.Duration) time.Duration {
+	if alg == ratebudget.Calendar {
+		return 0
+	}
+	return w
 }
 
 // timed runs body, a test that waits for a short window w to pass, with a fresh identity
@@ -160,7 +212,7 @@ func decides(start time.Time, limit time.Duration) bool {
 }
 
 // mark starts the interval that bounds real-time durations.
-func (e *env) mark() { e.since = time.Now() }
+func (e *env) mark() { e.since, e.sinceAt = time.Now(), e.h.Now() }
 
 // slack is how much a duration reported now may be below the one expected at mark.
 func (e *env) slack() time.Duration {
@@ -225,33 +277,33 @@ func check(r ratebudget.Rule, identity string, cost int64) ratebudget.Check {
 }
 
 func testAdmitUpToLimit(e *env, alg ratebudget.Algorithm) {
-	r := rule("api", alg, 5, long)
+	r := e.rule("api", alg, 5, long)
 	c := check(r, "alice", 1)
 	e.mark()
 	for i := int64(1); i <= 5; i++ {
 		d := e.allow(c)
 		e.expect(d, true, 5-i)
-		if d.Rule != "api" || d.Limit != 5 || d.Window != long || d.RetryAfter != 0 {
+		if d.Rule != "api" || d.Limit != 5 || d.Window != window(alg, long) || d.RetryAfter != 0 {
 			e.t.Fatalf("admission %d: %+v", i, d)
 		}
 		if alg == ratebudget.TokenBucket {
 			e.approx("ResetAfter", d.ResetAfter, time.Duration(i)*long/5) // time to refill i tokens
 		} else {
-			e.approx("ResetAfter", d.ResetAfter, long)
+			e.approx("ResetAfter", d.ResetAfter, e.full(alg, long))
 		}
 	}
 	d := e.allow(c)
 	e.expect(d, false, 0)
-	e.approx("ResetAfter", d.ResetAfter, long)
+	e.approx("ResetAfter", d.ResetAfter, e.full(alg, long))
 	if alg == ratebudget.TokenBucket {
 		e.approx("RetryAfter", d.RetryAfter, long/5) // one token refills in window/limit
 	} else {
-		e.approx("RetryAfter", d.RetryAfter, long)
+		e.approx("RetryAfter", d.RetryAfter, e.full(alg, long))
 	}
 }
 
 func testRefusalSpendsNothing(e *env, alg ratebudget.Algorithm) {
-	r := rule("api", alg, 3, long)
+	r := e.rule("api", alg, 3, long)
 	c := check(r, "bob", 1)
 	for range 3 {
 		e.allow(c)
@@ -274,8 +326,12 @@ func testRefusalSpendsNothing(e *env, alg ratebudget.Algorithm) {
 }
 
 func testExpiryRestarts(e *env, alg ratebudget.Algorithm) {
+	if alg == ratebudget.Calendar {
+		testCalendarRestarts(e)
+		return
+	}
 	e.timed("carol", func(w time.Duration, id string) bool {
-		r := rule("api", alg, 5, w)
+		r := e.rule("api", alg, 5, w)
 		c := check(r, id, 1)
 		// The sixth call is refused only if no budget came back since the first: the
 		// window has not ended, or (token bucket) no token has refilled.
@@ -310,8 +366,35 @@ func testExpiryRestarts(e *env, alg ratebudget.Algorithm) {
 	})
 }
 
+// testCalendarRestarts: a Calendar budget refuses until the last millisecond of its
+// period and starts the next at 0, with the next period's length to its reset. Only on a
+// driven clock: on real time a period lasts an hour at least (package lua's own tests
+// cross one with the server's clock).
+func testCalendarRestarts(e *env) {
+	if !e.fake {
+		e.t.Skip("a calendar period lasts an hour at least; crossed on a driven clock only")
+	}
+	r := e.rule("api", ratebudget.Calendar, 5, 0)
+	c := check(r, "carol", 1)
+	e.mark()
+	for range 5 {
+		e.allow(c)
+	}
+	d := e.allow(c)
+	e.expect(d, false, 0)
+	e.approx("RetryAfter", d.RetryAfter, e.full(ratebudget.Calendar, 0))
+	e.wait(d.RetryAfter - time.Millisecond)
+	e.expect(e.allow(c), false, 0)
+	e.wait(time.Millisecond)
+	d = e.allow(c)
+	e.expect(d, true, 4)
+	if d.ResetAfter != 24*time.Hour {
+		e.t.Fatalf("the next day's first admission: ResetAfter %v, want 24h", d.ResetAfter)
+	}
+}
+
 func testWeightedCost(e *env, alg ratebudget.Algorithm) {
-	r := rule("work", alg, 10, long)
+	r := e.rule("work", alg, 10, long)
 	steps := []struct {
 		cost      int64
 		allowed   bool
@@ -326,7 +409,7 @@ func testWeightedCost(e *env, alg ratebudget.Algorithm) {
 }
 
 func testCostAboveCapacity(e *env, alg ratebudget.Algorithm) {
-	r := rule("work", alg, 5, long)
+	r := e.rule("work", alg, 5, long)
 	d := e.allow(check(r, "erin", 6))
 	if d.Allowed || !d.Exceeded || d.RetryAfter != 0 || d.Remaining != 5 || d.ResetAfter != 0 {
 		e.t.Fatalf("cost 6 of 5 on a fresh budget: %+v, want Exceeded, Remaining 5, no reset or retry", d)
@@ -340,7 +423,7 @@ func testCostAboveCapacity(e *env, alg ratebudget.Algorithm) {
 	if alg == ratebudget.TokenBucket {
 		e.approx("ResetAfter", d.ResetAfter, long/5)
 	} else {
-		e.approx("ResetAfter", d.ResetAfter, long)
+		e.approx("ResetAfter", d.ResetAfter, e.full(alg, long))
 	}
 	e.expect(e.allow(check(r, "erin", 4)), true, 0)
 }
@@ -353,9 +436,9 @@ func testMultiRule(e *env, alg ratebudget.Algorithm) {
 		if several {
 			idB = "" // a service-wide rule next to per-identity ones
 		}
-		wide := rule(fmt.Sprintf("wide-%v", several), alg, 10, long)
-		narrow := rule(fmt.Sprintf("narrow-%v", several), alg, 2, long)
-		other := rule(fmt.Sprintf("other-%v", several), ratebudget.FixedWindow, 10, long)
+		wide := e.rule(fmt.Sprintf("wide-%v", several), alg, 10, long)
+		narrow := e.rule(fmt.Sprintf("narrow-%v", several), alg, 2, long)
+		other := e.rule(fmt.Sprintf("other-%v", several), ratebudget.FixedWindow, 10, long)
 		checks := []ratebudget.Check{check(wide, "frank", 1), check(narrow, idB, 1), check(other, "frank", 1)}
 		for i := int64(1); i <= 2; i++ {
 			d := e.allow(checks...)
@@ -383,7 +466,7 @@ func testMultiRule(e *env, alg ratebudget.Algorithm) {
 
 func testConcurrency(e *env, alg ratebudget.Algorithm) {
 	const workers, limit = 32, 5
-	r := rule("api", alg, limit, long)
+	r := e.rule("api", alg, limit, long)
 	start := make(chan struct{})
 	results := make(chan ratebudget.Decision, workers)
 	errs := make(chan error, workers)
@@ -427,7 +510,7 @@ func testConcurrency(e *env, alg ratebudget.Algorithm) {
 }
 
 func testSeparateBudgets(e *env, alg ratebudget.Algorithm) {
-	r := rule("api", alg, 1, long)
+	r := e.rule("api", alg, 1, long)
 	a := ratebudget.Check{Rule: r, Identity: "a:b", Scope: "c", Cost: 1}
 	b := ratebudget.Check{Rule: r, Identity: "a", Scope: "b:c", Cost: 1}
 	c := ratebudget.Check{Rule: r, Identity: "a:b", Scope: "", Cost: 1}
@@ -436,18 +519,18 @@ func testSeparateBudgets(e *env, alg ratebudget.Algorithm) {
 		e.expect(e.allow(ch), true, 0)
 	}
 	e.expect(e.allow(a), false, 0)
-	other := rule("api2", alg, 1, long) // another rule name is another budget
+	other := e.rule("api2", alg, 1, long) // another rule name is another budget
 	e.expect(e.allow(check(other, "a:b", 1)), true, 0)
 }
 
 func testInvalidChecks(e *env, alg ratebudget.Algorithm) {
-	r := rule("api", alg, 2, long)
+	r := e.rule("api", alg, 2, long)
 	bad := [][]ratebudget.Check{
 		nil,
 		{check(r, "h", 0)},
 		{check(r, "h", 1), check(r, "h", 1)},
-		{check(rule("bad name", alg, 2, long), "h", 1)},
-		{check(r, "h", 1), check(rule("x", alg, 0, long), "h", 1)},
+		{check(e.rule("bad name", alg, 2, long), "h", 1)},
+		{check(r, "h", 1), check(e.rule("x", alg, 0, long), "h", 1)},
 	}
 	for _, checks := range bad {
 		_, err := e.h.Limiter.Allow(context.Background(), checks)
@@ -463,7 +546,7 @@ func testTokenRefill(e *env) {
 	e.timed("henry", func(short time.Duration, id string) bool {
 		w := 5 * short
 		q := w / 5 // one token per q
-		r := rule("bucket", ratebudget.TokenBucket, 5, w)
+		r := e.rule("bucket", ratebudget.TokenBucket, 5, w)
 		c := check(r, id, 1)
 		e.mark()
 		for i := range 5 {
@@ -522,7 +605,9 @@ func testRollingRetry(e *env) {
 	if !e.fake {
 		// Real time: one event, a refusal waits for it to leave.
 		e.timed("jack", func(w time.Duration, id string) bool {
-			c := func(cost int64) ratebudget.Check { return check(rule("log", ratebudget.RollingWindow, 3, w), id, cost) }
+			c := func(cost int64) ratebudget.Check {
+				return check(e.rule("log", ratebudget.RollingWindow, 3, w), id, cost)
+			}
 			e.mark()
 			e.expect(e.allow(c(3)), true, 0)
 			d := e.allow(c(1))
@@ -538,7 +623,7 @@ func testRollingRetry(e *env) {
 		return
 	}
 	step := long / 5
-	r := rule("log", ratebudget.RollingWindow, 3, 5*step)
+	r := e.rule("log", ratebudget.RollingWindow, 3, 5*step)
 	c := func(cost int64) ratebudget.Check { return check(r, "jack", cost) }
 	e.expect(e.allow(c(1)), true, 2) // t=0
 	e.wait(step)
@@ -565,9 +650,9 @@ func testMixed(e *env, several bool) {
 		ids = [3]string{"kate", "", "leo"}
 	}
 	checks := []ratebudget.Check{
-		check(rule("f", ratebudget.FixedWindow, 4, long), ids[0], 1),
-		check(rule("t", ratebudget.TokenBucket, 3, long), ids[1], 1),
-		check(rule("r", ratebudget.RollingWindow, 5, long), ids[2], 1),
+		check(e.rule("f", ratebudget.FixedWindow, 4, long), ids[0], 1),
+		check(e.rule("t", ratebudget.TokenBucket, 3, long), ids[1], 1),
+		check(e.rule("r", ratebudget.RollingWindow, 5, long), ids[2], 1),
 	}
 	for i := int64(1); i <= 3; i++ {
 		d := e.allow(checks...)

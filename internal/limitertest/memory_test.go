@@ -15,7 +15,7 @@ func TestMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return limitertest.Harness{Limiter: m, Advance: clock.Advance}
+		return limitertest.Harness{Limiter: m, Advance: clock.Advance, Now: clock.Now}
 	})
 }
 

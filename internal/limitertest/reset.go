@@ -65,7 +65,7 @@ func (e *env) reset(r ratebudget.Resetter, checks ...ratebudget.Check) {
 // limit, and it admits exactly its limit again. Another identity's budget of the same
 // rule, and the same identity's budget in another scope, keep what they spent.
 func testResetSpent(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm) {
-	ru := rule("api", alg, 5, long)
+	ru := e.rule("api", alg, 5, long)
 	c := check(ru, "olga", 1)
 	other := check(ru, "pam", 1)
 	scoped := ratebudget.Check{Rule: ru, Identity: "olga", Scope: "/x", Cost: 1}
@@ -83,7 +83,7 @@ func testResetSpent(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm) {
 	if alg == ratebudget.TokenBucket {
 		e.approx("ResetAfter", d.ResetAfter, long/5) // one token to refill
 	} else {
-		e.approx("ResetAfter", d.ResetAfter, long) // a window of its own
+		e.approx("ResetAfter", d.ResetAfter, e.full(alg, long)) // a window of its own, or the period's end
 	}
 	for i := int64(3); i >= 0; i-- {
 		e.expect(e.allow(c), true, i)
@@ -125,15 +125,16 @@ func testResetInFlight(e *env, r ratebudget.Resetter) {
 }
 
 // testResetThenSettle: a reservation made before a reset and cancelled after it gives
-// nothing back to the new budget, but under a token bucket, which records no spends:
-// there it refills the bucket, to its capacity and never above. The new budget's first
+// nothing back to the new budget, but under a token bucket, which records no spends, and
+// a calendar rule, whose period is the same: there it refills the budget, to its
+// capacity and never above. The new budget's first
 // spend comes a few ms after the reservation's (see ratebudget.Resetter).
 func testResetThenSettle(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm) {
 	s, ok := r.(ratebudget.Settler)
 	if !ok {
 		e.t.Skipf("%T does not implement ratebudget.Settler", r)
 	}
-	ru := rule("api", alg, 5, long)
+	ru := e.rule("api", alg, 5, long)
 	c := check(ru, "wes", 2)
 	d, tk := e.reserve(s, c)
 	e.expect(d, true, 3)
@@ -143,8 +144,10 @@ func testResetThenSettle(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm
 	e.expect(e.allow(check(ru, "wes", 1)), true, 4)
 	e.settle(s, []ratebudget.Check{c}, tk, nil)
 	want := int64(3) // the cancel gave nothing back
-	if alg == ratebudget.TokenBucket {
-		want = 4 // refilled to its capacity of 5, then 1 spent
+	if alg == ratebudget.TokenBucket || alg == ratebudget.Calendar {
+		// refilled to its capacity of 5, then 1 spent; a calendar budget's period is the
+		// one the reservation spent in, so its give-back lands, never above the limit
+		want = 4
 	}
 	e.expect(e.allow(check(ru, "wes", 1)), true, want)
 }

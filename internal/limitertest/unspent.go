@@ -12,7 +12,7 @@ import (
 // runUnspent runs testRefusalReportsUnspent for every time rule (in-flight leases only
 // for a limiter that implements [ratebudget.Settler], as the other in-flight cases).
 func runUnspent(t *testing.T, newHarness func(t *testing.T) Harness) {
-	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow, ratebudget.InFlight} {
+	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow, ratebudget.InFlight, ratebudget.Calendar} {
 		t.Run(alg.String()+"/RefusalReportsUnspent", func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, newHarness(t))
@@ -52,14 +52,14 @@ func testRefusalReportsUnspent(e *env, alg ratebudget.Algorithm) {
 		if several {
 			idB = "" // a service-wide rule next to a per-identity one: another slot
 		}
-		a := rule(fmt.Sprintf("unspent-%v", several), alg, limit, long)
+		a := e.rule(fmt.Sprintf("unspent-%v", several), alg, limit, long)
 		// What the budget is first spent with: for leases the same budget with a shorter
 		// TTL, so that its lease expires well before one the refused request would take.
 		spend := a
 		if alg == ratebudget.InFlight {
 			spend.Window = long / 2
 		}
-		full := rule(fmt.Sprintf("full-%v", several), ratebudget.FixedWindow, 1, long)
+		full := e.rule(fmt.Sprintf("full-%v", several), ratebudget.FixedWindow, 1, long)
 		e.expect(e.allow(check(full, idB, 1)), true, 0)
 		ca, cb := check(a, "uma", cost), check(full, idB, 1)
 		orders := [][]ratebudget.Check{{ca, cb}, {cb, ca}}
@@ -126,7 +126,7 @@ func testRefusalReportsUnspent(e *env, alg ratebudget.Algorithm) {
 		d := e.allow(check(spend, "uma", cost))
 		e.expect(d, true, limit-cost)
 		// The reset right after that spend, and a pause so that a later spend would show.
-		reset := long // a fixed window opened now, a rolling-window event of now
+		reset := e.full(alg, long) // a fixed window opened now, a rolling-window event of now, the period's end
 		switch alg {
 		case ratebudget.TokenBucket:
 			reset = time.Duration(cost) * long / time.Duration(limit) // the deficit's refill

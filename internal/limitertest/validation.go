@@ -53,6 +53,11 @@ func RuleCases() []RuleCase {
 		f(&r)
 		return r
 	}
+	cal := func(f func(*ratebudget.Rule)) ratebudget.Rule {
+		r := ratebudget.Rule{Name: "r", Algorithm: ratebudget.Calendar, Limit: 10, Period: ratebudget.Day}
+		f(&r)
+		return r
+	}
 	token := func(limit int64, window time.Duration, burst int64) ratebudget.Rule {
 		return ratebudget.Rule{Name: "r", Algorithm: ratebudget.TokenBucket, Limit: limit, Window: window, Burst: burst}
 	}
@@ -77,7 +82,7 @@ func RuleCases() []RuleCase {
 		{"name with slash", with(func(r *ratebudget.Rule) { r.Name = "a/b" }), "Name"},
 		{"name not ASCII", with(func(r *ratebudget.Rule) { r.Name = "é" }), "Name"},
 		{"name with NUL", with(func(r *ratebudget.Rule) { r.Name = "a\x00" }), "Name"},
-		{"algorithm unknown", with(func(r *ratebudget.Rule) { r.Algorithm = 4 }), "Algorithm"},
+		{"algorithm unknown", with(func(r *ratebudget.Rule) { r.Algorithm = ratebudget.Calendar + 1 }), "Algorithm"},
 		{"algorithm 255", with(func(r *ratebudget.Rule) { r.Algorithm = 255 }), "Algorithm"},
 		{"limit zero", with(func(r *ratebudget.Rule) { r.Limit = 0 }), "Limit"},
 		{"limit negative", with(func(r *ratebudget.Rule) { r.Limit = -1 }), "Limit"},
@@ -94,6 +99,24 @@ func RuleCases() []RuleCase {
 		{"burst above MaxLimit", token(10, time.Second, ratebudget.MaxLimit+1), "Burst"},
 		{"token scale above 2^53 by limit", token(ratebudget.MaxLimit, 8193*time.Millisecond, 0), "Burst"},
 		{"token scale above 2^53 by burst", token(1, maxWindow, 1<<30), "Burst"},
+
+		{"valid calendar day", cal(func(r *ratebudget.Rule) {}), ""},
+		{"valid calendar year", cal(func(r *ratebudget.Rule) { r.Period = ratebudget.Year }), ""},
+		{"valid calendar week from saturday", cal(func(r *ratebudget.Rule) { r.Period, r.WeekStart = ratebudget.Week, time.Saturday }), ""},
+		{"valid calendar in UTC", cal(func(r *ratebudget.Rule) { r.Location = time.UTC }), ""},
+		{"valid calendar in a named zone", cal(func(r *ratebudget.Rule) { r.Location = time.FixedZone("X", 3600) }), ""},
+		{"calendar without period", cal(func(r *ratebudget.Rule) { r.Period = 0 }), "Period"},
+		{"calendar period unknown", cal(func(r *ratebudget.Rule) { r.Period = ratebudget.Year + 1 }), "Period"},
+		{"calendar in time.Local", cal(func(r *ratebudget.Rule) { r.Location = time.Local }), "Location"},
+		{"calendar with window", cal(func(r *ratebudget.Rule) { r.Window = time.Hour }), "Window"},
+		{"calendar with burst", cal(func(r *ratebudget.Rule) { r.Burst = 5 }), "Burst"},
+		{"calendar limit zero", cal(func(r *ratebudget.Rule) { r.Limit = 0 }), "Limit"},
+		{"calendar week start out of range", cal(func(r *ratebudget.Rule) { r.Period, r.WeekStart = ratebudget.Week, 7 }), "WeekStart"},
+		{"calendar week start negative", cal(func(r *ratebudget.Rule) { r.Period, r.WeekStart = ratebudget.Week, -1 }), "WeekStart"},
+		{"calendar week start on a day", cal(func(r *ratebudget.Rule) { r.WeekStart = time.Monday }), "WeekStart"},
+		{"period on fixed", with(func(r *ratebudget.Rule) { r.Period = ratebudget.Day }), "Period"},
+		{"location on rolling", with(func(r *ratebudget.Rule) { r.Algorithm, r.Location = ratebudget.RollingWindow, time.UTC }), "Location"},
+		{"week start on token", with(func(r *ratebudget.Rule) { r.Algorithm, r.WeekStart = ratebudget.TokenBucket, time.Monday }), "WeekStart"},
 	}
 }
 
@@ -113,6 +136,9 @@ func ChecksCases() []ChecksCase {
 	b := ratebudget.Rule{Name: "b", Algorithm: ratebudget.TokenBucket, Limit: 5, Window: time.Second}
 	bad := ratebudget.Rule{Name: "bad", Limit: 5, Window: 0}
 	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 5, Window: time.Second}
+	day := ratebudget.Rule{Name: "day", Algorithm: ratebudget.Calendar, Limit: 5, Period: ratebudget.Day}
+	dayWindow, noPeriod, local, fixedPeriod := day, day, day, a
+	dayWindow.Window, noPeriod.Period, local.Location, fixedPeriod.Period = time.Hour, 0, time.Local, ratebudget.Day
 	c := func(r ratebudget.Rule, identity, scope string, cost int64) ratebudget.Check {
 		return ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: cost}
 	}
@@ -133,5 +159,10 @@ func ChecksCases() []ChecksCase {
 		{"duplicate name, other rule", []ratebudget.Check{c(a, "x", "", 1), c(aOther, "x", "", 1)}, "a", "checks"},
 		{"inflight cost 1", []ratebudget.Check{c(a, "x", "", 3), c(lease, "x", "", 1)}, "", ""},
 		{"inflight cost 2", []ratebudget.Check{c(a, "x", "", 1), c(lease, "x", "", 2)}, "lease", "Cost"},
+		{"calendar", []ratebudget.Check{c(a, "x", "", 1), c(day, "x", "", 3)}, "", ""},
+		{"calendar with window", []ratebudget.Check{c(a, "x", "", 1), c(dayWindow, "x", "", 1)}, "day", "Window"},
+		{"calendar without period", []ratebudget.Check{c(noPeriod, "x", "", 1)}, "day", "Period"},
+		{"calendar in time.Local", []ratebudget.Check{c(local, "x", "", 1)}, "day", "Location"},
+		{"period on fixed", []ratebudget.Check{c(fixedPeriod, "x", "", 1)}, "a", "Period"},
 	}
 }

@@ -61,7 +61,8 @@ func (l *Limiter) Inner() Inner { return l.inner }
 
 // keyLen is the length of a check's cache key: two 64-bit seeded hashes of the check's
 // budget (rule name and algorithm, identity and scope: what names its budget in the
-// store), then one of the rule's parameters (see budgetLen), so that a key's size does
+// store), then one of the rule's parameters (Limit, Window, Burst, and a Calendar rule's
+// Period, WeekStart and Location's name; see budgetLen), so that a key's size does
 // not depend on the identity's and a collision cannot be searched for without the
 // seeds.
 const keyLen = budgetLen + 8
@@ -81,6 +82,13 @@ func (l *Limiter) key(dst, buf []byte, c *ratebudget.Check) ([]byte, []byte) {
 	buf = binary.AppendUvarint(buf[:0], uint64(r.Limit))
 	buf = binary.AppendUvarint(buf, uint64(r.Window))
 	buf = binary.AppendUvarint(buf, uint64(r.Burst))
+	if r.Algorithm == ratebudget.Calendar {
+		// Rules that differ only in their periods never share a refusal.
+		buf = append(buf, byte(r.Period), byte(r.WeekStart))
+		if r.Location != nil {
+			buf = append(buf, r.Location.String()...)
+		}
+	}
 	dst = binary.LittleEndian.AppendUint64(dst, maphash.Bytes(l.s1, buf))
 	return dst, buf
 }
@@ -205,9 +213,11 @@ func (l *Limiter) spent(key []byte) {
 }
 
 // sameCost reports whether a refusal under r repeats for its own cost only: a fixed
-// window's wait is its end whatever the cost, a token bucket's and a rolling window's
-// grow with it.
-func sameCost(r *ratebudget.Rule) bool { return r.Algorithm != ratebudget.FixedWindow }
+// window's and a calendar period's wait is its end whatever the cost, a token bucket's
+// and a rolling window's grow with it.
+func sameCost(r *ratebudget.Rule) bool {
+	return r.Algorithm != ratebudget.FixedWindow && r.Algorithm != ratebudget.Calendar
+}
 
 func genSlot(key []byte) uint64 { return binary.LittleEndian.Uint64(key) % genSlots }
 

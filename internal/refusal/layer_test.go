@@ -91,6 +91,35 @@ func TestLayerRepeatsRefusals(t *testing.T) {
 	}
 }
 
+// TestLayerCalendarKeys: Calendar rules that differ only in their Period, WeekStart or
+// Location never share a cached refusal; the same rule does, whatever the cost (a
+// period's wait is its end).
+func TestLayerCalendarKeys(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := ratebudget.Rule{Name: "quota", Algorithm: ratebudget.Calendar, Limit: 5, Period: ratebudget.Week}
+	refusal := ratebudget.Decision{Rule: "quota", Limit: 5, Outcome: ratebudget.Outcome{RetryAfter: time.Hour, ResetAfter: time.Hour}}
+	inner := &scripted{answers: []ratebudget.Decision{refusal}}
+	l := Wrap(inner, 1024, func() time.Duration { return 0 }) // a clock that stands still: the repeat bound never ends
+	ctx := context.Background()
+	month, monday, newYork, kathmandu := day, day, day, day
+	month.Period, monday.WeekStart, newYork.Location = ratebudget.Month, time.Monday, ny
+	kathmandu.Location = time.FixedZone("Asia/Kathmandu", 20700)
+	for i, r := range []ratebudget.Rule{day, month, monday, newYork, kathmandu} {
+		before := inner.calls
+		for _, cost := range []int64{2, 2, 3} {
+			if d, err := l.Allow(ctx, []ratebudget.Check{{Rule: r, Identity: "ann", Cost: cost}}); err != nil || d.Allowed {
+				t.Fatalf("rule %d: %+v, %v; want a refusal", i, d, err)
+			}
+		}
+		if inner.calls != before+1 {
+			t.Fatalf("rule %d (%+v): the inner limiter was asked %d times for 3 refusals, want once (its own refusal, then cached)", i, r, inner.calls-before)
+		}
+	}
+}
+
 // TestLayerKeySize: a cache key has the same size for any identity, so a hostile
 // identity cannot make the cache large.
 func TestLayerKeySize(t *testing.T) {

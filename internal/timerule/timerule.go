@@ -211,8 +211,8 @@ func GivenBack(r *ratebudget.Rule, cost int64, o ratebudget.Outcome) ratebudget.
 
 // UntilAvailable is the time until more of a budget under r is available, for a
 // budget of capacity units with remaining left and reset until it is whole (both
-// drafts' t, draft-11's effective window): the fixed window's end, a token bucket's next
-// whole unit; zero when nothing is used, or when it cannot be known from the outcome (a
+// drafts' t, draft-11's effective window): the fixed window's or calendar period's end,
+// a token bucket's next whole unit; zero when nothing is used, or when it cannot be known from the outcome (a
 // rolling window, whose oldest event is not reported; leases).
 //
 // A token bucket refills Limit units per Window, Limit scaled units (units × window ms)
@@ -228,7 +228,7 @@ func UntilAvailable(r *ratebudget.Rule, capacity, remaining int64, reset time.Du
 		return 0
 	}
 	switch r.Algorithm {
-	case ratebudget.FixedWindow:
+	case ratebudget.FixedWindow, ratebudget.Calendar:
 		return reset
 	case ratebudget.TokenBucket:
 		w := r.Window.Milliseconds()

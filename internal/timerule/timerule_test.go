@@ -102,13 +102,14 @@ func TestTokenWait(t *testing.T) {
 	}
 }
 
-// TestUntilAvailable: a fixed window frees at its end; a token bucket at its next whole
+// TestUntilAvailable: a fixed window and a calendar period free at their end; a token bucket at its next whole
 // unit, counted back from its reset (rounded up to whole ms); at least 1 ns, so that a
 // header sends it; nothing for a whole budget, a rolling window or leases.
 func TestUntilAvailable(t *testing.T) {
 	token := ratebudget.Rule{Name: "t", Algorithm: ratebudget.TokenBucket, Limit: 3, Window: 9 * time.Second} // a unit per 3s
 	fixed := ratebudget.Rule{Name: "f", Algorithm: ratebudget.FixedWindow, Limit: 3, Window: 9 * time.Second}
 	rolling := ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 3, Window: 9 * time.Second}
+	calendar := ratebudget.Rule{Name: "c", Algorithm: ratebudget.Calendar, Limit: 3, Period: ratebudget.Day}
 	for _, c := range []struct {
 		r           *ratebudget.Rule
 		remaining   int64
@@ -122,6 +123,8 @@ func TestUntilAvailable(t *testing.T) {
 		{&fixed, 0, 4 * time.Second, 4 * time.Second},
 		{&fixed, 3, 4 * time.Second, 0},
 		{&rolling, 0, 4 * time.Second, 0},
+		{&calendar, 1, 5 * time.Hour, 5 * time.Hour}, // the period's end
+		{&calendar, 3, 5 * time.Hour, 0},
 	} {
 		if got := UntilAvailable(c.r, c.r.Capacity(), c.remaining, c.reset); got != c.want {
 			t.Errorf("%s, %d remaining, reset %v: %v, want %v", c.r.Name, c.remaining, c.reset, got, c.want)

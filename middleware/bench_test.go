@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,22 +144,43 @@ func TestAllocsPerRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// With plans: twelve of them (found through the map), the request's plan read from
+	// a map by a header, and a per-IP rule beside it.
+	var plans []middleware.Plan
+	tenants := map[string]string{}
+	for i := range 12 {
+		plans = append(plans, middleware.Plan{Name: "plan-" + strconv.Itoa(i), Limit: 1<<40 - int64(i)})
+		tenants["key-"+strconv.Itoa(i)] = "plan-" + strconv.Itoa(i)
+	}
+	planRules := []middleware.Rule{
+		{Rule: ratebudget.Rule{Name: "per-ip", Limit: 1 << 40, Window: time.Hour}, Identity: byAddr},
+		{Rule: ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour}, Identity: byAddr, Plans: plans,
+			Plan: func(r *http.Request) (string, error) { return tenants[r.Header.Get("X-Api-Key")], nil }},
+	}
 	for _, tc := range []struct {
 		style  headers.Style
 		header string // a field the style writes
+		plans  bool
 	}{
-		{headers.XRateLimit, "X-RateLimit-Remaining"},
-		{headers.IETF, "RateLimit"},
-		{headers.IETFDraft10, "RateLimit"},
-		{headers.Both, "RateLimit"},
-		{headers.BothDraft10, "X-RateLimit-Remaining"},
+		{headers.XRateLimit, "X-RateLimit-Remaining", false},
+		{headers.IETF, "RateLimit", false},
+		{headers.IETFDraft10, "RateLimit", false},
+		{headers.Both, "RateLimit", false},
+		{headers.BothDraft10, "X-RateLimit-Remaining", false},
+		{headers.XRateLimit, "X-RateLimit-Remaining", true},
+		{headers.Both, "RateLimit-Policy", true},
 	} {
-		t.Run(tc.style.String(), func(t *testing.T) {
+		name := tc.style.String()
+		rules := []middleware.Rule{{
+			Rule:     ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour},
+			Identity: byAddr,
+		}}
+		if tc.plans {
+			name, rules = name+"-plans", planRules
+		}
+		t.Run(name, func(t *testing.T) {
 			lim, _ := memory.New()
-			mw, err := middleware.New(lim, []middleware.Rule{{
-				Rule:     ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour},
-				Identity: byAddr,
-			}}, middleware.WithHeaders(tc.style))
+			mw, err := middleware.New(lim, rules, middleware.WithHeaders(tc.style))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -168,6 +190,7 @@ func TestAllocsPerRequest(t *testing.T) {
 			for i := range reqs {
 				reqs[i] = httptest.NewRequest("GET", "/", nil)
 				reqs[i].RemoteAddr = "192.0.2." + strconv.Itoa(i) + ":1000"
+				reqs[i].Header.Set("X-Api-Key", "key-"+strconv.Itoa(i))
 			}
 			w := &discard{h: http.Header{}}
 			for _, r := range reqs { // each client's budget exists before counting
@@ -193,6 +216,9 @@ func TestAllocsPerRequest(t *testing.T) {
 			}
 			if w.h.Get(tc.header) == "" {
 				t.Fatalf("no %s header: the count would not include the headers", tc.header)
+			}
+			if tc.plans && tc.style == headers.Both && !strings.Contains(w.h.Get("RateLimit-Policy"), "ratebudget-plan=") {
+				t.Fatalf("RateLimit-Policy %q names no plan: the count would not include it", w.h.Get("RateLimit-Policy"))
 			}
 			if allocs != 0 {
 				t.Errorf("%v allocations per admitted request, want 0", allocs)

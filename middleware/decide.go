@@ -479,8 +479,8 @@ func fallback(ctx context.Context, st *stack, parts []part) ratebudget.Decision 
 		checks := make([]ratebudget.Check, p.to-p.from)
 		rules := make([]*compiledRule, len(checks))
 		copy(checks, st.checks[p.from:p.to])
+		copy(rules, st.rules[p.from:p.to])
 		for i := range checks {
-			rules[i] = p.rule(i, false)
 			checks[i].Rule = rules[i].local
 		}
 		tickets := make([]ratebudget.Ticket, len(checks))
@@ -527,7 +527,7 @@ func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, l
 				return p.m.settler.Reserve(ctx, checks, tickets, nil)
 			})
 			if derr == nil && d.Allowed {
-				st.addTarget(p.m, p.m.settler, checks, tickets, p.shadowRules())
+				st.addTarget(p.m, p.m.settler, checks, tickets, append([]*compiledRule(nil), st.shadowRules[p.from:p.to]...))
 			}
 		} else {
 			d, lat, derr = p.m.decide(ctx, checks)
@@ -578,17 +578,7 @@ func (st *stack) enforcedRules(n int, index []int) []*compiledRule {
 		if index != nil {
 			k = index[i]
 		}
-		p := st.partOf(k)
-		rules[i] = p.rule(k-p.from, false)
-	}
-	return rules
-}
-
-// shadowRules returns the rule of each shadow check of part p.
-func (p *part) shadowRules() []*compiledRule {
-	rules := make([]*compiledRule, 0, p.to-p.from)
-	for k := 0; k < p.to-p.from; k++ {
-		rules = append(rules, p.rule(k, true))
+		rules[i] = st.rules[k]
 	}
 	return rules
 }

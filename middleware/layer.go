@@ -53,10 +53,14 @@ type stack struct {
 	decided, answered bool
 	parts             []part
 	checks            []ratebudget.Check
-	pbuf              [3]part
-	cbuf              [4]ratebudget.Check
-	infos             [4]meta.Info
-	obuf              [4]ratebudget.Outcome
+	// rules holds the rule each check is decided under (a plan's variant for a rule
+	// with plans), shadowRules the rule of each shadow check.
+	rules, shadowRules []*compiledRule
+	pbuf               [3]part
+	cbuf               [4]ratebudget.Check
+	rbuf               [4]*compiledRule
+	infos              [4]meta.Info
+	obuf               [4]ratebudget.Outcome
 	// settles is set when a layer's checks must be settled once the handler returns;
 	// shadow holds the checks of rules in shadow mode, shadowParts their layers.
 	settles     bool
@@ -90,21 +94,12 @@ func (st *stack) reset() {
 	clear(st.parts)
 	clear(st.shadow)
 	clear(st.shadowParts)
+	clear(st.rules)
+	clear(st.shadowRules)
 	st.decided, st.answered, st.settles = false, false, false
-	st.parts, st.checks = st.pbuf[:0], st.cbuf[:0]
-	st.shadow, st.shadowParts, st.settle, st.req, st.mark, st.unasked = st.shadow[:0], st.shadowParts[:0], nil, nil, nil, nil
-}
-
-// rule returns the rule of the part's k-th check (of its enforced checks, or with shadow
-// true of its shadow checks).
-func (p *part) rule(k int, shadow bool) *compiledRule {
-	switch {
-	case shadow:
-		return &p.m.rules[p.m.shadowed[k]]
-	case p.m.enforced != nil:
-		return &p.m.rules[p.m.enforced[k]]
-	}
-	return &p.m.rules[k]
+	st.parts, st.checks, st.rules = st.pbuf[:0], st.cbuf[:0], st.rbuf[:0]
+	st.shadow, st.shadowParts, st.shadowRules = st.shadow[:0], st.shadowParts[:0], st.shadowRules[:0]
+	st.settle, st.req, st.mark, st.unasked = nil, nil, nil, nil
 }
 
 // ServeHTTP adds the layer's checks to the request's decision and, when it is the
@@ -178,9 +173,10 @@ func (m *mw) undecided(r *http.Request, st *stack) {
 	_, _, _ = st.parts[0].m.decide(context.WithoutCancel(r.Context()), st.checks)
 }
 
-// addChecks appends the layer's checks to st. It reports false when the request has been
-// answered: an undeterminable identity, scope or cost (400), or a cost above a rule's
-// capacity (413).
+// addChecks appends the layer's checks to st, each with the rule it is decided under
+// (a rule with plans resolved to the request's plan; one on an Unlimited plan adds no
+// check). It reports false when the request has been answered: an undeterminable
+// identity, scope, plan or cost (400), or a cost above a rule's capacity (413).
 func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bool) {
 	defer func() {
 		if !ok {
@@ -193,25 +189,26 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 	}
 	from, sfrom := len(st.checks), len(st.shadow)
 	for i := range m.rules {
-		cr := &m.rules[i]
-		id, scope, ierr := cr.keys(r)
-		c := cost
-		if ierr == nil && m.settles {
-			c = cr.reserve(r, cost)
-		}
+		cr, ck, ierr := m.check(r, &m.rules[i], cost)
 		switch {
 		case ierr != nil:
-			st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
+			st.truncate(from, sfrom)
 			m.invalid(w, r, st, ierr)
 			return false
-		case m.settles && c > cr.limit && !cr.shadow:
-			st.checks, st.shadow = st.checks[:from], st.shadow[:sfrom]
-			m.exceeded(w, r, st, c, i) // e.g. a Content-Length above a byte budget
+		case cr == nil:
+			continue // an Unlimited plan: the rule is not checked
+		case ck.Cost > cr.limit && !cr.shadow:
+			// e.g. a Content-Length above a byte budget, or a cost above a plan's
+			// capacity (only these can exceed a capacity here: see cost).
+			index := len(st.checks)
+			st.truncate(from, sfrom)
+			m.exceeded(w, r, st, ck.Cost, cr, index)
 			return false
-		case cr.shadow:
-			st.shadow = append(st.shadow, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
-		default:
-			st.checks = append(st.checks, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c})
+		}
+		if cr.shadow {
+			st.shadow, st.shadowRules = append(st.shadow, ck), append(st.shadowRules, cr)
+		} else {
+			st.checks, st.rules = append(st.checks, ck), append(st.rules, cr)
 		}
 	}
 	st.parts = append(st.parts, part{m: m, from: from, to: len(st.checks), cost: cost})
@@ -220,6 +217,40 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 	}
 	st.settles = st.settles || m.settles
 	return true
+}
+
+// check returns the rule r is decided under for cr (cr, or with plans the variant of
+// r's plan; nil on an Unlimited plan) and r's check of it, or the error of a key or
+// plan that could not be determined. cost is the layer's cost of r.
+func (m *mw) check(r *http.Request, cr *compiledRule, cost int64) (*compiledRule, ratebudget.Check, *InputError) {
+	if cr.plans != nil {
+		var ierr *InputError
+		if cr, ierr = cr.resolve(r); ierr != nil {
+			return nil, ratebudget.Check{}, ierr
+		}
+		if cr.unlimited {
+			return nil, ratebudget.Check{}, nil
+		}
+	}
+	id, scope, ierr := cr.keys(r)
+	if ierr != nil {
+		return nil, ratebudget.Check{}, ierr
+	}
+	c := cost
+	if m.settles {
+		c = cr.reserve(r, cost)
+	}
+	return cr, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c}, nil
+}
+
+// truncate drops the checks of st from index from on, and its shadow checks from sfrom.
+func (st *stack) truncate(from, sfrom int) {
+	clear(st.checks[from:])
+	clear(st.rules[from:])
+	clear(st.shadow[sfrom:])
+	clear(st.shadowRules[sfrom:])
+	st.checks, st.rules = st.checks[:from], st.rules[:from]
+	st.shadow, st.shadowRules = st.shadow[:sfrom], st.shadowRules[:sfrom]
 }
 
 // cost returns the layer's cost of r. When it cannot be determined (400), or exceeds
@@ -239,10 +270,12 @@ func (m *mw) cost(w http.ResponseWriter, r *http.Request, st *stack) (int64, boo
 		}
 		cost = c
 	}
-	if m.layerCost && cost > m.rules[m.minCap].limit {
+	if m.layerCost && !m.planned && cost > m.rules[m.minCap].limit {
 		// No store can admit it, and no store need be asked: decided here, so that a
-		// hostile cost never reaches the store, its breaker or the failure policy.
-		m.exceeded(w, r, st, cost, m.minCap)
+		// hostile cost never reaches the store, its breaker or the failure policy. (In a
+		// layer with plans, which rules are checked, and their capacities, depend on the
+		// request's plans: addChecks decides it, before the store too.)
+		m.exceeded(w, r, st, cost, &m.rules[m.minCap], m.checksBefore(st, m.minCap))
 		return 0, false
 	}
 	return cost, true

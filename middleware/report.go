@@ -26,8 +26,8 @@ func (st *stack) report(d *ratebudget.Decision, outcomes []ratebudget.Outcome) (
 func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outcome) meta.Info {
 	c := &st.checks[i]
 	p := st.partOf(i)
-	cr := p.rule(i-p.from, false)
-	in := meta.Info{Policy: c.Rule.Name, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
+	cr := st.rules[i]
+	in := meta.Info{Policy: c.Rule.Name, Plan: cr.plan, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
 	if cr.unit != "" {
 		in.Unit = cr.unit
 	}

@@ -30,6 +30,7 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s headers.Styl
 		Title:      "Too Many Requests",
 		Status:     http.StatusTooManyRequests,
 		Policy:     in.Policy,
+		Plan:       in.Plan,
 		RetryAfter: secs,
 	}
 	rem := max(in.Remaining, 0)
@@ -63,6 +64,7 @@ func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s headers.Style, 
 		Status:   http.StatusRequestEntityTooLarge,
 		Detail:   "cost " + strconv.FormatInt(cost, 10) + " exceeds the capacity " + strconv.FormatInt(in.Limit, 10) + " of rate limit " + strconv.Quote(in.Policy) + "; it can never be admitted",
 		Policy:   in.Policy,
+		Plan:     in.Plan,
 		Cost:     cost,
 		Capacity: in.Limit,
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -329,5 +330,29 @@ func TestPlansOneDecisionWithPerIP(t *testing.T) {
 				t.Fatalf("pro: %d RateLimit %q, want 200 with per-ip r=96, api r=99", w.Code, rl)
 			}
 		})
+	}
+}
+
+// A plan the rule does not know is decided under the rule's own values, and logged
+// once per rule. (Not parallel: it replaces the default logger.)
+func TestPlansUnknownLoggedOnce(t *testing.T) {
+	var logged strings.Builder
+	old := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(old) })
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	mw := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("api", 3, time.Minute), Identity: byHeader("X-Api-Key"),
+		Plans: []middleware.Plan{{Name: "free", Limit: 1}},
+		Plan:  func(r *http.Request) (string, error) { return r.Header.Get("X-Plan"), nil }}})
+	for _, plan := range []string{"gold", "silver", "gold"} {
+		r := keyed("GET", "/", "k")
+		r.Header.Set("X-Plan", plan)
+		w := httptest.NewRecorder()
+		mw(ok).ServeHTTP(w, r)
+		if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "3" {
+			t.Fatalf("plan %s: %d limit %q, want 200 under the rule's 3", plan, w.Code, w.Header().Get("X-RateLimit-Limit"))
+		}
+	}
+	if n := strings.Count(logged.String(), "a plan the rule does not know"); n != 1 || !strings.Contains(logged.String(), "plan=gold") {
+		t.Fatalf("logged %d times, want once naming gold: %s", n, logged.String())
 	}
 }

@@ -174,8 +174,10 @@ type mw struct {
 
 // New returns middleware that spends each request's cost from every rule's budget in lim.
 // Rules and options are validated here; an invalid one returns a *ratebudget.ConfigError
-// naming the field or option (a rule without a name by its index, "rules[1]"), and so
-// does a limiter that cannot serve the rules (field "limiter": one that is not a ratebudget.Settler for rules that settle).
+// naming the field or option (a rule without a name by its index, "rules[1]"; a plan's
+// field by the rule's name and the plan's index, "Plans[1].Limit"), and so does a
+// limiter that cannot serve the rules (field "limiter": one that is not a
+// ratebudget.Settler for rules that settle).
 //
 // The middleware, and every handler it wraps, is safe for concurrent use. The functions
 // it is given (the rules' Identity and Scope, WithCost, the Counting callbacks, the

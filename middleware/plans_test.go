@@ -18,6 +18,8 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/problem"
+	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
@@ -282,18 +284,18 @@ func TestPlansOneDecisionWithPerIP(t *testing.T) {
 		Plan:  planOf(map[string]string{"demo-free": "free", "demo-pro": "pro"})}
 	build := map[string]func(lim ratebudget.Limiter) http.Handler{
 		"one_layer": func(lim ratebudget.Limiter) http.Handler {
-			mw, err := middleware.New(lim, []middleware.Rule{perIP, planned}, middleware.WithHeaders(headers.IETF))
+			mw, err := middleware.New(lim, []middleware.Rule{perIP, planned}, middleware.WithHeaders(headers.IETF), middleware.WithTimeout(time.Minute))
 			if err != nil {
 				t.Fatal(err)
 			}
 			return mw(ok)
 		},
 		"stacked_layers": func(lim ratebudget.Limiter) http.Handler {
-			outer, err := middleware.New(lim, []middleware.Rule{perIP}, middleware.WithHeaders(headers.IETF))
+			outer, err := middleware.New(lim, []middleware.Rule{perIP}, middleware.WithHeaders(headers.IETF), middleware.WithTimeout(time.Minute))
 			if err != nil {
 				t.Fatal(err)
 			}
-			inner, err := middleware.New(lim, []middleware.Rule{planned}, middleware.WithHeaders(headers.IETF))
+			inner, err := middleware.New(lim, []middleware.Rule{planned}, middleware.WithHeaders(headers.IETF), middleware.WithTimeout(time.Minute))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -303,33 +305,47 @@ func TestPlansOneDecisionWithPerIP(t *testing.T) {
 			return r
 		},
 	}
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	limiters := map[string]func(t *testing.T, name string) ratebudget.Limiter{
+		"memory": func(t *testing.T, _ string) ratebudget.Limiter { return newMemory(t, newClock()) },
+		"redis": func(t *testing.T, name string) ratebudget.Limiter {
+			lim, err := lua.New(client, lua.WithPrefix("plans-"+name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return lim
+		},
+	}
 	for name, mk := range build {
-		t.Run(name, func(t *testing.T) {
-			h := mk(newMemory(t, newClock()))
-			var last *httptest.ResponseRecorder
-			for i := range 6 {
-				last = httptest.NewRecorder()
-				h.ServeHTTP(last, keyed("GET", "/api/hello", "demo-free"))
-				if want := map[bool]int{true: 200, false: 429}[i < 3]; last.Code != want {
-					t.Fatalf("request %d: %d, want %d", i, last.Code, want)
+		for store, newLim := range limiters {
+			t.Run(store+"/"+name, func(t *testing.T) {
+				h := mk(newLim(t, name))
+				var last *httptest.ResponseRecorder
+				for i := range 6 {
+					last = httptest.NewRecorder()
+					h.ServeHTTP(last, keyed("GET", "/api/hello", "demo-free"))
+					if want := map[bool]int{true: 200, false: 429}[i < 3]; last.Code != want {
+						t.Fatalf("request %d: %d, want %d", i, last.Code, want)
+					}
+					rl := last.Header().Get("RateLimit")
+					if !strings.Contains(rl, `"per-ip";r=`) {
+						t.Fatalf("request %d: RateLimit %q hides the per-IP rule", i, rl)
+					}
 				}
-				rl := last.Header().Get("RateLimit")
-				if !strings.Contains(rl, `"per-ip";r=`) {
-					t.Fatalf("request %d: RateLimit %q hides the per-IP rule", i, rl)
+				if rl := last.Header().Get("RateLimit"); !strings.Contains(rl, `"per-ip";r=97`) || !strings.Contains(rl, `"api";r=0`) {
+					t.Fatalf("after 3 admitted and 3 refused: RateLimit %q, want per-ip r=97 and api r=0", rl)
 				}
-			}
-			if rl := last.Header().Get("RateLimit"); !strings.Contains(rl, `"per-ip";r=97`) || !strings.Contains(rl, `"api";r=0`) {
-				t.Fatalf("after 3 admitted and 3 refused: RateLimit %q, want per-ip r=97 and api r=0", rl)
-			}
-			if pol := last.Header().Get("RateLimit-Policy"); !strings.Contains(pol, `"api";q=3;w=60;ratebudget-plan="free"`) {
-				t.Fatalf("RateLimit-Policy %q does not name the free plan", pol)
-			}
-			w := httptest.NewRecorder()
-			h.ServeHTTP(w, keyed("GET", "/api/hello", "demo-pro"))
-			if rl := w.Header().Get("RateLimit"); w.Code != 200 || !strings.Contains(rl, `"per-ip";r=96`) || !strings.Contains(rl, `"api";r=99`) {
-				t.Fatalf("pro: %d RateLimit %q, want 200 with per-ip r=96, api r=99", w.Code, rl)
-			}
-		})
+				if pol := last.Header().Get("RateLimit-Policy"); !strings.Contains(pol, `"api";q=3;w=60;ratebudget-plan="free"`) {
+					t.Fatalf("RateLimit-Policy %q does not name the free plan", pol)
+				}
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, keyed("GET", "/api/hello", "demo-pro"))
+				if rl := w.Header().Get("RateLimit"); w.Code != 200 || !strings.Contains(rl, `"per-ip";r=96`) || !strings.Contains(rl, `"api";r=99`) {
+					t.Fatalf("pro: %d RateLimit %q, want 200 with per-ip r=96, api r=99", w.Code, rl)
+				}
+			})
+		}
 	}
 }
 

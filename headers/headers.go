@@ -19,7 +19,11 @@
 //	X-RateLimit-Remaining   cost units                   units left after this request (a snapshot, not a reservation)
 //	X-RateLimit-Reset       seconds, rounded up          time until the budget is whole again if nothing more is spent
 //	RateLimit-Policy        structured field (list)      "<rule>";q=<capacity>[;qu="<unit>"][;w=<window seconds>]
-//	                                                     (no w for a rule without a window: an in-flight limit)
+//	                                                     [;ratebudget-plan="<plan>"]
+//	                                                     (no w for a rule without a window: an in-flight limit;
+//	                                                     ratebudget-plan for a rule decided under a plan,
+//	                                                     middleware.Plan; receivers ignore parameters they
+//	                                                     do not know)
 //	RateLimit               structured field (list)      "<rule>";r=<remaining>[;t=<seconds>]
 //	Retry-After             seconds, rounded up, >= 1    refusals only: earliest useful retry (RFC 9110 §10.2.3)
 //
@@ -48,9 +52,10 @@
 // the client prefers JSON (it names application/json, application/problem+json or
 // application/* with a weight at least that of text/plain), then an RFC 9457
 // application/problem+json object with the members type, title, status, detail, and as
-// they apply policy (the reported rule), violated-policies (every refusing rule),
-// retry_after (seconds), cost, remaining, capacity and invalid ("identity", "scope" or
-// "cost"). HEAD gets the headers only.
+// they apply policy (the reported rule), plan (the plan the reported rule decided under,
+// in the middleware's own refusals), violated-policies (every refusing rule),
+// retry_after (seconds), cost, remaining, capacity and invalid ("identity", "scope",
+// "plan" or "cost"). HEAD gets the headers only.
 package headers
 
 import (

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,22 +144,43 @@ func TestAllocsPerRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// With plans: twelve of them (found through the map), the request's plan read from
+	// a map by a header, and a per-IP rule beside it.
+	var plans []middleware.Plan
+	tenants := map[string]string{}
+	for i := range 12 {
+		plans = append(plans, middleware.Plan{Name: "plan-" + strconv.Itoa(i), Limit: 1<<40 - int64(i)})
+		tenants["key-"+strconv.Itoa(i)] = "plan-" + strconv.Itoa(i)
+	}
+	planRules := []middleware.Rule{
+		{Rule: ratebudget.Rule{Name: "per-ip", Limit: 1 << 40, Window: time.Hour}, Identity: byAddr},
+		{Rule: ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour}, Identity: byAddr, Plans: plans,
+			Plan: func(r *http.Request) (string, error) { return tenants[r.Header.Get("X-Api-Key")], nil }},
+	}
 	for _, tc := range []struct {
 		style  headers.Style
 		header string // a field the style writes
+		plans  bool
 	}{
-		{headers.XRateLimit, "X-RateLimit-Remaining"},
-		{headers.IETF, "RateLimit"},
-		{headers.IETFDraft10, "RateLimit"},
-		{headers.Both, "RateLimit"},
-		{headers.BothDraft10, "X-RateLimit-Remaining"},
+		{headers.XRateLimit, "X-RateLimit-Remaining", false},
+		{headers.IETF, "RateLimit", false},
+		{headers.IETFDraft10, "RateLimit", false},
+		{headers.Both, "RateLimit", false},
+		{headers.BothDraft10, "X-RateLimit-Remaining", false},
+		{headers.XRateLimit, "X-RateLimit-Remaining", true},
+		{headers.Both, "RateLimit-Policy", true},
 	} {
-		t.Run(tc.style.String(), func(t *testing.T) {
+		name := tc.style.String()
+		rules := []middleware.Rule{{
+			Rule:     ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour},
+			Identity: byAddr,
+		}}
+		if tc.plans {
+			name, rules = name+"-plans", planRules
+		}
+		t.Run(name, func(t *testing.T) {
 			lim, _ := memory.New()
-			mw, err := middleware.New(lim, []middleware.Rule{{
-				Rule:     ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour},
-				Identity: byAddr,
-			}}, middleware.WithHeaders(tc.style))
+			mw, err := middleware.New(lim, rules, middleware.WithHeaders(tc.style))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -168,6 +190,7 @@ func TestAllocsPerRequest(t *testing.T) {
 			for i := range reqs {
 				reqs[i] = httptest.NewRequest("GET", "/", nil)
 				reqs[i].RemoteAddr = "192.0.2." + strconv.Itoa(i) + ":1000"
+				reqs[i].Header.Set("X-Api-Key", "key-"+strconv.Itoa(i))
 			}
 			w := &discard{h: http.Header{}}
 			for _, r := range reqs { // each client's budget exists before counting
@@ -193,6 +216,9 @@ func TestAllocsPerRequest(t *testing.T) {
 			}
 			if w.h.Get(tc.header) == "" {
 				t.Fatalf("no %s header: the count would not include the headers", tc.header)
+			}
+			if tc.plans && tc.style == headers.Both && !strings.Contains(w.h.Get("RateLimit-Policy"), "ratebudget-plan=") {
+				t.Fatalf("RateLimit-Policy %q names no plan: the count would not include it", w.h.Get("RateLimit-Policy"))
 			}
 			if allocs != 0 {
 				t.Errorf("%v allocations per admitted request, want 0", allocs)
@@ -248,6 +274,57 @@ func BenchmarkStacked(b *testing.B) {
 			for b.Loop() {
 				clear(w.h)
 				tc.h.ServeHTTP(w, reqs[i%clients])
+				i++
+			}
+		})
+	}
+}
+
+// BenchmarkPlans measures what resolving a rule's plan per request costs: the same rule
+// with a fixed limit ("fixed"), and with three plans that 10,000 tenants are spread
+// over, the Plan function reading the tenant's plan from a map by its API key header
+// ("plans"). "plans-one" has a Plan function that names one plan without a lookup: the
+// middleware's own share of the cost, without the user's lookup. All run on the
+// in-process limiter, every request admitted, 10,000 budgets.
+func BenchmarkPlans(b *testing.B) {
+	const tenants = 10_000
+	reqs := make([]*http.Request, tenants)
+	planOf := make(map[string]string, tenants)
+	names := []string{"free", "pro", "enterprise"}
+	for i := range reqs {
+		key := "key-" + strconv.Itoa(i)
+		reqs[i] = httptest.NewRequest("GET", "/", nil)
+		reqs[i].Header.Set("X-Api-Key", key)
+		planOf[key] = names[i%len(names)]
+	}
+	identity := keyfuncs.Header("X-Api-Key")
+	fixed := middleware.Rule{Rule: ratebudget.Rule{Name: "api", Limit: 1 << 40, Window: time.Hour}, Identity: identity}
+	planned := fixed
+	planned.Plans = []middleware.Plan{{Name: "free", Limit: 1 << 39}, {Name: "pro", Limit: 1<<40 - 1}, {Name: "enterprise", Limit: 1 << 40, Window: 2 * time.Hour}}
+	planned.Plan = func(r *http.Request) (string, error) { return planOf[r.Header.Get("X-Api-Key")], nil }
+	one := planned
+	one.Plan = func(*http.Request) (string, error) { return "pro", nil }
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	for _, tc := range []struct {
+		name string
+		rule middleware.Rule
+	}{{"fixed", fixed}, {"plans", planned}, {"plans-one", one}} {
+		b.Run(tc.name, func(b *testing.B) {
+			lim, _ := memory.New()
+			mw, err := middleware.New(lim, []middleware.Rule{tc.rule})
+			if err != nil {
+				b.Fatal(err)
+			}
+			h := mw(noop)
+			w := &discard{h: http.Header{}}
+			for _, r := range reqs { // every tenant's budget exists before timing
+				h.ServeHTTP(w, r)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				clear(w.h)
+				h.ServeHTTP(w, reqs[i%tenants])
 				i++
 			}
 		})

@@ -494,8 +494,8 @@ func fallback(ctx context.Context, st *stack, parts []part) ratebudget.Decision 
 		checks := make([]ratebudget.Check, p.to-p.from)
 		rules := make([]*compiledRule, len(checks))
 		copy(checks, st.checks[p.from:p.to])
+		copy(rules, st.ruleOf[p.from:p.to])
 		for i := range checks {
-			rules[i] = st.ruleOf[p.from+i]
 			checks[i].Rule = rules[i].local
 		}
 		tickets := make([]ratebudget.Ticket, len(checks))

@@ -14,10 +14,10 @@ import (
 )
 
 // InputError is the error given to the error handler ([WithErrorHandler]) and to
-// observers (Event.Err, Invalid) for a request whose identity, scope or cost
+// observers (Event.Err, Invalid) for a request whose identity, scope, plan or cost
 // could not be determined. Nothing is counted for such a request, by any layer.
 type InputError struct {
-	// Part is what failed: "identity", "scope" or "cost".
+	// Part is what failed: "identity", "scope", "plan" (Rule.Plan) or "cost".
 	Part string
 	// Rule is the rule whose key function failed; empty for the cost.
 	Rule string
@@ -51,6 +51,7 @@ const (
 	partIdentity = "identity"
 	partScope    = "scope"
 	partCost     = "cost"
+	partPlan     = "plan"
 )
 
 func inputError(part, rule string, err error, generic string) *InputError {
@@ -88,19 +89,12 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *Inp
 	headers.WriteInvalid(w, r, err.Part, err.Reason)
 }
 
-// exceeded answers a request whose cost exceeds the capacity of rule i: 413, decided
-// without the limiter (for the layer's cost, rule i is the one of smallest capacity). No
-// budget metadata is sent: the store was not asked, so nothing is known of what remains.
-// st.checks holds the outer layers' checks only; the decision's Index counts them, then
-// this layer's enforced rules before rule i, as the limiter's decisions count checks.
-func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64, i int) {
-	cr := &m.rules[i]
-	index := len(st.checks)
-	for j := range i {
-		if !m.rules[j].shadow {
-			index++
-		}
-	}
+// exceeded answers a request whose cost exceeds the capacity of cr, one of m's rules
+// (or a plan's variant of one): 413, decided without the limiter. No budget metadata is
+// sent: the store was not asked, so nothing is known of what remains. st.checks holds
+// the outer layers' checks only; index is cr's check's index in the decision, as the
+// limiter's decisions count checks.
+func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64, cr *compiledRule, index int) {
 	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
 	observeOuter(st, m, &Event{Request: r, Result: Exceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
@@ -108,7 +102,20 @@ func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost in
 		m.cfg.onRefusal(w, r, d)
 		return
 	}
-	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window}}, 0, cost)
+	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window, Plan: cr.plan}}, 0, cost)
+}
+
+// checksBefore is the index in the decision of the check of m's rule i, a rule without
+// plans, when every rule before it has none either: st's checks, then m's enforced
+// rules before i.
+func (m *mw) checksBefore(st *stack, i int) int {
+	index := len(st.checks)
+	for j := range i {
+		if !m.rules[j].shadow {
+			index++
+		}
+	}
+	return index
 }
 
 // misconfigured answers 500 for a limiter that rejected the request's checks: a

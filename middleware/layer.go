@@ -173,9 +173,10 @@ func (m *mw) undecided(r *http.Request, st *stack) {
 	_, _, _ = st.parts[0].m.decide(context.WithoutCancel(r.Context()), st.checks)
 }
 
-// addChecks appends the layer's checks to st. It reports false when the request has been
-// answered: an undeterminable identity, scope or cost (400), or a cost above a rule's
-// capacity (413).
+// addChecks appends the layer's checks to st, each with the rule it is decided under
+// (a rule with plans resolved to the request's plan; one on an Unlimited plan adds no
+// check). It reports false when the request has been answered: an undeterminable
+// identity, scope, plan or cost (400), or a cost above a rule's capacity (413).
 func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bool) {
 	defer func() {
 		if !ok {
@@ -188,23 +189,23 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 	}
 	from, sfrom := len(st.checks), len(st.shadow)
 	for i := range m.rules {
-		cr := &m.rules[i]
-		id, scope, ierr := cr.keys(r)
-		c := cost
-		if ierr == nil && m.settles {
-			c = cr.reserve(r, cost)
-		}
+		cr, ck, ierr := m.check(r, &m.rules[i], cost)
 		switch {
 		case ierr != nil:
 			st.truncate(from, sfrom)
 			m.invalid(w, r, st, ierr)
 			return false
-		case m.settles && c > cr.limit && !cr.shadow:
+		case cr == nil:
+			continue // an Unlimited plan: the rule is not checked
+		case ck.Cost > cr.limit && !cr.shadow:
+			// e.g. a Content-Length above a byte budget, or a cost above a plan's
+			// capacity (only these can exceed a capacity here: see cost).
+			index := len(st.checks)
 			st.truncate(from, sfrom)
-			m.exceeded(w, r, st, c, i) // e.g. a Content-Length above a byte budget
+			m.exceeded(w, r, st, ck.Cost, cr, index)
 			return false
 		}
-		if outer := st.add(m, cr, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c}, &sfrom); outer != nil {
+		if outer := st.add(m, cr, ck, &sfrom); outer != nil {
 			st.truncate(from, sfrom)
 			m.conflict(w, r, st, outer, cr)
 			return false
@@ -218,9 +219,37 @@ func (m *mw) addChecks(w http.ResponseWriter, r *http.Request, st *stack) (ok bo
 	return true
 }
 
+// check returns the rule r is decided under for cr (cr, or with plans the variant of
+// r's plan; nil on an Unlimited plan) and r's check of it, or the error of a key or
+// plan that could not be determined. cost is the layer's cost of r.
+func (m *mw) check(r *http.Request, cr *compiledRule, cost int64) (*compiledRule, ratebudget.Check, *InputError) {
+	if cr.plans != nil {
+		var ierr *InputError
+		if cr, ierr = cr.resolve(r); ierr != nil {
+			return nil, ratebudget.Check{}, ierr
+		}
+		if cr.unlimited {
+			return nil, ratebudget.Check{}, nil
+		}
+	}
+	id, scope, ierr := cr.keys(r)
+	if ierr != nil {
+		return nil, ratebudget.Check{}, ierr
+	}
+	c := cost
+	if m.settles {
+		c = cr.reserve(r, cost)
+	}
+	return cr, ratebudget.Check{Rule: cr.rule, Identity: id, Scope: scope, Cost: c}, nil
+}
+
 // truncate drops the checks of the layer whose checks begin at from (enforced) and sfrom
 // (shadow).
 func (st *stack) truncate(from, sfrom int) {
+	clear(st.checks[from:])
+	clear(st.ruleOf[from:])
+	clear(st.shadow[sfrom:])
+	clear(st.shadowRuleOf[sfrom:])
 	st.checks, st.ruleOf = st.checks[:from], st.ruleOf[:from]
 	st.shadow, st.shadowRuleOf = st.shadow[:sfrom], st.shadowRuleOf[:sfrom]
 }
@@ -329,10 +358,12 @@ func (m *mw) cost(w http.ResponseWriter, r *http.Request, st *stack) (int64, boo
 		}
 		cost = c
 	}
-	if m.layerCost && cost > m.rules[m.minCap].limit {
+	if m.layerCost && !m.planned && cost > m.rules[m.minCap].limit {
 		// No store can admit it, and no store need be asked: decided here, so that a
-		// hostile cost never reaches the store, its breaker or the failure policy.
-		m.exceeded(w, r, st, cost, m.minCap)
+		// hostile cost never reaches the store, its breaker or the failure policy. (In a
+		// layer with plans, which rules are checked, and their capacities, depend on the
+		// request's plans: addChecks decides it, before the store too.)
+		m.exceeded(w, r, st, cost, &m.rules[m.minCap], m.checksBefore(st, m.minCap))
 		return 0, false
 	}
 	return cost, true

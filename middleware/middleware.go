@@ -131,6 +131,17 @@ type Rule struct {
 	// rule keeps its budget when it goes from shadow to enforced: the budget is named by
 	// the rule's name, not by its mode.
 	Shadow bool
+	// Plans are the plans the rule knows (see [Plan]): a request on one is decided under
+	// the plan's Limit, Window and Burst, shadowed or left out as the plan says, in one
+	// decision with the other rules and layers. Nil: every request is decided under the
+	// rule's own values. Plan is required with Plans.
+	Plans []Plan
+	// Plan gives the name of the plan a request is on (e.g. a tenant's plan looked up by
+	// its API key). "" means the rule's own values; a name not among Plans too, and the
+	// first such request is logged (once per rule). An error answers the request with 400,
+	// as for Identity (the InputError's Part is "plan"). Called once per request and rule,
+	// concurrently: it must be safe for that, and fast (a map lookup, not a database).
+	Plan func(*http.Request) (string, error)
 }
 
 type compiledRule struct {
@@ -143,6 +154,9 @@ type compiledRule struct {
 	counts    Counting
 	shadow    bool
 	unit      string // the quota unit in the metadata, when the rule's contract sets one
+	plans     *plans // the rule's plans; nil without plans, and in a plan's variant
+	plan      string // the plan's name in a plan's variant, "" otherwise
+	unlimited bool   // a plan's variant that leaves the rule out of the decision
 }
 
 type mw struct {
@@ -155,17 +169,15 @@ type mw struct {
 	breaker  *breaker
 	each     ratebudget.Reporter // the limiter, when it reports every check's outcome
 	settler  ratebudget.Settler  // the limiter, when its decisions can be settled
-	// enforced lists the indexes of the rules not in shadow mode, in order (nil when
-	// every rule is enforced), shadowed the others.
-	enforced, shadowed []int
 	// settles is set when a rule's checks must be settled once the handler returns;
-	// layerCost when a rule is charged the layer's cost (minCap is then among those).
-	settles, layerCost bool
-	limKey             any            // the limiter, or a unique stand-in when it is not comparable
-	stacks             sync.Pool      // *stack, for requests through this layer alone
-	probe              chiroute.Probe // recognises a chi router's routing step
-	routes             chiroute.Cache // what chi routers run after routing
-	wrapPC             uintptr        // the code pointer of every layer's middleware function
+	// layerCost when a rule without plans is charged the layer's cost (minCap is then
+	// among those); planned when a rule has plans.
+	settles, layerCost, planned bool
+	limKey                      any            // the limiter, or a unique stand-in when it is not comparable
+	stacks                      sync.Pool      // *stack, for requests through this layer alone
+	probe                       chiroute.Probe // recognises a chi router's routing step
+	routes                      chiroute.Cache // what chi routers run after routing
+	wrapPC                      uintptr        // the code pointer of every layer's middleware function
 	// warnedMount is set once the mounting mistake of a route scope has been logged,
 	// warnedAhead once a wrong look-ahead in a router has, warnedConfig once a limiter's
 	// rejection of the checks as invalid has, warnedKey once a key function built wrong
@@ -176,8 +188,10 @@ type mw struct {
 
 // New returns middleware that spends each request's cost from every rule's budget in lim.
 // Rules and options are validated here; an invalid one returns a *ratebudget.ConfigError
-// naming the field or option (a rule without a name by its index, "rules[1]"), and so
-// does a limiter that cannot serve the rules (field "limiter": one that is not a ratebudget.Settler for rules that settle).
+// naming the field or option (a rule without a name by its index, "rules[1]"; a plan's
+// field by the rule's name and the plan's index, "Plans[1].Limit"), and so does a
+// limiter that cannot serve the rules (field "limiter": one that is not a
+// ratebudget.Settler for rules that settle).
 //
 // The middleware, and every handler it wraps, is safe for concurrent use. The functions
 // it is given (the rules' Identity and Scope, WithCost, the Counting callbacks, the
@@ -252,8 +266,13 @@ func (m *mw) compile(rules []Rule) error {
 		if err := cr.compileCounts(); err != nil {
 			return err
 		}
+		replicas := 0
 		if m.cfg.policy == localFallback {
-			cr.local = localRule(r.Rule, m.cfg.replicas)
+			replicas = m.cfg.replicas
+			cr.local = localRule(r.Rule, replicas)
+		}
+		if err := cr.compilePlans(&r, replicas); err != nil {
+			return err
 		}
 		m.rules = append(m.rules, cr)
 	}
@@ -261,9 +280,9 @@ func (m *mw) compile(rules []Rule) error {
 	return nil
 }
 
-// index sets what m derives from its rules: settles, the enforced and shadowed rules,
-// and the rule of smallest capacity that the layer's cost is charged to (minCap,
-// layerCost).
+// index sets what m derives from its rules: settles, planned, and the rule of smallest
+// capacity that the layer's cost is charged to (minCap, layerCost), among the rules
+// without plans (a rule with plans has its capacity per request).
 func (m *mw) index() {
 	m.minCap = -1
 	for i := range m.rules {
@@ -271,10 +290,9 @@ func (m *mw) index() {
 		if cr.settles() {
 			m.settles = true
 		}
-		if cr.shadow {
-			m.shadowed = append(m.shadowed, i)
-		} else {
-			m.enforced = append(m.enforced, i)
+		if cr.plans != nil {
+			m.planned = true
+			continue
 		}
 		if cr.counts.layerCost() && !cr.shadow && cr.rule.Algorithm != ratebudget.InFlight && (m.minCap < 0 || cr.limit < m.rules[m.minCap].limit) {
 			m.minCap = i
@@ -283,9 +301,6 @@ func (m *mw) index() {
 	m.layerCost = m.minCap >= 0
 	if !m.layerCost {
 		m.minCap = 0
-	}
-	if m.shadowed == nil {
-		m.enforced = nil // every rule is enforced: checks map to rules one to one
 	}
 }
 

@@ -27,7 +27,7 @@ func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outco
 	c := &st.checks[i]
 	p := st.partOf(i)
 	cr := st.ruleOf[i]
-	in := meta.Info{Policy: c.Rule.Name, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
+	in := meta.Info{Policy: c.Rule.Name, Plan: cr.plan, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
 	if cr.unit != "" {
 		in.Unit = cr.unit
 	}

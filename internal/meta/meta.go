@@ -50,6 +50,10 @@ const (
 type Info struct {
 	// Policy is the rule's name.
 	Policy string
+	// Plan is the name of the plan the rule decided the request under, "" for none:
+	// RateLimit-Policy's parameter ratebudget-plan, and the refusal body's plan when the
+	// rule is the reported one.
+	Plan string
 	// Limit is the rule's capacity, in cost units.
 	Limit int64
 	// Remaining is the cost units left after this request; negative values are sent as 0.
@@ -121,7 +125,10 @@ func (v *Values) Write(h http.Header, s headers.Style, rules []Info, reported in
 		writeX(h, &rules[reported], v)
 	}
 	if ietf(s) {
-		b := make([]byte, 0, len(rules)*(maxPolicyNameLen+64))
+		// Room for four rules of names up to maxPolicyNameLen without an allocation
+		// (the middleware's stacks keep up to four checks inline too).
+		var buf [4 * (2*maxPolicyNameLen + 96)]byte
+		b := buf[:0]
 		for i := range rules {
 			if i > 0 {
 				b = append(b, ", "...)
@@ -157,7 +164,7 @@ func writeOne(h http.Header, s headers.Style, in *Info, v *Values) {
 		writeX(h, in, v)
 	}
 	if ietf(s) {
-		var buf [2*maxPolicyNameLen + 128]byte
+		var buf [3*maxPolicyNameLen + 160]byte
 		b := appendPolicy(buf[:0], in)
 		i := len(b)
 		b = appendRateLimit(b, in, draft10(s))
@@ -267,8 +274,16 @@ func appendPolicy(b []byte, in *Info) []byte {
 		b = append(b, ";w="...)
 		b = appendSFInteger(b, max(problem.Seconds(in.Window), 1))
 	}
+	if in.Plan != "" {
+		b = append(b, ";"+PlanParam+"="...)
+		b = appendSFString(b, in.Plan)
+	}
 	return b
 }
+
+// PlanParam is the RateLimit-Policy parameter that names a rule's plan (an extension
+// parameter: the drafts let a receiver ignore parameters it does not know).
+const PlanParam = "ratebudget-plan"
 
 func appendRateLimit(b []byte, in *Info, draft10 bool) []byte {
 	b = appendSFString(b, in.Policy)

@@ -318,3 +318,26 @@ func TestValuesFreed(t *testing.T) {
 	}
 	runtime.KeepAlive(&v)
 }
+
+// A rule decided under a plan names it: RateLimit-Policy's ratebudget-plan parameter,
+// and the refusal's body (member plan, and the text's detail).
+func TestPlanNamed(t *testing.T) {
+	in := meta.Info{Policy: "api", Plan: "free", Limit: 5, Window: time.Minute, RetryAfter: 3 * time.Second, Violated: true}
+	h := http.Header{}
+	meta.Write(h, headers.IETF, []meta.Info{in, {Policy: "per-ip", Limit: 100, Remaining: 97, Window: time.Minute}}, 0)
+	if got, want := h.Get("RateLimit-Policy"), `"api";q=5;w=60;ratebudget-plan="free", "per-ip";q=100;w=60`; got != want {
+		t.Fatalf("RateLimit-Policy %q, want %q", got, want)
+	}
+	w := httptest.NewRecorder()
+	meta.WriteTooManyRequests(w, httptest.NewRequest("GET", "/", nil), headers.XRateLimit, []meta.Info{in}, 0)
+	if got, want := w.Body.String(), "Too Many Requests: rate limit \"api\" (plan \"free\") exhausted; retry in 3s\n"; got != want {
+		t.Fatalf("body %q, want %q", got, want)
+	}
+	r := httptest.NewRequest("GET", "/", nil)
+	r.Header.Set("Accept", "application/json")
+	w = httptest.NewRecorder()
+	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{in}, 0, 9)
+	if !strings.Contains(w.Body.String(), `"plan":"free"`) || !strings.Contains(w.Body.String(), `rate limit \"api\" (plan \"free\")`) {
+		t.Fatalf("413 body %s does not name the plan", w.Body.String())
+	}
+}

@@ -30,19 +30,21 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, s headers.Styl
 		Title:      "Too Many Requests",
 		Status:     http.StatusTooManyRequests,
 		Policy:     in.Policy,
+		Plan:       in.Plan,
 		RetryAfter: secs,
 	}
+	name := ruleName(in)
 	rem := max(in.Remaining, 0)
 	if in.Cost > 1 && rem > 0 && s != headers.None {
 		// Remaining is only told when the metadata tells it too.
 		p.Detail = "the cost " + strconv.FormatInt(in.Cost, 10) + " of this request does not fit the " +
-			strconv.FormatInt(rem, 10) + " units left in rate limit " + strconv.Quote(in.Policy) + wait
+			strconv.FormatInt(rem, 10) + " units left in rate limit " + name + wait
 		p.Cost, p.Remaining = in.Cost, rem
 	} else if in.Cost > 1 && rem > 0 {
-		p.Detail = "the cost " + strconv.FormatInt(in.Cost, 10) + " of this request does not fit what is left in rate limit " + strconv.Quote(in.Policy) + wait
+		p.Detail = "the cost " + strconv.FormatInt(in.Cost, 10) + " of this request does not fit what is left in rate limit " + name + wait
 		p.Cost = in.Cost
 	} else {
-		p.Detail = "rate limit " + strconv.Quote(in.Policy) + " exhausted" + wait
+		p.Detail = "rate limit " + name + " exhausted" + wait
 	}
 	p.ViolatedPolicies = violated(rules, in)
 	problem.Write(w, r, p)
@@ -57,12 +59,14 @@ func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s headers.Style, 
 	rules, reported = clampReported(rules, reported)
 	in := &rules[reported]
 	Write(w.Header(), s, rules, reported)
+	name := ruleName(in)
 	p := problem.Problem{
 		Type:     problem.CostExceedsCapacity,
 		Title:    "Request Cost Exceeds Capacity",
 		Status:   http.StatusRequestEntityTooLarge,
-		Detail:   "cost " + strconv.FormatInt(cost, 10) + " exceeds the capacity " + strconv.FormatInt(in.Limit, 10) + " of rate limit " + strconv.Quote(in.Policy) + "; it can never be admitted",
+		Detail:   "cost " + strconv.FormatInt(cost, 10) + " exceeds the capacity " + strconv.FormatInt(in.Limit, 10) + " of rate limit " + name + "; it can never be admitted",
 		Policy:   in.Policy,
+		Plan:     in.Plan,
 		Cost:     cost,
 		Capacity: in.Limit,
 	}
@@ -79,6 +83,14 @@ func clampReported(rules []Info, reported int) ([]Info, int) {
 		rules = []Info{{}}
 	}
 	return rules, 0
+}
+
+// ruleName is the rule of in as a refusal's detail names it: quoted, with its plan.
+func ruleName(in *Info) string {
+	if in.Plan != "" {
+		return strconv.Quote(in.Policy) + " (plan " + strconv.Quote(in.Plan) + ")"
+	}
+	return strconv.Quote(in.Policy)
 }
 
 // violated names the rules marked Violated, or the reported one when none is.

@@ -31,6 +31,8 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 	// Policy is the reported rule's name (the refusing one for a 429 or 413).
 	Policy string `json:"policy,omitempty"`
+	// Plan is the plan the reported rule decided the request under, when it has plans.
+	Plan string `json:"plan,omitempty"`
 	// ViolatedPolicies names every rule that refused the request (the quota-exceeded
 	// problem type's member, draft-ietf-httpapi-ratelimit-headers-11 §5.1).
 	ViolatedPolicies []string `json:"violated-policies,omitempty"`

@@ -131,11 +131,10 @@
 // cost, releases the leases and charges what was used above the reservation, with
 // allow.lua's own code (mode '3': spend without refusing, into debt of at most one
 // capacity), which the Go side puts in front of settle.lua as a function; a group whose
-// checks are all charged above is that allow.lua call alone. A fixed
-// window or a calendar period is given back only while it is the reserved one; a
-// rolling-window event only
-// while it is the newest (an older event's refund is skipped: an overcount); a token
-// bucket always, up to full. Settle drops this process's cached refusals of the settled
+// checks are all charged above is that allow.lua call alone. A fixed window or a
+// calendar period is given back only while it is the reserved one; a rolling-window
+// event only while it is the newest (an older event's refund is skipped: an
+// overcount); a token bucket always, up to full. Settle drops this process's cached refusals of the settled
 // budgets; other processes' caches may refuse for at most their cached wait. Renew is
 // settle.lua in renew mode.
 //

@@ -112,6 +112,13 @@
 //     (Window after each was taken or last renewed), each a random 64-bit member drawn
 //     by the limiter; expired leases are pruned by the next decision, and the key
 //     expires with its last lease.
+//   - calendar ([ratebudget.Calendar]): Lua has no time zone database, so the limiter
+//     passes the boundaries of three periods of the rule's zone, around its own clock;
+//     the script picks the one that holds the server's clock and keeps "count:period
+//     start" in a key that expires at the period's end (SET PXAT). When the server's
+//     clock is in none of them (the caller's clock is off by more than a period) the
+//     script answers with the server's time, writing nothing, and the limiter sends the
+//     call again once, with the periods around that time (docs/CALENDAR.md).
 //
 // # Settling
 //
@@ -124,12 +131,12 @@
 // cost, releases the leases and charges what was used above the reservation, with
 // allow.lua's own code (mode '3': spend without refusing, into debt of at most one
 // capacity), which the Go side puts in front of settle.lua as a function; a group whose
-// checks are all charged above is that allow.lua call alone. A fixed
-// window is given back only while it is the reserved window; a rolling-window event only
-// while it is the newest (an older event's refund is skipped: an overcount); a token
-// bucket always, up to full. Settle drops this process's cached refusals of the settled
-// budgets; other processes' caches may refuse for at most their cached wait, and 1s. Renew is
-// settle.lua in renew mode.
+// checks are all charged above is that allow.lua call alone. A fixed window or a
+// calendar period is given back only while it is the reserved one; a rolling-window
+// event only while it is the newest (an older event's refund is skipped: an
+// overcount); a token bucket always, up to full. Settle drops this process's cached
+// refusals of the settled budgets; other processes' caches may refuse for at most
+// their cached wait, and 1s. Renew is settle.lua in renew mode.
 //
 // # A reservation lost, a settle failed
 //

@@ -14,9 +14,15 @@ import (
 // benchRule never refuses in a benchmark's lifetime, so every call is a full admission.
 var benchRule = ratebudget.Rule{Name: "bench", Algorithm: ratebudget.FixedWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}
 
-// BenchmarkMemoryAllow: one check, one identity, the real clock.
+// BenchmarkMemoryAllow: one check, one identity, the real clock. The calendar case is a
+// daily quota in America/New_York: its period is cached, so it costs what a fixed window
+// does.
 func BenchmarkMemoryAllow(b *testing.B) {
-	for _, algo := range algorithms {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, algo := range append(algorithms, ratebudget.Calendar) {
 		b.Run(algo.String(), func(b *testing.B) {
 			m, err := memory.New()
 			if err != nil {
@@ -24,8 +30,11 @@ func BenchmarkMemoryAllow(b *testing.B) {
 			}
 			r := benchRule
 			r.Algorithm = algo
-			if algo == ratebudget.TokenBucket {
+			switch algo {
+			case ratebudget.TokenBucket:
 				r.Limit, r.Window = 1<<30, time.Millisecond // capacity × window within 2^53
+			case ratebudget.Calendar:
+				r.Window, r.Period, r.Location = 0, ratebudget.Day, ny
 			}
 			checks := []ratebudget.Check{{Rule: r, Identity: "203.0.113.7", Cost: 1}}
 			ctx := context.Background()

@@ -372,3 +372,66 @@ func TestPlansUnknownLoggedOnce(t *testing.T) {
 		t.Fatalf("logged %d times, want once naming gold: %s", n, logged.String())
 	}
 }
+
+// The local fallback decides a request on its plan's per-replica share, and a rule that
+// settles settles under its plan's values.
+func TestPlansFallbackAndSettle(t *testing.T) {
+	t.Parallel()
+	plans := []middleware.Plan{{Name: "free", Limit: 4}, {Name: "pro", Limit: 100}}
+	tenants := planOf(map[string]string{"k-free": "free", "k-pro": "pro"})
+	t.Run("local_fallback", func(t *testing.T) {
+		f := &flaky{next: newMemory(t, newClock())}
+		f.down.Store(true)
+		h := mustNew(t, f, []middleware.Rule{{Rule: rule("api", 50, time.Minute), Identity: byHeader("X-Api-Key"), Plans: plans, Plan: tenants}},
+			middleware.WithLocalFallback(2), middleware.WithBreaker(middleware.Breaker{Disabled: true}))(ok)
+		for i, want := range []int{200, 200, 429} { // free's share: 4 / 2 replicas
+			r := keyed("GET", "/", "k-free")
+			r.Header.Set("Accept", "application/json")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != want {
+				t.Fatalf("free request %d on the fallback: %d, want %d", i, w.Code, want)
+			}
+			if want == 429 {
+				var p problem.Problem
+				if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Plan != "free" {
+					t.Fatalf("fallback refusal %s does not name plan free (%v)", w.Body.String(), err)
+				}
+			}
+		}
+		for i := range 10 { // pro's share: 50
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, keyed("GET", "/", "k-pro"))
+			if w.Code != 200 {
+				t.Fatalf("pro request %d on the fallback: %d, want 200", i, w.Code)
+			}
+		}
+	})
+	t.Run("settled_under_the_plan", func(t *testing.T) {
+		status := http.StatusInternalServerError
+		h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("api", 50, time.Minute), Identity: byHeader("X-Api-Key"),
+			Plans: plans, Plan: tenants, Counts: middleware.CountSuccesses(nil)}})(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(status)
+		}))
+		for i := range 6 { // failures are given back: free's 4 is never spent
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, keyed("GET", "/", "k-free"))
+			if w.Code != 500 || w.Header().Get("X-RateLimit-Limit") != "4" {
+				t.Fatalf("failing request %d: %d limit %q, want the handler's 500 under free's 4", i, w.Code, w.Header().Get("X-RateLimit-Limit"))
+			}
+		}
+		status = http.StatusOK
+		for i := range 4 {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, keyed("GET", "/", "k-free"))
+			if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != strconv.Itoa(3-i) {
+				t.Fatalf("succeeding request %d: %d remaining %q, want 200 remaining %d", i, w.Code, w.Header().Get("X-RateLimit-Remaining"), 3-i)
+			}
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, keyed("GET", "/", "k-free"))
+		if w.Code != 429 {
+			t.Fatalf("after 4 successes on free: %d, want 429", w.Code)
+		}
+	})
+}

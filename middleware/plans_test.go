@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -304,6 +305,22 @@ func TestPlansOneDecisionWithPerIP(t *testing.T) {
 			r.With(inner).Get("/api/hello", ok)
 			return r
 		},
+		// The plan's rule on another limiter (in process) than the per-IP rule's: decided
+		// limiter by limiter, the per-IP spend given back when the plan refuses.
+		"two_limiters": func(lim ratebudget.Limiter) http.Handler {
+			outer, err := middleware.New(lim, []middleware.Rule{perIP}, middleware.WithHeaders(headers.IETF), middleware.WithTimeout(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inner, err := middleware.New(newMemory(t, newClock()), []middleware.Rule{planned}, middleware.WithHeaders(headers.IETF))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := chi.NewRouter()
+			r.Use(outer)
+			r.With(inner).Get("/api/hello", ok)
+			return r
+		},
 	}
 	srv := redistest.Start(t)
 	client := srv.Client(t)
@@ -434,4 +451,28 @@ func TestPlansFallbackAndSettle(t *testing.T) {
 			t.Fatalf("after 4 successes on free: %d, want 429", w.Code)
 		}
 	})
+}
+
+// A plan in shadow mode spends and observes its budget without refusing: the event of
+// the request beyond the plan's limit reports the refusal it would have made.
+func TestPlansShadowObserved(t *testing.T) {
+	t.Parallel()
+	var shadow []bool // Event.Shadow.Allowed of each request on the shadow plan
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("api", 10, time.Minute), Identity: byHeader("X-Api-Key"),
+		Plans: []middleware.Plan{{Name: "trial", Limit: 2, Shadow: true}}, Plan: planOf(map[string]string{"k": "trial"})}},
+		middleware.WithObserver(func(ev middleware.Event) {
+			if ev.Shadow.Rule != "" {
+				shadow = append(shadow, ev.Shadow.Allowed)
+			}
+		}))(ok)
+	for i := range 3 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, keyed("GET", "/", "k"))
+		if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("request %d: %d limit %q, want 200 without metadata", i, w.Code, w.Header().Get("X-RateLimit-Limit"))
+		}
+	}
+	if want := []bool{true, true, false}; fmt.Sprint(shadow) != fmt.Sprint(want) {
+		t.Fatalf("shadow decisions %v, want %v", shadow, want)
+	}
 }

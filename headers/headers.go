@@ -165,8 +165,8 @@ func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Du
 	})
 }
 
-// WriteInvalid writes 400 Bad Request for a request whose rate-limit identity, scope or
-// cost (part: "identity", "scope" or "cost") could not be determined, for reason, a
+// WriteInvalid writes 400 Bad Request for a request whose rate-limit identity, scope,
+// plan or cost (part: "identity", "scope", "plan" or "cost") could not be determined, for reason, a
 // client-facing explanation such as "cost must be a positive integer" (never an internal
 // error's text). The body reads "rate-limit <part>: <reason>" and, as JSON, carries part
 // in the member "invalid". Such a request is never counted in a shared budget. A custom

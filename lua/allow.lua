@@ -292,6 +292,7 @@ for i = 1, n do
     -- + time until full).
     local rate, full = lim, capa * w
     local d, lag, fix = 0, 0, false -- the deficit now (full - level), the backward clock's lag, a TTL to give back
+    local ttl = -1 -- the bucket's PTTL: a refusal's waits end by then at the latest (the bucket is full once it expires)
     local v = call('GET', key)
     if v then
       local ds, ts, wv = match(v, '^(%d+):(%d+):(%d+)$')
@@ -344,6 +345,7 @@ for i = 1, n do
         -- No TTL (written by hand): its time is now; give it its TTL back.
         if write then fix = tw end
       else
+        ttl = pttl
         local elapsed = tw - pttl
         if elapsed < 0 then
           -- The clock went back: no refill, keep the later timestamp. Refill resumes when
@@ -377,12 +379,15 @@ for i = 1, n do
     end
     if k > capa and not force then
       exc, rem, reset = 1, (level - fmod(level, w)) / w, tofull
+      if ttl >= 0 and ttl < reset then reset = ttl end
     elseif level < need and not force then
       local e = need - level
       local r = fmod(e, rate)
       retry = lag + (e - r) / rate
       if r > 0 then retry = retry + 1 end
       rem, reset = (level - fmod(level, w)) / w, tofull
+      if ttl >= 0 and ttl < retry then retry = ttl end
+      if ttl >= 0 and ttl < reset then reset = ttl end
     else
       d = d + need
       level = full - d

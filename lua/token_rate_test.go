@@ -304,3 +304,38 @@ func TestTokenBucketRateLoweredFullAtOldRefill(t *testing.T) {
 		}
 	}
 }
+
+// After a lowered rate, a refusal's RetryAfter and ResetAfter end at the latest when the
+// bucket is full under the rule that last spent from it (its key expires then): the
+// same on Redis and in process. Emptied under 100 an hour (full again in 1h), 50 tokens
+// under 10 an hour would take 5h: the wait is the hour.
+func TestTokenBucketRateLoweredRetryAtOldRefill(t *testing.T) {
+	c := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	l := newLimiter(t, c, lua.WithRefusalCache(0))
+	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
+	mem, err := memory.New(memory.WithClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := func(limit int64) ratebudget.Rule {
+		return ratebudget.Rule{Name: "tb-retry", Algorithm: ratebudget.TokenBucket, Limit: limit, Burst: 100, Window: time.Hour}
+	}
+	for _, lim := range []ratebudget.Limiter{l, mem} {
+		if d, err := lim.Allow(ctx, []ratebudget.Check{{Rule: rule(100), Identity: "id", Cost: 100}}); err != nil || !d.Allowed {
+			t.Fatalf("%T emptying the bucket: %+v, %v", lim, d, err)
+		}
+		d, err := lim.Allow(ctx, []ratebudget.Check{{Rule: rule(10), Identity: "id", Cost: 50}})
+		if err != nil || d.Allowed {
+			t.Fatalf("%T: 50 tokens of an empty bucket: %+v, %v", lim, d, err)
+		}
+		// The server's clock runs on: within a minute of the hour.
+		if d.RetryAfter > time.Hour || d.RetryAfter < 59*time.Minute || d.ResetAfter != d.RetryAfter {
+			t.Errorf("%T: RetryAfter %v ResetAfter %v, want both the hour until the bucket is full under the old rate (not 5h)", lim, d.RetryAfter, d.ResetAfter)
+		}
+		// A wait shorter than that is unchanged: 1 token at 10 an hour.
+		if d, err := lim.Allow(ctx, []ratebudget.Check{{Rule: rule(10), Identity: "id", Cost: 1}}); err != nil || d.Allowed || d.RetryAfter > 6*time.Minute || d.RetryAfter < 5*time.Minute {
+			t.Errorf("%T: a token: %+v, %v; want refused for 6 minutes", lim, d, err)
+		}
+	}
+}

@@ -244,15 +244,21 @@ func decideToken(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ra
 		}
 	}
 	level := full - d
+	// A refusal's waits end, at the latest, when the bucket is full by its expiry (a
+	// rate lowered since the write: the state is dropped then, as a Redis key expires).
+	expiry := int64(-1)
+	if b != nil && b.expires > now {
+		expiry = b.expires - now
+	}
 	if cost > capacity {
-		return ratebudget.Outcome{Exceeded: true, Remaining: timerule.Tokens(level, w), ResetAfter: timerule.Duration(timerule.TokenWait(full, level, lag, rate))}
+		return ratebudget.Outcome{Exceeded: true, Remaining: timerule.Tokens(level, w), ResetAfter: timerule.Duration(timerule.UntilExpiry(timerule.TokenWait(full, level, lag, rate), expiry))}
 	}
 	need := cost * w
 	if level < need {
 		return ratebudget.Outcome{
 			Remaining:  timerule.Tokens(level, w),
-			ResetAfter: timerule.Duration(timerule.TokenWait(full, level, lag, rate)),
-			RetryAfter: timerule.Duration(timerule.TokenWait(need, level, lag, rate)),
+			ResetAfter: timerule.Duration(timerule.UntilExpiry(timerule.TokenWait(full, level, lag, rate), expiry)),
+			RetryAfter: timerule.Duration(timerule.UntilExpiry(timerule.TokenWait(need, level, lag, rate), expiry)),
 		}
 	}
 	level -= need

@@ -11,8 +11,8 @@
 //	a rule's budget is exhausted              429     metadata, Retry-After, Cache-Control: no-store
 //	the cost exceeds a rule's capacity        413     Cache-Control: no-store (no Retry-After: waiting cannot help;
 //	                                                  decided before the limiter is asked, so no metadata)
-//	identity, scope or cost undeterminable    400     Cache-Control: no-store; the body names identity, scope or cost
-//	  (an empty key included)                         and a reason ("header X-Api-Key is missing or empty")
+//	identity, scope, plan or cost             400     Cache-Control: no-store; the body names identity, scope, plan
+//	  undeterminable (an empty key included)          or cost and a reason ("header X-Api-Key is missing or empty")
 //	route scope where no route is known       500     Cache-Control: no-store, one log line on how to mount it
 //	  (outside any router)                            (keyfuncs.ErrNoRoutePattern: a mounting mistake)
 //	the limiter rejects the checks as invalid 500     Cache-Control: no-store, one log line (a *ratebudget.ConfigError:

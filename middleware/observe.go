@@ -28,7 +28,7 @@ const (
 	Degraded
 	// Unavailable: refused with 503 because the store failed under fail-closed.
 	Unavailable
-	// Invalid: identity, scope or cost could not be determined (answered by the
+	// Invalid: identity, scope, plan or cost could not be determined (answered by the
 	// error handler), or the limiter rejected the checks as invalid (a
 	// *ratebudget.ConfigError, answered 500); nothing counted.
 	Invalid

@@ -111,8 +111,8 @@ func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.De
 	}
 }
 
-// WithErrorHandler replaces the response to a request whose identity, scope or cost
-// cannot be determined: a key function or the cost function failed, a key function
+// WithErrorHandler replaces the response to a request whose identity, scope, plan or
+// cost cannot be determined: a key, plan or the cost function failed, a key function
 // returned an empty key, or the cost is below 1. The error is an [*InputError] naming the
 // part and a client-facing reason. The default answers 400 Bad Request
 // (headers.WriteInvalid: "rate-limit cost: cost must be a positive integer"), never with

@@ -131,13 +131,12 @@ func TestPlanChangeCarriesOver(t *testing.T) {
 			ps := newPlanSwitch(t, lim, clk, ratebudget.Rule{Name: "api", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: time.Hour}, nil)
 			ps.spendFreeThenPro()
 			// The deficit, 8 tokens, carries over: in a bucket of 5 a request of 1 waits
-			// until it is down to 4, which at free's rate (a token in 12 minutes) is what
-			// Retry-After says. But the bucket is full at the latest when it would have
-			// been under the rule that last spent from it (pro: 8 tokens in 288s; on
-			// Redis its key expires then): admitted earlier than Retry-After said.
+			// until it is down to 4, at free's rate a token in 12 minutes (2880s), or
+			// until the bucket is full under the plan that last spent from it (pro: 8
+			// tokens in 288s; on Redis its key expires then), whichever comes first.
 			w := ps.expect(429, 0)
-			if s := ps.retryAfter(w, 2880); clk != nil && s != 2880 {
-				t.Fatalf("Retry-After %d, want 2880 (4 tokens at 12 minutes)", s)
+			if s := ps.retryAfter(w, 288); clk != nil && s != 288 {
+				t.Fatalf("Retry-After %d, want 288 (full under pro)", s)
 			}
 			if clk != nil {
 				clk.Advance(288*time.Second - time.Millisecond)

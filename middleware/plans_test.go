@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -304,6 +305,22 @@ func TestPlansOneDecisionWithPerIP(t *testing.T) {
 			r.With(inner).Get("/api/hello", ok)
 			return r
 		},
+		// The plan's rule on another limiter (in process) than the per-IP rule's: decided
+		// limiter by limiter, the per-IP spend given back when the plan refuses.
+		"two_limiters": func(lim ratebudget.Limiter) http.Handler {
+			outer, err := middleware.New(lim, []middleware.Rule{perIP}, middleware.WithHeaders(headers.IETF), middleware.WithTimeout(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inner, err := middleware.New(newMemory(t, newClock()), []middleware.Rule{planned}, middleware.WithHeaders(headers.IETF))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := chi.NewRouter()
+			r.Use(outer)
+			r.With(inner).Get("/api/hello", ok)
+			return r
+		},
 	}
 	srv := redistest.Start(t)
 	client := srv.Client(t)
@@ -370,5 +387,92 @@ func TestPlansUnknownLoggedOnce(t *testing.T) {
 	}
 	if n := strings.Count(logged.String(), "a plan the rule does not know"); n != 1 || !strings.Contains(logged.String(), "plan=gold") {
 		t.Fatalf("logged %d times, want once naming gold: %s", n, logged.String())
+	}
+}
+
+// The local fallback decides a request on its plan's per-replica share, and a rule that
+// settles settles under its plan's values.
+func TestPlansFallbackAndSettle(t *testing.T) {
+	t.Parallel()
+	plans := []middleware.Plan{{Name: "free", Limit: 4}, {Name: "pro", Limit: 100}}
+	tenants := planOf(map[string]string{"k-free": "free", "k-pro": "pro"})
+	t.Run("local_fallback", func(t *testing.T) {
+		f := &flaky{next: newMemory(t, newClock())}
+		f.down.Store(true)
+		h := mustNew(t, f, []middleware.Rule{{Rule: rule("api", 50, time.Minute), Identity: byHeader("X-Api-Key"), Plans: plans, Plan: tenants}},
+			middleware.WithLocalFallback(2), middleware.WithBreaker(middleware.Breaker{Disabled: true}))(ok)
+		for i, want := range []int{200, 200, 429} { // free's share: 4 / 2 replicas
+			r := keyed("GET", "/", "k-free")
+			r.Header.Set("Accept", "application/json")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != want {
+				t.Fatalf("free request %d on the fallback: %d, want %d", i, w.Code, want)
+			}
+			if want == 429 {
+				var p problem.Problem
+				if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Plan != "free" {
+					t.Fatalf("fallback refusal %s does not name plan free (%v)", w.Body.String(), err)
+				}
+			}
+		}
+		for i := range 10 { // pro's share: 50
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, keyed("GET", "/", "k-pro"))
+			if w.Code != 200 {
+				t.Fatalf("pro request %d on the fallback: %d, want 200", i, w.Code)
+			}
+		}
+	})
+	t.Run("settled_under_the_plan", func(t *testing.T) {
+		status := http.StatusInternalServerError
+		h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("api", 50, time.Minute), Identity: byHeader("X-Api-Key"),
+			Plans: plans, Plan: tenants, Counts: middleware.CountSuccesses(nil)}})(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(status)
+		}))
+		for i := range 6 { // failures are given back: free's 4 is never spent
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, keyed("GET", "/", "k-free"))
+			if w.Code != 500 || w.Header().Get("X-RateLimit-Limit") != "4" {
+				t.Fatalf("failing request %d: %d limit %q, want the handler's 500 under free's 4", i, w.Code, w.Header().Get("X-RateLimit-Limit"))
+			}
+		}
+		status = http.StatusOK
+		for i := range 4 {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, keyed("GET", "/", "k-free"))
+			if w.Code != 200 || w.Header().Get("X-RateLimit-Remaining") != strconv.Itoa(3-i) {
+				t.Fatalf("succeeding request %d: %d remaining %q, want 200 remaining %d", i, w.Code, w.Header().Get("X-RateLimit-Remaining"), 3-i)
+			}
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, keyed("GET", "/", "k-free"))
+		if w.Code != 429 {
+			t.Fatalf("after 4 successes on free: %d, want 429", w.Code)
+		}
+	})
+}
+
+// A plan in shadow mode spends and observes its budget without refusing: the event of
+// the request beyond the plan's limit reports the refusal it would have made.
+func TestPlansShadowObserved(t *testing.T) {
+	t.Parallel()
+	var shadow []bool // Event.Shadow.Allowed of each request on the shadow plan
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("api", 10, time.Minute), Identity: byHeader("X-Api-Key"),
+		Plans: []middleware.Plan{{Name: "trial", Limit: 2, Shadow: true}}, Plan: planOf(map[string]string{"k": "trial"})}},
+		middleware.WithObserver(func(ev middleware.Event) {
+			if ev.Shadow.Rule != "" {
+				shadow = append(shadow, ev.Shadow.Allowed)
+			}
+		}))(ok)
+	for i := range 3 {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, keyed("GET", "/", "k"))
+		if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" {
+			t.Fatalf("request %d: %d limit %q, want 200 without metadata", i, w.Code, w.Header().Get("X-RateLimit-Limit"))
+		}
+	}
+	if want := []bool{true, true, false}; fmt.Sprint(shadow) != fmt.Sprint(want) {
+		t.Fatalf("shadow decisions %v, want %v", shadow, want)
 	}
 }

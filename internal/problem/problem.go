@@ -43,7 +43,8 @@ type Problem struct {
 	Cost      int64 `json:"cost,omitempty"`
 	Remaining int64 `json:"remaining,omitempty"`
 	Capacity  int64 `json:"capacity,omitempty"`
-	// Invalid names what could not be determined for a 400: "identity", "scope" or "cost".
+	// Invalid names what could not be determined for a 400: "identity", "scope", "plan"
+	// or "cost".
 	Invalid string `json:"invalid,omitempty"`
 }
 

@@ -160,10 +160,10 @@ func (c tokenCase) want() (decide, spend []int64, value string, pttl int64) {
 	value, pttl = fmt.Sprintf("%d:%d:%d", c.d, c.t, c.w), c.px
 	switch {
 	case c.cost > c.capa:
-		decide = []int64{0, 1, Tokens(level, c.w), reset, 0, 0}
+		decide = []int64{0, 1, Tokens(level, c.w), UntilExpiry(reset, c.px), 0, 0}
 		spend = decide
 	case level < need:
-		decide = []int64{0, 0, Tokens(level, c.w), reset, TokenWait(need, level, lag, c.rate), 0}
+		decide = []int64{0, 0, Tokens(level, c.w), UntilExpiry(reset, c.px), UntilExpiry(TokenWait(need, level, lag, c.rate), c.px), 0}
 		spend = decide
 	default:
 		decide = []int64{1, 0, Tokens(level-need, c.w) + c.cost, reset, 0, 0}

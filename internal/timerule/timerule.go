@@ -111,6 +111,18 @@ func TokenWait(want, level, lag, rate int64) int64 {
 	return lag + CeilDiv(want-level, rate)
 }
 
+// UntilExpiry is a refused token bucket's wait (ms: its retry or its reset), ending at
+// the latest when the bucket's state expires, expiry ms from now (negative: no expiry
+// known): a bucket written under a faster rate than the rule deciding is full then,
+// its state dropped (a Redis key expired). Twin: allow.lua's cap of retry and reset by
+// the bucket's PTTL.
+func UntilExpiry(wait, expiry int64) int64 {
+	if expiry >= 0 && expiry < wait {
+		return expiry
+	}
+	return wait
+}
+
 // Tokens is the whole tokens in a token bucket's level (scaled units of a window of w
 // ms), rounded toward zero: a check's Remaining. Twin: allow.lua's
 // (level - fmod(level, w)) / w.

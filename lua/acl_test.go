@@ -261,3 +261,16 @@ func TestNoPexpiretimeWritesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestAllowScriptFitsOneWrite: allow.lua's SCRIPT LOAD fits go-redis's write buffer (32
+// KiB), so that a client without its password is answered by Redis (a certain error,
+// TestAuthAndPermissionErrors) rather than reset while still writing: Redis closes an
+// unauthenticated connection that sends a bulk string above 16 KiB, and a command
+// written in two parts meets that close on the second.
+func TestAllowScriptFitsOneWrite(t *testing.T) {
+	src := lua.AllowSource
+	cmd := fmt.Sprintf("*3\r\n$6\r\nscript\r\n$4\r\nload\r\n$%d\r\n%s\r\n", len(src), src)
+	if len(cmd) > 32<<10 {
+		t.Fatalf("SCRIPT LOAD of allow.lua is %d bytes, above 32 KiB", len(cmd))
+	}
+}

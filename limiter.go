@@ -117,7 +117,8 @@ type Decision struct {
 	Index int
 	// Limit is the reported rule's capacity in cost units ([Rule.Capacity]).
 	Limit int64
-	// Window is the reported rule's window or refill period.
+	// Window is the reported rule's window or refill period; zero for a [Calendar]
+	// rule, whose window is its period.
 	Window time.Duration
 }
 
@@ -142,7 +143,7 @@ type Outcome struct {
 	// ResetAfter is how long until the check's budget is whole again if nothing more is
 	// spent: the end of the fixed window, the time to refill the token bucket, the time
 	// until the rolling window's events have all aged out, the time until the last
-	// in-flight lease expires. Zero when untouched.
+	// in-flight lease expires, the end of the calendar period. Zero when untouched.
 	ResetAfter time.Duration
 	// RetryAfter is, when the check does not fit, the earliest time after which it could
 	// if nothing else is spent meanwhile; zero when it fits or is Exceeded.

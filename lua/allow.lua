@@ -10,12 +10,10 @@
 --          way); "0": decide only, write nothing; "2", "3", "4": see Modes below.
 -- ARGV[2+5(i-1) .. 6+5(i-1)], for check i:
 --          algorithm (0 fixed window, 1 token bucket, 2 rolling window, 3 in-flight,
---          4 calendar), limit (units per window; refill per window for the token bucket;
---          per period for a calendar check), window (ms; for a calendar check
---          "<b0>:<b1>:<b2>:<b3>", the boundaries (Unix ms, increasing) of three calendar
---          periods [b0, b1), [b1, b2), [b2, b3) that the caller computed around its own
---          clock, see Calendar below), capacity (units; equal to limit except for a
---          token bucket), cost (units).
+--          4 calendar), limit (units per window or period; refill per window for the
+--          token bucket), window (ms; calendar: "b0:b1:b2:b3", the periods [b0, b1),
+--          [b1, b2), [b2, b3) in Unix ms), capacity (units; equal to limit except for
+--          a token bucket), cost (units).
 -- Reply: 6 integers per check, in KEYS order:
 --          allowed (0/1), exceeded (0/1, cost > capacity), remaining (units, negative
 --          if the limit was lowered or a settle put the budget in debt), reset after
@@ -30,14 +28,9 @@
 --          deficit, the newest event leaving the window, the last lease expiring).
 --
 -- State:
---   calendar:       string "<count>:<period start>", in the period of the check's three
---                   that contains the server's clock (TIME): a value of another period
---                   counts as none. Written with SET PXAT the period's end, so the key
---                   expires when its period ends. When the server's clock is in none of
---                   the three (the caller's clock is off by more than a period), the call
---                   replies the error 'ERR ratebudget: calendar periods miss server time
---                   <ms>' before any read or write, and the caller computes the periods
---                   around that time and calls again.
+--   calendar:       "<count>:<period start>" (another period's counts as none), SET PXAT
+--                   the period's end. TIME in no period: the error '... miss server
+--                   time <ms>', before any read or write.
 --   fixed window:   string counter, created with SET key cost PX window, then INCRBY; a
 --                   value not in INCRBY's decimal form, or beyond 2^53, is an error reply
 --                   before any write (for a single check, INCRBY's own).
@@ -94,8 +87,8 @@
 -- most 1,024 aged events once events have left the window,
 -- and a binary search over ranks for a refusal's retry time. A reservation that can be
 -- voided (modes '5', '6') adds a GET of its marker per call, and a SET on admission.
--- Calendar GET, then SET on admission. TIME once per call, only
--- when a rolling window, a lease or a calendar period is decided; PEXPIRETIME once per call that replies tickets
+-- calendar GET, then SET on admission. TIME once per call, only for a rolling window, a
+-- lease or a calendar period; PEXPIRETIME once per call that replies tickets
 -- (and once more per admitted fixed window). Lua work is kept small next to the
 -- commands: no closure is created, a single check keeps its state in locals and
 -- builds one table (the reply), and a group builds two (the reply and S).
@@ -189,8 +182,6 @@ for i = 1, n do
       return redis.error_reply('ERR ratebudget: bad lease for check ' .. i)
     end
   elseif as == '4' then
-    -- Calendar: the window is the periods' boundaries; the one that holds the server's
-    -- clock is chosen in phase 1.
     a = 4
     local b0, b1, b2, b3 = match(ws, '^(%d+):(%d+):(%d+):(%d+)$')
     b0, b1, b2, b3 = tonumber(b0), tonumber(b1), tonumber(b2), tonumber(b3)
@@ -203,7 +194,7 @@ for i = 1, n do
       if now < b0 or now >= b3 then
         return redis.error_reply('ERR ratebudget: calendar periods miss server time ' .. nowstr)
       end
-      w = 1 -- not used
+      w = 1
     end
   elseif as ~= '0' then
     a = nil
@@ -249,9 +240,26 @@ for i = 1, n do
   end
   ok, exc, rem, reset, retry, idle = 0, 0, 0, 0, 0, 0
   x1, x2, x3, x4, x5, x6, x7 = false, false, 0, 0, 0, false, false
-  if a == 0 then
+  local count, left = 0, w
+  if a == 4 then
+    -- Calendar: x2, x3 the period that holds TIME; x1 the count to write.
+    local b0, b1, b2, b3 = match(ARGV[5 * i - 1], '^(%d+):(%d+):(%d+):(%d+)$')
+    x2, x3 = b0, tonumber(b1)
+    if now >= x3 then
+      x2, x3 = b1, tonumber(b2)
+      if now >= x3 then x2, x3 = b2, tonumber(b3) end
+    end
+    left = x3 - now
+    local v = call('GET', key)
+    if v then
+      local cs, ss = match(v, '^(%d+):(%d+)$')
+      if not cs or tonumber(cs) > MAXSCALED then
+        return redis.error_reply('ERR ratebudget: corrupt counter in check ' .. i)
+      end
+      if ss == x2 then count = tonumber(cs) end
+    end
+  elseif a == 0 then
     -- x1: create the counter; x2: give an immortal counter its TTL.
-    local count, left = 0, w
     local v = call('GET', key)
     x1 = true
     if v then
@@ -271,6 +279,8 @@ for i = 1, n do
         count, left, x1 = cnt, pttl, false
       end
     end
+  end
+  if a == 0 or a == 4 then
     if force then
       if count + k > 2 * lim then k = 2 * lim - count end
       if k < 0 then k = 0 end
@@ -284,7 +294,9 @@ for i = 1, n do
       ok, rem, reset = 1, lim - count - k, left
       if count ~= 0 then idle = left end
     end
-    if x2 and write and (ok == 0 or n > 1) then
+    if a == 4 then
+      x1 = count + k
+    elseif x2 and write and (ok == 0 or n > 1) then
       call('PEXPIRE', key, ARGV[5 * i - 1]) -- the window; the spend repeats it on admission
     end
   elseif a == 1 then
@@ -401,38 +413,6 @@ for i = 1, n do
     if fix and (ok == 0 or n > 1) then
       call('PEXPIRE', key, fix) -- the spend's SET PX repeats it on admission
     end
-  elseif a == 4 then
-    -- Calendar: x1, the count to write, x2, the period's start (the digits passed),
-    -- x3, its end (ms).
-    local b0, b1, b2, b3 = match(ARGV[5 * i - 1], '^(%d+):(%d+):(%d+):(%d+)$')
-    local ps, pe = b0, tonumber(b1)
-    if now >= pe then
-      ps, pe = b1, tonumber(b2)
-      if now >= pe then ps, pe = b2, tonumber(b3) end
-    end
-    local count, left = 0, pe - now
-    local v = call('GET', key)
-    if v then
-      local cs, ss = match(v, '^(%d+):(%d+)$')
-      if not cs or tonumber(cs) > MAXSCALED then
-        return redis.error_reply('ERR ratebudget: corrupt counter in check ' .. i)
-      end
-      if ss == ps then count = tonumber(cs) end
-    end
-    if force then
-      if count + k > 2 * lim then k = 2 * lim - count end
-      if k < 0 then k = 0 end
-      ok, rem, reset = 1, lim - count - k, left
-    elseif k > lim then
-      exc, rem = 1, lim - count
-      if count > 0 then reset = left end
-    elseif count + k > lim then
-      rem, reset, retry = lim - count, left, left
-    else
-      ok, rem, reset = 1, lim - count - k, left
-      if count ~= 0 then idle = left end
-    end
-    x1, x2, x3 = count + k, ps, pe
   elseif a == 3 then
     -- In-flight leases: a sorted set of lease members scored by expiry (ms). x1: the new
     -- lease's expiry, now + window (also when a lease taken under a longer window of the

@@ -97,6 +97,9 @@ func TestCalendarRedis(t *testing.T) {
 	if v := control.Get(context.Background(), key).Val(); v != val {
 		t.Fatalf("a refusal wrote the key: %q, was %q", v, val)
 	}
+	if exp := control.PExpireTime(context.Background(), key).Val(); exp != time.Duration(end.UnixMilli())*time.Millisecond {
+		t.Fatalf("PEXPIRETIME after a refusal = %v, want the period's end %d ms", exp, end.UnixMilli())
+	}
 	if n := hook.take(); n["evalsha"] != 4 || len(n) != 1 {
 		t.Fatalf("commands: %v, want 4 EVALSHA", n)
 	}

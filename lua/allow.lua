@@ -35,26 +35,17 @@
 --                   value not in INCRBY's decimal form, or beyond 2^53, is an error reply
 --                   before any write (for a single check, INCRBY's own).
 --   token bucket:   string "<d>:<t>:<w>": d, the deficit (full - level, in tokens x
---                   window ms; rate = limit per ms, full = capacity x window) at the
---                   time of the write, t = ceil(d / rate), its time until full, and w
---                   the window (ms) d is in units of, written with SET key
---                   "<d>:<t>:<w>" PX lag + t: the key expires when the bucket is full
---                   again, and no key is a full bucket. Redis keeps the expiry as an
---                   absolute time and PTTL = expiry - now, so a reader gets the time
---                   since the write as t - PTTL, whatever rate it decides with (a rule
---                   whose Limit changed under the same name refills at its new rate from
---                   the level written, as in engine.go); below zero, the clock went back
---                   by that much (the lag: no refill, and every wait includes it, as in
---                   engine.go). A reader under another window (a rule whose Window
---                   changed under the same name) converts d to its own units: the same
---                   tokens, d x window / w rounded up, at most 2^53 (timerule's
---                   ConvertDeficit). "<d>:<t>" and a plain "<d>" (as written before w
---                   and t were) are read in the reader's units, the latter with t =
---                   ceil(d / rate). A value without a TTL counts as written now; a
---                   deficit above full is debt (level below zero, from a settle above
---                   its reservation), cut at 2 x full (a lowered capacity); a value of
---                   another form, d beyond 2^53, t beyond d or w out of 1 ms..366 days is
---                   an error reply.
+--                   window ms; rate = limit per ms, full = capacity x window) when
+--                   written, t = ceil(d / rate), its time until full, w the window (ms)
+--                   of d's units; SET PX lag + t, so no key is a full bucket. The time
+--                   since the write is t - PTTL at any rate (a changed Limit refills at
+--                   its new rate, as in engine.go); below zero the clock went back (the
+--                   lag: no refill, every wait includes it). Another window converts d
+--                   to its units, rounded up, at most 2^53 (timerule's ConvertDeficit).
+--                   "<d>:<t>" and "<d>" (older forms) are in the reader's units, the
+--                   latter with t = ceil(d / rate). No TTL: written now. A deficit above
+--                   full is debt, cut at 2 x full; another form, d beyond 2^53, t beyond
+--                   d or w out of 1 ms..366 days is an error reply.
 --   in-flight:      sorted set of leases, member = the caller's lease member, score =
 --                   the lease's expiry (ms, now + window when taken or renewed); expired
 --                   leases are trimmed when writing; PEXPIREAT = the newest expiry.

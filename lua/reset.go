@@ -6,6 +6,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/argcheck"
 )
 
 // resetSource deletes the budget keys it is given: a budget is one key (see allow.lua's
@@ -29,7 +30,7 @@ var _ ratebudget.Resetter = (*Limiter)(nil)
 // (a *[ratebudget.StoreError]: when Uncertain, that slot's budgets may have been reset);
 // the other slots are still tried. It is safe for concurrent use.
 func (l *Limiter) Reset(ctx context.Context, checks ...ratebudget.Check) error {
-	if err := validateReset(checks); err != nil {
+	if err := argcheck.Reset(checks); err != nil {
 		return err
 	}
 	c := l.core
@@ -88,17 +89,4 @@ func resetGroup(slots []uint16, first int, oneServer bool) []int {
 		}
 	}
 	return g
-}
-
-// validateReset checks Reset's arguments: at least one check, and valid rules.
-func validateReset(checks []ratebudget.Check) error {
-	if len(checks) == 0 {
-		return &ratebudget.ConfigError{Field: "checks", Problem: "must not be empty"}
-	}
-	for i := range checks {
-		if err := checks[i].Rule.Validate(); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -170,25 +170,32 @@ func decide(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, lease i
 }
 
 func decideFixed(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ratebudget.Outcome {
-	limit, w := r.Limit, r.Window.Milliseconds()
-	count, end := int64(0), now+w
+	count, end := int64(0), now+r.Window.Milliseconds()
 	if b != nil && now < b.end {
 		count, end = b.count, b.end
 	}
+	o := decideCount(r.Limit, count, cost, end-now)
+	if o.Allowed && commit {
+		b.count, b.end, b.expires = count+cost, end, end
+	}
+	return o
+}
+
+// decideCount decides cost against count units spent of limit in a window (or period)
+// that ends left ms from now: a cost above the limit is Exceeded, one that does not fit
+// is refused until the end, one that fits is admitted (the caller spends it).
+func decideCount(limit, count, cost, left int64) ratebudget.Outcome {
 	if cost > limit {
 		reset := int64(0) // an untouched window resets nothing
 		if count != 0 {
-			reset = end - now
+			reset = left
 		}
 		return ratebudget.Outcome{Exceeded: true, Remaining: limit - count, ResetAfter: timerule.Duration(reset)}
 	}
 	if count+cost > limit {
-		return ratebudget.Outcome{Remaining: limit - count, ResetAfter: timerule.Duration(end - now), RetryAfter: timerule.Duration(end - now)}
+		return ratebudget.Outcome{Remaining: limit - count, ResetAfter: timerule.Duration(left), RetryAfter: timerule.Duration(left)}
 	}
-	if commit {
-		b.count, b.end, b.expires = count+cost, end, end
-	}
-	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: timerule.Duration(end - now)}
+	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: timerule.Duration(left)}
 }
 
 // decideCalendar counts as decideFixed does, in the calendar period that contains now
@@ -196,26 +203,16 @@ func decideFixed(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ra
 // period's start (b.end) is the start of the period of now, as the Redis limiter's does,
 // and a request of another period starts at 0. Reset and retry are at the period's end.
 func decideCalendar(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, cal *timerule.PeriodCache) ratebudget.Outcome {
-	limit := r.Limit
 	count := int64(0)
 	start, end := cal.Of(r, now)
 	if b != nil && b.end == start && now < b.expires {
 		count = b.count
 	}
-	if cost > limit {
-		reset := int64(0) // an untouched period resets nothing
-		if count != 0 {
-			reset = end - now
-		}
-		return ratebudget.Outcome{Exceeded: true, Remaining: limit - count, ResetAfter: timerule.Duration(reset)}
-	}
-	if count+cost > limit {
-		return ratebudget.Outcome{Remaining: limit - count, ResetAfter: timerule.Duration(end - now), RetryAfter: timerule.Duration(end - now)}
-	}
-	if commit {
+	o := decideCount(r.Limit, count, cost, end-now)
+	if o.Allowed && commit {
 		b.count, b.end, b.expires = count+cost, start, end
 	}
-	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: timerule.Duration(end - now)}
+	return o
 }
 
 func decideToken(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ratebudget.Outcome {

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/argcheck"
 )
 
 var _ ratebudget.Resetter = (*Limiter)(nil)
@@ -17,7 +18,7 @@ var _ ratebudget.Resetter = (*Limiter)(nil)
 // are at most 256 bytes together.
 func (m *Limiter) Reset(_ context.Context, checks ...ratebudget.Check) error {
 	m.ready()
-	if err := validateReset(checks); err != nil {
+	if err := argcheck.Reset(checks); err != nil {
 		return err
 	}
 	var kbuf [8]memKey
@@ -30,19 +31,6 @@ func (m *Limiter) Reset(_ context.Context, checks ...ratebudget.Check) error {
 		m.shards[shards[i]].forget(hashes[i], &keys[i], now)
 	}
 	m.unlock(&locked)
-	return nil
-}
-
-// validateReset checks Reset's arguments: at least one check, and valid rules.
-func validateReset(checks []ratebudget.Check) error {
-	if len(checks) == 0 {
-		return &ratebudget.ConfigError{Field: "checks", Problem: "must not be empty"}
-	}
-	for i := range checks {
-		if err := checks[i].Rule.Validate(); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 

@@ -82,6 +82,16 @@
 // (canceled, or its own deadline passed, also when the store's client returns before
 // the context is marked done) and a configuration error never do.
 //
+// # Plans
+//
+// A rule's Limit, Window and Burst may come from the request's plan ([Rule.Plans],
+// [Rule.Plan], [Plan]): a tenant's tier looked up by its API key, with the plan's name in
+// RateLimit-Policy (parameter ratebudget-plan) and in a refusal's body. Plans are
+// resolved before the decision, so a request refused by its plan spends nothing of the
+// other rules and layers (a per-IP budget), and their metadata is written as without
+// plans. The budget is the rule's, not the plan's: a tenant moved to another plan keeps
+// what it spent (docs/RULE-CHANGES.md, "Plans").
+//
 // # In-flight leases and timeouts
 //
 // An InFlight rule's lease is held while the handler the middleware wraps runs. Mount

@@ -257,7 +257,7 @@ func (c *compiler) calendar(path string, t *timeSpec, r *rule) error {
 		if r.period != "week" {
 			return c.fail(path+".week_start", "applies to a week period only")
 		}
-		d, ok := weekdays[strings.ToLower(t.WeekStart)]
+		d, ok := weekdays[t.WeekStart]
 		if !ok {
 			return c.fail(path+".week_start", "must be a day of the week such as monday, got %q", t.WeekStart)
 		}

@@ -92,11 +92,11 @@ func (m *matcher) matches(r *http.Request) bool {
 		return false
 	}
 	for _, h := range m.headers {
-		var v string
-		if vv := r.Header[h.name]; len(vv) > 0 {
-			v = vv[0]
+		vv := r.Header[h.name]
+		if len(vv) == 0 {
+			return false // "*" too asks for the header to be there
 		}
-		if h.prefix && !strings.HasPrefix(v, h.value) || !h.prefix && v != h.value {
+		if h.prefix && !strings.HasPrefix(vv[0], h.value) || !h.prefix && vv[0] != h.value {
 			return false
 		}
 	}

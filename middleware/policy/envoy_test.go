@@ -125,6 +125,18 @@ func TestPlansAndOverrides(t *testing.T) {
 			[]string{"per-ip 100/1m0s @free", "daily 50 @free"}},
 		{"other_path", request(ip, "/", "X-API-Key", "demo-pro"),
 			[]string{"per-ip 100/1m0s @pro"}},
+		{"head", func() *http.Request {
+			r := request(ip, "/api/hello", "X-API-Key", "demo-free")
+			r.Method = http.MethodHead
+			return r
+		}(),
+			[]string{"per-ip 100/1m0s @free", "hello 5/1m0s @free", "daily 50 @free"}},
+		{"post", func() *http.Request {
+			r := request(ip, "/api/hello", "X-API-Key", "demo-free")
+			r.Method = http.MethodPost
+			return r
+		}(),
+			[]string{"per-ip 100/1m0s @free", "daily 50 @free"}},
 	}
 	for _, tc := range tt {
 		t.Run(tc.name, func(t *testing.T) {

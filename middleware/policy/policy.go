@@ -81,8 +81,8 @@ func (p *Policy) File() string { return p.file }
 func (p *Policy) Source() []byte { return p.source }
 
 func (m *matcher) matches(r *http.Request) bool {
-	if m.method != "" && r.Method != m.method {
-		return false
+	if m.method != "" && r.Method != m.method && (m.method != http.MethodGet || r.Method != http.MethodHead) {
+		return false // GET matches HEAD too, as a ServeMux pattern and chi's GetHead do
 	}
 	if m.pathPrefix {
 		if !strings.HasPrefix(r.URL.Path, m.path) {

@@ -239,10 +239,10 @@ func (c *compiler) timeRule(path string, s *ruleSpec, r *rule) error {
 
 // calendar compiles a calendar rule's time rule into r.
 func (c *compiler) calendar(path string, t *timeSpec, r *rule) error {
-	r.calendar = true
+	r.algorithm = ratebudget.Calendar
 	switch t.Period {
 	case "hour", "day", "week", "month", "year":
-		r.period = t.Period
+		r.period = periods[t.Period]
 	case "":
 		return c.fail(path+".period", "is required for a calendar rule: hour, day, week, month or year")
 	default:
@@ -254,7 +254,7 @@ func (c *compiler) calendar(path string, t *timeSpec, r *rule) error {
 	}
 	r.zone = loc
 	if t.WeekStart != "" {
-		if r.period != "week" {
+		if r.period != ratebudget.Week {
 			return c.fail(path+".week_start", "applies to a week period only")
 		}
 		d, ok := weekdays[t.WeekStart]
@@ -268,6 +268,10 @@ func (c *compiler) calendar(path string, t *timeSpec, r *rule) error {
 	}
 	r.base, err = c.limits(path, r, limits{}, limitSpec{Limit: t.Limit, Window: t.Window, Burst: t.Burst})
 	return err
+}
+
+var periods = map[string]ratebudget.Period{
+	"hour": ratebudget.Hour, "day": ratebudget.Day, "week": ratebudget.Week, "month": ratebudget.Month, "year": ratebudget.Year,
 }
 
 var weekdays = map[string]time.Weekday{
@@ -311,10 +315,12 @@ func (c *compiler) limits(path string, r *rule, prev limits, s limitSpec) (limit
 	}
 	l.Shadow = l.Shadow || s.Shadow
 	l.Unlimited = l.Unlimited || s.Unlimited
-	if r.calendar {
-		return l, c.calendarLimits(path, l)
+	if r.algorithm == ratebudget.Calendar {
+		if err := c.calendarLimits(path, l); err != nil {
+			return l, err
+		}
 	}
-	err := (ratebudget.Rule{Name: r.name, Algorithm: r.algorithm, Limit: l.Limit, Window: l.Window, Burst: l.Burst}).Validate()
+	err := r.timeRule(l).Validate()
 	var ce *ratebudget.ConfigError
 	if errors.As(err, &ce) {
 		return l, c.fail(path+"."+strings.ToLower(ce.Field), "%s", ce.Problem)
@@ -368,7 +374,7 @@ func (c *compiler) counts(path string, s *countSpec, r *rule) error {
 	default:
 		return c.fail(path+".contract", "must be attempts, successes, request_bytes, response_bytes or response_header, got %q", s.Contract)
 	}
-	if s.Contract != "" && s.Contract != "attempts" && r.algorithm == ratebudget.InFlight && !r.calendar {
+	if s.Contract != "" && s.Contract != "attempts" && r.algorithm == ratebudget.InFlight {
 		return c.fail(path+".contract", "an inflight rule counts attempts only: it holds one lease per request")
 	}
 	return nil

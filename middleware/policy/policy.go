@@ -28,9 +28,8 @@ type Policy struct {
 type rule struct {
 	name      string
 	algorithm ratebudget.Algorithm
-	calendar  bool
-	period    string
-	zone      *time.Location
+	period    ratebudget.Period // a Calendar rule's
+	zone      *time.Location    // a Calendar rule's
 	weekStart time.Weekday
 	base      limits // the time rule's own values
 	identity  string
@@ -162,4 +161,13 @@ func (p *Policy) resolve(r *http.Request, dst []applied) []applied {
 		}
 	}
 	return dst
+}
+
+// timeRule is the rule's time rule under the values l.
+func (ru *rule) timeRule(l limits) ratebudget.Rule {
+	r := ratebudget.Rule{Name: ru.name, Algorithm: ru.algorithm, Limit: l.Limit, Window: l.Window, Burst: l.Burst}
+	if ru.algorithm == ratebudget.Calendar {
+		r.Period, r.Location, r.WeekStart = ru.period, ru.zone, ru.weekStart
+	}
+	return r
 }

@@ -46,21 +46,25 @@ func (p *Policy) middlewareRules() ([]middleware.Rule, error) {
 	for i := range p.rules {
 		ru := &p.rules[i]
 		own := p.classes[0].limits[i]
-		mr := middleware.Rule{
-			Rule:   ru.timeRule(own),
-			Shadow: own.Shadow,
-			Counts: ru.counting(),
-			Plan:   p.planOf(i),
-		}
+		mr := middleware.Rule{Rule: ru.timeRule(own), Shadow: own.Shadow, Counts: ru.counting()}
 		var err error
 		if mr.Identity, err = identity(ru.identity); err != nil {
 			return nil, err
 		}
 		mr.Scope = scope(ru.scope)
-		for _, c := range p.classes[1:] {
-			mr.Plans = append(mr.Plans, plan(c.name, c.limits[i]))
+		varies, conditional := p.varies(i), ru.conditional() || own.Unlimited
+		if varies {
+			for _, c := range p.classes[1:] {
+				mr.Plans = append(mr.Plans, plan(c.name, c.limits[i]))
+			}
 		}
-		mr.Plans = append(mr.Plans, middleware.Plan{Name: skipPlan, Unlimited: true})
+		if varies || conditional {
+			// A rule decided alike for every request it applies to has no plans but
+			// the one that leaves it out: the lookup of the tenant is saved, and its
+			// metadata names no plan.
+			mr.Plans = append(mr.Plans, middleware.Plan{Name: skipPlan, Unlimited: true})
+			mr.Plan = p.planOf(i, varies)
+		}
 		out[i] = mr
 	}
 	return out, nil
@@ -74,18 +78,41 @@ func plan(name string, l limits) middleware.Plan {
 	return middleware.Plan{Name: name, Limit: l.Limit, Window: l.Window, Burst: l.Burst, Shadow: l.Shadow}
 }
 
-// planOf returns the function that gives the plan a request is on for rule i.
-func (p *Policy) planOf(i int) func(*http.Request) (string, error) {
+// planOf returns the function that gives the plan a request is on for rule i: skipPlan
+// when the rule does not apply to it or is unlimited for it, else its tenant's plan, or
+// "" (the rule's own values) when the rule does not vary by plan.
+func (p *Policy) planOf(i int, varies bool) func(*http.Request) (string, error) {
+	own := &p.classes[0]
 	return func(r *http.Request) (string, error) {
 		if !p.applies(i, r) {
 			return skipPlan, nil
 		}
-		c := p.classOf(r)
+		c := own
+		if varies {
+			c = p.classOf(r)
+		}
 		if c.limits[i].Unlimited {
 			return skipPlan, nil
 		}
 		return c.name, nil
 	}
+}
+
+// varies reports whether rule i has other values on some plan or override than its own.
+func (p *Policy) varies(i int) bool {
+	for _, c := range p.classes[1:] {
+		if c.limits[i] != p.classes[0].limits[i] {
+			return true
+		}
+	}
+	return false
+}
+
+// conditional reports whether the rule applies to some requests only: it has a match,
+// or a rule replaces it.
+func (ru *rule) conditional() bool {
+	m := &ru.match
+	return m.method != "" || m.path != "" || m.pathPrefix || len(m.headers) > 0 || len(m.ips) > 0 || len(ru.replacedBy) > 0
 }
 
 func (ru *rule) counting() middleware.Counting {

@@ -133,4 +133,3 @@ func BenchmarkPolicyMiddleware(b *testing.B) {
 		})
 	}
 }
-

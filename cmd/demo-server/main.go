@@ -186,7 +186,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 10*time.Second, "how long a crashed server's /api/slow leases hold their slots (running requests renew theirs)")
 	fs.Int64Var(&o.byteLimit, "byte-limit", 1<<20, "GET /api/download response bytes per window per client IP")
 	fs.BoolVar(&o.shadow, "shadow", false, "run every rule in shadow mode: decided and counted in /metrics, never refusing")
-	fs.StringVar(&o.policy, "policy", "", "a policy file (docs/POLICY.md; cmd/demo-server/policy.yaml) whose rules limit /api in place of -limit and the flags of each route; reloaded when it changes and on SIGHUP")
+	fs.StringVar(&o.policy, "policy", "", "a policy file (docs/POLICY.md; cmd/demo-server/policy.yaml) whose rules limit /api in place of -limit and the limit flags of each route (its ip identity is the connection's peer: -trusted-proxies does not apply); reloaded when it changes and on SIGHUP")
 	fs.DurationVar(&o.server.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "time to read a request's line and headers (0: no limit)")
 	fs.DurationVar(&o.server.readTimeout, "read-timeout", defaultReadTimeout, "time to read a whole request, body included (0: no limit)")
 	fs.DurationVar(&o.server.writeTimeout, "write-timeout", defaultWriteTimeout, "time from the end of a request's headers to the end of its response (0: no limit)")

@@ -71,9 +71,13 @@ func syntaxError(name string, err error) error {
 // own errors give a line only, and no path). It records each field's node by path for
 // the checks after decoding.
 type walker struct {
-	file string
-	pos  map[string]*yaml.Node
+	file    string
+	pos     map[string]*yaml.Node
+	aliases int // aliases followed, bounded so that nested aliases cannot blow a file up
 }
+
+// maxAliases is the most aliases (*name) a file may follow, counted at every use.
+const maxAliases = 1000
 
 var durationType = reflect.TypeFor[duration]()
 
@@ -83,6 +87,9 @@ func (w *walker) fail(n *yaml.Node, path, format string, args ...any) error {
 
 func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) error {
 	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		if w.aliases++; w.aliases > maxAliases {
+			return w.fail(n, path, "follows more than %d aliases", maxAliases)
+		}
 		n = n.Alias
 	}
 	w.pos[path] = n

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -86,6 +87,8 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:5:5: rules[0].shadow: is given twice`},
 		{"list_for_mapping", "rules:\n  - name: a\n    identity: ip\n    time: [5]\n",
 			`p.yaml:4:11: rules[0].time: must be a mapping, got a list`},
+		{"alias_bomb", "plans:\n  a: {r: &l {limit: 1}}\n" + aliasBomb(),
+			`p.yaml:3:149: plans.p23.r16: follows more than 1000 aliases`},
 		{"not_yaml", "rules: [\n",
 			`p.yaml:1: did not find expected node content`},
 		{"empty", "# nothing\n", `p.yaml: is empty: a policy has at least a list of rules`},
@@ -107,6 +110,21 @@ func TestParseErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// aliasBomb is 40 plans, each an alias of a plan of 40 rules that are each an alias:
+// 1,600 uses of an alias.
+func aliasBomb() string {
+	var b strings.Builder
+	b.WriteString("  m: &m {")
+	for j := range 40 {
+		fmt.Fprintf(&b, "r%d: *l, ", j)
+	}
+	b.WriteString("}\n")
+	for i := range 40 {
+		fmt.Fprintf(&b, "  p%d: *m\n", i)
+	}
+	return b.String()
 }
 
 func TestLoadMissing(t *testing.T) {

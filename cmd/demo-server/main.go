@@ -5,6 +5,11 @@
 //	go run ./cmd/demo-server -limit 3 -window 10s
 //	curl -i http://127.0.0.1:8080/api/hello
 //
+// With -policy FILE the /api routes are limited by the rules of a policy file
+// (docs/POLICY.md; cmd/demo-server/policy.yaml) instead of -limit and the other limit
+// flags: it is read again when it changes and on SIGHUP, a failed reload is logged and
+// counted (ratebudget_policy_reloads_total), and GET / shows the policy in effect.
+//
 // GET / lists the routes and their limits; HEAD is answered on every GET route and
 // spends the same budget. On SIGINT or SIGTERM it stops accepting connections and lets
 // running requests finish, for up to 15 s, and exits with status 0; requests still
@@ -107,6 +112,7 @@ type options struct {
 	leaseTTL       time.Duration
 	byteLimit      int64
 	shadow         bool
+	policy         string // -policy: a policy file; "" for the limits of the flags
 	server         serverLimits
 }
 
@@ -180,6 +186,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.leaseTTL, "lease-ttl", 10*time.Second, "how long a crashed server's /api/slow leases hold their slots (running requests renew theirs)")
 	fs.Int64Var(&o.byteLimit, "byte-limit", 1<<20, "GET /api/download response bytes per window per client IP")
 	fs.BoolVar(&o.shadow, "shadow", false, "run every rule in shadow mode: decided and counted in /metrics, never refusing")
+	fs.StringVar(&o.policy, "policy", "", "a policy file (docs/POLICY.md; cmd/demo-server/policy.yaml) whose rules limit /api in place of -limit and the limit flags of each route (its ip identity is the connection's peer: -trusted-proxies does not apply); reloaded when it changes and on SIGHUP")
 	fs.DurationVar(&o.server.readHeaderTimeout, "read-header-timeout", defaultReadHeaderTimeout, "time to read a request's line and headers (0: no limit)")
 	fs.DurationVar(&o.server.readTimeout, "read-timeout", defaultReadTimeout, "time to read a whole request, body included (0: no limit)")
 	fs.DurationVar(&o.server.writeTimeout, "write-timeout", defaultWriteTimeout, "time from the end of a request's headers to the end of its response (0: no limit)")
@@ -199,13 +206,14 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	// refused, not read as the default: -addr "" would listen on every interface, and
 	// -redis "" would give each process budgets of its own.
 	var empty error
+	whyNotEmpty := map[string]string{
+		"addr":   "host:port; :8080 listens on every interface",
+		"redis":  "leave the flag out to keep budgets in process",
+		"policy": "leave the flag out for the limits of the flags",
+	}
 	fs.Visit(func(f *flag.Flag) {
-		switch {
-		case empty != nil || f.Value.String() != "":
-		case f.Name == "addr":
-			empty = errors.New("-addr: must not be empty (host:port; :8080 listens on every interface)")
-		case f.Name == "redis":
-			empty = errors.New("-redis: must not be empty (leave the flag out to keep budgets in process)")
+		if why, ok := whyNotEmpty[f.Name]; ok && empty == nil && f.Value.String() == "" {
+			empty = fmt.Errorf("-%s: must not be empty (%s)", f.Name, why)
 		}
 	})
 	if empty != nil {
@@ -335,7 +343,14 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 		return err
 	}
 	defer closeLim()
-	h, err := newHandler(o, lim, log)
+	var pol *policyState
+	if o.policy != "" {
+		if pol, err = watchPolicy(ctx, o.policy, log); err != nil {
+			return err
+		}
+		defer pol.close()
+	}
+	h, err := newHandler(o, lim, log, pol)
 	if err != nil {
 		return err
 	}
@@ -394,7 +409,7 @@ func newLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Li
 
 // newHandler builds the demo's routes. Each rule states its unit, identity, scope and
 // time rule; the guide at GET / prints them.
-func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handler, error) {
+func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger, pol *policyState) (http.Handler, error) {
 	ipOpts := []keyfuncs.IPOption{keyfuncs.IPv6Prefix(o.ipv6Prefix)}
 	if len(o.trustedProxies) > 0 {
 		ipOpts = append(ipOpts, keyfuncs.TrustedProxies(o.trustedProxies...), keyfuncs.XForwardedFor())
@@ -451,8 +466,12 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 	case "local":
 		common = append(common, middleware.WithLocalFallback(o.replicas))
 	}
+	api, err := pol.middleware(lim, reg, common) // on every /api route
+	if err != nil {
+		return nil, err
+	}
 	mk := func(rules []middleware.Rule, extra ...middleware.Option) (func(http.Handler) http.Handler, error) {
-		if o.noLimit {
+		if flagLimitsOff(o, pol) {
 			return func(next http.Handler) http.Handler { return next }, nil
 		}
 		for i := range rules {
@@ -499,10 +518,11 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger) (http.Handl
 	// HEAD on a GET route runs the GET handler (and its limits) without the body, as
 	// RFC 9110 asks; it spends the same budget as GET, so it is no way around a limit.
 	r.Use(chimw.GetHead)
-	r.Get("/", guide(o))
+	r.Get("/", pol.guide(o))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	r.Route("/api", func(r chi.Router) {
+		r.Use(api)
 		r.With(perIP).Get("/hello", func(w http.ResponseWriter, _ *http.Request) {
 			_, _ = io.WriteString(w, "hello\n")
 		})

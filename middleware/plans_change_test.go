@@ -215,3 +215,45 @@ func inflightCarriesOver(t *testing.T, lim ratebudget.Limiter, clk *fakeClock) {
 	hold()
 	ps.expect(429, 0)
 }
+
+// TestPlanChangeThroughWarmRefusalCaches: two replicas (two Redis limiters, their
+// refusal caches on, as by default) refuse a tenant on plan free, twice each, so that
+// both caches hold the refusal; the tenant moves to pro, and its next request on each
+// replica is admitted, decided by Redis: a cached refusal names the rule's limit, so it
+// never answers for another plan.
+func TestPlanChangeThroughWarmRefusalCaches(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	replica := func() *planSwitch {
+		lim, err := lua.New(client, lua.WithPrefix("plans-warm"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return newPlanSwitch(t, lim, nil, rule("api", 10, time.Hour), nil)
+	}
+	a, b := replica(), replica()
+	for i := int64(4); i >= 2; i-- {
+		a.expect(200, i)
+	}
+	b.expect(200, 1)
+	b.expect(200, 0)
+	for range 2 {
+		b.expect(429, 0)
+		a.expect(429, 0)
+	}
+	refused := time.Now()
+	before := srv.ScriptCalls(t)
+	a.expect(429, 0) // the cache answers: Redis is not asked
+	// (a cached refusal repeats for at most 1 s: on a runner stalled that long, Redis
+	// is asked again, and the count says nothing)
+	if n := srv.ScriptCalls(t) - before; n != 0 && time.Since(refused) < 500*time.Millisecond {
+		t.Fatalf("a refusal repeated by a warm cache ran %d scripts, want 0", n)
+	}
+	a.on("pro")
+	b.on("pro")
+	a.expect(200, 94) // 5 spent of 100, and this one
+	b.expect(200, 93)
+	a.on("free")
+	a.expect(429, 0) // 7 spent: over free's 5 again
+}

@@ -89,7 +89,7 @@ func (ps *planSwitch) spendFreeThenPro() {
 // TestPlanChangeCarriesOver moves a tenant from free to pro and back, on each time rule,
 // on the in-process limiter (a driven clock) and on a real Redis (the server's clock):
 // what was spent carries over both ways, and after the shrink the tenant is refused
-// until its window ends (fixed), its events leave the window (rolling), tokens refill
+// until its window ends (fixed) or its day ends (calendar), its events leave the window (rolling), tokens refill
 // at the free rate (token) or enough leases end (in flight).
 func TestPlanChangeCarriesOver(t *testing.T) {
 	t.Parallel()
@@ -156,6 +156,24 @@ func TestPlanChangeCarriesOver(t *testing.T) {
 				ps.expect(429, 0)
 				clk.Advance(time.Millisecond)
 				ps.expect(200, 4) // every event left the window
+			}
+		})
+		t.Run(store+"/calendar", func(t *testing.T) {
+			lim, clk := newLim(t, "plans-calendar")
+			ps := newPlanSwitch(t, lim, clk, ratebudget.Rule{Name: "api", Algorithm: ratebudget.Calendar, Limit: 10, Period: ratebudget.Day}, nil)
+			ps.spendFreeThenPro()
+			w := ps.expect(429, 0) // 8 spent in a day of 5: refused until midnight (UTC)
+			s := ps.retryAfter(w, 86400)
+			if clk != nil {
+				now := clk.Now().UTC()
+				left := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.UTC).Sub(now)
+				if s != int64(left/time.Second) {
+					t.Fatalf("Retry-After %d, want %d (the day's end)", s, int64(left/time.Second))
+				}
+				clk.Advance(left - time.Millisecond)
+				ps.expect(429, 0)
+				clk.Advance(time.Millisecond)
+				ps.expect(200, 4) // a new day, under free
 			}
 		})
 		t.Run(store+"/inflight", func(t *testing.T) {

@@ -146,21 +146,28 @@ func startClusterWithReplicas(tb testing.TB, ca *testCA, masters, replicasPerMas
 	// served), and a node it has heard of by gossip only may not be connected yet.
 	for i, a := range admins {
 		poll(ctx, tb, fmt.Sprintf("node %d to agree on the cluster's nodes and slots", i), func() (bool, string) {
-			info, err := a.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				return false, fmt.Sprint(info, err)
-			}
-			nodes, err := a.ClusterNodes(ctx).Result()
-			if err != nil {
-				return false, err.Error()
-			}
-			if !cl.agrees(nodes, masters) {
-				return false, nodes
-			}
-			return cl.shardsAgree(ctx, a)
+			return cl.agreed(ctx, a, masters)
 		})
 	}
 	return cl
+}
+
+// agreed reports whether the node a reports the cluster ok, its CLUSTER NODES reply
+// agrees (see [Cluster.agrees]) and so does its CLUSTER SHARDS reply (see
+// [Cluster.shardsAgree]), with the reply that did not as the state.
+func (c *Cluster) agreed(ctx context.Context, a *redis.Client, masters int) (bool, string) {
+	info, err := a.ClusterInfo(ctx).Result()
+	if err != nil || !strings.Contains(info, "cluster_state:ok") {
+		return false, fmt.Sprint(info, err)
+	}
+	nodes, err := a.ClusterNodes(ctx).Result()
+	if err != nil {
+		return false, err.Error()
+	}
+	if !c.agrees(nodes, masters) {
+		return false, nodes
+	}
+	return c.shardsAgree(ctx, a)
 }
 
 // shardsAgree reports whether a's CLUSTER SHARDS reply groups every replica with the

@@ -146,18 +146,66 @@ func startClusterWithReplicas(tb testing.TB, ca *testCA, masters, replicasPerMas
 	// served), and a node it has heard of by gossip only may not be connected yet.
 	for i, a := range admins {
 		poll(ctx, tb, fmt.Sprintf("node %d to agree on the cluster's nodes and slots", i), func() (bool, string) {
-			info, err := a.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				return false, fmt.Sprint(info, err)
-			}
-			nodes, err := a.ClusterNodes(ctx).Result()
-			if err != nil {
-				return false, err.Error()
-			}
-			return cl.agrees(nodes, masters), nodes
+			return cl.agreed(ctx, a, masters)
 		})
 	}
 	return cl
+}
+
+// agreed reports whether the node a reports the cluster ok, its CLUSTER NODES reply
+// agrees (see [Cluster.agrees]) and so does its CLUSTER SHARDS reply (see
+// [Cluster.shardsAgree]), with the reply that did not as the state.
+func (c *Cluster) agreed(ctx context.Context, a *redis.Client, masters int) (bool, string) {
+	info, err := a.ClusterInfo(ctx).Result()
+	if err != nil || !strings.Contains(info, "cluster_state:ok") {
+		return false, fmt.Sprint(info, err)
+	}
+	nodes, err := a.ClusterNodes(ctx).Result()
+	if err != nil {
+		return false, err.Error()
+	}
+	if !c.agrees(nodes, masters) {
+		return false, nodes
+	}
+	return c.shardsAgree(ctx, a)
+}
+
+// shardsAgree reports whether a's CLUSTER SHARDS reply groups every replica with the
+// master it was started for, in the shard of that master's slots, with the reply as the
+// state. CLUSTER NODES agreeing is not enough on every server: Redis 7.0 groups a
+// replica with the master it follows, but Valkey (as Redis since 7.2) groups nodes by
+// shard ID, which a replica takes from its master on CLUSTER REPLICATE and the other
+// nodes learn by gossip (a ping extension) only later; until then they list the replica
+// in a shard of its own, without slots.
+func (c *Cluster) shardsAgree(ctx context.Context, a *redis.Client) (bool, string) {
+	shards, err := a.ClusterShards(ctx).Result()
+	if err != nil {
+		return false, err.Error()
+	}
+	state := fmt.Sprintf("%+v", shards)
+	for _, sh := range shards {
+		var replicas, want []string
+		for _, sn := range sh.Nodes {
+			if sn.Role != "master" {
+				replicas = append(replicas, sn.ID)
+			}
+		}
+		if len(sh.Slots) == 0 {
+			if len(replicas) > 0 {
+				return false, state // a replica not yet in its master's shard
+			}
+			continue
+		}
+		for _, r := range c.ReplicasOf(c.SlotOwner(int(sh.Slots[0].Start))) {
+			want = append(want, r.ID)
+		}
+		slices.Sort(replicas)
+		slices.Sort(want)
+		if !slices.Equal(replicas, want) {
+			return false, state
+		}
+	}
+	return true, state
 }
 
 // agrees reports whether nodes, a node's CLUSTER NODES reply, lists exactly c's nodes,

@@ -36,8 +36,8 @@ func TestClusterFailover(t *testing.T) {
 	killed := time.Now()
 	promoted := cl.WaitPromoted(t, r, 10*cl.NodeTimeout+10*time.Second)
 	t.Logf("replica promoted %v after the kill (node timeout %v)", promoted.Sub(killed).Round(time.Millisecond), cl.NodeTimeout)
-	if got := r.Client(t).Get(ctx, key).Val(); got != "v" {
-		t.Fatalf("the promoted replica has %q, want the replicated value", got)
+	if got, err := r.Client(t).Get(ctx, key).Result(); got != "v" {
+		t.Fatalf("the promoted replica has %q (%v), want the replicated value", got, err)
 	}
 	if n := r.ScriptCalls(t); n != 0 {
 		t.Fatalf("%d script calls on a fresh node", n)

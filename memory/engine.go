@@ -170,49 +170,54 @@ func decide(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, lease i
 }
 
 func decideFixed(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ratebudget.Outcome {
-	count, end := int64(0), now+r.Window.Milliseconds()
+	limit, w := r.Limit, r.Window.Milliseconds()
+	count, end := int64(0), now+w
 	if b != nil && now < b.end {
 		count, end = b.count, b.end
 	}
-	o := decideCount(r.Limit, count, cost, end-now)
-	if o.Allowed && commit {
-		b.count, b.end, b.expires = count+cost, end, end
-	}
-	return o
-}
-
-// decideCount decides cost against count units spent of limit in a window (or period)
-// that ends left ms from now: a cost above the limit is Exceeded, one that does not fit
-// is refused until the end, one that fits is admitted (the caller spends it).
-func decideCount(limit, count, cost, left int64) ratebudget.Outcome {
 	if cost > limit {
 		reset := int64(0) // an untouched window resets nothing
 		if count != 0 {
-			reset = left
+			reset = end - now
 		}
 		return ratebudget.Outcome{Exceeded: true, Remaining: limit - count, ResetAfter: timerule.Duration(reset)}
 	}
 	if count+cost > limit {
-		return ratebudget.Outcome{Remaining: limit - count, ResetAfter: timerule.Duration(left), RetryAfter: timerule.Duration(left)}
+		return ratebudget.Outcome{Remaining: limit - count, ResetAfter: timerule.Duration(end - now), RetryAfter: timerule.Duration(end - now)}
 	}
-	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: timerule.Duration(left)}
+	if commit {
+		b.count, b.end, b.expires = count+cost, end, end
+	}
+	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: timerule.Duration(end - now)}
 }
 
 // decideCalendar counts as decideFixed does, in the calendar period that contains now
 // rather than a window opened by the first admission: the budget's count holds while its
 // period's start (b.end) is the start of the period of now, as the Redis limiter's does,
 // and a request of another period starts at 0. Reset and retry are at the period's end.
+// It repeats decideFixed's three outcomes on purpose: one function shared by both cost a
+// fixed window's decision 8% (BenchmarkMemoryAllow/fixed 119 to 129 ns, alternated).
 func decideCalendar(b *budget, r *ratebudget.Rule, cost, now int64, commit bool, cal *timerule.PeriodCache) ratebudget.Outcome {
+	limit := r.Limit
 	count := int64(0)
 	start, end := cal.Of(r, now)
 	if b != nil && b.end == start && now < b.expires {
 		count = b.count
 	}
-	o := decideCount(r.Limit, count, cost, end-now)
-	if o.Allowed && commit {
+	if cost > limit {
+		reset := int64(0) // an untouched period resets nothing
+		if count != 0 {
+			reset = end - now
+		}
+		return ratebudget.Outcome{Exceeded: true, Remaining: limit - count, ResetAfter: timerule.Duration(reset)}
+	}
+	if count+cost > limit {
+		return ratebudget.Outcome{Remaining: limit - count, ResetAfter: timerule.Duration(end - now), RetryAfter: timerule.Duration(end - now)}
+	}
+	if commit {
 		b.count, b.end, b.expires = count+cost, start, end
 	}
-	return o
+	return ratebudget.Outcome{Allowed: true, Remaining: limit - count - cost, ResetAfter: timerule.Duration(end - now)}
 }
 
 func decideToken(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ratebudget.Outcome {

@@ -480,15 +480,19 @@ func (c *core) decide(ctx context.Context, checks []ratebudget.Check, tickets []
 }
 
 // group returns the checks in the slot of check first, if first is the first of them.
-func (d *decision) group(first int) []int {
+func (d *decision) group(first int) []int { return slotGroup(d.slots, first) }
+
+// slotGroup returns the indexes of the slots equal to slots[first], if first is the
+// first of them, else nil.
+func slotGroup(slots []uint16, first int) []int {
 	for j := 0; j < first; j++ {
-		if d.slots[j] == d.slots[first] {
+		if slots[j] == slots[first] {
 			return nil
 		}
 	}
 	var g []int
-	for i := first; i < len(d.slots); i++ {
-		if d.slots[i] == d.slots[first] {
+	for i := first; i < len(slots); i++ {
+		if slots[i] == slots[first] {
 			g = append(g, i)
 		}
 	}

@@ -77,16 +77,5 @@ func resetGroup(slots []uint16, first int, oneServer bool) []int {
 		}
 		return all
 	}
-	for j := 0; j < first; j++ {
-		if slots[j] == slots[first] {
-			return nil
-		}
-	}
-	var g []int
-	for i := first; i < len(slots); i++ {
-		if slots[i] == slots[first] {
-			g = append(g, i)
-		}
-	}
-	return g
+	return slotGroup(slots, first)
 }

@@ -133,21 +133,14 @@ func (cr *compiledRule) variant(rule, field string, p Plan, replicas int) (compi
 	return v, nil
 }
 
-// planName checks a plan's name: 1 to 64 bytes of [A-Za-z0-9_.-].
+// planName checks a plan's name as a rule's name is checked (1 to 64 bytes of
+// [A-Za-z0-9_.-]), by ratebudget.Rule.Validate, reporting it as field's Name.
 func planName(rule, field, name string) error {
-	bad := func(problem string) error {
-		return &ratebudget.ConfigError{Rule: rule, Field: field + ".Name", Problem: problem}
+	err := ratebudget.Rule{Name: name, Limit: 1, Window: time.Millisecond}.Validate()
+	if ce, ok := err.(*ratebudget.ConfigError); ok {
+		return &ratebudget.ConfigError{Rule: rule, Field: field + ".Name", Problem: ce.Problem}
 	}
-	if name == "" || len(name) > 64 {
-		return bad("must be 1 to 64 bytes, got " + strconv.Itoa(len(name)))
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return bad("has byte " + strconv.QuoteRune(rune(c)) + " at " + strconv.Itoa(i) + "; use only [A-Za-z0-9_.-]")
-		}
-	}
-	return nil
+	return err
 }
 
 // resolve returns the rule r is decided under: cr's variant for r's plan, or cr itself

@@ -49,24 +49,7 @@ func runMain(t *testing.T, args ...string) (int, string, string) {
 // startDemo runs the demo server on a free loopback port until the test ends.
 func startDemo(t *testing.T, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), io.Discard, ready) }()
-	select {
-	case addr := <-ready:
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("demo-server: %v", err)
-			}
-		})
-		return "http://" + addr
-	case err := <-done:
-		cancel()
-		t.Fatalf("demo-server did not start: %v", err)
-	}
-	return ""
+	return startDemoCtx(t, context.Background(), args...)
 }
 
 func get(t *testing.T, method, url string, hdr map[string]string) *http.Response {

@@ -103,7 +103,10 @@
 // ("/api/*", one scope for the subtree: use r.With or r.Group there); with an
 // http.ServeMux, wrap the handler given to mux.Handle, not the mux
 // (around a mux no route is known yet: 500 and one log line). See [RoutePattern].
-// [URLPath] scopes by the raw
-// path, as httprate's KeyByEndpoint does, for code ported from it: every distinct URL
-// gets its own budget, so prefer a route pattern.
+// There is no scope by the raw URL path, httprate's KeyByEndpoint: a budget per distinct
+// URL is state without bound, chosen by the client, who also gets a fresh budget by
+// varying the path. Code ported from httprate uses [RoutePattern]; where the raw path
+// must stay, Func(func(r *http.Request) (string, error) { return r.URL.Path, nil }) is
+// KeyByEndpoint's key, each key bounded (long or unusual paths are hashed, see [Func])
+// but not their number.
 package keyfuncs

@@ -25,24 +25,20 @@ const (
 	srcChi
 )
 
-func (s source) String() string {
+// optionName names the option that chooses source s (reading header, for a forwarding
+// header), for configuration errors.
+func optionName(s source, header string) string {
 	switch s {
-	case srcXFF:
-		return "XForwardedFor"
-	case srcForwarded:
-		return "Forwarded"
-	case srcHeader:
-		return "RealIPHeader"
 	case srcChi:
 		return "ChiClientIP"
 	}
-	return "RemoteAddr"
+	return fmt.Sprintf("FromHeader(%q)", header)
 }
 
 type ipConfig struct {
 	src       source
 	srcSet    bool
-	header    string // canonical name, for srcHeader
+	header    string // the forwarding header's canonical name
 	trusted   []netip.Prefix
 	trustSet  bool
 	strict    bool
@@ -62,9 +58,9 @@ type ipConfig struct {
 // rewrites r.RemoteAddr from request headers before ClientIP runs, such as chi's
 // middleware.RealIP (which believes X-Forwarded-For and X-Real-IP from anyone), makes it
 // whatever the client writes: do not mount one in front of a limit. Behind proxies,
-// name them with [TrustedProxies] and choose one forwarding header with
-// [XForwardedFor], [Forwarded] or [RealIPHeader]; the header is then believed only when
-// the TCP peer is itself a trusted proxy. To reuse the address that chi's
+// name them with [TrustedProxies] and choose the forwarding header they write with
+// [FromHeader]; the header is then believed only when the TCP peer is itself a trusted
+// proxy. To reuse the address that chi's
 // middleware.ClientIPFrom* middlewares stored, use [ChiClientIP].
 //
 // IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) are read as IPv4, and IPv6 zones are
@@ -87,23 +83,23 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	forwarding := c.src == srcXFF || c.src == srcForwarded || c.src == srcHeader
 	switch {
 	case forwarding && !c.trustSet:
-		return nil, fmt.Errorf("keyfuncs: %v requires TrustedProxies: forwarding headers are believed only from trusted peers", c.src)
+		return nil, fmt.Errorf("keyfuncs: %s requires TrustedProxies: forwarding headers are believed only from trusted peers", optionName(c.src, c.header))
 	case c.trustSet && c.src == srcChi:
 		return nil, errors.New("keyfuncs: TrustedProxies cannot be combined with ChiClientIP: the chi middleware makes the trust decision")
 	case c.trustSet && !forwarding:
-		return nil, errors.New("keyfuncs: TrustedProxies has no effect without XForwardedFor, Forwarded or RealIPHeader")
+		return nil, errors.New("keyfuncs: TrustedProxies has no effect without FromHeader")
 	case c.strict && !forwarding:
-		return nil, errors.New("keyfuncs: RequireForwarding needs XForwardedFor, Forwarded or RealIPHeader")
+		return nil, errors.New("keyfuncs: RequireForwarding needs FromHeader")
+	}
+	if forwarding {
+		c.errHeader = &headerError{ErrInvalidHeader, c.header}
 	}
 	switch c.src {
 	case srcXFF:
-		c.errHeader = &headerError{ErrInvalidHeader, "X-Forwarded-For"}
 		return c.fromXFF, nil
 	case srcForwarded:
-		c.errHeader = &headerError{ErrInvalidHeader, "Forwarded"}
 		return c.fromForwarded, nil
 	case srcHeader:
-		c.errHeader = &headerError{ErrInvalidHeader, c.header}
 		return c.fromHeader, nil
 	case srcChi:
 		return c.fromChi, nil
@@ -111,17 +107,19 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 	return c.fromRemoteAddr, nil
 }
 
-func (c *ipConfig) setSource(s source) error {
+// setSource records the source an option chose (header is the canonical name of a
+// forwarding header, "" otherwise); a second choice is an error naming both options.
+func (c *ipConfig) setSource(s source, header string) error {
 	if c.srcSet {
-		return fmt.Errorf("keyfuncs: %v and %v both choose the client address source; choose one", c.src, s)
+		return fmt.Errorf("keyfuncs: %s and %s both choose the client address source; choose one", optionName(c.src, c.header), optionName(s, header))
 	}
-	c.src, c.srcSet = s, true
+	c.src, c.header, c.srcSet = s, header, true
 	return nil
 }
 
 // TrustedProxies names the proxies whose forwarding headers are believed, as CIDR
 // prefixes ("10.0.0.0/8", "2001:db8::/32") or single addresses ("192.0.2.10"). Use it
-// with one of [XForwardedFor], [Forwarded] or [RealIPHeader]. When the TCP peer is not in
+// with [FromHeader]. When the TCP peer is not in
 // the list, forwarding headers are ignored entirely and the peer is the client.
 //
 // List only addresses that clients cannot use themselves: an address in the list is
@@ -171,27 +169,36 @@ func parseTrusted(s string) (netip.Prefix, error) {
 	return p.Masked(), nil
 }
 
-// XForwardedFor makes [ClientIP] read the client from X-Forwarded-For when the TCP peer
-// is a trusted proxy (see [TrustedProxies], which it requires).
+// FromHeader makes [ClientIP] read the client from the forwarding header name, the one
+// your trusted proxies write, when the TCP peer is a trusted proxy (see [TrustedProxies],
+// which it requires). From any other peer the header is ignored entirely and the peer is
+// the client. The name is matched case-insensitively, in its canonical form
+// ("x-real-ip" reads X-Real-Ip), and decides how the header is read:
 //
-// All X-Forwarded-For lines are joined in order and split on commas, and the chain is
-// walked from the right, the peer being the last hop: the first address that is not
-// trusted is the client. Addresses left of it were written by the client or by proxies
-// you do not trust, and are never read. If every address is trusted, the leftmost one is
-// the client. Entries may carry a port ("192.0.2.1:4711", "[2001:db8::1]:4711"). An
-// entry that does not parse, met before the client is found, is [ErrInvalidHeader]; an
-// "unknown" entry is [ErrNoClientIP]. Without the header the peer is the client (a
-// request made by the proxy itself), unless [RequireForwarding] is given.
-func XForwardedFor() IPOption {
-	return func(c *ipConfig) error { return c.setSource(srcXFF) }
-}
-
-// Forwarded makes [ClientIP] read the client from the RFC 7239 Forwarded header's "for"
-// parameters when the TCP peer is a trusted proxy (see [TrustedProxies], which it
-// requires). The chain is walked from the right as with [XForwardedFor]; several
-// Forwarded lines are one list, in order.
+//   - "X-Forwarded-For": a chain of addresses. All X-Forwarded-For lines are joined in
+//     order and split on commas, and the chain is walked from the right, the peer being
+//     the last hop: the first address that is not trusted is the client. Addresses left
+//     of it were written by the client or by proxies you do not trust, and are never
+//     read. If every address is trusted, the leftmost one is the client. Entries may
+//     carry a port ("192.0.2.1:4711", "[2001:db8::1]:4711"). An entry that does not
+//     parse, met before the client is found, is [ErrInvalidHeader]; an "unknown" entry
+//     is [ErrNoClientIP].
+//   - "Forwarded": the "for" parameters of the RFC 7239 Forwarded header, a chain walked
+//     from the right as X-Forwarded-For's is; several Forwarded lines are one list, in
+//     order. Its grammar is below.
+//   - Any other name: a single-address header that your trusted proxy sets, such as
+//     X-Real-IP (nginx), CF-Connecting-IP (Cloudflare), True-Client-IP or
+//     Fastly-Client-IP. Use it only for a header that the proxy overwrites on every
+//     request: several products pass True-Client-IP and Fastly-Client-IP through from
+//     the client unless configured to strip them. When the header has several lines the
+//     last one wins (the one written nearest to this server). A value that is not
+//     exactly one IP address is [ErrInvalidHeader]: there is no fallback to other values
+//     or to the peer.
 //
-// The header is read by RFC 7239's grammar (section 4), strictly, since its quoting
+// Without the header (or with only empty entries) the peer is the client, a request made
+// by the proxy itself, unless [RequireForwarding] is given.
+//
+// Forwarded is read by RFC 7239's grammar (section 4), strictly, since its quoting
 // decides where the element your proxy wrote begins. A value is a token or a quoted
 // string, so a node with an IPv6 address or a port must be quoted: for="[2001:db8::1]",
 // for="192.0.2.1:4711" (and a host with a port, host="example.com:8080"). Parameter names
@@ -202,35 +209,29 @@ func XForwardedFor() IPOption {
 // bracketed IPv6 address without a zone, "unknown" or an obfuscated identifier, each
 // with an optional port) and a chain of more than 64 elements: no address is guessed
 // from a header that does not parse. A proxy that writes IPv6 addresses or ports
-// unquoted must be configured to quote them.
+// unquoted must be configured to quote them. A hop reported as "unknown" or by an
+// obfuscated identifier ("_hidden", with or without a port), or by an element without a
+// "for" parameter, cannot be checked against the trusted list and hides the client's
+// address: reaching it is [ErrNoClientIP], never the address of the proxy that reported
+// it (which would put every client of that proxy in one budget).
 //
-// A hop reported as "unknown" or by an obfuscated identifier ("_hidden", with or without
-// a port), or by an element without a "for" parameter, cannot be checked against the
-// trusted list and hides the client's address: reaching it is [ErrNoClientIP], never the
-// address of the proxy that reported it (which would put every client of that proxy in
-// one budget).
-func Forwarded() IPOption {
-	return func(c *ipConfig) error { return c.setSource(srcForwarded) }
-}
-
-// RealIPHeader makes [ClientIP] read the client from a single-address header that your
-// trusted proxy sets, such as X-Real-IP (nginx), CF-Connecting-IP (Cloudflare),
-// True-Client-IP or Fastly-Client-IP, when the TCP peer is a trusted proxy (see
-// [TrustedProxies], which it requires).
-//
-// Use it only for a header that the proxy overwrites on every request: several products
-// pass True-Client-IP and Fastly-Client-IP through from the client unless configured to
-// strip them. When the header has several lines the last one wins (the one written
-// nearest to this server). A value that is not exactly one IP address is
-// [ErrInvalidHeader]: there is no fallback to other values or to the peer. Without the
-// header the peer is the client, unless [RequireForwarding] is given.
-func RealIPHeader(name string) IPOption {
+// ClientIP fails naming FromHeader when name is empty or holds a space, a tab, CR, LF or
+// ':', and when FromHeader is given twice or with [ChiClientIP]: the client's address
+// comes from one place.
+func FromHeader(name string) IPOption {
 	return func(c *ipConfig) error {
 		if name == "" || strings.ContainsAny(name, " \t\r\n:") {
-			return fmt.Errorf("keyfuncs: RealIPHeader: invalid header name %q", name)
+			return fmt.Errorf("keyfuncs: FromHeader: invalid header name %q", name)
 		}
-		c.header = http.CanonicalHeaderKey(name)
-		return c.setSource(srcHeader)
+		h := http.CanonicalHeaderKey(name)
+		s := srcHeader
+		switch h {
+		case "X-Forwarded-For":
+			s = srcXFF
+		case "Forwarded":
+			s = srcForwarded
+		}
+		return c.setSource(s, h)
 	}
 }
 
@@ -254,7 +255,7 @@ func RequireForwarding() IPOption {
 // middleware.ClientIPFromXFFTrustedProxies(n) and use ChiClientIP. Prefer
 // [TrustedProxies]: a wrong count silently trusts a client-written entry.
 func ChiClientIP() IPOption {
-	return func(c *ipConfig) error { return c.setSource(srcChi) }
+	return func(c *ipConfig) error { return c.setSource(srcChi, "") }
 }
 
 // IPv6Prefix sets the prefix length, in bits (1 to 128), that groups IPv6 clients into

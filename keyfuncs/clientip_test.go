@@ -83,7 +83,7 @@ func TestClientIP_RemoteAddr(t *testing.T) {
 
 func TestClientIP_XFF(t *testing.T) {
 	t.Parallel()
-	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8", "2001:db8:ffff::/48"), keyfuncs.XForwardedFor())
+	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8", "2001:db8:ffff::/48"), keyfuncs.FromHeader("X-Forwarded-For"))
 	runIP(t, fn, []ipCase{
 		{name: "one_proxy", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 203.0.113.7"}, want: "203.0.113.7"},
 		{name: "spoofed_left_entries", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 1.1.1.1, 2.2.2.2, 203.0.113.7"}, want: "203.0.113.7"},
@@ -113,7 +113,7 @@ func TestClientIP_XFF(t *testing.T) {
 
 func TestClientIP_RequireForwarding(t *testing.T) {
 	t.Parallel()
-	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.XForwardedFor(), keyfuncs.RequireForwarding())
+	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Forwarded-For"), keyfuncs.RequireForwarding())
 	runIP(t, fn, []ipCase{
 		{name: "no_header", peer: "10.0.0.1:80", wantErr: keyfuncs.ErrNoClientIP},
 		{name: "empty_header", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: , "}, wantErr: keyfuncs.ErrNoClientIP},
@@ -124,7 +124,7 @@ func TestClientIP_RequireForwarding(t *testing.T) {
 
 func TestClientIP_Forwarded(t *testing.T) {
 	t.Parallel()
-	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.Forwarded())
+	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("Forwarded"))
 	runIP(t, fn, []ipCase{
 		{name: "plain", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7"}, want: "203.0.113.7"},
 		{name: "params_and_case", peer: "10.0.0.1:80", headers: []string{"Forwarded: proto=https;FOR=203.0.113.7;by=10.0.0.1"}, want: "203.0.113.7"},
@@ -192,9 +192,9 @@ func TestClientIP_Forwarded(t *testing.T) {
 	})
 }
 
-func TestClientIP_RealIPHeader(t *testing.T) {
+func TestClientIP_SingleAddressHeader(t *testing.T) {
 	t.Parallel()
-	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.RealIPHeader("x-real-ip"))
+	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("x-real-ip"))
 	runIP(t, fn, []ipCase{
 		{name: "trusted_peer", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 203.0.113.7"}, want: "203.0.113.7"},
 		{name: "untrusted_peer_ignored", peer: "198.51.100.1:80", headers: []string{"X-Real-IP: 203.0.113.7"}, want: "198.51.100.1"},
@@ -206,6 +206,23 @@ func TestClientIP_RealIPHeader(t *testing.T) {
 		{name: "missing_is_peer", peer: "10.0.0.1:80", want: "10.0.0.1"},
 		{name: "xff_ignored", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 203.0.113.7"}, want: "10.0.0.1"},
 	})
+}
+
+// The name given to FromHeader is matched in its canonical form: any spelling of
+// X-Forwarded-For or Forwarded reads that header's chain, not a single address.
+func TestClientIP_FromHeaderNameCase(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"x-forwarded-for", "X-FORWARDED-FOR"} {
+		runIP(t, mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader(name)), []ipCase{
+			{name: name + "/chain", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 6.6.6.6, 203.0.113.7, 10.0.0.2"}, want: "203.0.113.7"},
+		})
+	}
+	for _, name := range []string{"forwarded", "FORWARDED"} {
+		runIP(t, mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader(name)), []ipCase{
+			{name: name + "/chain", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=6.6.6.6, for=203.0.113.7, for=10.0.0.2"}, want: "203.0.113.7"},
+			{name: name + "/unknown_hop", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=unknown"}, wantErr: keyfuncs.ErrNoClientIP},
+		})
+	}
 }
 
 func TestClientIP_ChiClientIP(t *testing.T) {
@@ -292,19 +309,22 @@ func TestClientIP_Config(t *testing.T) {
 		want string // substring of the error; "" for success
 	}{
 		{name: "default", opts: nil},
-		{name: "bad_cidr", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/33"), keyfuncs.XForwardedFor()}, want: "TrustedProxies"},
-		{name: "bad_addr", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("nope"), keyfuncs.XForwardedFor()}, want: "TrustedProxies"},
-		{name: "single_addr_ok", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("192.0.2.1", "::1"), keyfuncs.XForwardedFor()}},
-		{name: "slash_zero", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("0.0.0.0/0"), keyfuncs.XForwardedFor()}, want: "TrustedProxies"},
-		{name: "mapped_prefix", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("::ffff:10.0.0.0/104"), keyfuncs.XForwardedFor()}, want: "TrustedProxies"},
-		{name: "empty_trusted", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies(), keyfuncs.XForwardedFor()}, want: "TrustedProxies"},
-		{name: "xff_without_trust", opts: []keyfuncs.IPOption{keyfuncs.XForwardedFor()}, want: "XForwardedFor requires TrustedProxies"},
-		{name: "forwarded_without_trust", opts: []keyfuncs.IPOption{keyfuncs.Forwarded()}, want: "Forwarded requires TrustedProxies"},
-		{name: "header_without_trust", opts: []keyfuncs.IPOption{keyfuncs.RealIPHeader("X-Real-IP")}, want: "RealIPHeader requires TrustedProxies"},
+		{name: "bad_cidr", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/33"), keyfuncs.FromHeader("X-Forwarded-For")}, want: "TrustedProxies"},
+		{name: "bad_addr", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("nope"), keyfuncs.FromHeader("X-Forwarded-For")}, want: "TrustedProxies"},
+		{name: "single_addr_ok", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("192.0.2.1", "::1"), keyfuncs.FromHeader("X-Forwarded-For")}},
+		{name: "slash_zero", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("0.0.0.0/0"), keyfuncs.FromHeader("X-Forwarded-For")}, want: "TrustedProxies"},
+		{name: "mapped_prefix", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("::ffff:10.0.0.0/104"), keyfuncs.FromHeader("X-Forwarded-For")}, want: "TrustedProxies"},
+		{name: "empty_trusted", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies(), keyfuncs.FromHeader("X-Forwarded-For")}, want: "TrustedProxies"},
+		{name: "xff_without_trust", opts: []keyfuncs.IPOption{keyfuncs.FromHeader("X-Forwarded-For")}, want: `FromHeader("X-Forwarded-For") requires TrustedProxies`},
+		{name: "forwarded_without_trust", opts: []keyfuncs.IPOption{keyfuncs.FromHeader("Forwarded")}, want: `FromHeader("Forwarded") requires TrustedProxies`},
+		{name: "header_without_trust", opts: []keyfuncs.IPOption{keyfuncs.FromHeader("X-Real-IP")}, want: `FromHeader("X-Real-Ip") requires TrustedProxies`},
 		{name: "trust_without_source", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8")}, want: "TrustedProxies has no effect"},
-		{name: "two_sources", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.XForwardedFor(), keyfuncs.Forwarded()}, want: "choose one"},
+		{name: "two_sources", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Forwarded-For"), keyfuncs.FromHeader("Forwarded")}, want: "choose one"},
+		{name: "two_headers_named", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Real-IP"), keyfuncs.FromHeader("x-real-ip")}, want: `FromHeader("X-Real-Ip") and FromHeader("X-Real-Ip") both choose`},
+		{name: "header_and_chi", opts: []keyfuncs.IPOption{keyfuncs.FromHeader("X-Forwarded-For"), keyfuncs.ChiClientIP()}, want: `FromHeader("X-Forwarded-For") and ChiClientIP both choose`},
+		{name: "header_name_colon", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Real-IP:")}, want: "FromHeader: invalid header name"},
 		{name: "chi_with_trust", opts: []keyfuncs.IPOption{keyfuncs.ChiClientIP(), keyfuncs.TrustedProxies("10.0.0.0/8")}, want: "ChiClientIP"},
-		{name: "bad_header_name", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.RealIPHeader("")}, want: "RealIPHeader"},
+		{name: "bad_header_name", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("")}, want: "FromHeader"},
 		{name: "v6_prefix_range", opts: []keyfuncs.IPOption{keyfuncs.IPv6Prefix(0)}, want: "IPv6Prefix"},
 		{name: "v4_prefix_range", opts: []keyfuncs.IPOption{keyfuncs.IPv4Prefix(33)}, want: "IPv4Prefix"},
 		{name: "require_without_source", opts: []keyfuncs.IPOption{keyfuncs.RequireForwarding()}, want: "RequireForwarding"},

@@ -5,7 +5,7 @@
 //
 //	clientIP, err := keyfuncs.ClientIP(
 //		keyfuncs.TrustedProxies("10.0.0.0/8"), // the load balancers' subnet
-//		keyfuncs.XForwardedFor(),
+//		keyfuncs.FromHeader("X-Forwarded-For"),
 //	)
 //	if err != nil {
 //		log.Fatal(err) // names the option at fault
@@ -57,11 +57,15 @@
 //
 // # Recipes
 //
+// Behind proxies, [TrustedProxies] names them and [FromHeader] names the one header they
+// write. The name decides how it is read: "X-Forwarded-For" and "Forwarded" (RFC 7239)
+// as chains walked from the right, any other name as a single address.
+//
 // A load balancer or reverse proxy that appends the peer it saw to X-Forwarded-For
 // (nginx with proxy_add_x_forwarded_for, AWS ALB, HAProxy option forwardfor): trust its
 // subnet.
 //
-//	keyfuncs.ClientIP(keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.XForwardedFor())
+//	keyfuncs.ClientIP(keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Forwarded-For"))
 //
 // A CDN directly in front of the server, which overwrites a single-address header: trust
 // the CDN's published ranges and name its header. Make sure the origin accepts traffic
@@ -69,7 +73,7 @@
 //
 //	keyfuncs.ClientIP(
 //		keyfuncs.TrustedProxies("173.245.48.0/20", "2400:cb00::/32"), // see cloudflare.com/ips
-//		keyfuncs.RealIPHeader("CF-Connecting-IP"),
+//		keyfuncs.FromHeader("CF-Connecting-IP"),
 //	)
 //
 // A CDN in front of a load balancer (CDN → LB → app): the server's peer is the LB, so a
@@ -83,12 +87,13 @@
 //			"10.0.0.0/8",                           // the load balancers
 //			"173.245.48.0/20", "2400:cb00::/32", // the CDN's edges
 //		),
-//		keyfuncs.XForwardedFor(),
+//		keyfuncs.FromHeader("X-Forwarded-For"),
 //	)
 //
-// Proxies that speak RFC 7239 use [Forwarded] instead of [XForwardedFor]. Applications
-// that already run chi's middleware.ClientIPFromXFF (or another ClientIPFrom*) can reuse
-// its decision with [ChiClientIP].
+// Proxies that speak RFC 7239 write Forwarded: name it, FromHeader("Forwarded"), and its
+// "for" chain is walked as X-Forwarded-For's is. Applications that already run chi's
+// middleware.ClientIPFromXFF (or another ClientIPFrom*) can reuse its decision with
+// [ChiClientIP].
 //
 // # Scopes
 //
@@ -98,7 +103,10 @@
 // ("/api/*", one scope for the subtree: use r.With or r.Group there); with an
 // http.ServeMux, wrap the handler given to mux.Handle, not the mux
 // (around a mux no route is known yet: 500 and one log line). See [RoutePattern].
-// [URLPath] scopes by the raw
-// path, as httprate's KeyByEndpoint does, for code ported from it: every distinct URL
-// gets its own budget, so prefer a route pattern.
+// There is no scope by the raw URL path, httprate's KeyByEndpoint: a budget per distinct
+// URL is state without bound, chosen by the client, who also gets a fresh budget by
+// varying the path. Code ported from httprate uses [RoutePattern]; where the raw path
+// must stay, Func(func(r *http.Request) (string, error) { return r.URL.Path, nil }) is
+// KeyByEndpoint's key, each key bounded (long or unusual paths are hashed, see [Func])
+// but not their number.
 package keyfuncs

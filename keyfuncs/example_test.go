@@ -16,7 +16,7 @@ import (
 func ExampleClientIP() {
 	clientIP, err := keyfuncs.ClientIP(
 		keyfuncs.TrustedProxies("10.0.0.0/8"),
-		keyfuncs.XForwardedFor(),
+		keyfuncs.FromHeader("X-Forwarded-For"),
 	)
 	if err != nil {
 		panic(err)

@@ -69,17 +69,19 @@ const (
 // collide with a readable key.
 const hashMark = '~'
 
-// GlobalKey is the identity [Global] gives every request. It starts with the digest
+// globalKey is the identity [Global] gives every request. It starts with the digest
 // mark '~' but is not a digest, so no key built by this package from request data can
 // equal it.
-const GlobalKey = "~global"
+const globalKey = "~global"
 
 // Global returns a KeyFunc for service-wide rules: every request gets the identity
-// [GlobalKey], so all callers share one budget. It is the explicit way to ask for a
+// "~global", so all callers share one budget. It is the explicit way to ask for a
 // shared budget; an empty key from any KeyFunc is refused by the middleware instead of
-// being shared.
+// being shared. The identity starts with '~' but is not a digest, so no key this package
+// builds from request data can equal it. The KeyFunc never fails and is safe for
+// concurrent use.
 func Global() KeyFunc {
-	return func(*http.Request) (string, error) { return GlobalKey, nil }
+	return func(*http.Request) (string, error) { return globalKey, nil }
 }
 
 // Func adapts a function to a KeyFunc with this package's key hygiene: an empty result is

@@ -78,8 +78,8 @@ func fixed(s string) keyfuncs.KeyFunc {
 func TestGlobalAndFixed(t *testing.T) {
 	t.Parallel()
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	if got, err := keyfuncs.Global()(r); got != keyfuncs.GlobalKey || err != nil {
-		t.Fatalf("Global: (%q, %v)", got, err)
+	if got, err := keyfuncs.Global()(r); got != "~global" || err != nil {
+		t.Fatalf("Global: (%q, %v), want \"~global\"", got, err)
 	}
 	if got, err := fixed("")(r); got != "" || !errors.Is(err, keyfuncs.ErrEmptyKey) {
 		t.Fatalf("fixed(\"\"): (%q, %v), want ErrEmptyKey (a shared budget is asked for with Global)", got, err)

@@ -17,7 +17,7 @@ func TestReason(t *testing.T) {
 	r.Header.Set("X-Forwarded-For", "not an address")
 	_, missing := keyfuncs.Header("x-api-key")(r)
 	_, hashed := keyfuncs.HashedHeader("X-API-Key", nil)(r)
-	ip, err := keyfuncs.ClientIP(keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.XForwardedFor())
+	ip, err := keyfuncs.ClientIP(keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Forwarded-For"))
 	if err != nil {
 		t.Fatal(err)
 	}

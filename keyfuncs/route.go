@@ -138,24 +138,3 @@ func patternAhead(r *http.Request, rctx *chi.Context) string {
 	}
 	return unmatchedRoute
 }
-
-// URLPath returns a KeyFunc whose key is the request's URL path, r.URL.Path
-// ("/users/42"), as httprate's KeyByEndpoint gives, for code ported from it. Use it as a
-// scope: Scope: keyfuncs.URLPath().
-//
-// Cardinality: every distinct path is its own budget. A client that varies the path
-// (/users/1, /users/2, ..., or any path a 404 handler accepts) gets a fresh budget per
-// URL, so a per-client limit scoped by URLPath limits nothing against such a client; and
-// the store holds one key per identity and path used within a window. Prefer
-// [RoutePattern], which gives one scope per route. A path is kept as it is when [Func]
-// would keep it and replaced by its digest otherwise (longer than 256 bytes, bytes
-// outside printable ASCII, braces), so each key is bounded in size, but not their number.
-// An empty path is [ErrEmptyKey].
-func URLPath() KeyFunc {
-	return func(r *http.Request) (string, error) {
-		if r.URL == nil || r.URL.Path == "" {
-			return "", ErrEmptyKey
-		}
-		return clean(r.URL.Path), nil
-	}
-}

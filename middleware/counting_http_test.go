@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
-	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -26,7 +25,7 @@ import (
 // one unit, whose Remaining tells, given back at once.
 func spent(t *testing.T, lim ratebudget.Settler, rule ratebudget.Rule) int64 {
 	t.Helper()
-	checks := []ratebudget.Check{{Rule: rule, Identity: keyfuncs.GlobalKey, Cost: 1}}
+	checks := []ratebudget.Check{{Rule: rule, Identity: globalID, Cost: 1}}
 	tickets := make([]ratebudget.Ticket, 1)
 	d, err := lim.Reserve(context.Background(), checks, tickets, nil)
 	if err != nil {

@@ -221,7 +221,7 @@ func TestErrorHandlerAnswersInputErrors(t *testing.T) {
 		t.Fatalf("next handler reached %d times, want 0", reached)
 	}
 	// Neither request was counted, by this layer or the one stacked around it.
-	if n := left(t, lim, outerRule, keyfuncs.GlobalKey); n != 5 {
+	if n := left(t, lim, outerRule, globalID); n != 5 {
 		t.Fatalf("outer has %d left, want 5 (input errors are never counted)", n)
 	}
 }
@@ -284,7 +284,7 @@ func TestCountActual(t *testing.T) {
 			t.Fatalf("callback call %d saw %+v, want %+v", i, got[i], want[i])
 		}
 	}
-	if n := left(t, lim, work, keyfuncs.GlobalKey); n != 100-3-10-0 {
+	if n := left(t, lim, work, globalID); n != 100-3-10-0 {
 		t.Fatalf("%d left, want %d", n, 100-3-10)
 	}
 
@@ -320,7 +320,7 @@ func TestCountAttemptsIsTheDefault(t *testing.T) {
 				t.Fatalf("%s: %d, want the handler's 500", name, code)
 			}
 		}
-		if n := left(t, lim, r, keyfuncs.GlobalKey); n != 3 {
+		if n := left(t, lim, r, globalID); n != 3 {
 			t.Errorf("%s: %d left, want 3 (both 500s charged)", name, n)
 		}
 	}
@@ -352,10 +352,10 @@ func TestHijackedIsChargedItsReservation(t *testing.T) {
 	if got := upgrade(t, h); !strings.HasPrefix(got, "HTTP/1.1 101 ") || !strings.HasSuffix(got, strings.Repeat("x", 500)) {
 		t.Fatalf("hijacked response: %q", got)
 	}
-	if n := left(t, lim, bytesRule, keyfuncs.GlobalKey); n != 900 {
+	if n := left(t, lim, bytesRule, globalID); n != 900 {
 		t.Errorf("bytes: %d left, want 900 (the 100 reserved, not the 0 written through the ResponseWriter)", n)
 	}
-	if n := left(t, lim, okRule, keyfuncs.GlobalKey); n != 9 {
+	if n := left(t, lim, okRule, globalID); n != 9 {
 		t.Errorf("ok: %d left, want 9 (a hijacked request is charged, its status not seen)", n)
 	}
 }
@@ -380,7 +380,7 @@ func TestHijackedWithoutABodyIsNotChargedItsBytes(t *testing.T) {
 	if got := upgrade(t, h); !strings.HasPrefix(got, "HTTP/1.1 101 ") {
 		t.Fatalf("hijacked response: %q", got)
 	}
-	if n := left(t, lim, body, keyfuncs.GlobalKey); n != 10 {
+	if n := left(t, lim, body, globalID); n != 10 {
 		t.Errorf("body: %d left, want 10: a request without a body is charged nothing", n)
 	}
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/redistest"
-	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
@@ -106,7 +105,7 @@ func TestSettleFailureIsObserved(t *testing.T) {
 		t.Fatalf("events %v after a settle that succeeded, want the admission alone", outs)
 	}
 	// The failed settle gave nothing back: 1 of 3 spent.
-	if n := left(t, lim, r, keyfuncs.GlobalKey); n != 2 {
+	if n := left(t, lim, r, globalID); n != 2 {
 		t.Fatalf("%d left, want 2: the failed settle's reservation stays spent", n)
 	}
 }
@@ -156,7 +155,7 @@ func TestRenewFailureIsObserved(t *testing.T) {
 		}
 	}
 	// The final settle succeeded: the lease is free.
-	if n := left(t, lim, slots, keyfuncs.GlobalKey); n != 1 {
+	if n := left(t, lim, slots, globalID); n != 1 {
 		t.Fatalf("%d of 1 slot free after the request, want 1", n)
 	}
 }

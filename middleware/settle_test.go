@@ -14,7 +14,6 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
-	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -203,7 +202,7 @@ func TestCountRequestBytes(t *testing.T) {
 	if c := do(h, "GET", "/", nil).Code; c != 200 { // no body: nothing charged
 		t.Fatalf("no body: %d", c)
 	}
-	if n := left(t, lim, upload, keyfuncs.GlobalKey); n != 20 {
+	if n := left(t, lim, upload, globalID); n != 20 {
 		t.Fatalf("%d bytes left, want 100-30-50 = 20", n)
 	}
 }
@@ -223,7 +222,7 @@ func TestCountResponseHeader(t *testing.T) {
 	do(h, "GET", "/?used=37", nil)
 	do(h, "GET", "/", nil)            // no header: the estimate stays
 	do(h, "GET", "/?used=bogus", nil) // not a count: the estimate stays
-	if n := left(t, lim, tokens, keyfuncs.GlobalKey); n != 100-37-10-10 {
+	if n := left(t, lim, tokens, globalID); n != 100-37-10-10 {
 		t.Fatalf("%d tokens left, want %d", n, 100-37-10-10)
 	}
 }
@@ -267,7 +266,7 @@ func TestShadowMode(t *testing.T) {
 	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
 		t.Fatalf("codes %v, want 200 200 429", codes)
 	}
-	if n := left(t, lim, r, keyfuncs.GlobalKey); n != 0 {
+	if n := left(t, lim, r, globalID); n != 0 {
 		t.Fatalf("shadow rule has %d left, want 0", n)
 	}
 }

@@ -340,11 +340,11 @@ func TestStoreFailureSettlesHealthyLimitersOnce(t *testing.T) {
 						'R': mustNew(t, counted, []middleware.Rule{{Rule: innerRule, Identity: global, Counts: middleware.CountSuccesses(nil)}}),
 					}
 					if refuses {
-						_, _ = counted.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: keyfuncs.GlobalKey, Cost: 1}})
+						_, _ = counted.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: globalID, Cost: 1}})
 					}
 					heldDuring := false
 					var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-						d, err := leases.Allow(r.Context(), []ratebudget.Check{{Rule: lease, Identity: keyfuncs.GlobalKey, Cost: 1}})
+						d, err := leases.Allow(r.Context(), []ratebudget.Check{{Rule: lease, Identity: globalID, Cost: 1}})
 						heldDuring = err == nil && !d.Allowed
 						w.WriteHeader(http.StatusInternalServerError)
 					})
@@ -368,7 +368,7 @@ func TestStoreFailureSettlesHealthyLimitersOnce(t *testing.T) {
 						t.Error("the lease was not held while the handler ran")
 					}
 					for i, admitted := range []bool{true, false} {
-						d, err := leases.Allow(context.Background(), []ratebudget.Check{{Rule: lease, Identity: keyfuncs.GlobalKey, Cost: 1}})
+						d, err := leases.Allow(context.Background(), []ratebudget.Check{{Rule: lease, Identity: globalID, Cost: 1}})
 						if err != nil || d.Allowed != admitted {
 							t.Fatalf("lease %d afterwards: %+v %v, want admitted=%v: the request's lease released once", i, d, err, admitted)
 						}
@@ -377,7 +377,7 @@ func TestStoreFailureSettlesHealthyLimitersOnce(t *testing.T) {
 					if refuses {
 						wantLeft = 0
 					}
-					if n := left(t, counted, innerRule, keyfuncs.GlobalKey); n != wantLeft {
+					if n := left(t, counted, innerRule, globalID); n != wantLeft {
 						t.Errorf("the settled rule has %d left, want %d (a 500 is not charged)", n, wantLeft)
 					}
 				})
@@ -408,7 +408,7 @@ func TestLocalFallbackSettlesLocally(t *testing.T) {
 		}
 	}
 	exhausted := newMemory(t, newClock())
-	_, _ = exhausted.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: keyfuncs.GlobalKey, Cost: 1}})
+	_, _ = exhausted.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: globalID, Cost: 1}})
 	refusing := mustNew(t, exhausted, []middleware.Rule{{Rule: innerRule, Identity: global}})
 	bad := mustNew(t, limiterFunc(func(context.Context, []ratebudget.Check) (ratebudget.Decision, error) {
 		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "Identity", Problem: "too long"}
@@ -475,7 +475,7 @@ func TestStackedBreakersPerLimiter(t *testing.T) {
 	}
 	// A refusal by the first limiter leaves the second unasked: its breaker sees nothing.
 	first := newMemory(t, newClock())
-	_, _ = first.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: keyfuncs.GlobalKey, Cost: 1}})
+	_, _ = first.Allow(context.Background(), []ratebudget.Check{{Rule: innerRule, Identity: globalID, Cost: 1}})
 	later := &flaky{next: newMemory(t, newClock())}
 	later.down.Store(true)
 	h = mustNew(t, first, []middleware.Rule{{Rule: innerRule, Identity: global}})(

@@ -322,7 +322,7 @@ func TestRefusalReportsOtherRulesUnspent(t *testing.T) {
 	if got := rec.Header().Get("RateLimit"); rec.Code != 429 || got != `"bucket";r=9;t=1, "inner";r=0;t=60` {
 		t.Errorf("refused: %d RateLimit %s, want the bucket's 9 units with the next in 1s", rec.Code, got)
 	}
-	if n := left(t, lim, bucket, keyfuncs.GlobalKey); n != 9 {
+	if n := left(t, lim, bucket, globalID); n != 9 {
 		t.Errorf("bucket has %d left, want 9", n)
 	}
 }
@@ -343,7 +343,7 @@ func TestRefusalReportsGivenBackRulesUnspent(t *testing.T) {
 	if got := rec.Header().Get("RateLimit"); rec.Code != 429 || got != `"bucket";r=9;t=1, "inner";r=0;t=60` {
 		t.Errorf("refused: %d RateLimit %s, want the bucket's 9 units with the next in 1s", rec.Code, got)
 	}
-	if n := left(t, a, bucket, keyfuncs.GlobalKey); n != 9 {
+	if n := left(t, a, bucket, globalID); n != 9 {
 		t.Errorf("bucket has %d left, want 9", n)
 	}
 }
@@ -562,7 +562,7 @@ func TestConfigErrorOfALaterLimiterSpendsNothing(t *testing.T) {
 			t.Fatalf("request %d: %d, want 500", i, rec.Code)
 		}
 	}
-	d, err := a.Allow(context.Background(), []ratebudget.Check{{Rule: lease, Identity: keyfuncs.GlobalKey, Cost: 1}})
+	d, err := a.Allow(context.Background(), []ratebudget.Check{{Rule: lease, Identity: globalID, Cost: 1}})
 	if err != nil || !d.Allowed {
 		t.Errorf("the outer lease is still held after a 500: %+v %v", d, err)
 	}
@@ -621,7 +621,7 @@ func TestShadowOnlyLayerOnAnotherLimiter(t *testing.T) {
 	if _, all := evs.take(); len(all) != 4 || all[0].Result != middleware.Allowed || all[0].Shadow.Rule != "outer" || !all[0].Shadow.Allowed {
 		t.Errorf("events %+v, want the admission with the shadow rule's decision", all)
 	}
-	if n := left(t, b, outerRule, keyfuncs.GlobalKey); n != 4 {
+	if n := left(t, b, outerRule, globalID); n != 4 {
 		t.Errorf("shadow budget has %d left, want 4: spent by the admitted request only", n)
 	}
 }

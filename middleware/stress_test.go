@@ -12,7 +12,6 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/redistest"
-	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
 )
@@ -121,7 +120,7 @@ func TestStressInFlightLeasesRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	conc := ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: 3, Window: time.Hour}
-	key := lim.Key(ratebudget.Check{Rule: conc, Identity: keyfuncs.GlobalKey, Cost: 1})
+	key := lim.Key(ratebudget.Check{Rule: conc, Identity: globalID, Cost: 1})
 	stressInFlight(t, lim, func() int64 {
 		n, err := client.ZCard(context.Background(), key).Result()
 		if err != nil {
@@ -135,7 +134,7 @@ func TestStressInFlightLeasesRedis(t *testing.T) {
 // none of them afterwards.
 func freeSlots(t *testing.T, lim ratebudget.Settler, r ratebudget.Rule) int64 {
 	t.Helper()
-	checks := []ratebudget.Check{{Rule: r, Identity: keyfuncs.GlobalKey, Cost: 1}}
+	checks := []ratebudget.Check{{Rule: r, Identity: globalID, Cost: 1}}
 	var held [][]ratebudget.Ticket
 	for range r.Limit + 1 {
 		tk := make([]ratebudget.Ticket, 1)

@@ -295,7 +295,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		for _, p := range strings.Split(*proxies, ",") {
 			o.trustedProxies = append(o.trustedProxies, strings.TrimSpace(p))
 		}
-		if _, err := keyfuncs.ClientIP(keyfuncs.TrustedProxies(o.trustedProxies...), keyfuncs.XForwardedFor()); err != nil {
+		if _, err := keyfuncs.ClientIP(keyfuncs.TrustedProxies(o.trustedProxies...), keyfuncs.FromHeader("X-Forwarded-For")); err != nil {
 			return o, fmt.Errorf("-trusted-proxies: %w", err)
 		}
 	}
@@ -412,7 +412,7 @@ func newLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Li
 func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger, pol *policyState) (http.Handler, error) {
 	ipOpts := []keyfuncs.IPOption{keyfuncs.IPv6Prefix(o.ipv6Prefix)}
 	if len(o.trustedProxies) > 0 {
-		ipOpts = append(ipOpts, keyfuncs.TrustedProxies(o.trustedProxies...), keyfuncs.XForwardedFor())
+		ipOpts = append(ipOpts, keyfuncs.TrustedProxies(o.trustedProxies...), keyfuncs.FromHeader("X-Forwarded-For"))
 	}
 	clientIP, err := keyfuncs.ClientIP(ipOpts...)
 	if err != nil {

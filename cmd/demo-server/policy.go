@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,11 +21,19 @@ import (
 )
 
 // policyState is the demo's policy file (-policy): the Watcher that keeps it current,
-// and the count of its reloads.
+// the policy in effect with when it was loaded, and the count of its reloads.
 type policyState struct {
+	path    string
 	w       *policy.Watcher
+	shown   atomic.Pointer[loadedPolicy] // what GET / shows
 	reloads *prometheus.CounterVec
 	close   func()
+}
+
+// loadedPolicy is a policy that took effect and when.
+type loadedPolicy struct {
+	p  *policy.Policy
+	at time.Time
 }
 
 // reloadedKey is the key of a context value, a chan<- error, that receives the result of
@@ -41,11 +50,13 @@ func watchPolicy(ctx context.Context, path string, log *slog.Logger) (*policySta
 		Help: "Reloads of the -policy file: ok (in effect), error (refused; the policy before it stays in effect).",
 	}, []string{"result"})
 	reloaded, _ := ctx.Value(reloadedKey{}).(chan<- error)
+	pol := &policyState{path: path, reloads: reloads}
 	w, err := policy.Watch(path, func(p *policy.Policy, err error) {
 		if err != nil {
 			reloads.WithLabelValues("error").Inc()
 			log.Error("policy reload failed; the policy before it stays in effect", "file", path, "err", err)
 		} else {
+			pol.shown.Store(&loadedPolicy{p: p, at: time.Now()})
 			reloads.WithLabelValues("ok").Inc()
 			log.Info("policy reloaded", "file", path)
 		}
@@ -56,6 +67,9 @@ func watchPolicy(ctx context.Context, path string, log *slog.Logger) (*policySta
 	if err != nil {
 		return nil, fmt.Errorf("-policy: %w", err)
 	}
+	pol.w = w
+	// The first load; a reload reported before this line already stored a newer one.
+	pol.shown.CompareAndSwap(nil, &loadedPolicy{p: w.Policy(), at: time.Now()})
 	reloads.WithLabelValues("ok")
 	reloads.WithLabelValues("error")
 	hup := make(chan os.Signal, 1)
@@ -75,12 +89,13 @@ func watchPolicy(ctx context.Context, path string, log *slog.Logger) (*policySta
 			}
 		}
 	}()
-	return &policyState{w: w, reloads: reloads, close: func() {
+	pol.close = func() {
 		signal.Stop(hup)
 		close(stop)
 		<-done
 		w.Close()
-	}}, nil
+	}
+	return pol, nil
 }
 
 // flagLimitsOff reports whether the routes go without the limits of the flags: under
@@ -107,17 +122,16 @@ func (pol *policyState) guide(o options) http.HandlerFunc {
 	if pol == nil {
 		return guide(o)
 	}
-	w := pol.w
 	return func(rw http.ResponseWriter, _ *http.Request) {
-		p := w.Policy()
+		shown := pol.shown.Load()
 		var b strings.Builder
-		fmt.Fprintf(&b, "ratebudget demo under the policy file %s, loaded %s\n\n", p.File(), w.Loaded().UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, "ratebudget demo under the policy file %s, loaded %s\n\n", pol.path, shown.at.UTC().Format(time.RFC3339))
 		b.WriteString("Routes: GET /api/hello, GET /api/accounts/{id}/report, POST /api/jobs?cost=N,\n" +
 			"GET /api/slow?ms=N, GET /api/flaky?status=S, GET /api/download?bytes=N: each limited by\n" +
 			"the rules below that match it. GET /healthz and GET /metrics are never limited.\n" +
 			"The file is read again when it changes and on SIGHUP.\n\n")
 		b.WriteString("The policy in effect:\n\n")
-		b.Write(p.Source())
+		b.Write(shown.p.Source())
 		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = io.WriteString(rw, b.String())
 	}

@@ -23,8 +23,8 @@ func TestParseExample(t *testing.T) {
 	if got, want := strings.Join(names, ","), ",free,pro,pro.acme"; got != want {
 		t.Errorf("classes = %q, want %q", got, want)
 	}
-	if p.File() != "testdata/example.yaml" || len(p.Source()) == 0 {
-		t.Errorf("File, Source = %q, %d bytes", p.File(), len(p.Source()))
+	if p.file != "testdata/example.yaml" || len(p.Source()) == 0 {
+		t.Errorf("file, Source = %q, %d bytes", p.file, len(p.Source()))
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 // overrides. It is immutable: a changed file is a new Policy (see [Watch]). Its methods
 // are safe for concurrent use.
 type Policy struct {
-	file   string
+	file   string // the name it was parsed under, for log lines
 	source []byte
 	rules  []rule
 	// classes are the sets of values a request can be decided under: 0 the rules' own,
@@ -72,9 +72,6 @@ type headerMatch struct {
 	value  string
 	prefix bool
 }
-
-// File returns the name the policy was parsed under (the path given to [Load]).
-func (p *Policy) File() string { return p.file }
 
 // Source returns the content the policy was parsed from. The caller must not modify it.
 func (p *Policy) Source() []byte { return p.source }

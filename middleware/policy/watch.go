@@ -28,7 +28,6 @@ type Watcher struct {
 	path     string
 	onReload func(*Policy, error)
 	current  atomic.Pointer[Policy]
-	loaded   atomic.Pointer[time.Time]
 	mu       sync.Mutex // one read at a time, reports in order; guards sum
 	sum      [sha256.Size]byte
 	stop     chan struct{}
@@ -59,16 +58,13 @@ func watch(path string, every time.Duration, onReload func(*Policy, error)) (*Wa
 		return nil, err
 	}
 	w := &Watcher{path: path, onReload: onReload, sum: sha256.Sum256(data), stop: make(chan struct{}), done: make(chan struct{})}
-	w.set(p)
+	w.current.Store(p)
 	go w.poll(every)
 	return w, nil
 }
 
 // Policy returns the policy in effect. It never returns nil.
 func (w *Watcher) Policy() *Policy { return w.current.Load() }
-
-// Loaded returns when the policy in effect was read and took effect.
-func (w *Watcher) Loaded() time.Time { return *w.loaded.Load() }
 
 // Reload reads and parses the file now, whether or not its content changed, and returns
 // what onReload is given: nil when the file's policy took effect, the error when the last
@@ -83,12 +79,6 @@ func (w *Watcher) Close() error {
 	w.stopOnce.Do(func() { close(w.stop) })
 	<-w.done
 	return nil
-}
-
-func (w *Watcher) set(p *Policy) {
-	now := time.Now()
-	w.current.Store(p)
-	w.loaded.Store(&now)
 }
 
 func (w *Watcher) poll(every time.Duration) {
@@ -127,7 +117,7 @@ func (w *Watcher) read(force bool) error {
 		w.sum = [sha256.Size]byte{}
 	}
 	if err == nil {
-		w.set(p)
+		w.current.Store(p)
 	}
 	if w.onReload != nil {
 		w.onReload(p, err)

@@ -67,47 +67,29 @@ import (
 	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
-// Style selects which budget metadata headers are written.
-type Style uint8
+// Style selects which budget metadata headers are written. Its value is the style's
+// name: "x", "ietf", "both", "none", "ietf10" or "both10". The zero value "" selects
+// [XRateLimit], the default, as the name "x" does.
+type Style string
 
 const (
 	// XRateLimit writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset.
-	// It is the zero value.
-	XRateLimit Style = iota
+	// It is the default, which the zero value "" selects too.
+	XRateLimit Style = "x"
 	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-11).
-	IETF
+	IETF Style = "ietf"
 	// Both writes both sets (the IETF fields per draft-11).
-	Both
+	Both Style = "both"
 	// None writes no metadata (e.g. for authentication endpoints, where remaining attempts
 	// help an attacker). Refusals still carry Retry-After.
-	None
+	None Style = "none"
 	// IETFDraft10 writes RateLimit-Policy and RateLimit per
 	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until additional quota is
 	// made available, rounded up.
-	IETFDraft10
+	IETFDraft10 Style = "ietf10"
 	// BothDraft10 writes X-RateLimit-* and the draft-10 IETF fields.
-	BothDraft10
+	BothDraft10 Style = "both10"
 )
-
-// String returns "x", "ietf", "both", "none", "ietf10" or "both10", and "Style(n)" for a
-// value that is none of the named ones.
-func (s Style) String() string {
-	switch s {
-	case XRateLimit:
-		return "x"
-	case IETF:
-		return "ietf"
-	case Both:
-		return "both"
-	case None:
-		return "none"
-	case IETFDraft10:
-		return "ietf10"
-	case BothDraft10:
-		return "both10"
-	}
-	return "Style(" + strconv.Itoa(int(s)) + ")"
-}
 
 // WriteTooManyRequests writes the 429 refusal (RFC 6585 §4) of d, a refused decision:
 // Retry-After in whole seconds from d.RetryAfter (rounded up, at least 1),

@@ -45,7 +45,8 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 	}
 }
 
-// WithHeaders selects the budget metadata headers (default headers.XRateLimit):
+// WithHeaders selects the budget metadata headers (default headers.XRateLimit, which
+// the zero Style "" selects too):
 // headers.IETF and headers.Both send RateLimit-Policy and RateLimit per
 // draft-ietf-httpapi-ratelimit-headers-11, listing every rule of the request (of every
 // stacked layer); headers.IETFDraft10 and headers.BothDraft10 send them per draft-10
@@ -61,9 +62,11 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 func WithHeaders(s headers.Style) Option {
 	return func(c *config) error {
 		switch s {
+		case "":
+			s = headers.XRateLimit
 		case headers.XRateLimit, headers.IETF, headers.Both, headers.None, headers.IETFDraft10, headers.BothDraft10:
 		default:
-			return configErr("WithHeaders", "unknown style "+s.String())
+			return configErr("WithHeaders", "unknown style "+strconv.Quote(string(s))+" (want x, ietf, both, none, ietf10 or both10)")
 		}
 		c.style = s
 		return nil

@@ -280,7 +280,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			return o, flagError(err, c.limitFlag, c.windowFlag)
 		}
 	}
-	if o.style, ok = parseEnum(*style, headers.XRateLimit, headers.BothDraft10); !ok {
+	switch o.style = headers.Style(*style); o.style {
+	case headers.XRateLimit, headers.IETF, headers.Both, headers.None, headers.IETFDraft10, headers.BothDraft10:
+	default:
 		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, both, none, ietf10 or both10)", *style)
 	}
 	switch o.storeError = *policy; o.storeError {
@@ -652,7 +654,7 @@ func logRefusals(log *slog.Logger) func(middleware.Event) {
 		case middleware.Allowed:
 			return
 		case middleware.Denied, middleware.Exceeded:
-			log.Info("refused", "outcome", e.Result.String(), "rule", e.Decision.Rule, "retry_after", e.Decision.RetryAfter, "path", e.Request.URL.Path)
+			log.Info("refused", "outcome", string(e.Result), "rule", e.Decision.Rule, "retry_after", e.Decision.RetryAfter, "path", e.Request.URL.Path)
 		case middleware.Invalid:
 			log.Info("unidentified request", "err", e.Err, "path", e.Request.URL.Path)
 		}

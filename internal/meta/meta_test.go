@@ -48,10 +48,10 @@ func TestWriteStyles(t *testing.T) {
 		t.Errorf("None wrote %v", none)
 	}
 	// An undefined style writes nothing.
-	undefined := headers.BothDraft10 + 1
+	undefined := headers.Style("both11")
 	meta.Write(none, undefined, []meta.Info{in}, 0)
 	if len(none) != 0 {
-		t.Errorf("%v wrote %v", undefined, none)
+		t.Errorf("%q wrote %v", undefined, none)
 	}
 }
 

@@ -28,7 +28,6 @@ func TestWriters(t *testing.T) {
 	t.Parallel()
 	refused := ratebudget.Decision{Rule: "api", Limit: 10, Window: time.Minute,
 		Outcome: ratebudget.Outcome{Remaining: 0, ResetAfter: 1500 * time.Millisecond, RetryAfter: 1500 * time.Millisecond}}
-	exceeded := ratebudget.Decision{Rule: "api", Limit: 10, Window: time.Minute, Outcome: ratebudget.Outcome{Exceeded: true, Remaining: 10}}
 	for _, tc := range []struct {
 		name       string
 		write      func(*httptest.ResponseRecorder)
@@ -39,16 +38,9 @@ func TestWriters(t *testing.T) {
 		{"429", func(w *httptest.ResponseRecorder) {
 			headers.WriteTooManyRequests(w, httptest.NewRequest("GET", "/", nil), refused)
 		}, 429, "2", map[string]any{"policy": "api", "retry_after": 2.0, "violated-policies": []any{"api"}}},
-		{"413", func(w *httptest.ResponseRecorder) {
-			headers.WriteCostExceeded(w, httptest.NewRequest("GET", "/", nil), exceeded)
-		}, 413, "", map[string]any{"policy": "api", "capacity": 10.0,
-			"detail": `the cost of this request exceeds the capacity 10 of rate limit "api"; it can never be admitted`}},
 		{"503", func(w *httptest.ResponseRecorder) {
 			headers.WriteUnavailable(w, httptest.NewRequest("GET", "/", nil), 2500*time.Millisecond)
 		}, 503, "3", map[string]any{"retry_after": 3.0}},
-		{"400", func(w *httptest.ResponseRecorder) {
-			headers.WriteInvalid(w, httptest.NewRequest("GET", "/", nil), "identity", "header X-Api-Key is missing or empty")
-		}, 400, "", map[string]any{"invalid": "identity", "detail": "rate-limit identity: header X-Api-Key is missing or empty"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
@@ -68,12 +60,8 @@ func TestWriters(t *testing.T) {
 			switch tc.name {
 			case "429":
 				headers.WriteTooManyRequests(rec, req, refused)
-			case "413":
-				headers.WriteCostExceeded(rec, req, exceeded)
 			case "503":
 				headers.WriteUnavailable(rec, req, 2500*time.Millisecond)
-			case "400":
-				headers.WriteInvalid(rec, req, "identity", "header X-Api-Key is missing or empty")
 			}
 			var p map[string]any
 			if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {

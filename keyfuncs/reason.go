@@ -34,7 +34,7 @@ func (e *ClientError) Unwrap() error { return e.Err }
 // for errors it does not know. errors.As into a *ClientError finds the reasons of other
 // key and cost functions only: this package's own errors are not ClientErrors, so that
 // their texts stay those of the sentinels they wrap. Callers of KeyFuncs that write
-// their own 400 (headers.WriteInvalid) take its reason from here, as the middleware
+// their own 400 take its reason from here, as the middleware
 // does.
 func Reason(err error) (string, bool) {
 	if err == nil {

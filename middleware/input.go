@@ -86,7 +86,7 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *Inp
 		writeMisconfigured(w, r)
 		return
 	}
-	headers.WriteInvalid(w, r, err.Part, err.Reason)
+	meta.WriteInvalid(w, r, err.Part, err.Reason)
 }
 
 // exceeded answers a request whose cost exceeds the capacity of cr, one of m's rules

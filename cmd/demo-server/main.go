@@ -621,7 +621,7 @@ func withLimit(r ratebudget.Rule, limit int64) ratebudget.Rule {
 }
 
 // jobCost reads ?cost=N (default 1): the job's estimated work in units. A value that is
-// not a positive integer is the client's fault, and the 400 says why (keyfuncs.ClientError).
+// not a positive integer is the client's fault, and the 400 says why (middleware.InputError).
 func jobCost(r *http.Request) (int64, error) {
 	s := r.URL.Query().Get("cost")
 	if s == "" {
@@ -629,7 +629,7 @@ func jobCost(r *http.Request) (int64, error) {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < 1 {
-		return 0, &keyfuncs.ClientError{Reason: "query parameter cost must be a positive integer", Err: fmt.Errorf("cost %q", s)}
+		return 0, &middleware.InputError{Reason: "query parameter cost must be a positive integer", Err: fmt.Errorf("cost %q", s)}
 	}
 	return n, nil
 }

@@ -1,8 +1,7 @@
 // Package headers names the budget metadata that package middleware writes on limited
 // responses, selects its style ([Style]), and writes the refusals (429 Too Many
-// Requests, 413 for a cost that can never be admitted, 400 for a request whose budget
-// cannot be determined, 503 Service Unavailable when the budget store is down) for
-// custom refusal and error handlers.
+// Requests, 503 Service Unavailable when the budget store is down) for custom refusal
+// and error handlers.
 //
 // Its functions keep no state and are safe for concurrent use (each on its own
 // response).
@@ -46,16 +45,18 @@
 //
 // # Refusal bodies
 //
-// [WriteTooManyRequests], [WriteCostExceeded], [WriteUnavailable] and [WriteInvalid]
-// send Cache-Control: no-store and a body chosen by the request's Accept header: short
-// text/plain ("Too Many Requests: rate limit \"api\" exhausted; retry in 42s") unless
-// the client prefers JSON (it names application/json, application/problem+json or
-// application/* with a weight at least that of text/plain), then an RFC 9457
-// application/problem+json object with the members type, title, status, detail, and as
-// they apply policy (the reported rule), plan (the plan the reported rule decided under,
-// in the middleware's own refusals), violated-policies (every refusing rule),
-// retry_after (seconds), cost, remaining, capacity and invalid ("identity", "scope",
-// "plan" or "cost"). HEAD gets the headers only.
+// The middleware's own answers (429; 413 for a cost that can never be admitted, without
+// Retry-After; 400 for a request whose identity, scope, plan or cost cannot be
+// determined, "Bad Request: rate-limit <part>: <reason>"; 503), [WriteTooManyRequests]
+// and [WriteUnavailable] send Cache-Control: no-store and a body chosen by the
+// request's Accept header: short text/plain ("Too Many Requests: rate limit \"api\"
+// exhausted; retry in 42s") unless the client prefers JSON (it names application/json,
+// application/problem+json or application/* with a weight at least that of text/plain),
+// then an RFC 9457 application/problem+json object with the members type, title,
+// status, detail, and as they apply policy (the reported rule), plan (the plan the
+// reported rule decided under, in the middleware's own refusals), violated-policies
+// (every refusing rule), retry_after (seconds), cost, remaining, capacity and invalid
+// ("identity", "scope", "plan" or "cost"). HEAD gets the headers only.
 package headers
 
 import (
@@ -67,47 +68,29 @@ import (
 	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
-// Style selects which budget metadata headers are written.
-type Style uint8
+// Style selects which budget metadata headers are written. Its value is the style's
+// name: "x", "ietf", "both", "none", "ietf10" or "both10". The zero value "" selects
+// [XRateLimit], the default, as the name "x" does.
+type Style string
 
 const (
 	// XRateLimit writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset.
-	// It is the zero value.
-	XRateLimit Style = iota
+	// It is the default, which the zero value "" selects too.
+	XRateLimit Style = "x"
 	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-11).
-	IETF
+	IETF Style = "ietf"
 	// Both writes both sets (the IETF fields per draft-11).
-	Both
+	Both Style = "both"
 	// None writes no metadata (e.g. for authentication endpoints, where remaining attempts
 	// help an attacker). Refusals still carry Retry-After.
-	None
+	None Style = "none"
 	// IETFDraft10 writes RateLimit-Policy and RateLimit per
 	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until additional quota is
 	// made available, rounded up.
-	IETFDraft10
+	IETFDraft10 Style = "ietf10"
 	// BothDraft10 writes X-RateLimit-* and the draft-10 IETF fields.
-	BothDraft10
+	BothDraft10 Style = "both10"
 )
-
-// String returns "x", "ietf", "both", "none", "ietf10" or "both10", and "Style(n)" for a
-// value that is none of the named ones.
-func (s Style) String() string {
-	switch s {
-	case XRateLimit:
-		return "x"
-	case IETF:
-		return "ietf"
-	case Both:
-		return "both"
-	case None:
-		return "none"
-	case IETFDraft10:
-		return "ietf10"
-	case BothDraft10:
-		return "both10"
-	}
-	return "Style(" + strconv.Itoa(int(s)) + ")"
-}
 
 // WriteTooManyRequests writes the 429 refusal (RFC 6585 §4) of d, a refused decision:
 // Retry-After in whole seconds from d.RetryAfter (rounded up, at least 1),
@@ -131,24 +114,6 @@ func WriteTooManyRequests(w http.ResponseWriter, r *http.Request, d ratebudget.D
 	})
 }
 
-// WriteCostExceeded writes the refusal of d, a decision whose cost exceeds the capacity
-// (d.Limit) of its rule (d.Exceeded): it can never be admitted, so it is answered 413
-// Content Too Large without Retry-After (a 429 would invite pointless retries), with
-// Cache-Control: no-store and a body naming d.Rule and its capacity (not the cost, which
-// a Decision does not carry: the middleware's default names it). It writes no budget
-// metadata.
-func WriteCostExceeded(w http.ResponseWriter, r *http.Request, d ratebudget.Decision) {
-	problem.Write(w, r, problem.Problem{
-		Type:             problem.CostExceedsCapacity,
-		Title:            "Request Cost Exceeds Capacity",
-		Status:           http.StatusRequestEntityTooLarge,
-		Detail:           "the cost of this request exceeds the capacity " + strconv.FormatInt(d.Limit, 10) + " of rate limit " + strconv.Quote(d.Rule) + "; it can never be admitted",
-		Policy:           d.Rule,
-		ViolatedPolicies: []string{d.Rule},
-		Capacity:         d.Limit,
-	})
-}
-
 // WriteUnavailable writes 503 Service Unavailable for a budget store that cannot decide,
 // under a fail-closed policy: the caller exceeded nothing, so this is never a 429. The
 // body names the condition without store details; retryAfter (rounded up, at least 1s)
@@ -162,22 +127,5 @@ func WriteUnavailable(w http.ResponseWriter, r *http.Request, retryAfter time.Du
 		Status:     http.StatusServiceUnavailable,
 		Detail:     "the rate-limit budget store is unavailable; retry in " + strconv.FormatInt(secs, 10) + "s",
 		RetryAfter: secs,
-	})
-}
-
-// WriteInvalid writes 400 Bad Request for a request whose rate-limit identity, scope,
-// plan or cost (part: "identity", "scope", "plan" or "cost") could not be determined, for reason, a
-// client-facing explanation such as "cost must be a positive integer" (never an internal
-// error's text). The body reads "rate-limit <part>: <reason>" and, as JSON, carries part
-// in the member "invalid". Such a request is never counted in a shared budget. A custom
-// error handler of the middleware answers as the default does with
-// WriteInvalid(w, r, e.Part, e.Reason) for its *middleware.InputError e.
-func WriteInvalid(w http.ResponseWriter, r *http.Request, part, reason string) {
-	problem.Write(w, r, problem.Problem{
-		Type:    problem.InvalidRequest,
-		Title:   "Bad Request",
-		Status:  http.StatusBadRequest,
-		Detail:  "rate-limit " + part + ": " + reason,
-		Invalid: part,
 	})
 }

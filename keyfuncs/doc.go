@@ -14,7 +14,9 @@
 //
 // Every KeyFunc returns a non-empty key or an error. An error is not a budget: the
 // middleware turns it into a documented response (400 by default, naming the reason
-// when [Reason] knows one), never into one bucket shared by everyone whose key failed.
+// when it knows one: this package's errors have theirs, "header X-Api-Key is missing or
+// empty"; a function of your own returns a *middleware.InputError with a Reason), never
+// into one bucket shared by everyone whose key failed.
 // The middleware refuses an empty key from any KeyFunc the same way; a service-wide
 // budget is asked for with [Global].
 //

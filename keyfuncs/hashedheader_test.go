@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
@@ -194,7 +195,7 @@ func TestHashedHeader_SeveralLines(t *testing.T) {
 			if !errors.Is(err, keyfuncs.ErrInvalidHeader) || got != "" {
 				t.Errorf("%s %q: got (%q, %v), want ErrInvalidHeader", name, lines, got, err)
 			}
-			if reason, _ := keyfuncs.Reason(err); reason != "header "+name+" is malformed" {
+			if reason, _ := keyreason.Of(err); reason != "header "+name+" is malformed" {
 				t.Errorf("%s %q: reason %q", name, lines, reason)
 			}
 		}

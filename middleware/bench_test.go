@@ -170,7 +170,7 @@ func TestAllocsPerRequest(t *testing.T) {
 		{headers.XRateLimit, "X-RateLimit-Remaining", true},
 		{headers.Both, "RateLimit-Policy", true},
 	} {
-		name := tc.style.String()
+		name := string(tc.style)
 		rules := []middleware.Rule{{
 			Rule:     ratebudget.Rule{Name: "allocs", Limit: 1 << 40, Window: time.Hour},
 			Identity: byAddr,

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
@@ -13,9 +14,11 @@ import (
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
-// A refusal handler that records the refusal, then answers as the default does. The
-// middleware has set the budget metadata, Retry-After and Cache-Control: no-store before
-// it calls the handler; the headers writers add the status and the body.
+// A refusal handler that records the refusal, then answers a 429 as the default does.
+// The middleware has set the budget metadata, Retry-After and Cache-Control: no-store
+// before it calls the handler; headers.WriteTooManyRequests adds the status and the
+// body. A cost above the rule's capacity (d.Exceeded) can never be admitted: it is
+// answered 413, without Retry-After (the middleware has set none).
 func ExampleWithRefusalHandler() {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC) // a clock that stands still
 	lim, _ := memory.New(memory.WithClock(func() time.Time { return now }))
@@ -25,7 +28,7 @@ func ExampleWithRefusalHandler() {
 	}}, middleware.WithRefusalHandler(func(w http.ResponseWriter, r *http.Request, d ratebudget.Decision) {
 		fmt.Printf("refused %s %s by %q\n", r.Method, r.URL.Path, d.Rule)
 		if d.Exceeded {
-			headers.WriteCostExceeded(w, r, d)
+			http.Error(w, "the cost of this request exceeds the capacity of rate limit "+strconv.Quote(d.Rule), http.StatusRequestEntityTooLarge)
 			return
 		}
 		headers.WriteTooManyRequests(w, r, d)

@@ -55,7 +55,7 @@ func TestStoreErrorPolicies(t *testing.T) {
 		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, []middleware.Result{middleware.Unavailable, middleware.Unavailable}},
 		{"open", middleware.WithFailOpen(), []int{200, 200, 200}, []middleware.Result{middleware.Degraded, middleware.Degraded, middleware.Degraded}},
 		// 10 / 2 replicas = 5 per process.
-		{"local", middleware.WithLocalFallback(2), []int{200, 200, 200, 200, 200, 429, 429}, []middleware.Result{0, 0, 0, 0, 0, middleware.Denied, middleware.Denied}},
+		{"local", middleware.WithLocalFallback(2), []int{200, 200, 200, 200, 200, 429, 429}, []middleware.Result{middleware.Allowed, middleware.Allowed, middleware.Allowed, middleware.Allowed, middleware.Allowed, middleware.Denied, middleware.Denied}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

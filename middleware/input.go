@@ -8,6 +8,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/internal/meta"
 	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/keyfuncs"
@@ -16,27 +17,44 @@ import (
 // InputError is the error given to the error handler ([WithErrorHandler]) and to
 // observers (Event.Err, Invalid) for a request whose identity, scope, plan or cost
 // could not be determined. Nothing is counted for such a request, by any layer.
+//
+// A key, plan or cost function that knows why a request cannot be counted returns one
+// to have the reason shown to the client: &InputError{Reason: "cost must be a positive
+// integer", Err: err}, leaving Part and Rule empty. The middleware answers with an
+// InputError of its own that names the part and rule it was computing, takes that
+// Reason (from anywhere in the function's error chain) and wraps the function's error
+// as Err: the 400 says "rate-limit cost: cost must be a positive integer". An error
+// of any other type gets a generic reason, because its text may hold internal details.
 type InputError struct {
-	// Part is what failed: "identity", "scope", "plan" (Rule.Plan) or "cost".
+	// Part is what failed: "identity", "scope", "plan" (Rule.Plan) or "cost"; empty in
+	// an InputError a function returns.
 	Part string
-	// Rule is the rule whose key function failed; empty for the cost.
+	// Rule is the rule whose key function failed; empty for the cost, and in an
+	// InputError a function returns.
 	Rule string
-	// Reason is a client-facing explanation ("header X-Api-Key is missing or empty",
-	// "cost must be a positive integer"): from keyfuncs.Reason when it knows the error,
-	// a generic text for the part otherwise.
+	// Reason is a short, client-facing explanation ("header X-Api-Key is missing or
+	// empty", "cost must be a positive integer") without request data that could be
+	// reflected at other users (quote no header values). In the middleware's InputError
+	// it is the Reason of an InputError the function returned, a fixed text for
+	// package keyfuncs's errors, or a generic text for the part ("cost could not be
+	// determined").
 	Reason string
-	// Err is the key or cost function's error; nil for a cost below 1.
+	// Err is the underlying error, for logs: in the middleware's InputError the key or
+	// cost function's error, nil for a cost below 1. It may be nil.
 	Err error
 }
 
-// Error names the rule, the part and the reason, then the underlying error, which may
-// hold internal details (log it, do not send it).
+// Error names the rule and the part when set, and the reason, then the underlying
+// error, which may hold internal details (log it, do not send it).
 func (e *InputError) Error() string {
 	s := "ratebudget: "
 	if e.Rule != "" {
 		s += "rule " + e.Rule + ": "
 	}
-	s += e.Part + ": " + e.Reason
+	if e.Part != "" {
+		s += e.Part + ": "
+	}
+	s += e.Reason
 	if e.Err != nil {
 		s += ": " + e.Err.Error()
 	}
@@ -54,8 +72,15 @@ const (
 	partPlan     = "plan"
 )
 
+// inputError is the InputError for err, the error of the function that computes part
+// for rule: its reason is the Reason of an InputError in err's chain, the text
+// keyreason gives for package keyfuncs's errors, or generic.
 func inputError(part, rule string, err error, generic string) *InputError {
-	reason, ok := keyfuncs.Reason(err)
+	var ie *InputError
+	if errors.As(err, &ie) && ie.Reason != "" {
+		return &InputError{Part: part, Rule: rule, Reason: ie.Reason, Err: err}
+	}
+	reason, ok := keyreason.Of(err)
 	if !ok {
 		reason = generic
 	}
@@ -86,7 +111,7 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *Inp
 		writeMisconfigured(w, r)
 		return
 	}
-	headers.WriteInvalid(w, r, err.Part, err.Reason)
+	meta.WriteInvalid(w, r, err.Part, err.Reason)
 }
 
 // exceeded answers a request whose cost exceeds the capacity of cr, one of m's rules

@@ -43,7 +43,7 @@ func LogStoreErrors(log *slog.Logger, every time.Duration) func(Event) {
 		suppressed, last = 0, now
 		mu.Unlock()
 		log.LogAttrs(context.Background(), slog.LevelWarn, "rate-limit store failure",
-			slog.String("outcome", e.Result.String()),
+			slog.String("outcome", string(e.Result)),
 			slog.Bool("fallback", e.Fallback),
 			slog.String("err", e.Err.Error()),
 			slog.Int("suppressed", n))

@@ -242,6 +242,7 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 // configure sets m.cfg: the defaults, then opts in order.
 func (m *mw) configure(opts []Option) error {
 	m.cfg = config{
+		style:      headers.XRateLimit,
 		timeout:    50 * time.Millisecond,
 		retryAfter: time.Second,
 	}

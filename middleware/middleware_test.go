@@ -170,8 +170,9 @@ func TestHeaderStyles(t *testing.T) {
 		{headers.IETF, false, true, `"r";q=5;w=60`, `"r";r=4;t=60`},
 		{headers.Both, true, true, `"r";q=5;w=60`, `"r";r=4;t=60`},
 		{headers.None, false, false, "", ""},
+		{"", true, false, "", ""}, // the zero Style is the default, XRateLimit
 	} {
-		t.Run(tc.style.String(), func(t *testing.T) {
+		t.Run(string(tc.style), func(t *testing.T) {
 			h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 5, time.Minute), Identity: global}}, middleware.WithHeaders(tc.style))(ok)
 			rec := do(h, "GET", "/", nil)
 			if got := rec.Header().Get("X-RateLimit-Remaining") != ""; got != tc.x {
@@ -346,7 +347,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"replicas", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithLocalFallback(0)}, "WithLocalFallback"},
 		{"breaker", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithBreaker(middleware.Breaker{FailureRatio: 2})}, "WithBreaker"},
 		{"nil cost", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithCost(nil)}, "WithCost"},
-		{"undefined style", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithHeaders(headers.BothDraft10 + 1)}, "WithHeaders"},
+		{"undefined style", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithHeaders(headers.Style("both11"))}, "WithHeaders"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := middleware.New(tc.lim, tc.rules, tc.opts...)

@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
@@ -11,32 +10,35 @@ import (
 
 // Result is the class of an [Event]: what became of the request (admitted, refused and
 // how, not decided), or a failed settle. Observers, metrics and logs key on it; its
-// String is the metric label. Not to be confused with [ratebudget.Outcome], one check's
-// result within Event.Decision.
-type Result uint8
+// value is the metric label and the log's outcome: "allowed", "denied", "exceeded",
+// "degraded", "unavailable", "invalid", "canceled" or "settle_failed". Every event the
+// middleware makes carries one of the named values; the zero value "" is none of them.
+// Not to be confused with [ratebudget.Outcome], one check's result within
+// Event.Decision.
+type Result string
 
 const (
 	// Allowed: admitted by the limiter (or by the local fallback: Event.Fallback).
-	Allowed Result = iota
+	Allowed Result = "allowed"
 	// Denied: refused with 429 (by the limiter or the local fallback).
-	Denied
+	Denied Result = "denied"
 	// Exceeded: refused with 413, the cost exceeds a rule's capacity.
-	Exceeded
+	Exceeded Result = "exceeded"
 	// Degraded: admitted without a decision because the store failed under fail-open
 	// (for stacked layers, a failed limiter's layers under fail-open were not enforced;
 	// Event.Fallback tells whether a local fallback decided another's).
-	Degraded
+	Degraded Result = "degraded"
 	// Unavailable: refused with 503 because the store failed under fail-closed.
-	Unavailable
+	Unavailable Result = "unavailable"
 	// Invalid: identity, scope, plan or cost could not be determined (answered by the
 	// error handler), or the limiter rejected the checks as invalid (a
 	// *ratebudget.ConfigError, answered 500); nothing counted.
-	Invalid
+	Invalid Result = "invalid"
 	// Canceled: the request's context ended (its client went away, or its deadline
 	// passed) before the decision; nothing written. A store failure that comes once the
 	// request's deadline has passed is such a request's, not a store failure: no policy
 	// applies, and the breaker does not count it.
-	Canceled
+	Canceled Result = "canceled"
 	// SettleFailed: not a decision, but the store failing to settle an admitted
 	// request's reservation once its handler returned (or to give it back because a
 	// later limiter refused the request), or to renew its in-flight leases while the
@@ -50,20 +52,8 @@ const (
 	// goroutine, while the handler runs. A lease found expired when renewed
 	// (ratebudget.ErrLeaseLost) is not a failure of the store and is not reported. Such
 	// failures do not count toward the breaker.
-	SettleFailed
+	SettleFailed Result = "settle_failed"
 )
-
-var resultNames = [...]string{"allowed", "denied", "exceeded", "degraded", "unavailable", "invalid", "canceled", "settle_failed"}
-
-// String returns the result's metric label: "allowed", "denied", "exceeded", "degraded",
-// "unavailable", "invalid", "canceled" or "settle_failed"; "Result(n)" for a value
-// that is none of the named ones.
-func (r Result) String() string {
-	if int(r) < len(resultNames) {
-		return resultNames[r]
-	}
-	return "Result(" + strconv.Itoa(int(r)) + ")"
-}
 
 // Event describes one decision, or one failed settle of an admitted request
 // ([SettleFailed]), for observers ([WithObserver]).

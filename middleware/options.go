@@ -45,7 +45,8 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 	}
 }
 
-// WithHeaders selects the budget metadata headers (default headers.XRateLimit):
+// WithHeaders selects the budget metadata headers (default headers.XRateLimit, which
+// the zero Style "" selects too):
 // headers.IETF and headers.Both send RateLimit-Policy and RateLimit per
 // draft-ietf-httpapi-ratelimit-headers-11, listing every rule of the request (of every
 // stacked layer); headers.IETFDraft10 and headers.BothDraft10 send them per draft-10
@@ -61,9 +62,11 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 func WithHeaders(s headers.Style) Option {
 	return func(c *config) error {
 		switch s {
+		case "":
+			s = headers.XRateLimit
 		case headers.XRateLimit, headers.IETF, headers.Both, headers.None, headers.IETFDraft10, headers.BothDraft10:
 		default:
-			return configErr("WithHeaders", "unknown style "+s.String())
+			return configErr("WithHeaders", "unknown style "+strconv.Quote(string(s))+" (want x, ietf, both, none, ietf10 or both10)")
 		}
 		c.style = s
 		return nil
@@ -88,8 +91,8 @@ func WithQuotaUnit(unit string) Option {
 }
 
 // WithRefusalHandler replaces the default refusal response (429, or 413 when the cost
-// can never be admitted; a handler can answer as these do with
-// headers.WriteTooManyRequests and headers.WriteCostExceeded). When it is called, w
+// can never be admitted; a handler can answer a 429 as the default does with
+// headers.WriteTooManyRequests). When it is called, w
 // already has Cache-Control: no-store and, for a 429, the default's Retry-After (whole
 // seconds from the Decision's RetryAfter, rounded up, at least 1), which f may overwrite
 // or delete; for a refusal the limiter decided, the metadata headers are set too; a cost
@@ -114,9 +117,9 @@ func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.De
 // WithErrorHandler replaces the response to a request whose identity, scope, plan or
 // cost cannot be determined: a key, plan or the cost function failed, a key function
 // returned an empty key, or the cost is below 1. The error is an [*InputError] naming the
-// part and a client-facing reason. The default answers 400 Bad Request
-// (headers.WriteInvalid: "rate-limit cost: cost must be a positive integer"), never with
-// the underlying error's text, or 500 and one log line when the error is
+// part and a client-facing reason. The default answers 400 Bad Request with the detail
+// "rate-limit <Part>: <Reason>" ("rate-limit cost: cost must be a positive integer"; the
+// body as package headers describes), never with the underlying error's text, or 500 and one log line when the error is
 // keyfuncs.ErrNoRoutePattern (a route scope where no route is known: a mounting mistake,
 // not the client's; the line is logged also when f answers). Such a request is never counted, by this layer or any layer stacked
 // with it, and never reaches the handler unless f calls it.

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -59,14 +60,24 @@ func TestBadRequestNamesThePart(t *testing.T) {
 		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return 0, &keyfuncs.ClientError{Reason: "cost must be a positive integer", Err: err}
+			return 0, &middleware.InputError{Reason: "cost must be a positive integer", Err: err}
 		}
 		return n, nil
 	})
 	opaque := middleware.WithCost(func(*http.Request) (int64, error) { return 0, errors.New("db: connection refused at 10.0.0.7") })
+	// A reason anywhere in the function's error chain is the client's; an InputError
+	// without one is answered with the generic reason.
+	wrapped := middleware.WithCost(func(*http.Request) (int64, error) {
+		return 0, fmt.Errorf("wrapped: %w", &middleware.InputError{Reason: "tenant unknown"})
+	})
+	noReason := middleware.WithCost(func(*http.Request) (int64, error) {
+		return 0, &middleware.InputError{Err: errors.New("db: connection refused at 10.0.0.7")}
+	})
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("api", 10, time.Minute), Identity: keyfuncs.HashedHeader("X-API-Key", nil),
 		Scope: keyfuncs.Header("X-Tenant")}}, cost)(ok)
 	h2 := mustNew(t, lim, []middleware.Rule{{Rule: rule("api2", 10, time.Minute), Identity: keyfuncs.Global()}}, opaque)(ok)
+	h3 := mustNew(t, lim, []middleware.Rule{{Rule: rule("api3", 10, time.Minute), Identity: keyfuncs.Global()}}, wrapped)(ok)
+	h4 := mustNew(t, lim, []middleware.Rule{{Rule: rule("api4", 10, time.Minute), Identity: keyfuncs.Global()}}, noReason)(ok)
 	for _, tc := range []struct {
 		h      http.Handler
 		target string
@@ -80,6 +91,8 @@ func TestBadRequestNamesThePart(t *testing.T) {
 		{h, "/?cost=0", map[string]string{"X-API-Key": "k", "X-Tenant": "t1"}, "cost", "rate-limit cost: cost must be a positive integer"},
 		{h, "/?cost=-3", map[string]string{"X-API-Key": "k", "X-Tenant": "t1"}, "cost", "rate-limit cost: cost must be a positive integer"},
 		{h2, "/", nil, "cost", "rate-limit cost: cost could not be determined"}, // an internal error's text is never sent
+		{h3, "/", nil, "cost", "rate-limit cost: tenant unknown"},
+		{h4, "/", nil, "cost", "rate-limit cost: cost could not be determined"},
 	} {
 		rec := do(tc.h, "GET", tc.target, tc.hdr)
 		if rec.Code != 400 || rec.Body.String() != "Bad Request: "+tc.body+"\n" {
@@ -122,5 +135,29 @@ func TestRefusalOfACostThatDoesNotFit(t *testing.T) {
 	rec = do(h, "GET", "/?cost=1", map[string]string{"Accept": "application/x-ndjson"})
 	if rec.Header().Get("Content-Type") != "text/plain; charset=utf-8" {
 		t.Fatalf("x-ndjson is not problem+json: %q", rec.Header().Get("Content-Type"))
+	}
+}
+
+// An InputError a key function returns gets the part and rule the middleware was
+// computing, in the middleware's own InputError, which wraps the function's.
+func TestFunctionsInputErrorIsWrapped(t *testing.T) {
+	t.Parallel()
+	returned := &middleware.InputError{Reason: "tenant unknown", Err: errors.New("no row")}
+	var events []middleware.Event
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("tenants", 10, time.Minute),
+		Identity: func(*http.Request) (string, error) { return "", returned }}},
+		middleware.WithObserver(func(e middleware.Event) { events = append(events, e) }))(ok)
+	if rec := do(h, "GET", "/", nil); rec.Code != 400 || rec.Body.String() != "Bad Request: rate-limit identity: tenant unknown\n" {
+		t.Fatalf("%d %q", rec.Code, rec.Body)
+	}
+	var ie *middleware.InputError
+	if len(events) != 1 || events[0].Result != middleware.Invalid || !errors.As(events[0].Err, &ie) {
+		t.Fatalf("events %+v", events)
+	}
+	if ie.Part != "identity" || ie.Rule != "tenants" || ie.Reason != "tenant unknown" || ie.Err != returned || !errors.Is(events[0].Err, returned) {
+		t.Errorf("event's error %+v, want identity of rule tenants wrapping the function's", ie)
+	}
+	if got, want := ie.Error(), "ratebudget: rule tenants: identity: tenant unknown: ratebudget: tenant unknown: no row"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
 	}
 }

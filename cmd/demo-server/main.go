@@ -280,7 +280,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			return o, flagError(err, c.limitFlag, c.windowFlag)
 		}
 	}
-	if o.style, ok = parseEnum(*style, headers.XRateLimit, headers.BothDraft10); !ok {
+	switch o.style = headers.Style(*style); o.style {
+	case headers.XRateLimit, headers.IETF, headers.Both, headers.None, headers.IETFDraft10, headers.BothDraft10:
+	default:
 		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, both, none, ietf10 or both10)", *style)
 	}
 	switch o.storeError = *policy; o.storeError {
@@ -619,7 +621,7 @@ func withLimit(r ratebudget.Rule, limit int64) ratebudget.Rule {
 }
 
 // jobCost reads ?cost=N (default 1): the job's estimated work in units. A value that is
-// not a positive integer is the client's fault, and the 400 says why (keyfuncs.ClientError).
+// not a positive integer is the client's fault, and the 400 says why (middleware.InputError).
 func jobCost(r *http.Request) (int64, error) {
 	s := r.URL.Query().Get("cost")
 	if s == "" {
@@ -627,7 +629,7 @@ func jobCost(r *http.Request) (int64, error) {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n < 1 {
-		return 0, &keyfuncs.ClientError{Reason: "query parameter cost must be a positive integer", Err: fmt.Errorf("cost %q", s)}
+		return 0, &middleware.InputError{Reason: "query parameter cost must be a positive integer", Err: fmt.Errorf("cost %q", s)}
 	}
 	return n, nil
 }
@@ -652,7 +654,7 @@ func logRefusals(log *slog.Logger) func(middleware.Event) {
 		case middleware.Allowed:
 			return
 		case middleware.Denied, middleware.Exceeded:
-			log.Info("refused", "outcome", e.Result.String(), "rule", e.Decision.Rule, "retry_after", e.Decision.RetryAfter, "path", e.Request.URL.Path)
+			log.Info("refused", "outcome", string(e.Result), "rule", e.Decision.Rule, "retry_after", e.Decision.RetryAfter, "path", e.Request.URL.Path)
 		case middleware.Invalid:
 			log.Info("unidentified request", "err", e.Err, "path", e.Request.URL.Path)
 		}

@@ -48,10 +48,10 @@ func TestWriteStyles(t *testing.T) {
 		t.Errorf("None wrote %v", none)
 	}
 	// An undefined style writes nothing.
-	undefined := headers.BothDraft10 + 1
+	undefined := headers.Style("both11")
 	meta.Write(none, undefined, []meta.Info{in}, 0)
 	if len(none) != 0 {
-		t.Errorf("%v wrote %v", undefined, none)
+		t.Errorf("%q wrote %v", undefined, none)
 	}
 }
 
@@ -209,17 +209,71 @@ func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 func TestWriteInvalidNamesThePart(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
-	headers.WriteInvalid(rec, httptest.NewRequest("GET", "/", nil), "cost", "cost must be a positive integer")
+	meta.WriteInvalid(rec, httptest.NewRequest("GET", "/", nil), "cost", "cost must be a positive integer")
 	if rec.Code != 400 || rec.Body.String() != "Bad Request: rate-limit cost: cost must be a positive integer\n" || rec.Header().Get("Cache-Control") != "no-store" {
 		t.Fatalf("%d %q %v", rec.Code, rec.Body, rec.Header())
 	}
 	rec = httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/", nil)
 	req.Header.Set("Accept", "application/problem+json")
-	headers.WriteInvalid(rec, req, "identity", "identity could not be determined")
+	meta.WriteInvalid(rec, req, "identity", "identity could not be determined")
 	var p problem.Problem
 	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Invalid != "identity" || p.Status != 400 || p.Detail != "rate-limit identity: identity could not be determined" {
 		t.Fatalf("%+v %v", p, err)
+	}
+}
+
+// The middleware's own 400 and 413: status, no Retry-After, no-store, no metadata (the
+// 413 under headers.None, as the middleware sends it), and a problem body naming the
+// part or the rule (JSON when the client asks for it).
+func TestInvalidAndCostExceeded(t *testing.T) {
+	t.Parallel()
+	exceeded := meta.Info{Policy: "api", Limit: 10, Window: time.Minute}
+	for _, tc := range []struct {
+		name    string
+		write   func(http.ResponseWriter, *http.Request)
+		code    int
+		problem map[string]any
+	}{
+		{"413", func(w http.ResponseWriter, r *http.Request) {
+			meta.WriteCostExceeded(w, r, headers.None, []meta.Info{exceeded}, 0, 12)
+		}, 413, map[string]any{"policy": "api", "capacity": 10.0, "cost": 12.0,
+			"detail": `cost 12 exceeds the capacity 10 of rate limit "api"; it can never be admitted`}},
+		{"400", func(w http.ResponseWriter, r *http.Request) {
+			meta.WriteInvalid(w, r, "identity", "header X-Api-Key is missing or empty")
+		}, 400, map[string]any{"invalid": "identity", "detail": "rate-limit identity: header X-Api-Key is missing or empty"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			tc.write(rec, httptest.NewRequest("GET", "/", nil))
+			if rec.Code != tc.code || rec.Header().Get("Retry-After") != "" || rec.Header().Get("Cache-Control") != "no-store" {
+				t.Fatalf("%d, Retry-After %q, Cache-Control %q; want %d, none, no-store", rec.Code, rec.Header().Get("Retry-After"), rec.Header().Get("Cache-Control"), tc.code)
+			}
+			for _, h := range []string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit", "Ratelimit-Policy"} {
+				if v, ok := rec.Header()[h]; ok {
+					t.Errorf("%s: %q written; these answers carry no metadata", h, v)
+				}
+			}
+			// The same answer as JSON.
+			rec = httptest.NewRecorder()
+			req := httptest.NewRequest("GET", "/", nil)
+			req.Header.Set("Accept", "application/json")
+			tc.write(rec, req)
+			var p map[string]any
+			if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+				t.Fatalf("body %q: %v", rec.Body.String(), err)
+			}
+			if p["status"] != float64(tc.code) {
+				t.Errorf("status member %v, want %d", p["status"], tc.code)
+			}
+			for k, want := range tc.problem {
+				got, _ := json.Marshal(p[k])
+				w, _ := json.Marshal(want)
+				if string(got) != string(w) {
+					t.Errorf("member %s = %s, want %s (body %s)", k, got, w, rec.Body.String())
+				}
+			}
+		})
 	}
 }
 

@@ -74,6 +74,21 @@ func WriteCostExceeded(w http.ResponseWriter, r *http.Request, s headers.Style, 
 	problem.Write(w, r, p)
 }
 
+// WriteInvalid writes 400 Bad Request for a request whose rate-limit identity, scope,
+// plan or cost (part: "identity", "scope", "plan" or "cost") could not be determined,
+// for reason, a client-facing explanation such as "cost must be a positive integer"
+// (never an internal error's text). The body reads "rate-limit <part>: <reason>" and, as
+// JSON, carries part in the member "invalid"; Cache-Control: no-store, no metadata.
+func WriteInvalid(w http.ResponseWriter, r *http.Request, part, reason string) {
+	problem.Write(w, r, problem.Problem{
+		Type:    problem.InvalidRequest,
+		Title:   "Bad Request",
+		Status:  http.StatusBadRequest,
+		Detail:  "rate-limit " + part + ": " + reason,
+		Invalid: part,
+	})
+}
+
 // clampReported makes reported a valid index of rules, which it makes non-empty.
 func clampReported(rules []Info, reported int) ([]Info, int) {
 	if reported >= 0 && reported < len(rules) {

@@ -201,7 +201,7 @@ func (c *Collector) Observe(e middleware.Event) {
 	k := counterKey{rule, e.Result}
 	ctr, ok := c.counters.Load(k)
 	if !ok {
-		ctr, _ = c.counters.LoadOrStore(k, c.decisions.WithLabelValues(rule, e.Result.String()))
+		ctr, _ = c.counters.LoadOrStore(k, c.decisions.WithLabelValues(rule, string(e.Result)))
 	}
 	ctr.(prometheus.Counter).Inc()
 	if e.Result == middleware.Canceled {

@@ -1,4 +1,4 @@
-package keyfuncs_test
+package keyreason_test
 
 import (
 	"errors"
@@ -7,10 +7,13 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
-func TestReason(t *testing.T) {
+// The reasons of package keyfuncs's errors, and none for an error of another package
+// (the reason of a function's own *middleware.InputError: TestBadRequestNamesThePart).
+func TestOf(t *testing.T) {
 	t.Parallel()
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.RemoteAddr = "10.0.0.1:1"
@@ -32,15 +35,14 @@ func TestReason(t *testing.T) {
 		{badXFF, "header X-Forwarded-For is malformed", true},
 		{keyfuncs.ErrNoClientIP, "the client address could not be determined", true},
 		{keyfuncs.ErrEmptyKey, "identity could not be determined", true},
-		{&keyfuncs.ClientError{Reason: "cost must be a positive integer", Err: errors.New("strconv: bad")}, "cost must be a positive integer", true},
-		{fmt.Errorf("wrapped: %w", &keyfuncs.ClientError{Reason: "tenant unknown"}), "tenant unknown", true},
+		{fmt.Errorf("wrapped: %w", missing), "header X-Api-Key is missing or empty", true},
 		{keyfuncs.ErrNoRoutePattern, "", false},
 		{errors.New("dial tcp 10.1.2.3:5432: refused"), "", false}, // internal text is never a reason
 		{nil, "", false},
 	} {
-		got, ok := keyfuncs.Reason(tc.err)
+		got, ok := keyreason.Of(tc.err)
 		if got != tc.want || ok != tc.ok {
-			t.Errorf("Reason(%v) = (%q, %v), want (%q, %v)", tc.err, got, ok, tc.want, tc.ok)
+			t.Errorf("Of(%v) = (%q, %v), want (%q, %v)", tc.err, got, ok, tc.want, tc.ok)
 		}
 	}
 	// The error texts stay what they were, and errors.Is still finds the sentinel.

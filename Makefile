@@ -10,8 +10,7 @@ ITPKGS   ?= ./...
 IT       = $(if $(strip $(ITPKGS)),cd integration_test && )
 # test-valkey: the packages whose tests start their own servers, run again on Valkey
 VALKEY_SERVER ?= valkey-server
-# (internal/redistest is left out: its replica tests do not yet hold on Valkey)
-VALKEYPKGS ?= ./lua ./middleware ./cmd/demo-server
+VALKEYPKGS ?= ./lua ./middleware ./cmd/demo-server ./internal/redistest
 # and, of the memory package and integration_test, the tests that start a server (the
 # container tests of integration_test run on the image built from redis-server only)
 VALKEY_MEMORY_RUN ?= Redis$$

@@ -21,14 +21,20 @@ func TestClusterFailover(t *testing.T) {
 	key := "k"
 	slot := int(c.ClusterKeySlot(ctx, key).Val())
 	m := cl.SlotOwner(slot)
-	if err := c.Set(ctx, key, "v", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if got := m.Client(t).Get(ctx, key).Val(); got != "v" {
-		t.Fatalf("slot %d's key not on the node SlotOwner names (%q)", slot, got)
-	}
 	// Replication is asynchronous: wait until the replica has the write before the kill.
-	if n, err := m.Client(t).Wait(ctx, 1, 5*time.Second).Result(); err != nil || n < 1 {
+	// WAIT counts the replicas that acknowledged the writes of its own connection (since
+	// Redis 7.2 and on Valkey; a connection that wrote nothing has it return at once), so
+	// the write and the WAIT share one connection, to the slot's owner: a MOVED error if
+	// SlotOwner names another node.
+	mc := m.Client(t).Conn()
+	defer mc.Close()
+	if err := mc.Set(ctx, key, "v", 0).Err(); err != nil {
+		t.Fatalf("SET on the node SlotOwner names for slot %d: %v", slot, err)
+	}
+	if got, err := c.Get(ctx, key).Result(); got != "v" {
+		t.Fatalf("the cluster client reads %q (%v) for slot %d's key", got, err, slot)
+	}
+	if n, err := mc.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n < 1 {
 		t.Fatalf("WAIT 1: %d replicas acknowledged, %v", n, err)
 	}
 	r := cl.ReplicasOf(m)[0]

@@ -96,7 +96,7 @@ type Check struct {
 // Decision is a limiter's answer to one request, reporting one rule: the one that refused
 // (a rule whose capacity the cost exceeds first, as waiting cannot help; else the
 // refusing rule with the longest wait), or when admitted the most restrictive rule: the
-// smallest share of its capacity left (Remaining/Capacity, so that a rule counted in
+// smallest share of its capacity left (Remaining/Limit, so that a rule counted in
 // tokens or bytes compares like with one counted in requests; on a tie, the longest
 // reset). The zero Decision admits
 // nothing and reports no rule.
@@ -115,7 +115,8 @@ type Decision struct {
 	// Rule is the reported rule's name and Index its position in the checks.
 	Rule  string
 	Index int
-	// Limit is the reported rule's capacity in cost units ([Rule.Capacity]).
+	// Limit is the reported rule's capacity in cost units: its Burst for a [TokenBucket]
+	// rule whose Burst is set, its Limit otherwise.
 	Limit int64
 	// Window is the reported rule's window or refill period; zero for a [Calendar]
 	// rule, whose window is its period.
@@ -206,10 +207,10 @@ func Combine(checks []Check, outcomes []Outcome) Decision {
 // different units (requests, tokens, bytes) compare like with like. A budget in debt
 // has none left.
 func leftCmp(o *Outcome, or *Rule, b *Outcome, br *Rule) int {
-	// o.Remaining/or.Capacity() against b.Remaining/br.Capacity(), exactly: both sides
+	// o.Remaining/or.capacity() against b.Remaining/br.capacity(), exactly: both sides
 	// are below 2^40, so each product fits in 128 bits.
-	ohi, olo := bits.Mul64(uint64(max(o.Remaining, 0)), uint64(br.Capacity()))
-	bhi, blo := bits.Mul64(uint64(max(b.Remaining, 0)), uint64(or.Capacity()))
+	ohi, olo := bits.Mul64(uint64(max(o.Remaining, 0)), uint64(br.capacity()))
+	bhi, blo := bits.Mul64(uint64(max(b.Remaining, 0)), uint64(or.capacity()))
 	switch {
 	case ohi != bhi:
 		if ohi < bhi {
@@ -234,7 +235,7 @@ func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 		},
 		Rule:   r.Name,
 		Index:  index,
-		Limit:  r.Capacity(),
+		Limit:  r.capacity(),
 		Window: r.Window,
 	}
 	if !d.Allowed && !d.Exceeded {

@@ -147,10 +147,10 @@ type Rule struct {
 	WeekStart time.Weekday
 }
 
-// Capacity is the most cost one identity can ever spend at once under the rule: Burst for
-// a token bucket (Limit when Burst is zero), Limit otherwise. A check whose cost exceeds it
-// can never be admitted.
-func (r Rule) Capacity() int64 {
+// capacity is the most cost one identity can ever spend at once under the rule: Burst for
+// a token bucket (Limit when Burst is zero), Limit otherwise (what a Decision reports as
+// Limit). Package timerule's Capacity, which the limiters call, is held to it by a test.
+func (r *Rule) capacity() int64 {
 	if r.Algorithm == TokenBucket && r.Burst > 0 {
 		return r.Burst
 	}
@@ -275,7 +275,7 @@ func (r *Rule) validateBurst() error {
 		}
 	}
 	if r.Algorithm == TokenBucket {
-		if c, w := r.Capacity(), r.Window.Milliseconds(); c > maxScaled/w {
+		if c, w := r.capacity(), r.Window.Milliseconds(); c > maxScaled/w {
 			return r.bad("Burst", "capacity %d × window %dms exceeds 2^53; shorten the window or lower the capacity", c, w)
 		}
 	}
@@ -285,7 +285,7 @@ func (r *Rule) validateBurst() error {
 // burstValid reports whether validateBurst would return nil, for a rule of a valid
 // Window.
 func (r *Rule) burstValid() bool {
-	return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= MaxLimit && r.Capacity() <= maxScaled/r.Window.Milliseconds()
+	return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= MaxLimit && r.capacity() <= maxScaled/r.Window.Milliseconds()
 }
 
 // nameByte marks the bytes allowed in a rule name: [A-Za-z0-9_.-].

@@ -708,7 +708,7 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 		ch := &d.checks[j]
 		keys = append(keys, d.keys[j])
 		args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, c.window(&ch.Rule, &now),
-			ch.Rule.Capacity(), ch.Cost)
+			timerule.Capacity(&ch.Rule), ch.Cost)
 	}
 	if d.members != nil {
 		for _, j := range g {

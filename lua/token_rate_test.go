@@ -11,6 +11,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/memory"
 )
@@ -154,8 +155,8 @@ func runTokenSteps(t *testing.T, mem *memory.Limiter, l *lua.Limiter, id string,
 		if s.want != nil && want.Remaining != *s.want {
 			t.Fatalf("step %d (cost %d, Limit %d, Burst %d, Window %v): Remaining %d on both, want %d", i, s.cost, s.r.Limit, s.r.Burst, s.r.Window, want.Remaining, *s.want)
 		}
-		if want.Remaining < -s.r.Capacity() {
-			t.Fatalf("step %d: Memory's debt %d beyond one capacity (%d)", i, -want.Remaining, s.r.Capacity())
+		if want.Remaining < -timerule.Capacity(&s.r) {
+			t.Fatalf("step %d: Memory's debt %d beyond one capacity (%d)", i, -want.Remaining, timerule.Capacity(&s.r))
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/israce"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -30,7 +31,7 @@ func TestMemoryBound(t *testing.T) {
 	const identities = 100
 	for i := range identities {
 		for _, r := range rules {
-			d := allow(t, m, ratebudget.Check{Rule: r, Identity: fmt.Sprint("id", i), Scope: "/s", Cost: r.Capacity()})
+			d := allow(t, m, ratebudget.Check{Rule: r, Identity: fmt.Sprint("id", i), Scope: "/s", Cost: timerule.Capacity(&r)})
 			if !d.Allowed || d.ResetAfter != time.Second {
 				t.Fatalf("%s: %+v", r.Name, d)
 			}
@@ -55,7 +56,7 @@ func TestMemoryBound(t *testing.T) {
 	clk.Advance(time.Second - ms)
 	probeAll(func(r ratebudget.Rule) int64 {
 		if r.Algorithm == ratebudget.TokenBucket {
-			return r.Capacity() - 1 // 999ms of refill: 7.992 tokens
+			return timerule.Capacity(&r) - 1 // 999ms of refill: 7.992 tokens
 		}
 		return 0
 	})
@@ -63,7 +64,7 @@ func TestMemoryBound(t *testing.T) {
 		t.Fatalf("1ms before the windows end: Len %d, want %d", n, want)
 	}
 	clk.Advance(ms + sweep)
-	probeAll(func(r ratebudget.Rule) int64 { return r.Capacity() })
+	probeAll(func(r ratebudget.Rule) int64 { return timerule.Capacity(&r) })
 	if n := m.Len(); n != 0 {
 		t.Fatalf("after the windows and a sweep interval: Len %d, want 0", n)
 	}

@@ -52,7 +52,7 @@ func TestSettleDebtBounded(t *testing.T) {
 			b := m.budgetOf(c)
 			switch r.Algorithm {
 			case ratebudget.TokenBucket:
-				full := r.Capacity() * r.Window.Milliseconds()
+				full := timerule.Capacity(&r) * r.Window.Milliseconds()
 				charge(b, &r, ratebudget.MaxLimit, m.now(), &m.cal) // again, from the debt
 				if b.count > 2*full || b.count > timerule.MaxScaled {
 					t.Fatalf("%s: deficit %d, want at most %d (a level of at least minus the capacity) and within 2^53", r.Name, b.count, min(2*full, timerule.MaxScaled))

@@ -89,7 +89,8 @@ type Check struct {
 	// means everywhere the rule is used.
 	Scope string
 	// Cost is the number of units to spend (a request, a unit of estimated work, a byte),
-	// in the rule's cost units; it must be positive (exactly 1 for an InFlight rule).
+	// in the rule's cost units: at least 1, at most 2^40 (1,099,511,627,776), and exactly
+	// 1 for an InFlight rule.
 	Cost int64
 }
 
@@ -252,8 +253,8 @@ func checksValid(checks []Check) bool {
 		c := &checks[i]
 		r := &c.Rule
 		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > Calendar ||
-			r.Limit <= 0 || r.Limit > MaxLimit || !(r.windowValid() || r.Algorithm == Calendar && r.calendarValid()) ||
-			uint64(c.Cost-1) >= MaxLimit || r.Algorithm == InFlight && c.Cost != 1 { // a Cost of 1..MaxLimit
+			r.Limit <= 0 || r.Limit > maxLimit || !(r.windowValid() || r.Algorithm == Calendar && r.calendarValid()) ||
+			uint64(c.Cost-1) >= maxLimit || r.Algorithm == InFlight && c.Cost != 1 { // a Cost of 1..maxLimit
 			return false
 		}
 		for k := 0; k < len(r.Name); k++ {
@@ -284,7 +285,7 @@ func namedBefore(checks []Check, i int) bool {
 }
 
 // ValidateChecks checks what a limiter must verify before it spends anything: at least one
-// check, valid rules, costs in 1..MaxLimit (exactly 1 for an [InFlight] rule) and no
+// check, valid rules, costs in 1..2^40 (exactly 1 for an [InFlight] rule) and no
 // budget named twice: two checks of one rule name, identity and scope, whatever their
 // rules' other fields (one name with several identities or scopes is several budgets).
 // It returns a *[ConfigError] naming the field at fault (and a rule without a name by
@@ -305,8 +306,8 @@ func ValidateChecks(checks []Check) error {
 		if c.Cost <= 0 {
 			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be positive"}
 		}
-		if c.Cost > MaxLimit {
-			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "exceeds MaxLimit"}
+		if c.Cost > maxLimit {
+			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be at most 1099511627776 (2^40), got " + strconv.FormatInt(c.Cost, 10)}
 		}
 		if c.Rule.Algorithm == InFlight && c.Cost != 1 {
 			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be 1 for an InFlight rule (one lease), got " + strconv.FormatInt(c.Cost, 10)}

@@ -3,6 +3,8 @@ package ratebudget
 import (
 	"fmt"
 	"time"
+
+	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
 // Algorithm is a rule's time rule: how admitted work is counted over time.
@@ -95,14 +97,14 @@ func (p Period) String() string {
 
 // Limits that keep every value exact in a Redis Lua number (a float64, exact below 2^53).
 const (
-	// MaxLimit is the largest accepted Rule.Limit and Rule.Burst.
-	MaxLimit = 1 << 40
+	// maxLimit is the largest accepted Rule.Limit, Rule.Burst and Check.Cost: 2^40.
+	maxLimit = bound.MaxLimit
 	// maxWindow is the longest accepted Rule.Window.
 	maxWindow = 366 * 24 * time.Hour
 	// maxNameLen is the longest accepted Rule.Name, in bytes.
 	maxNameLen = 64
 	// maxScaled bounds Burst×Window(ms), the token bucket's internal scale.
-	maxScaled = 1 << 53
+	maxScaled = bound.MaxScaled
 )
 
 // Rule is one budget: how much work (Limit, in cost units) is admitted over which time
@@ -126,13 +128,14 @@ type Rule struct {
 	Algorithm Algorithm
 	// Limit is the number of cost units admitted per Window (FixedWindow, RollingWindow),
 	// refilled per Window (TokenBucket), the number of leases held at once (InFlight), or
-	// admitted per calendar period (Calendar). 1 to MaxLimit.
+	// admitted per calendar period (Calendar): at least 1, at most 2^40 (1,099,511,627,776).
 	Limit int64
 	// Window is the length of the window, the refill period, or an InFlight lease's time
 	// to live: a whole number of milliseconds, 1ms to 366 days (8784h). A Calendar rule
 	// requires zero: its windows are its periods.
 	Window time.Duration
-	// Burst is the TokenBucket's capacity, in cost units, 0 to MaxLimit; zero means Limit.
+	// Burst is the TokenBucket's capacity, in cost units: at most 2^40 (1,099,511,627,776);
+	// zero means Limit.
 	// Other time rules require zero.
 	Burst int64
 	// Period is a Calendar rule's period, required there (the zero value is none).
@@ -159,9 +162,9 @@ func (r *Rule) capacity() int64 {
 
 // Validate reports the first problem with the rule as a *[ConfigError] naming the field:
 // a Name that is not 1 to 64 bytes of [A-Za-z0-9_.-], an unknown Algorithm, a Limit
-// outside 1..MaxLimit, a Window outside 1ms..366 days or not a whole number of
+// outside 1..2^40, a Window outside 1ms..366 days or not a whole number of
 // milliseconds (not zero, for a Calendar rule), a Burst on another time rule than
-// TokenBucket or outside 0..MaxLimit, a token bucket whose capacity times its Window in
+// TokenBucket or outside 0..2^40, a token bucket whose capacity times its Window in
 // milliseconds exceeds 2^53 (the scale of its exact refill arithmetic), or a Period,
 // Location or WeekStart that is invalid for a Calendar rule (no or an unknown Period,
 // time.Local, a WeekStart out of Sunday..Saturday or on another Period than Week) or set
@@ -173,8 +176,8 @@ func (r Rule) Validate() error {
 	if r.Algorithm > Calendar {
 		return r.bad("Algorithm", "unknown value %d", uint8(r.Algorithm))
 	}
-	if r.Limit <= 0 || r.Limit > MaxLimit {
-		return r.bad("Limit", "must be in 1..%d, got %d", int64(MaxLimit), r.Limit)
+	if r.Limit <= 0 || r.Limit > maxLimit {
+		return r.bad("Limit", "must be in 1..%d, got %d", int64(maxLimit), r.Limit)
 	}
 	if r.Algorithm == Calendar {
 		return r.validateCalendar()
@@ -270,8 +273,8 @@ func (r *Rule) validateBurst() error {
 		if r.Algorithm != TokenBucket {
 			return r.bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, r.Algorithm)
 		}
-		if r.Burst < 0 || r.Burst > MaxLimit {
-			return r.bad("Burst", "must be in 0..%d, got %d", int64(MaxLimit), r.Burst)
+		if r.Burst < 0 || r.Burst > maxLimit {
+			return r.bad("Burst", "must be in 0..%d, got %d", int64(maxLimit), r.Burst)
 		}
 	}
 	if r.Algorithm == TokenBucket {
@@ -285,7 +288,7 @@ func (r *Rule) validateBurst() error {
 // burstValid reports whether validateBurst would return nil, for a rule of a valid
 // Window.
 func (r *Rule) burstValid() bool {
-	return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= MaxLimit && r.capacity() <= maxScaled/r.Window.Milliseconds()
+	return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= maxLimit && r.capacity() <= maxScaled/r.Window.Milliseconds()
 }
 
 // nameByte marks the bytes allowed in a rule name: [A-Za-z0-9_.-].

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 )
 
@@ -166,7 +167,7 @@ func TestValidateChecksAllocs(t *testing.T) {
 	checks := []ratebudget.Check{
 		{Rule: ratebudget.Rule{Name: "per-client", Limit: 10, Window: time.Second}, Identity: "203.0.113.7", Cost: 1},
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Burst: 1 << 31, Window: time.Millisecond}, Cost: 1},
-		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 7},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: bound.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 7},
 		{Rule: ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 4, Window: time.Minute}, Identity: "acct-42", Cost: 1},
 	}
 	var err error

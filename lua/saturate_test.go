@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
@@ -18,7 +19,7 @@ func TestLongWaitsSaturate(t *testing.T) {
 	l := newLimiter(t, redistest.Start(t).Client(t))
 	ctx := context.Background()
 	const longest = time.Duration(math.MaxInt64)
-	r := ratebudget.Rule{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: ratebudget.MaxLimit, Window: 8 * time.Second}
+	r := ratebudget.Rule{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: bound.MaxLimit, Window: 8 * time.Second}
 	c := ratebudget.Check{Rule: r, Identity: "id", Cost: timerule.Capacity(&r)}
 	d, err := l.Allow(ctx, []ratebudget.Check{c})
 	if err != nil || !d.Allowed || d.ResetAfter != longest {

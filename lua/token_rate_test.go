@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/internal/timerule"
@@ -240,7 +241,7 @@ func TestTokenBucketWindowConversion(t *testing.T) {
 		cases = append(cases, conv{1 + rng.Int64N(top.Int64()), from, to})
 	}
 	for _, cv := range cases {
-		capacity := min(ratebudget.MaxLimit-1, maxScaled/cv.to) // a cost of capacity + 1 is exceeded
+		capacity := min(bound.MaxLimit-1, maxScaled/cv.to) // a cost of capacity + 1 is exceeded
 		r := ratebudget.Rule{Name: "tbc", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: capacity, Window: time.Duration(cv.to) * time.Millisecond}
 		ch := []ratebudget.Check{{Rule: r, Identity: "x", Cost: capacity + 1}}
 		key := l.Key(ch[0])

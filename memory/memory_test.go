@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/israce"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
@@ -263,14 +264,14 @@ func TestMemoryAllowAllocs(t *testing.T) {
 	three := []ratebudget.Check{
 		{Rule: benchRule, Identity: "203.0.113.7", Cost: 1},
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 1},
-		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: bound.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 1},
 	}
 	ny, err := time.LoadLocation("America/New_York")
 	if err != nil {
 		t.Fatal(err)
 	}
 	calendar := []ratebudget.Check{
-		{Rule: ratebudget.Rule{Name: "daily", Algorithm: ratebudget.Calendar, Limit: ratebudget.MaxLimit, Period: ratebudget.Day, Location: ny}, Identity: "203.0.113.7", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "daily", Algorithm: ratebudget.Calendar, Limit: bound.MaxLimit, Period: ratebudget.Day, Location: ny}, Identity: "203.0.113.7", Cost: 1},
 	}
 	for name, checks := range map[string][]ratebudget.Check{"one": one, "three": three, "calendar": calendar} {
 		allow(t, m, checks...) // the budgets exist
@@ -314,9 +315,9 @@ func TestMemorySettleAllocs(t *testing.T) {
 	checks := []ratebudget.Check{
 		{Rule: benchRule, Identity: "203.0.113.7", Cost: 2},
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 2},
-		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 2},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: bound.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 2},
 		{Rule: ratebudget.Rule{Name: "running", Algorithm: ratebudget.InFlight, Limit: 4, Window: time.Minute}, Identity: "203.0.113.7", Cost: 1},
-		{Rule: ratebudget.Rule{Name: "monthly", Algorithm: ratebudget.Calendar, Limit: ratebudget.MaxLimit, Period: ratebudget.Month}, Identity: "203.0.113.7", Cost: 2},
+		{Rule: ratebudget.Rule{Name: "monthly", Algorithm: ratebudget.Calendar, Limit: bound.MaxLimit, Period: ratebudget.Month}, Identity: "203.0.113.7", Cost: 2},
 	}
 	ctx := context.Background()
 	tickets := make([]ratebudget.Ticket, len(checks))

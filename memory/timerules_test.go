@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
@@ -193,7 +194,7 @@ func TestExceededSpendsNothing(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/burst=%d", algo, burst), func(t *testing.T) {
 				m, clk := newMemory(t)
 				capacity := timerule.Capacity(&r)
-				for _, cost := range []int64{capacity + 1, 2 * capacity, ratebudget.MaxLimit} {
+				for _, cost := range []int64{capacity + 1, 2 * capacity, bound.MaxLimit} {
 					d := allow(t, m, ratebudget.Check{Rule: r, Cost: cost})
 					want := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true, Remaining: capacity}, Rule: "r", Limit: capacity, Window: time.Second}
 					if d != want {
@@ -369,12 +370,12 @@ func TestTokenBucketStartsFull(t *testing.T) {
 }
 
 // TestLongWaitsSaturate: a token bucket may take longer to fill than a time.Duration
-// holds (capacity MaxLimit refilled 1 per 8 s: about 279,000 years). Its waits are then the
+// holds (capacity 2^40 refilled 1 per 8 s: about 279,000 years). Its waits are then the
 // longest Duration, never a wrapped (negative or short) one; shorter waits stay exact.
 func TestLongWaitsSaturate(t *testing.T) {
 	const longest = time.Duration(math.MaxInt64)
 	for _, r := range []ratebudget.Rule{
-		{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: ratebudget.MaxLimit, Window: 8 * time.Second},
+		{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: bound.MaxLimit, Window: 8 * time.Second},
 		{Name: "daily", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: 100_000_000, Window: 24 * time.Hour},
 	} {
 		t.Run(r.Name, func(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
@@ -25,7 +26,7 @@ import (
 func stressInFlight(t *testing.T, lim ratebudget.Limiter, left func() int64) {
 	const limit, workers, each = 3, 8, 60
 	conc := ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: limit, Window: time.Hour}
-	work := ratebudget.Rule{Name: "work", Limit: ratebudget.MaxLimit, Window: time.Hour}
+	work := ratebudget.Rule{Name: "work", Limit: bound.MaxLimit, Window: time.Hour}
 	var running, most atomic.Int64
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := running.Add(1)

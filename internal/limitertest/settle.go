@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
 // runSettle runs the cases of [ratebudget.Settler] and of [ratebudget.InFlight] rules.
@@ -189,7 +190,7 @@ func testSettleBoundedDebt(e *env, s ratebudget.Settler, alg ratebudget.Algorith
 		c := check(r, "rhea", 1)
 		e.mark()
 		_, tk := e.reserve(s, c)
-		e.settle(s, []ratebudget.Check{c}, tk, []int64{ratebudget.MaxLimit})
+		e.settle(s, []ratebudget.Check{c}, tk, []int64{bound.MaxLimit})
 		d := e.allow(check(r, "rhea", 1))
 		e.expect(d, false, 0)
 		// The level stops at -5 tokens: a token needs 6 tokens of refill.
@@ -201,7 +202,7 @@ func testSettleBoundedDebt(e *env, s ratebudget.Settler, alg ratebudget.Algorith
 		c := check(r, "rhea", 1)
 		e.mark()
 		_, tk := e.reserve(s, c)
-		e.settle(s, []ratebudget.Check{c}, tk, []int64{ratebudget.MaxLimit})
+		e.settle(s, []ratebudget.Check{c}, tk, []int64{bound.MaxLimit})
 		d := e.allow(check(r, "rhea", 1))
 		e.expect(d, false, 0)
 		// A period's debt ends with the period.
@@ -217,7 +218,7 @@ func testSettleBoundedDebt(e *env, s ratebudget.Settler, alg ratebudget.Algorith
 		c := check(r, id, 1)
 		e.mark()
 		_, tk := e.reserve(s, c)
-		e.settle(s, []ratebudget.Check{c}, tk, []int64{ratebudget.MaxLimit})
+		e.settle(s, []ratebudget.Check{c}, tk, []int64{bound.MaxLimit})
 		d := e.allow(check(r, id, 1))
 		if !e.fake && !decides(e.since, w) {
 			return false // the window may have ended, debt and all
@@ -324,7 +325,7 @@ func testSettleInvalid(e *env, s ratebudget.Settler) {
 		{tk, []int64{}},
 		{tk, []int64{1, 1}},
 		{tk, []int64{-1}},
-		{tk, []int64{ratebudget.MaxLimit + 1}},
+		{tk, []int64{bound.MaxLimit + 1}},
 	} {
 		if err := s.Settle(ctx, c, bad.tickets, bad.costs); !errors.Is(err, ratebudget.ErrInvalidConfig) {
 			e.t.Fatalf("Settle(%v, %v) = %v, want a configuration error", bad.tickets, bad.costs, err)

@@ -21,11 +21,12 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
 // MaxScaled bounds a token bucket's capacity × Window in ms, the scale of its deficit:
 // the bound [ratebudget.Rule.Validate] enforces (2^53, exact in a Redis Lua number).
-const MaxScaled = 1 << 53
+const MaxScaled = bound.MaxScaled
 
 // Capacity is the most cost one identity can ever spend at once under r, in cost units:
 // its Burst for a token bucket (its Limit when Burst is zero), its Limit otherwise. A

@@ -6,13 +6,16 @@ import (
 	"strconv"
 )
 
-// ErrInvalidConfig matches (with errors.Is) every *[ConfigError].
-var ErrInvalidConfig = errors.New("ratebudget: invalid configuration")
-
 // ConfigError reports invalid configuration, naming the field at fault. Constructors
 // return it, and so do a limiter's decisions and settles for invalid arguments (see
 // [ValidateChecks] and [ValidateSettle]): a caller's mistake, which neither waiting
-// nor another store fixes, and after which nothing was spent.
+// nor another store fixes, and after which nothing was spent. Recognise it, wrapped or
+// not, with errors.As:
+//
+//	var ce *ratebudget.ConfigError
+//	if errors.As(err, &ce) {
+//		// ce.Field names the field at fault
+//	}
 type ConfigError struct {
 	Rule    string // the rule's name, when the field belongs to a rule
 	Field   string // the field or option at fault, e.g. "Limit" or "WithTimeout"
@@ -44,9 +47,6 @@ func locate(err error, list string, i int) error {
 	}
 	return err
 }
-
-// Is makes errors.Is(err, ErrInvalidConfig) true.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
 
 // ErrStoreUnavailable matches (with errors.Is) every *[StoreError]: the budget store could
 // not give a decision. It never means "the budget is empty" nor "the budget is full"; what

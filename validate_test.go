@@ -2,6 +2,7 @@ package ratebudget_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +13,7 @@ import (
 )
 
 // wantConfigError checks that err is a *ConfigError naming field (and rule, when not empty)
-// that matches ErrInvalidConfig and not ErrStoreUnavailable.
+// that is neither a *StoreError nor a match of ErrStoreUnavailable.
 var wantConfigError = limitertest.WantConfigError
 
 func TestRuleValidate(t *testing.T) {
@@ -90,7 +91,8 @@ func TestErrors(t *testing.T) {
 	cause := errors.New("dial tcp: refused")
 	for _, uncertain := range []bool{false, true} {
 		var err error = &ratebudget.StoreError{Class: ratebudget.ClassConnection, Uncertain: uncertain, Err: cause}
-		if !errors.Is(err, ratebudget.ErrStoreUnavailable) || !errors.Is(err, cause) || errors.Is(err, ratebudget.ErrInvalidConfig) {
+		var notConfig *ratebudget.ConfigError
+		if !errors.Is(err, ratebudget.ErrStoreUnavailable) || !errors.Is(err, cause) || errors.As(err, &notConfig) {
 			t.Errorf("StoreError matching: %v", err)
 		}
 		if got := strings.Contains(err.Error(), "uncertain"); got != uncertain {
@@ -178,5 +180,32 @@ func TestValidateChecksAllocs(t *testing.T) {
 	checks[2].Cost = 0
 	if err := ratebudget.ValidateChecks(checks); err == nil {
 		t.Fatal("ValidateChecks accepted a zero cost")
+	}
+}
+
+// A *ConfigError is recognised with errors.As, also when wrapped (by fmt.Errorf's %w or
+// errors.Join), and a *StoreError or a plain error is not one.
+func TestConfigErrorAs(t *testing.T) {
+	err := ratebudget.Rule{Name: "r", Window: time.Second}.Validate()
+	for _, wrapped := range []error{
+		err,
+		fmt.Errorf("loading rules: %w", err),
+		errors.Join(errors.New("first"), fmt.Errorf("second: %w", err)),
+	} {
+		var ce *ratebudget.ConfigError
+		if !errors.As(wrapped, &ce) || ce.Rule != "r" || ce.Field != "Limit" {
+			t.Errorf("errors.As(%v) = %v (%+v), want the rule's ConfigError naming Limit", wrapped, ce != nil, ce)
+		}
+	}
+	for _, other := range []error{
+		errors.New("ratebudget: invalid configuration"),
+		&ratebudget.StoreError{Class: ratebudget.ClassServer, Err: errors.New("OOM")},
+		&ratebudget.StoreError{Class: ratebudget.ClassTimeout},
+		nil,
+	} {
+		var ce *ratebudget.ConfigError
+		if errors.As(other, &ce) {
+			t.Errorf("errors.As(%v) found a ConfigError", other)
+		}
 	}
 }

@@ -71,10 +71,10 @@ func TestNewValidatesOptions(t *testing.T) {
 			}
 		})
 	}
-	if _, err := lua.New(nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := lua.New(nil); !limitertest.IsConfigError(err) {
 		t.Fatalf("New(nil) = %v, want a ConfigError", err)
 	}
-	if _, err := lua.New((*redis.Client)(nil)); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := lua.New((*redis.Client)(nil)); !limitertest.IsConfigError(err) {
 		t.Fatalf("New of a nil *redis.Client = %v, want a ConfigError", err)
 	}
 	if _, err := lua.New(c, lua.WithRefusalCache(10), lua.WithRefusalCache(0)); err != nil {

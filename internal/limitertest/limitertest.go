@@ -13,7 +13,6 @@ package limitertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -534,7 +533,7 @@ func testInvalidChecks(e *env, alg ratebudget.Algorithm) {
 	}
 	for _, checks := range bad {
 		_, err := e.h.Limiter.Allow(context.Background(), checks)
-		if !errors.Is(err, ratebudget.ErrInvalidConfig) {
+		if !IsConfigError(err) {
 			e.t.Fatalf("Allow(%v) = %v, want a configuration error", checks, err)
 		}
 	}

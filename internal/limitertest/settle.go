@@ -327,14 +327,14 @@ func testSettleInvalid(e *env, s ratebudget.Settler) {
 		{tk, []int64{-1}},
 		{tk, []int64{bound.MaxLimit + 1}},
 	} {
-		if err := s.Settle(ctx, c, bad.tickets, bad.costs); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+		if err := s.Settle(ctx, c, bad.tickets, bad.costs); !IsConfigError(err) {
 			e.t.Fatalf("Settle(%v, %v) = %v, want a configuration error", bad.tickets, bad.costs, err)
 		}
 	}
-	if err := s.Settle(ctx, nil, tk, nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if err := s.Settle(ctx, nil, tk, nil); !IsConfigError(err) {
 		e.t.Fatalf("Settle without checks = %v, want a configuration error", err)
 	}
-	if _, err := s.Reserve(ctx, c, nil, nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := s.Reserve(ctx, c, nil, nil); !IsConfigError(err) {
 		e.t.Fatalf("Reserve without tickets = %v, want a configuration error", err)
 	}
 	// A reservation that is not admitted, an invalid one included, leaves zero tickets:
@@ -345,7 +345,7 @@ func testSettleInvalid(e *env, s ratebudget.Settler) {
 		{check(r, "walt", 1), check(r, "walt", 1)},
 	} {
 		tickets := append([]ratebudget.Ticket(nil), stale...)
-		if _, err := s.Reserve(ctx, bad, tickets, nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+		if _, err := s.Reserve(ctx, bad, tickets, nil); !IsConfigError(err) {
 			e.t.Fatalf("Reserve(%v) = %v, want a configuration error", bad, err)
 		}
 		for i, tk := range tickets[:len(bad)] {
@@ -531,10 +531,10 @@ func testInFlightConcurrency(e *env, s ratebudget.Settler) {
 
 func testInFlightCost(e *env, s ratebudget.Settler) {
 	c := []ratebudget.Check{check(leaseRule("slots", 5, long), "cleo", 2)}
-	if _, err := s.Reserve(context.Background(), c, make([]ratebudget.Ticket, 1), nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := s.Reserve(context.Background(), c, make([]ratebudget.Ticket, 1), nil); !IsConfigError(err) {
 		e.t.Fatalf("Reserve with cost 2 = %v, want a configuration error", err)
 	}
-	if _, err := e.h.Limiter.Allow(context.Background(), c); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := e.h.Limiter.Allow(context.Background(), c); !IsConfigError(err) {
 		e.t.Fatalf("Allow with cost 2 = %v, want a configuration error", err)
 	}
 }

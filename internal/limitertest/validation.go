@@ -10,8 +10,14 @@ import (
 	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
+// IsConfigError reports whether err is, or wraps, a *ratebudget.ConfigError.
+func IsConfigError(err error) bool {
+	var ce *ratebudget.ConfigError
+	return errors.As(err, &ce)
+}
+
 // WantConfigError checks that err is a *ratebudget.ConfigError naming field (and rule,
-// when not empty) that matches ratebudget.ErrInvalidConfig and not
+// when not empty), and neither a *ratebudget.StoreError nor a match of
 // ratebudget.ErrStoreUnavailable.
 func WantConfigError(t testing.TB, err error, rule, field string) {
 	t.Helper()
@@ -25,9 +31,10 @@ func WantConfigError(t testing.TB, err error, rule, field string) {
 	if ce.Problem == "" || !strings.Contains(err.Error(), field) {
 		t.Fatalf("error %q does not explain the problem with %s", err, field)
 	}
-	if !errors.Is(err, ratebudget.ErrInvalidConfig) || errors.Is(err, ratebudget.ErrStoreUnavailable) {
-		t.Fatalf("errors.Is(%v, ErrInvalidConfig) = %v, ErrStoreUnavailable = %v", err,
-			errors.Is(err, ratebudget.ErrInvalidConfig), errors.Is(err, ratebudget.ErrStoreUnavailable))
+	var se *ratebudget.StoreError
+	if errors.As(err, &se) || errors.Is(err, ratebudget.ErrStoreUnavailable) {
+		t.Fatalf("errors.As(%v, *StoreError) = %v, errors.Is(ErrStoreUnavailable) = %v, want neither", err,
+			errors.As(err, &se), errors.Is(err, ratebudget.ErrStoreUnavailable))
 	}
 }
 

@@ -101,8 +101,13 @@ func (e *StoreError) Error() string {
 	return fmt.Sprintf("ratebudget: budget store unavailable (%s%s): %v", e.Class, u, e.Err)
 }
 
-// Unwrap returns the underlying error.
-func (e *StoreError) Unwrap() error { return e.Err }
-
-// Is makes errors.Is(err, ErrStoreUnavailable) true.
-func (e *StoreError) Is(target error) bool { return target == ErrStoreUnavailable }
+// Unwrap returns [ErrStoreUnavailable] and, when set, the underlying error Err, so that
+// errors.Is(err, ErrStoreUnavailable) is true and errors.Is and errors.As find Err's
+// chain (a *redis.Error, a net.Error...). errors.Unwrap, which reads only a single
+// wrapped error, returns nil for it: use errors.Is and errors.As.
+func (e *StoreError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrStoreUnavailable}
+	}
+	return []error{ErrStoreUnavailable, e.Err}
+}

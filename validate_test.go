@@ -209,3 +209,44 @@ func TestConfigErrorAs(t *testing.T) {
 		}
 	}
 }
+
+// causeError stands for a store client's error type (a *redis.Error, say).
+type causeError struct{ msg string }
+
+func (e *causeError) Error() string { return e.msg }
+
+// A *StoreError matches ErrStoreUnavailable with errors.Is and gives its cause to
+// errors.Is and errors.As, also wrapped; one without a cause still matches
+// ErrStoreUnavailable; errors.Unwrap, which reads a single wrapped error, returns nil.
+func TestStoreErrorUnwrap(t *testing.T) {
+	cause := &causeError{"OOM command not allowed"}
+	withCause := &ratebudget.StoreError{Class: ratebudget.ClassServer, Err: cause}
+	for _, err := range []error{withCause, fmt.Errorf("deciding: %w", withCause)} {
+		if !errors.Is(err, ratebudget.ErrStoreUnavailable) || !errors.Is(err, cause) {
+			t.Errorf("errors.Is(%v): ErrStoreUnavailable %v, cause %v; want both", err,
+				errors.Is(err, ratebudget.ErrStoreUnavailable), errors.Is(err, cause))
+		}
+		var ce *causeError
+		if !errors.As(err, &ce) || ce != cause {
+			t.Errorf("errors.As(%v, *causeError) = %v, want the cause", err, ce)
+		}
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se != withCause {
+			t.Errorf("errors.As(%v, *StoreError) = %v, want the StoreError", err, se)
+		}
+	}
+	bare := &ratebudget.StoreError{Class: ratebudget.ClassBreakerOpen}
+	if !errors.Is(bare, ratebudget.ErrStoreUnavailable) {
+		t.Errorf("a StoreError without Err does not match ErrStoreUnavailable")
+	}
+	var ce *causeError
+	if errors.As(bare, &ce) || errors.Is(bare, cause) {
+		t.Errorf("a StoreError without Err matches a cause")
+	}
+	if got := errors.Unwrap(withCause); got != nil {
+		t.Errorf("errors.Unwrap(StoreError) = %v, want nil", got)
+	}
+	if errors.Is(errors.New("ratebudget: budget store unavailable"), ratebudget.ErrStoreUnavailable) {
+		t.Errorf("another error of the same text matches ErrStoreUnavailable")
+	}
+}

@@ -33,6 +33,9 @@ func newLimiter(t *testing.T, c redis.Scripter, opts ...lua.Option) *lua.Limiter
 	return l
 }
 
+// lua.Limiter resets budgets, so the suite's reset cases run rather than skip.
+var _ limitertest.Resetter = (*lua.Limiter)(nil)
+
 // TestConformanceProcess runs the shared suite against a private redis-server process.
 // The integration tests run it again against a container.
 func TestConformanceProcess(t *testing.T) {

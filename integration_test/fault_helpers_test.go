@@ -281,7 +281,7 @@ func faultRule(limit int64) ratebudget.Rule {
 
 // faultKey is the Redis key of the global budget of faultHandler under prefix.
 func faultKey(t *testing.T, prefix string, limit int64) string {
-	return keyOf(t, prefix, ratebudget.Check{Rule: faultRule(limit), Identity: keyfuncs.GlobalKey, Cost: 1})
+	return keyOf(prefix, ratebudget.Check{Rule: faultRule(limit), Identity: keyfuncs.GlobalKey, Cost: 1})
 }
 
 // serve sends one request to h and fails the test if it takes longer than bound: the

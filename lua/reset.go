@@ -36,7 +36,7 @@ func (l *Limiter) Reset(ctx context.Context, checks ...ratebudget.Check) error {
 	slots := make([]uint16, len(checks))
 	var buf, scratch []byte
 	for i := range checks {
-		buf, slots[i], scratch = c.keys.appendKey(buf[:0], scratch, &checks[i])
+		buf, slots[i], scratch = c.keys.Append(buf[:0], scratch, &checks[i])
 		keys[i] = string(buf)
 	}
 	var first error

@@ -133,7 +133,7 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 	if keys == nil {
 		keys, slots = make([]string, n), make([]uint16, n)
 		for i := range checks {
-			k, s, _ := c.keys.appendKey(nil, nil, &checks[i])
+			k, s, _ := c.keys.Append(nil, nil, &checks[i])
 			keys[i], slots[i] = string(k), s
 		}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/bound"
+	"github.com/ratebudget/ratebudget/internal/budgetkey"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
@@ -122,7 +123,7 @@ func TestStressInFlightLeasesRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	conc := ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: 3, Window: time.Hour}
-	key := lim.Key(ratebudget.Check{Rule: conc, Identity: keyfuncs.GlobalKey, Cost: 1})
+	key := budgetkey.New("stress", nil).Key(ratebudget.Check{Rule: conc, Identity: keyfuncs.GlobalKey, Cost: 1})
 	stressInFlight(t, lim, func() int64 {
 		n, err := client.ZCard(context.Background(), key).Result()
 		if err != nil {

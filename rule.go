@@ -58,41 +58,34 @@ func (a Algorithm) String() string {
 // [start, end) of the rule's Location that contains an instant: from the start of the
 // hour, day (midnight), week (midnight of Rule.WeekStart), month (midnight of the 1st) or
 // year (midnight of 1 January) to the start of the next one. A day in a time zone is
-// midnight to next midnight, 23 or 25 hours on the days its clocks change. The zero
-// value is no period, which a Calendar rule refuses.
-type Period uint8
+// midnight to next midnight, 23 or 25 hours on the days its clocks change. Its value is
+// its name: "hour", "day", "week", "month" or "year". The zero value "" is no period,
+// which a Calendar rule refuses.
+type Period string
 
 // The calendar periods.
 const (
 	// Hour is the clock hour, from minute 0 to the next hour's minute 0 (an hour of a
 	// zone's clock, which in a zone of a half-hour offset such as Asia/Kolkata starts at
 	// UTC's half hour).
-	Hour Period = iota + 1
+	Hour Period = "hour"
 	// Day is from midnight to the next midnight.
-	Day
+	Day Period = "day"
 	// Week is seven days from midnight of Rule.WeekStart.
-	Week
+	Week Period = "week"
 	// Month is from midnight of the 1st to midnight of the next month's 1st.
-	Month
+	Month Period = "month"
 	// Year is from midnight of 1 January to midnight of the next 1 January.
-	Year
+	Year Period = "year"
 )
 
-// String returns "hour", "day", "week", "month" or "year".
-func (p Period) String() string {
+// known reports whether p is one of the calendar periods.
+func (p Period) known() bool {
 	switch p {
-	case Hour:
-		return "hour"
-	case Day:
-		return "day"
-	case Week:
-		return "week"
-	case Month:
-		return "month"
-	case Year:
-		return "year"
+	case Hour, Day, Week, Month, Year:
+		return true
 	}
-	return fmt.Sprintf("Period(%d)", uint8(p))
+	return false
 }
 
 // Limits that keep every value exact in a Redis Lua number (a float64, exact below 2^53).
@@ -138,8 +131,8 @@ type Rule struct {
 	// zero means Limit.
 	// Other time rules require zero.
 	Burst int64
-	// Period is a Calendar rule's period, required there (the zero value is none).
-	// Other time rules require zero.
+	// Period is a Calendar rule's period, required there (the zero value "" is none).
+	// Other time rules require "".
 	Period Period
 	// Location is the time zone whose calendar a Calendar rule's periods follow, e.g.
 	// time.LoadLocation("America/New_York"); nil means UTC. time.Local is refused: it
@@ -219,10 +212,10 @@ func (r *Rule) validateName() error {
 // Algorithm and Limit are valid.
 func (r *Rule) validateCalendar() error {
 	switch {
-	case r.Period == 0:
+	case r.Period == "":
 		return r.bad("Period", "must be set for a Calendar rule (Hour, Day, Week, Month or Year)")
-	case r.Period > Year:
-		return r.bad("Period", "unknown value %d", uint8(r.Period))
+	case !r.Period.known():
+		return r.bad("Period", "unknown value %q; use hour, day, week, month or year", string(r.Period))
 	case r.Location == time.Local:
 		return r.bad("Location", "must not be time.Local, which differs between replicas; name the zone, e.g. time.LoadLocation(\"America/New_York\")")
 	case r.WeekStart < time.Sunday || r.WeekStart > time.Saturday:
@@ -240,7 +233,7 @@ func (r *Rule) validateCalendar() error {
 // validateNotCalendar refuses the Calendar fields on another time rule.
 func (r *Rule) validateNotCalendar() error {
 	switch {
-	case r.Period != 0:
+	case r.Period != "":
 		return r.bad("Period", "applies to Calendar only, got %v for %v", r.Period, r.Algorithm)
 	case r.Location != nil:
 		return r.bad("Location", "applies to Calendar only, got %v for %v", r.Location, r.Algorithm)
@@ -256,12 +249,12 @@ func (r *Rule) validateNotCalendar() error {
 func (r *Rule) windowValid() bool {
 	w := r.Window // in 1ms..maxWindow, whole ms; no Calendar field set, not Calendar (nor above)
 	return uint64(w-time.Millisecond) <= uint64(maxWindow-time.Millisecond) && w%time.Millisecond == 0 &&
-		r.Location == nil && int(r.Period)|int(r.WeekStart)|int(r.Algorithm/Calendar) == 0
+		r.Location == nil && r.Period == "" && int(r.WeekStart)|int(r.Algorithm/Calendar) == 0
 }
 
 // calendarValid reports whether validateCalendar would return nil, for a Calendar rule.
 func (r *Rule) calendarValid() bool {
-	return r.Period != 0 && r.Period <= Year && r.Location != time.Local &&
+	return r.Period.known() && r.Location != time.Local &&
 		uint(r.WeekStart) <= uint(time.Saturday) && (r.WeekStart == time.Sunday || r.Period == Week) &&
 		r.Window == 0 && r.Burst == 0
 }

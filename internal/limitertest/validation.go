@@ -113,8 +113,8 @@ func RuleCases() []RuleCase {
 		{"valid calendar week from saturday", cal(func(r *ratebudget.Rule) { r.Period, r.WeekStart = ratebudget.Week, time.Saturday }), ""},
 		{"valid calendar in UTC", cal(func(r *ratebudget.Rule) { r.Location = time.UTC }), ""},
 		{"valid calendar in a named zone", cal(func(r *ratebudget.Rule) { r.Location = time.FixedZone("X", 3600) }), ""},
-		{"calendar without period", cal(func(r *ratebudget.Rule) { r.Period = 0 }), "Period"},
-		{"calendar period unknown", cal(func(r *ratebudget.Rule) { r.Period = ratebudget.Year + 1 }), "Period"},
+		{"calendar without period", cal(func(r *ratebudget.Rule) { r.Period = "" }), "Period"},
+		{"calendar period unknown", cal(func(r *ratebudget.Rule) { r.Period = "fortnight" }), "Period"},
 		{"calendar in time.Local", cal(func(r *ratebudget.Rule) { r.Location = time.Local }), "Location"},
 		{"calendar with window", cal(func(r *ratebudget.Rule) { r.Window = time.Hour }), "Window"},
 		{"calendar with burst", cal(func(r *ratebudget.Rule) { r.Burst = 5 }), "Burst"},
@@ -146,7 +146,7 @@ func ChecksCases() []ChecksCase {
 	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 5, Window: time.Second}
 	day := ratebudget.Rule{Name: "day", Algorithm: ratebudget.Calendar, Limit: 5, Period: ratebudget.Day}
 	dayWindow, noPeriod, local, fixedPeriod := day, day, day, a
-	dayWindow.Window, noPeriod.Period, local.Location, fixedPeriod.Period = time.Hour, 0, time.Local, ratebudget.Day
+	dayWindow.Window, noPeriod.Period, local.Location, fixedPeriod.Period = time.Hour, "", time.Local, ratebudget.Day
 	c := func(r ratebudget.Rule, identity, scope string, cost int64) ratebudget.Check {
 		return ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: cost}
 	}

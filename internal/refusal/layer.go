@@ -84,7 +84,8 @@ func (l *Limiter) key(dst, buf []byte, c *ratebudget.Check) ([]byte, []byte) {
 	buf = binary.AppendUvarint(buf, uint64(r.Burst))
 	if r.Algorithm == ratebudget.Calendar {
 		// Rules that differ only in their periods never share a refusal.
-		buf = append(buf, byte(r.Period), byte(r.WeekStart))
+		buf = append(buf, r.Period...)
+		buf = append(buf, 0, byte(r.WeekStart))
 		if r.Location != nil {
 			buf = append(buf, r.Location.String()...)
 		}

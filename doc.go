@@ -66,6 +66,39 @@
 // renewed then expires Window from the current reading). Every reported wait
 // (ResetAfter, RetryAfter) is measured from the current clock and includes that lag.
 //
+// # Resetting a budget
+//
+// The limiters of packages memory and lua let an operator reset budgets, with a method
+// Reset(ctx context.Context, checks ...Check) error; code that holds a [Limiter] and
+// resets declares the interface where it needs it:
+//
+//	type resetter interface {
+//		Reset(ctx context.Context, checks ...ratebudget.Check) error
+//	}
+//
+// Reset forgets the state of each check's budget: the budget that its rule's Name and
+// Algorithm, its Identity and its Scope name, whatever the rule's other fields (Cost is
+// ignored). The budget's next decision is then made as on a budget never spent: a fixed
+// window opens anew, a token bucket is full, a rolling window holds no events, and an
+// [InFlight] rule holds no lease (the leases given out before are forgotten: renewing
+// one reports [ErrLeaseLost], releasing one changes nothing). A decision admitted
+// before the reset and settled after it gives back nothing to the new budget (its spend
+// no longer counts), unless the new budget's first spend came in the same millisecond
+// as that decision's (a fixed window, or a rolling-window event, of that millisecond):
+// then up to its refund may be given to the new budget. A token bucket keeps no record
+// of spends, and a [Calendar] budget's period is the one the decision spent in: there a
+// refund may refill the budget, never above its capacity.
+//
+// A limiter that caches refusals in the calling process drops them for the budgets
+// reset; another process's limiter may repeat a refusal it cached before the reset for
+// as long as it documents (the Redis limiter: at most 1s). Resetting a budget that holds
+// no state changes nothing.
+//
+// Reset is safe for concurrent use: a decision of a budget that runs while it is reset
+// is decided either before or after the reset. Checks that are none, or whose rules are
+// invalid, are a *[ConfigError] and nothing is reset; any other error is a store
+// failure ([StoreError]), after which the budgets may or may not have been reset.
+//
 // # Implementing a Limiter
 //
 // A limiter of another store uses four helpers, so that it accepts, refuses and reports

@@ -6,13 +6,16 @@ import (
 	"strconv"
 )
 
-// ErrInvalidConfig matches (with errors.Is) every *[ConfigError].
-var ErrInvalidConfig = errors.New("ratebudget: invalid configuration")
-
 // ConfigError reports invalid configuration, naming the field at fault. Constructors
 // return it, and so do a limiter's decisions and settles for invalid arguments (see
 // [ValidateChecks] and [ValidateSettle]): a caller's mistake, which neither waiting
-// nor another store fixes, and after which nothing was spent.
+// nor another store fixes, and after which nothing was spent. Recognise it, wrapped or
+// not, with errors.As:
+//
+//	var ce *ratebudget.ConfigError
+//	if errors.As(err, &ce) {
+//		// ce.Field names the field at fault
+//	}
 type ConfigError struct {
 	Rule    string // the rule's name, when the field belongs to a rule
 	Field   string // the field or option at fault, e.g. "Limit" or "WithTimeout"
@@ -44,9 +47,6 @@ func locate(err error, list string, i int) error {
 	}
 	return err
 }
-
-// Is makes errors.Is(err, ErrInvalidConfig) true.
-func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
 
 // ErrStoreUnavailable matches (with errors.Is) every *[StoreError]: the budget store could
 // not give a decision. It never means "the budget is empty" nor "the budget is full"; what
@@ -101,8 +101,13 @@ func (e *StoreError) Error() string {
 	return fmt.Sprintf("ratebudget: budget store unavailable (%s%s): %v", e.Class, u, e.Err)
 }
 
-// Unwrap returns the underlying error.
-func (e *StoreError) Unwrap() error { return e.Err }
-
-// Is makes errors.Is(err, ErrStoreUnavailable) true.
-func (e *StoreError) Is(target error) bool { return target == ErrStoreUnavailable }
+// Unwrap returns [ErrStoreUnavailable] and, when set, the underlying error Err, so that
+// errors.Is(err, ErrStoreUnavailable) is true and errors.Is and errors.As find Err's
+// chain (a *redis.Error, a net.Error...). errors.Unwrap, which reads only a single
+// wrapped error, returns nil for it: use errors.Is and errors.As.
+func (e *StoreError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrStoreUnavailable}
+	}
+	return []error{ErrStoreUnavailable, e.Err}
+}

@@ -45,36 +45,6 @@ type Reporter interface {
 	AllowEach(ctx context.Context, checks []Check, outcomes []Outcome) (Decision, error)
 }
 
-// Resetter is implemented by limiters whose budgets an operator can reset, as those of
-// packages memory and lua are. Reset forgets the state of each check's budget: the
-// budget that its rule's Name and Algorithm, its Identity and its Scope name, whatever
-// the rule's other fields (Cost is ignored). The budget's next decision is then made as
-// on a budget never spent: a fixed window opens anew, a token bucket is full, a rolling
-// window holds no events, and an [InFlight] rule holds no lease (the leases given out
-// before are forgotten: renewing one reports [ErrLeaseLost], releasing one changes
-// nothing). A decision admitted before the reset and settled after it gives back
-// nothing to the new budget (its spend no longer counts), unless the new budget's first
-// spend came in the same millisecond as that decision's (a fixed window, or a
-// rolling-window event, of that millisecond): then up to its refund may be given to the
-// new budget. A token bucket keeps no record of spends, and a [Calendar] budget's
-// period is the one the decision spent in: there a refund may refill the budget, never
-// above its capacity.
-//
-// A limiter that caches refusals in the calling process drops them for the budgets
-// reset; another process's limiter may repeat a refusal it cached before the reset for
-// as long as it documents (the Redis limiter: at most 1s). Resetting a budget that holds
-// no state changes nothing.
-//
-// Implementations must be safe for concurrent use: a decision of a budget that runs
-// while it is reset is decided either before or after the reset. Checks that are none,
-// or whose rules are invalid, are a *[ConfigError] and nothing is reset; any other error
-// is a store failure ([StoreError]), after which the budgets may or may not have been
-// reset.
-type Resetter interface {
-	Limiter
-	Reset(ctx context.Context, checks ...Check) error
-}
-
 // Check asks for Cost units of Rule's budget for one identity and scope.
 type Check struct {
 	// Rule is the budget's rule. It must be valid ([Rule.Validate]).
@@ -89,14 +59,15 @@ type Check struct {
 	// means everywhere the rule is used.
 	Scope string
 	// Cost is the number of units to spend (a request, a unit of estimated work, a byte),
-	// in the rule's cost units; it must be positive (exactly 1 for an InFlight rule).
+	// in the rule's cost units: at least 1, at most 2^40 (1,099,511,627,776), and exactly
+	// 1 for an InFlight rule.
 	Cost int64
 }
 
 // Decision is a limiter's answer to one request, reporting one rule: the one that refused
 // (a rule whose capacity the cost exceeds first, as waiting cannot help; else the
 // refusing rule with the longest wait), or when admitted the most restrictive rule: the
-// smallest share of its capacity left (Remaining/Capacity, so that a rule counted in
+// smallest share of its capacity left (Remaining/Limit, so that a rule counted in
 // tokens or bytes compares like with one counted in requests; on a tie, the longest
 // reset). The zero Decision admits
 // nothing and reports no rule.
@@ -115,7 +86,8 @@ type Decision struct {
 	// Rule is the reported rule's name and Index its position in the checks.
 	Rule  string
 	Index int
-	// Limit is the reported rule's capacity in cost units ([Rule.Capacity]).
+	// Limit is the reported rule's capacity in cost units: its Burst for a [TokenBucket]
+	// rule whose Burst is set, its Limit otherwise.
 	Limit int64
 	// Window is the reported rule's window or refill period; zero for a [Calendar]
 	// rule, whose window is its period.
@@ -206,10 +178,10 @@ func Combine(checks []Check, outcomes []Outcome) Decision {
 // different units (requests, tokens, bytes) compare like with like. A budget in debt
 // has none left.
 func leftCmp(o *Outcome, or *Rule, b *Outcome, br *Rule) int {
-	// o.Remaining/or.Capacity() against b.Remaining/br.Capacity(), exactly: both sides
+	// o.Remaining/or.capacity() against b.Remaining/br.capacity(), exactly: both sides
 	// are below 2^40, so each product fits in 128 bits.
-	ohi, olo := bits.Mul64(uint64(max(o.Remaining, 0)), uint64(br.Capacity()))
-	bhi, blo := bits.Mul64(uint64(max(b.Remaining, 0)), uint64(or.Capacity()))
+	ohi, olo := bits.Mul64(uint64(max(o.Remaining, 0)), uint64(br.capacity()))
+	bhi, blo := bits.Mul64(uint64(max(b.Remaining, 0)), uint64(or.capacity()))
 	switch {
 	case ohi != bhi:
 		if ohi < bhi {
@@ -234,7 +206,7 @@ func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 		},
 		Rule:   r.Name,
 		Index:  index,
-		Limit:  r.Capacity(),
+		Limit:  r.capacity(),
 		Window: r.Window,
 	}
 	if !d.Allowed && !d.Exceeded {
@@ -251,8 +223,8 @@ func checksValid(checks []Check) bool {
 		c := &checks[i]
 		r := &c.Rule
 		if r.Name == "" || len(r.Name) > maxNameLen || r.Algorithm > Calendar ||
-			r.Limit <= 0 || r.Limit > MaxLimit || !(r.windowValid() || r.Algorithm == Calendar && r.calendarValid()) ||
-			uint64(c.Cost-1) >= MaxLimit || r.Algorithm == InFlight && c.Cost != 1 { // a Cost of 1..MaxLimit
+			r.Limit <= 0 || r.Limit > maxLimit || !(r.windowValid() || r.Algorithm == Calendar && r.calendarValid()) ||
+			uint64(c.Cost-1) >= maxLimit || r.Algorithm == InFlight && c.Cost != 1 { // a Cost of 1..maxLimit
 			return false
 		}
 		for k := 0; k < len(r.Name); k++ {
@@ -283,7 +255,7 @@ func namedBefore(checks []Check, i int) bool {
 }
 
 // ValidateChecks checks what a limiter must verify before it spends anything: at least one
-// check, valid rules, costs in 1..MaxLimit (exactly 1 for an [InFlight] rule) and no
+// check, valid rules, costs in 1..2^40 (exactly 1 for an [InFlight] rule) and no
 // budget named twice: two checks of one rule name, identity and scope, whatever their
 // rules' other fields (one name with several identities or scopes is several budgets).
 // It returns a *[ConfigError] naming the field at fault (and a rule without a name by
@@ -304,8 +276,8 @@ func ValidateChecks(checks []Check) error {
 		if c.Cost <= 0 {
 			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be positive"}
 		}
-		if c.Cost > MaxLimit {
-			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "exceeds MaxLimit"}
+		if c.Cost > maxLimit {
+			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be at most 1099511627776 (2^40), got " + strconv.FormatInt(c.Cost, 10)}
 		}
 		if c.Rule.Algorithm == InFlight && c.Cost != 1 {
 			return &ConfigError{Rule: c.Rule.Name, Field: "Cost", Problem: "must be 1 for an InFlight rule (one lease), got " + strconv.FormatInt(c.Cost, 10)}

@@ -3,6 +3,8 @@ package ratebudget
 import (
 	"fmt"
 	"time"
+
+	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
 // Algorithm is a rule's time rule: how admitted work is counted over time.
@@ -56,53 +58,46 @@ func (a Algorithm) String() string {
 // [start, end) of the rule's Location that contains an instant: from the start of the
 // hour, day (midnight), week (midnight of Rule.WeekStart), month (midnight of the 1st) or
 // year (midnight of 1 January) to the start of the next one. A day in a time zone is
-// midnight to next midnight, 23 or 25 hours on the days its clocks change. The zero
-// value is no period, which a Calendar rule refuses.
-type Period uint8
+// midnight to next midnight, 23 or 25 hours on the days its clocks change. Its value is
+// its name: "hour", "day", "week", "month" or "year". The zero value "" is no period,
+// which a Calendar rule refuses.
+type Period string
 
 // The calendar periods.
 const (
 	// Hour is the clock hour, from minute 0 to the next hour's minute 0 (an hour of a
 	// zone's clock, which in a zone of a half-hour offset such as Asia/Kolkata starts at
 	// UTC's half hour).
-	Hour Period = iota + 1
+	Hour Period = "hour"
 	// Day is from midnight to the next midnight.
-	Day
+	Day Period = "day"
 	// Week is seven days from midnight of Rule.WeekStart.
-	Week
+	Week Period = "week"
 	// Month is from midnight of the 1st to midnight of the next month's 1st.
-	Month
+	Month Period = "month"
 	// Year is from midnight of 1 January to midnight of the next 1 January.
-	Year
+	Year Period = "year"
 )
 
-// String returns "hour", "day", "week", "month" or "year".
-func (p Period) String() string {
+// known reports whether p is one of the calendar periods.
+func (p Period) known() bool {
 	switch p {
-	case Hour:
-		return "hour"
-	case Day:
-		return "day"
-	case Week:
-		return "week"
-	case Month:
-		return "month"
-	case Year:
-		return "year"
+	case Hour, Day, Week, Month, Year:
+		return true
 	}
-	return fmt.Sprintf("Period(%d)", uint8(p))
+	return false
 }
 
 // Limits that keep every value exact in a Redis Lua number (a float64, exact below 2^53).
 const (
-	// MaxLimit is the largest accepted Rule.Limit and Rule.Burst.
-	MaxLimit = 1 << 40
+	// maxLimit is the largest accepted Rule.Limit, Rule.Burst and Check.Cost: 2^40.
+	maxLimit = bound.MaxLimit
 	// maxWindow is the longest accepted Rule.Window.
 	maxWindow = 366 * 24 * time.Hour
 	// maxNameLen is the longest accepted Rule.Name, in bytes.
 	maxNameLen = 64
 	// maxScaled bounds Burst×Window(ms), the token bucket's internal scale.
-	maxScaled = 1 << 53
+	maxScaled = bound.MaxScaled
 )
 
 // Rule is one budget: how much work (Limit, in cost units) is admitted over which time
@@ -126,17 +121,18 @@ type Rule struct {
 	Algorithm Algorithm
 	// Limit is the number of cost units admitted per Window (FixedWindow, RollingWindow),
 	// refilled per Window (TokenBucket), the number of leases held at once (InFlight), or
-	// admitted per calendar period (Calendar). 1 to MaxLimit.
+	// admitted per calendar period (Calendar): at least 1, at most 2^40 (1,099,511,627,776).
 	Limit int64
 	// Window is the length of the window, the refill period, or an InFlight lease's time
 	// to live: a whole number of milliseconds, 1ms to 366 days (8784h). A Calendar rule
 	// requires zero: its windows are its periods.
 	Window time.Duration
-	// Burst is the TokenBucket's capacity, in cost units, 0 to MaxLimit; zero means Limit.
+	// Burst is the TokenBucket's capacity, in cost units: at most 2^40 (1,099,511,627,776);
+	// zero means Limit.
 	// Other time rules require zero.
 	Burst int64
-	// Period is a Calendar rule's period, required there (the zero value is none).
-	// Other time rules require zero.
+	// Period is a Calendar rule's period, required there (the zero value "" is none).
+	// Other time rules require "".
 	Period Period
 	// Location is the time zone whose calendar a Calendar rule's periods follow, e.g.
 	// time.LoadLocation("America/New_York"); nil means UTC. time.Local is refused: it
@@ -147,10 +143,10 @@ type Rule struct {
 	WeekStart time.Weekday
 }
 
-// Capacity is the most cost one identity can ever spend at once under the rule: Burst for
-// a token bucket (Limit when Burst is zero), Limit otherwise. A check whose cost exceeds it
-// can never be admitted.
-func (r Rule) Capacity() int64 {
+// capacity is the most cost one identity can ever spend at once under the rule: Burst for
+// a token bucket (Limit when Burst is zero), Limit otherwise (what a Decision reports as
+// Limit). Package timerule's Capacity, which the limiters call, is held to it by a test.
+func (r *Rule) capacity() int64 {
 	if r.Algorithm == TokenBucket && r.Burst > 0 {
 		return r.Burst
 	}
@@ -159,9 +155,9 @@ func (r Rule) Capacity() int64 {
 
 // Validate reports the first problem with the rule as a *[ConfigError] naming the field:
 // a Name that is not 1 to 64 bytes of [A-Za-z0-9_.-], an unknown Algorithm, a Limit
-// outside 1..MaxLimit, a Window outside 1ms..366 days or not a whole number of
+// outside 1..2^40, a Window outside 1ms..366 days or not a whole number of
 // milliseconds (not zero, for a Calendar rule), a Burst on another time rule than
-// TokenBucket or outside 0..MaxLimit, a token bucket whose capacity times its Window in
+// TokenBucket or outside 0..2^40, a token bucket whose capacity times its Window in
 // milliseconds exceeds 2^53 (the scale of its exact refill arithmetic), or a Period,
 // Location or WeekStart that is invalid for a Calendar rule (no or an unknown Period,
 // time.Local, a WeekStart out of Sunday..Saturday or on another Period than Week) or set
@@ -173,8 +169,8 @@ func (r Rule) Validate() error {
 	if r.Algorithm > Calendar {
 		return r.bad("Algorithm", "unknown value %d", uint8(r.Algorithm))
 	}
-	if r.Limit <= 0 || r.Limit > MaxLimit {
-		return r.bad("Limit", "must be in 1..%d, got %d", int64(MaxLimit), r.Limit)
+	if r.Limit <= 0 || r.Limit > maxLimit {
+		return r.bad("Limit", "must be in 1..%d, got %d", int64(maxLimit), r.Limit)
 	}
 	if r.Algorithm == Calendar {
 		return r.validateCalendar()
@@ -216,10 +212,10 @@ func (r *Rule) validateName() error {
 // Algorithm and Limit are valid.
 func (r *Rule) validateCalendar() error {
 	switch {
-	case r.Period == 0:
+	case r.Period == "":
 		return r.bad("Period", "must be set for a Calendar rule (Hour, Day, Week, Month or Year)")
-	case r.Period > Year:
-		return r.bad("Period", "unknown value %d", uint8(r.Period))
+	case !r.Period.known():
+		return r.bad("Period", "unknown value %q; use hour, day, week, month or year", string(r.Period))
 	case r.Location == time.Local:
 		return r.bad("Location", "must not be time.Local, which differs between replicas; name the zone, e.g. time.LoadLocation(\"America/New_York\")")
 	case r.WeekStart < time.Sunday || r.WeekStart > time.Saturday:
@@ -237,7 +233,7 @@ func (r *Rule) validateCalendar() error {
 // validateNotCalendar refuses the Calendar fields on another time rule.
 func (r *Rule) validateNotCalendar() error {
 	switch {
-	case r.Period != 0:
+	case r.Period != "":
 		return r.bad("Period", "applies to Calendar only, got %v for %v", r.Period, r.Algorithm)
 	case r.Location != nil:
 		return r.bad("Location", "applies to Calendar only, got %v for %v", r.Location, r.Algorithm)
@@ -253,12 +249,12 @@ func (r *Rule) validateNotCalendar() error {
 func (r *Rule) windowValid() bool {
 	w := r.Window // in 1ms..maxWindow, whole ms; no Calendar field set, not Calendar (nor above)
 	return uint64(w-time.Millisecond) <= uint64(maxWindow-time.Millisecond) && w%time.Millisecond == 0 &&
-		r.Location == nil && int(r.Period)|int(r.WeekStart)|int(r.Algorithm/Calendar) == 0
+		r.Location == nil && r.Period == "" && int(r.WeekStart)|int(r.Algorithm/Calendar) == 0
 }
 
 // calendarValid reports whether validateCalendar would return nil, for a Calendar rule.
 func (r *Rule) calendarValid() bool {
-	return r.Period != 0 && r.Period <= Year && r.Location != time.Local &&
+	return r.Period.known() && r.Location != time.Local &&
 		uint(r.WeekStart) <= uint(time.Saturday) && (r.WeekStart == time.Sunday || r.Period == Week) &&
 		r.Window == 0 && r.Burst == 0
 }
@@ -270,12 +266,12 @@ func (r *Rule) validateBurst() error {
 		if r.Algorithm != TokenBucket {
 			return r.bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, r.Algorithm)
 		}
-		if r.Burst < 0 || r.Burst > MaxLimit {
-			return r.bad("Burst", "must be in 0..%d, got %d", int64(MaxLimit), r.Burst)
+		if r.Burst < 0 || r.Burst > maxLimit {
+			return r.bad("Burst", "must be in 0..%d, got %d", int64(maxLimit), r.Burst)
 		}
 	}
 	if r.Algorithm == TokenBucket {
-		if c, w := r.Capacity(), r.Window.Milliseconds(); c > maxScaled/w {
+		if c, w := r.capacity(), r.Window.Milliseconds(); c > maxScaled/w {
 			return r.bad("Burst", "capacity %d × window %dms exceeds 2^53; shorten the window or lower the capacity", c, w)
 		}
 	}
@@ -285,7 +281,7 @@ func (r *Rule) validateBurst() error {
 // burstValid reports whether validateBurst would return nil, for a rule of a valid
 // Window.
 func (r *Rule) burstValid() bool {
-	return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= MaxLimit && r.Capacity() <= maxScaled/r.Window.Milliseconds()
+	return r.Algorithm == TokenBucket && r.Burst >= 0 && r.Burst <= maxLimit && r.capacity() <= maxScaled/r.Window.Milliseconds()
 }
 
 // nameByte marks the bytes allowed in a rule name: [A-Za-z0-9_.-].

@@ -50,7 +50,7 @@ type Settler interface {
 	// retained.
 	Reserve(ctx context.Context, checks []Check, tickets []Ticket, outcomes []Outcome) (Decision, error)
 	// Settle adjusts the spend of a decision admitted by Reserve to the actual costs:
-	// checks are those given to Reserve, in the same order; costs[i] (0 to MaxLimit) is
+	// checks are those given to Reserve, in the same order; costs[i] (0 to 2^40) is
 	// check i's actual cost, and nil costs cancel every check.
 	Settle(ctx context.Context, checks []Check, tickets []Ticket, costs []int64) error
 	// Renew extends every InFlight lease of a decision admitted by Reserve to its rule's
@@ -81,7 +81,7 @@ var ErrLeaseLost = errors.New("ratebudget: in-flight lease expired before it was
 
 // ValidateSettle checks a [Settler.Settle] or [Settler.Renew] call's arguments (costs
 // nil for Renew or a cancel): the checks as [ValidateChecks] does, at least one ticket per
-// check, and one cost per check in 0..MaxLimit. It returns a *[ConfigError] naming the
+// check, and one cost per check in 0..2^40. It returns a *[ConfigError] naming the
 // field at fault.
 func ValidateSettle(checks []Check, tickets []Ticket, costs []int64) error {
 	if err := ValidateChecks(checks); err != nil {
@@ -97,8 +97,8 @@ func ValidateSettle(checks []Check, tickets []Ticket, costs []int64) error {
 		return &ConfigError{Field: "costs", Problem: "has " + strconv.Itoa(len(costs)) + " entries for " + strconv.Itoa(len(checks)) + " checks"}
 	}
 	for i, a := range costs {
-		if a < 0 || a > MaxLimit {
-			return &ConfigError{Rule: checks[i].Rule.Name, Field: "costs", Problem: "must be in 0..MaxLimit, got " + strconv.FormatInt(a, 10)}
+		if a < 0 || a > maxLimit {
+			return &ConfigError{Rule: checks[i].Rule.Name, Field: "costs", Problem: "must be in 0..1099511627776, got " + strconv.FormatInt(a, 10)}
 		}
 	}
 	return nil

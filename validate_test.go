@@ -2,16 +2,18 @@ package ratebudget_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 )
 
 // wantConfigError checks that err is a *ConfigError naming field (and rule, when not empty)
-// that matches ErrInvalidConfig and not ErrStoreUnavailable.
+// that is neither a *StoreError nor a match of ErrStoreUnavailable.
 var wantConfigError = limitertest.WantConfigError
 
 func TestRuleValidate(t *testing.T) {
@@ -89,7 +91,8 @@ func TestErrors(t *testing.T) {
 	cause := errors.New("dial tcp: refused")
 	for _, uncertain := range []bool{false, true} {
 		var err error = &ratebudget.StoreError{Class: ratebudget.ClassConnection, Uncertain: uncertain, Err: cause}
-		if !errors.Is(err, ratebudget.ErrStoreUnavailable) || !errors.Is(err, cause) || errors.Is(err, ratebudget.ErrInvalidConfig) {
+		var notConfig *ratebudget.ConfigError
+		if !errors.Is(err, ratebudget.ErrStoreUnavailable) || !errors.Is(err, cause) || errors.As(err, &notConfig) {
 			t.Errorf("StoreError matching: %v", err)
 		}
 		if got := strings.Contains(err.Error(), "uncertain"); got != uncertain {
@@ -101,19 +104,14 @@ func TestErrors(t *testing.T) {
 	}
 }
 
-// Period's String: each period's name, without allocating; "Period(n)" for another.
-func TestPeriodString(t *testing.T) {
+// A Period is its name: the constants are "hour", "day", "week", "month" and "year".
+func TestPeriodNames(t *testing.T) {
 	for p, want := range map[ratebudget.Period]string{
 		ratebudget.Hour: "hour", ratebudget.Day: "day", ratebudget.Week: "week", ratebudget.Month: "month",
-		ratebudget.Year: "year", ratebudget.Period(0): "Period(0)", ratebudget.Period(6): "Period(6)",
+		ratebudget.Year: "year",
 	} {
-		if got := p.String(); got != want {
-			t.Errorf("Period %d: String() = %q, want %q", uint8(p), got, want)
-		}
-		if p >= ratebudget.Hour && p <= ratebudget.Year {
-			if n := testing.AllocsPerRun(100, func() { _ = p.String() }); n != 0 {
-				t.Errorf("Period %d: String() allocates %v times, want 0", uint8(p), n)
-			}
+		if got := string(p); got != want {
+			t.Errorf("Period %q, want %q", got, want)
 		}
 	}
 }
@@ -166,7 +164,7 @@ func TestValidateChecksAllocs(t *testing.T) {
 	checks := []ratebudget.Check{
 		{Rule: ratebudget.Rule{Name: "per-client", Limit: 10, Window: time.Second}, Identity: "203.0.113.7", Cost: 1},
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Burst: 1 << 31, Window: time.Millisecond}, Cost: 1},
-		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 7},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: bound.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 7},
 		{Rule: ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 4, Window: time.Minute}, Identity: "acct-42", Cost: 1},
 	}
 	var err error
@@ -177,5 +175,73 @@ func TestValidateChecksAllocs(t *testing.T) {
 	checks[2].Cost = 0
 	if err := ratebudget.ValidateChecks(checks); err == nil {
 		t.Fatal("ValidateChecks accepted a zero cost")
+	}
+}
+
+// A *ConfigError is recognised with errors.As, also when wrapped (by fmt.Errorf's %w or
+// errors.Join), and a *StoreError or a plain error is not one.
+func TestConfigErrorAs(t *testing.T) {
+	err := ratebudget.Rule{Name: "r", Window: time.Second}.Validate()
+	for _, wrapped := range []error{
+		err,
+		fmt.Errorf("loading rules: %w", err),
+		errors.Join(errors.New("first"), fmt.Errorf("second: %w", err)),
+	} {
+		var ce *ratebudget.ConfigError
+		if !errors.As(wrapped, &ce) || ce.Rule != "r" || ce.Field != "Limit" {
+			t.Errorf("errors.As(%v) = %v (%+v), want the rule's ConfigError naming Limit", wrapped, ce != nil, ce)
+		}
+	}
+	for _, other := range []error{
+		errors.New("ratebudget: invalid configuration"),
+		&ratebudget.StoreError{Class: ratebudget.ClassServer, Err: errors.New("OOM")},
+		&ratebudget.StoreError{Class: ratebudget.ClassTimeout},
+		nil,
+	} {
+		var ce *ratebudget.ConfigError
+		if errors.As(other, &ce) {
+			t.Errorf("errors.As(%v) found a ConfigError", other)
+		}
+	}
+}
+
+// causeError stands for a store client's error type (a *redis.Error, say).
+type causeError struct{ msg string }
+
+func (e *causeError) Error() string { return e.msg }
+
+// A *StoreError matches ErrStoreUnavailable with errors.Is and gives its cause to
+// errors.Is and errors.As, also wrapped; one without a cause still matches
+// ErrStoreUnavailable; errors.Unwrap, which reads a single wrapped error, returns nil.
+func TestStoreErrorUnwrap(t *testing.T) {
+	cause := &causeError{"OOM command not allowed"}
+	withCause := &ratebudget.StoreError{Class: ratebudget.ClassServer, Err: cause}
+	for _, err := range []error{withCause, fmt.Errorf("deciding: %w", withCause)} {
+		if !errors.Is(err, ratebudget.ErrStoreUnavailable) || !errors.Is(err, cause) {
+			t.Errorf("errors.Is(%v): ErrStoreUnavailable %v, cause %v; want both", err,
+				errors.Is(err, ratebudget.ErrStoreUnavailable), errors.Is(err, cause))
+		}
+		var ce *causeError
+		if !errors.As(err, &ce) || ce != cause {
+			t.Errorf("errors.As(%v, *causeError) = %v, want the cause", err, ce)
+		}
+		var se *ratebudget.StoreError
+		if !errors.As(err, &se) || se != withCause {
+			t.Errorf("errors.As(%v, *StoreError) = %v, want the StoreError", err, se)
+		}
+	}
+	bare := &ratebudget.StoreError{Class: ratebudget.ClassBreakerOpen}
+	if !errors.Is(bare, ratebudget.ErrStoreUnavailable) {
+		t.Errorf("a StoreError without Err does not match ErrStoreUnavailable")
+	}
+	var ce *causeError
+	if errors.As(bare, &ce) || errors.Is(bare, cause) {
+		t.Errorf("a StoreError without Err matches a cause")
+	}
+	if got := errors.Unwrap(withCause); got != nil {
+		t.Errorf("errors.Unwrap(StoreError) = %v, want nil", got)
+	}
+	if errors.Is(errors.New("ratebudget: budget store unavailable"), ratebudget.ErrStoreUnavailable) {
+		t.Errorf("another error of the same text matches ErrStoreUnavailable")
 	}
 }

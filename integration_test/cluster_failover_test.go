@@ -111,7 +111,7 @@ func (r *failoverRun) timelineText() string {
 
 // startFailoverLoad starts perMaster identities on each master's slots, each with one
 // caller deciding every pace with a deadline of deadline, until stop closes.
-func startFailoverLoad(t *testing.T, cl *redistest.Cluster, c *redis.ClusterClient, l *lua.Limiter, perMaster int, pace, deadline time.Duration, stop <-chan struct{}, wg *sync.WaitGroup) *failoverRun {
+func startFailoverLoad(t *testing.T, cl *redistest.Cluster, c *redis.ClusterClient, l *lua.Limiter, prefix string, perMaster int, pace, deadline time.Duration, stop <-chan struct{}, wg *sync.WaitGroup) *failoverRun {
 	t.Helper()
 	ctx := ctxT(t)
 	r := &failoverRun{cl: cl, c: c, l: l, rule: ratebudget.Rule{Name: "fo", Limit: 1_000_000, Window: time.Hour}}
@@ -119,7 +119,7 @@ func startFailoverLoad(t *testing.T, cl *redistest.Cluster, c *redis.ClusterClie
 	count := make([]int, len(masters))
 	for i := 0; len(r.ids) < perMaster*len(masters); i++ {
 		id := "id-" + strconv.Itoa(i)
-		key := l.Key(ratebudget.Check{Rule: r.rule, Identity: id, Cost: 1})
+		key := keyOf(prefix, ratebudget.Check{Rule: r.rule, Identity: id, Cost: 1})
 		slot, err := c.ClusterKeySlot(ctx, key).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -245,14 +245,15 @@ func testClusterFailover(t *testing.T, fullCoverage, graceful bool) {
 	}
 	cl := redistest.StartClusterWithReplicas(t, 3, 1, failoverNodeTimeout, "--cluster-require-full-coverage", coverage)
 	c := cl.Client(t, readmeSettings)
-	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)))
+	prefix := uniquePrefix(t)
+	l, err := lua.New(c, lua.WithPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	const perMaster = 20
-	r := startFailoverLoad(t, cl, c, l, perMaster, 20*time.Millisecond, 250*time.Millisecond, stop, &wg)
+	r := startFailoverLoad(t, cl, c, l, prefix, perMaster, 20*time.Millisecond, 250*time.Millisecond, stop, &wg)
 	stopped := false
 	halt := func() {
 		if !stopped {

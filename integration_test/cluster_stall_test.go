@@ -209,14 +209,14 @@ func stallOnce(t *testing.T, h *stallHook, tg stallTarget, deadline time.Duratio
 	b := ratebudget.Check{Rule: service, Cost: 1}
 	for i := 0; ; i++ {
 		a = ratebudget.Check{Rule: perClient, Identity: "c" + strconv.Itoa(i), Cost: 1}
-		if tg.owner(l.Key(a)) != tg.owner(l.Key(b)) || i > 100 {
+		if tg.owner(keyOf(prefix, a)) != tg.owner(keyOf(prefix, b)) || i > 100 {
 			break
 		}
 	}
-	keyA, srvA := l.Key(a), tg.owner(l.Key(a))
+	keyA, srvA := keyOf(prefix, a), tg.owner(keyOf(prefix, a))
 	// Where b lives on a's server, the refused decision runs b's script there too.
 	shared := int64(0)
-	if tg.owner(l.Key(b)) == srvA {
+	if tg.owner(keyOf(prefix, b)) == srvA {
 		shared = 1
 	}
 	counter := func() int64 {

@@ -282,7 +282,7 @@ func faultRule(limit int64) ratebudget.Rule {
 // faultKey is the Redis key of the global budget of faultHandler under prefix: its
 // identity is "~global", the one keyfuncs.Global gives every request.
 func faultKey(t *testing.T, prefix string, limit int64) string {
-	return keyOf(t, prefix, ratebudget.Check{Rule: faultRule(limit), Identity: "~global", Cost: 1})
+	return keyOf(prefix, ratebudget.Check{Rule: faultRule(limit), Identity: "~global", Cost: 1})
 }
 
 // serve sends one request to h and fails the test if it takes longer than bound: the

@@ -100,7 +100,7 @@ func TestSeedCheck(t *testing.T) {
 		}
 		limiters[i] = l
 	}
-	key := keyOf(t, prefix, check[0])
+	key := keyOf(prefix, check[0])
 	decisions := make([]ratebudget.Decision, workers)
 	errs := make([]error, workers)
 	b = newBarrier(workers)
@@ -240,7 +240,7 @@ func multiRuleRawState(t *testing.T, c *redis.Client, algs []ratebudget.Algorith
 		for _, refuser := range algs {
 			t.Run(fmt.Sprintf("%v-first/several=%v/refused-by-%v", algs[0], several, refuser), func(t *testing.T) {
 				ctx := ctxT(t)
-				l := newLimiter(t, c)
+				l, prefix := newPrefixed(t, c)
 				var checks []ratebudget.Check
 				for i, alg := range algs {
 					id := "mallory"
@@ -260,14 +260,14 @@ func multiRuleRawState(t *testing.T, c *redis.Client, algs []ratebudget.Algorith
 				}
 				before := make([]keyState, len(checks))
 				for i := range checks {
-					before[i] = rawState(t, c, l.Key(checks[i]))
+					before[i] = rawState(t, c, keyOf(prefix, checks[i]))
 				}
 				d, err := l.Allow(ctx, checks)
 				if err != nil || d.Allowed || d.Rule != "r"+refuser.String() {
 					t.Fatalf("second decision: %+v, %v; want refused by %v", d, err, refuser)
 				}
 				for i := range checks {
-					after := rawState(t, c, l.Key(checks[i]))
+					after := rawState(t, c, keyOf(prefix, checks[i]))
 					slack := time.Since(start) + 2*time.Millisecond
 					b := before[i]
 					if after.typ != b.typ || after.pttl > b.pttl || after.pttl < b.pttl-slack-time.Millisecond {
@@ -339,14 +339,14 @@ func TestTTLAudit(t *testing.T) {
 	fixed := ratebudget.Check{Rule: ratebudget.Rule{Name: "immortal", Limit: 5, Window: time.Second}, Identity: "x", Cost: 1}
 	windows["immortal"] = time.Second
 	for _, v := range []string{"2", "5"} {
-		if err := c.Set(ctx, l.Key(fixed), v, 0).Err(); err != nil {
+		if err := c.Set(ctx, keyOf(prefix, fixed), v, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
 		d, err := l.Allow(ctx, []ratebudget.Check{fixed})
 		if err != nil || d.Allowed != (v == "2") {
 			t.Fatalf("immortal counter %s: %+v, %v", v, d, err)
 		}
-		if p := c.PTTL(ctx, l.Key(fixed)).Val(); p <= 0 || p > time.Second {
+		if p := c.PTTL(ctx, keyOf(prefix, fixed)).Val(); p <= 0 || p > time.Second {
 			t.Fatalf("immortal counter %s: PTTL %v after a decision, want (0, 1s]", v, p)
 		}
 	}
@@ -409,7 +409,7 @@ func TestKeysShareSlot(t *testing.T) {
 		}
 		slot := int64(-1)
 		for _, ch := range checks {
-			key := l.Key(ch)
+			key := keyOf(prefix, ch)
 			maxLen = max(maxLen, len(key))
 			s, err := slots.ClusterKeySlot(ctx, key).Result()
 			if err != nil {
@@ -446,7 +446,7 @@ func TestBytesPerKey(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	l := newLimiter(t, c)
+	l, prefix := newPrefixed(t, c)
 	const n = 100_000
 	// The keys vanish on their own, but none before the test's minute is up: on a loaded
 	// machine writing them took over 20s, and a sample written first had expired.
@@ -458,16 +458,16 @@ func TestBytesPerKey(t *testing.T) {
 		if _, err := l.Allow(ctx, []ratebudget.Check{ref}); err != nil {
 			t.Fatal(err)
 		}
-		refState := rawState(t, c, l.Key(ref))
-		refEnc := c.ObjectEncoding(ctx, l.Key(ref)).Val()
-		refUsage := c.MemoryUsage(ctx, l.Key(ref)).Val()
+		refState := rawState(t, c, keyOf(prefix, ref))
+		refEnc := c.ObjectEncoding(ctx, keyOf(prefix, ref)).Val()
+		refUsage := c.MemoryUsage(ctx, keyOf(prefix, ref)).Val()
 
 		before := usedMemory(t, c)
 		now := time.Now().UnixMilli()
 		for start := 0; start < n; start += 2000 {
 			pipe := c.Pipeline()
 			for i := start; i < start+2000; i++ {
-				key := l.Key(ratebudget.Check{Rule: rule, Identity: "user-" + strconv.Itoa(i), Cost: 1})
+				key := keyOf(prefix, ratebudget.Check{Rule: rule, Identity: "user-" + strconv.Itoa(i), Cost: 1})
 				switch alg {
 				case ratebudget.FixedWindow:
 					pipe.Set(ctx, key, "1", window)
@@ -488,12 +488,12 @@ func TestBytesPerKey(t *testing.T) {
 			}
 		}
 		after := usedMemory(t, c)
-		sample := l.Key(ratebudget.Check{Rule: rule, Identity: "user-7", Cost: 1})
+		sample := keyOf(prefix, ratebudget.Check{Rule: rule, Identity: "user-7", Cost: 1})
 		if s := rawState(t, c, sample); s.typ != refState.typ || c.ObjectEncoding(ctx, sample).Val() != refEnc {
 			t.Fatalf("pipelined key %+v does not match the script's %+v (%s)", s, refState, refEnc)
 		}
 		t.Logf("%-7v: %6.1f bytes per key (INFO used_memory over %d keys; MEMORY USAGE of one key %d, encoding %s, key %d bytes)",
-			alg, float64(after-before)/n, n, refUsage, refEnc, len(l.Key(ref)))
+			alg, float64(after-before)/n, n, refUsage, refEnc, len(keyOf(prefix, ref)))
 	}
 }
 

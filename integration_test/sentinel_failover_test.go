@@ -30,7 +30,8 @@ func TestSentinelFailover(t *testing.T) {
 		WriteTimeout: 200 * time.Millisecond, PoolTimeout: 200 * time.Millisecond,
 	})
 	t.Cleanup(func() { c.Close() })
-	l, err := lua.New(c, lua.WithPrefix(uniquePrefix(t)))
+	prefix := uniquePrefix(t)
+	l, err := lua.New(c, lua.WithPrefix(prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ wait:
 			continue
 		}
 		worst = max(worst, recovered[i].Sub(promoted))
-		n, err := nc.Get(ctx, l.Key(ratebudget.Check{Rule: rule, Identity: "id-" + strconv.Itoa(i), Cost: 1})).Int64()
+		n, err := nc.Get(ctx, keyOf(prefix, ratebudget.Check{Rule: rule, Identity: "id-" + strconv.Itoa(i), Cost: 1})).Int64()
 		if err != nil {
 			t.Fatal(err)
 		}

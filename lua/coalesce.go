@@ -94,7 +94,7 @@ func (c *coalescer) groupable(checks []ratebudget.Check) int {
 		if checks[i].Cost != cost || cost <= 0 {
 			return 0
 		}
-		n = min(n, checks[i].Rule.Capacity()/cost)
+		n = min(n, timerule.Capacity(&checks[i].Rule)/cost)
 	}
 	return int(n)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
@@ -40,7 +41,7 @@ func TestSameSettlesOverTime(t *testing.T) {
 		name  string
 		scale int64 // fixed and rolling windows' limits and costs are multiplied by it
 		seed  uint64
-	}{{"units", 1, 5}, {"near-MaxLimit", ratebudget.MaxLimit / 8, 7}} {
+	}{{"units", 1, 5}, {"near-MaxLimit", bound.MaxLimit / 8, 7}} {
 		t.Run(run.name, func(t *testing.T) {
 			t.Parallel() // each limiter has keys of its own; the walks mostly wait for phases
 			settlesOverTime(t, srv.Client(t), run.scale, run.seed)

@@ -62,6 +62,9 @@ func WithRefusalClock(now func() time.Duration) Option {
 	}
 }
 
+// Key returns the Redis key that holds c's budget.
+func (l *Limiter) Key(c ratebudget.Check) string { return l.core.keys.Key(c) }
+
 // SetClock makes l compute Calendar periods around now's readings instead of time.Now,
 // as a caller whose clock is off would. Set it before the limiter's first decision.
 func SetClock(l *Limiter, now func() time.Time) { l.core.now = now }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/lua"
 )
 
@@ -48,7 +49,7 @@ func ttlBound(r ratebudget.Rule) time.Duration {
 	if r.Algorithm == ratebudget.TokenBucket {
 		// Up to two capacities of deficit (debt from a settle above its reservation),
 		// refilled at Limit per Window.
-		return time.Duration((2*r.Capacity()*r.Window.Milliseconds()+r.Limit-1)/r.Limit) * time.Millisecond
+		return time.Duration((2*timerule.Capacity(&r)*r.Window.Milliseconds()+r.Limit-1)/r.Limit) * time.Millisecond
 	}
 	return r.Window
 }
@@ -111,7 +112,7 @@ func runKeyspace(t *testing.T, c redis.Scripter, servers []*redis.Client, steps 
 			if r.Algorithm != ratebudget.InFlight {
 				ch.Cost = 1 + rng.Int64N(3)
 				if rng.IntN(50) == 0 {
-					ch.Cost = r.Capacity() + 1
+					ch.Cost = timerule.Capacity(&r) + 1
 				}
 			}
 			if k := l.Key(ch); !seen[k] {
@@ -233,7 +234,7 @@ func runKeyspace(t *testing.T, c redis.Scripter, servers []*redis.Client, steps 
 			if rng.IntN(5) > 0 {
 				costs = make([]int64, len(p.checks))
 				for j, ch := range p.checks {
-					costs[j] = []int64{0, max(0, ch.Cost-1), ch.Cost, ch.Cost + 2, 3 * ch.Cost, 2 * ch.Rule.Capacity()}[rng.IntN(6)]
+					costs[j] = []int64{0, max(0, ch.Cost-1), ch.Cost, ch.Cost + 2, 3 * ch.Cost, 2 * timerule.Capacity(&ch.Rule)}[rng.IntN(6)]
 				}
 			}
 			if err := l.Settle(ctx, p.checks, p.tickets, costs); err != nil {

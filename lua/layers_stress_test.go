@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -38,7 +39,7 @@ func TestLayersExactUnderContention(t *testing.T) {
 			const limit, callers, each = 300, 32, 40
 			// 366 days: a token bucket refills one unit per 29 hours, nothing ages out.
 			rule := ratebudget.Rule{Name: "api", Algorithm: alg, Limit: limit, Window: 8784 * time.Hour}
-			side := ratebudget.Rule{Name: "side", Limit: ratebudget.MaxLimit, Window: time.Hour}
+			side := ratebudget.Rule{Name: "side", Limit: bound.MaxLimit, Window: time.Hour}
 			main := func(cost int64) ratebudget.Check { return ratebudget.Check{Rule: rule, Identity: "ann", Cost: cost} }
 			// settles: a rolling window gives an event back only while it is the newest,
 			// so its reservations could stay spent; they are not used there.

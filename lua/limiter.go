@@ -15,6 +15,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/argcheck"
+	"github.com/ratebudget/ratebudget/internal/budgetkey"
 	"github.com/ratebudget/ratebudget/internal/refusal"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
@@ -59,7 +60,7 @@ type layer interface {
 
 // core decides checks in Redis: one script call per hash slot group.
 type core struct {
-	keys      keyer
+	keys      budgetkey.Keyer
 	oneServer bool
 	// direct runs a script on the caller's goroutine (nil when the client is an
 	// *redis.AutoPipeliner). pipe, when set, carries decisions that start while
@@ -101,7 +102,10 @@ type config struct {
 // WithPrefix sets the first part of every key (default "rb"), to give each
 // application or environment sharing a Redis its own budgets. It must be 1 to 64 bytes
 // of printable ASCII other than space, '{' and '}' (braces would change the Redis
-// Cluster hash slot).
+// Cluster hash slot). Every key of the limiter starts with its prefix and a colon, so
+// SCAN with MATCH prefix+":*" lists them, once any of the glob characters * ? [ ] \ in
+// the prefix is escaped with a backslash. The pattern also matches the keys of a
+// limiter whose prefix starts with this one's and a colon ("rb:eu" under "rb").
 func WithPrefix(prefix string) Option {
 	return func(c *config) error {
 		if prefix == "" || len(prefix) > 64 {
@@ -214,7 +218,7 @@ func New(client redis.Scripter, opts ...Option) (*Limiter, error) {
 			return nil, err
 		}
 	}
-	c := &core{keys: newKeyer(cfg.prefix, cfg.secret), oneServer: cfg.oneServer, direct: client, now: time.Now}
+	c := &core{keys: budgetkey.New(cfg.prefix, cfg.secret), oneServer: cfg.oneServer, direct: client, now: time.Now}
 	c.repair.c = c
 	l := &Limiter{core: c, top: c}
 	noTimeout := &ratebudget.ConfigError{Field: "ContextTimeoutEnabled", Problem: "must be true in the client's options, so that a decision returns by its context's deadline"}
@@ -301,17 +305,6 @@ func (l *Limiter) Load(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// Key returns the Redis key that holds c's budget. It is meant for tools and tests;
-// [Limiter.Allow] does not need it. Every key of the limiter starts with its prefix
-// ([WithPrefix], default "rb") and a colon, so SCAN with MATCH prefix+":*" lists them,
-// once any of the glob characters * ? [ ] \ in the prefix is escaped with a backslash.
-// The pattern also matches the keys of a limiter whose prefix starts with this one's and
-// a colon ("rb:eu" under "rb").
-func (l *Limiter) Key(c ratebudget.Check) string {
-	k, _, _ := l.core.keys.appendKey(nil, nil, &c)
-	return string(k)
 }
 
 // Allow decides all checks at once (see [ratebudget.Limiter]). Checks are validated with
@@ -444,7 +437,7 @@ func (c *core) decide(ctx context.Context, checks []ratebudget.Check, tickets []
 	single := true
 	for i := range checks {
 		var k []byte
-		k, d.slots[i], scratch = c.keys.appendKey(buf[:0], scratch, &checks[i])
+		k, d.slots[i], scratch = c.keys.Append(buf[:0], scratch, &checks[i])
 		buf = k
 		d.keys[i] = string(k)
 		single = single && (c.oneServer || d.slots[i] == d.slots[0])
@@ -708,7 +701,7 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 		ch := &d.checks[j]
 		keys = append(keys, d.keys[j])
 		args = append(args, int64(ch.Rule.Algorithm), ch.Rule.Limit, c.window(&ch.Rule, &now),
-			ch.Rule.Capacity(), ch.Cost)
+			timerule.Capacity(&ch.Rule), ch.Cost)
 	}
 	if d.members != nil {
 		for _, j := range g {

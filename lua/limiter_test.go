@@ -33,6 +33,9 @@ func newLimiter(t *testing.T, c redis.Scripter, opts ...lua.Option) *lua.Limiter
 	return l
 }
 
+// lua.Limiter resets budgets, so the suite's reset cases run rather than skip.
+var _ limitertest.Resetter = (*lua.Limiter)(nil)
+
 // TestConformanceProcess runs the shared suite against a private redis-server process.
 // The integration tests run it again against a container.
 func TestConformanceProcess(t *testing.T) {
@@ -71,10 +74,10 @@ func TestNewValidatesOptions(t *testing.T) {
 			}
 		})
 	}
-	if _, err := lua.New(nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := lua.New(nil); !limitertest.IsConfigError(err) {
 		t.Fatalf("New(nil) = %v, want a ConfigError", err)
 	}
-	if _, err := lua.New((*redis.Client)(nil)); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := lua.New((*redis.Client)(nil)); !limitertest.IsConfigError(err) {
 		t.Fatalf("New of a nil *redis.Client = %v, want a ConfigError", err)
 	}
 	if _, err := lua.New(c, lua.WithRefusalCache(10), lua.WithRefusalCache(0)); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // A reservation (Reserve) has an id, drawn at random, and allow.lua leaves a marker for
@@ -242,7 +243,7 @@ func (c *core) void(ctx context.Context, d *decision, g []int) {
 		if d.members != nil && r.Algorithm == ratebudget.InFlight {
 			member = d.members[j]
 		}
-		args = append(args, int64(r.Algorithm), r.Limit, c.window(r, &now), r.Capacity(), ch.Cost, int64(0), int64(0), int64(0), member)
+		args = append(args, int64(r.Algorithm), r.Limit, c.window(r, &now), timerule.Capacity(r), ch.Cost, int64(0), int64(0), int64(0), member)
 		checks = append(checks, *ch) // a copy: the caller's slice is its own again
 	}
 	keys = append(keys, markerKey(d.keys[g[0]], d.rid))

@@ -15,10 +15,8 @@ const resetSource = "return redis.call('DEL', unpack(KEYS))"
 
 var resetScript = redis.NewScript(resetSource)
 
-var _ ratebudget.Resetter = (*Limiter)(nil)
-
-// Reset forgets the state of each check's budget in Redis, as [ratebudget.Resetter]
-// describes: one script call deletes the budget keys of each hash slot (of all checks
+// Reset forgets the state of each check's budget in Redis, as "Resetting a budget" in
+// the [ratebudget] package documentation describes: one script call deletes the budget keys of each hash slot (of all checks
 // with [WithOneServer]), so the budgets of one slot are reset together, atomically, and
 // those of several slots one slot after another. Cost is ignored. Then this limiter's
 // refusal cache drops its refusals of those budgets, also those decided before the
@@ -38,7 +36,7 @@ func (l *Limiter) Reset(ctx context.Context, checks ...ratebudget.Check) error {
 	slots := make([]uint16, len(checks))
 	var buf, scratch []byte
 	for i := range checks {
-		buf, slots[i], scratch = c.keys.appendKey(buf[:0], scratch, &checks[i])
+		buf, slots[i], scratch = c.keys.Append(buf[:0], scratch, &checks[i])
 		keys[i] = string(buf)
 	}
 	var first error

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // TestLongWaitsSaturate: a token bucket may take up to 2^53 ms to fill, longer than a
@@ -17,8 +19,8 @@ func TestLongWaitsSaturate(t *testing.T) {
 	l := newLimiter(t, redistest.Start(t).Client(t))
 	ctx := context.Background()
 	const longest = time.Duration(math.MaxInt64)
-	r := ratebudget.Rule{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: ratebudget.MaxLimit, Window: 8 * time.Second}
-	c := ratebudget.Check{Rule: r, Identity: "id", Cost: r.Capacity()}
+	r := ratebudget.Rule{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: bound.MaxLimit, Window: 8 * time.Second}
+	c := ratebudget.Check{Rule: r, Identity: "id", Cost: timerule.Capacity(&r)}
 	d, err := l.Allow(ctx, []ratebudget.Check{c})
 	if err != nil || !d.Allowed || d.ResetAfter != longest {
 		t.Fatalf("the whole capacity: %+v, %v; want admitted with ResetAfter %v", d, err, longest)

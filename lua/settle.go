@@ -13,6 +13,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/argcheck"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 var _ ratebudget.Settler = (*Limiter)(nil)
@@ -132,7 +133,7 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 	if keys == nil {
 		keys, slots = make([]string, n), make([]uint16, n)
 		for i := range checks {
-			k, s, _ := c.keys.appendKey(nil, nil, &checks[i])
+			k, s, _ := c.keys.Append(nil, nil, &checks[i])
 			keys[i], slots[i] = string(k), s
 		}
 	}
@@ -226,9 +227,9 @@ func (c *core) settleGroup(checks []ratebudget.Check, tickets []ratebudget.Ticke
 		gchecks = append(gchecks, *ch)
 		gkeys = append(gkeys, keys[i])
 		w := c.window(r, &now)
-		args = append(args, int64(r.Algorithm), r.Limit, w, r.Capacity(), give, extra, aux, t.At, member)
+		args = append(args, int64(r.Algorithm), r.Limit, w, timerule.Capacity(r), give, extra, aux, t.At, member)
 		if extras != nil && extra > 0 {
-			extras = append(extras, int64(r.Algorithm), r.Limit, w, r.Capacity(), extra)
+			extras = append(extras, int64(r.Algorithm), r.Limit, w, timerule.Capacity(r), extra)
 		} else {
 			extras = nil
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/lua"
 )
 
@@ -96,7 +97,7 @@ return {1, 0, 0, p, 0, 0}`)
 				for i, r := range rs.rules {
 					checks[i] = ratebudget.Check{Rule: r, Identity: "single-" + strconv.Itoa(seq), Cost: 1}
 					keys = append(keys, "direct:"+checks[i].Rule.Name+":"+strconv.Itoa(seq))
-					args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), r.Capacity(), int64(1))
+					args = append(args, int64(r.Algorithm), r.Limit, r.Window.Milliseconds(), timerule.Capacity(&r), int64(1))
 				}
 				// Warm up: connections open, scripts loaded.
 				for range 10 {

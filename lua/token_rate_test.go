@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/memory"
 )
@@ -154,8 +156,8 @@ func runTokenSteps(t *testing.T, mem *memory.Limiter, l *lua.Limiter, id string,
 		if s.want != nil && want.Remaining != *s.want {
 			t.Fatalf("step %d (cost %d, Limit %d, Burst %d, Window %v): Remaining %d on both, want %d", i, s.cost, s.r.Limit, s.r.Burst, s.r.Window, want.Remaining, *s.want)
 		}
-		if want.Remaining < -s.r.Capacity() {
-			t.Fatalf("step %d: Memory's debt %d beyond one capacity (%d)", i, -want.Remaining, s.r.Capacity())
+		if want.Remaining < -timerule.Capacity(&s.r) {
+			t.Fatalf("step %d: Memory's debt %d beyond one capacity (%d)", i, -want.Remaining, timerule.Capacity(&s.r))
 		}
 	}
 }
@@ -239,7 +241,7 @@ func TestTokenBucketWindowConversion(t *testing.T) {
 		cases = append(cases, conv{1 + rng.Int64N(top.Int64()), from, to})
 	}
 	for _, cv := range cases {
-		capacity := min(ratebudget.MaxLimit-1, maxScaled/cv.to) // a cost of capacity + 1 is exceeded
+		capacity := min(bound.MaxLimit-1, maxScaled/cv.to) // a cost of capacity + 1 is exceeded
 		r := ratebudget.Rule{Name: "tbc", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: capacity, Window: time.Duration(cv.to) * time.Millisecond}
 		ch := []ratebudget.Check{{Rule: r, Identity: "x", Cost: capacity + 1}}
 		key := l.Key(ch[0])

@@ -8,11 +8,12 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
 // benchRule never refuses in a benchmark's lifetime, so every call is a full admission.
-var benchRule = ratebudget.Rule{Name: "bench", Algorithm: ratebudget.FixedWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}
+var benchRule = ratebudget.Rule{Name: "bench", Algorithm: ratebudget.FixedWindow, Limit: bound.MaxLimit, Window: time.Hour}
 
 // BenchmarkMemoryAllow: one check, one identity, the real clock. The calendar case is a
 // daily quota in America/New_York: its period is cached, so it costs what a fixed window
@@ -79,7 +80,7 @@ func BenchmarkMemoryAllow3Checks(b *testing.B) {
 	checks := []ratebudget.Check{
 		{Rule: benchRule, Identity: "203.0.113.7", Cost: 1},
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 1},
-		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: 10 * time.Millisecond}, Identity: "acct-42", Scope: "/orders", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: bound.MaxLimit, Window: 10 * time.Millisecond}, Identity: "acct-42", Scope: "/orders", Cost: 1},
 	}
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -43,7 +44,7 @@ func allow(t testing.TB, m *memory.Limiter, checks ...ratebudget.Check) ratebudg
 // capacity is refused as Exceeded and carries the budget's Remaining and ResetAfter.
 func probe(t testing.TB, m *memory.Limiter, r ratebudget.Rule, identity, scope string) ratebudget.Decision {
 	t.Helper()
-	d := allow(t, m, ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: r.Capacity() + 1})
+	d := allow(t, m, ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: timerule.Capacity(&r) + 1})
 	if d.Allowed || !d.Exceeded || d.RetryAfter != 0 {
 		t.Fatalf("probe of %s/%q/%q: want Exceeded with RetryAfter 0, got %+v", r.Name, identity, scope, d)
 	}

@@ -222,7 +222,7 @@ func decideCalendar(b *budget, r *ratebudget.Rule, cost, now int64, commit bool,
 
 func decideToken(b *budget, r *ratebudget.Rule, cost, now int64, commit bool) ratebudget.Outcome {
 	rate, w := r.Limit, r.Window.Milliseconds()
-	capacity := r.Capacity()
+	capacity := timerule.Capacity(r)
 	full := capacity * w   // fits: Validate bounds it by 2^53
 	d, ts := int64(0), now // the deficit, and the time it is measured at
 	lag := int64(0)        // how far the clock is behind the bucket's timestamp

@@ -150,9 +150,9 @@ func refund(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, n, now int64) {
 		}
 	case ratebudget.TokenBucket:
 		level, ts, lag := tokenLevel(b, r, now)
-		full := r.Capacity() * r.Window.Milliseconds()
+		full := timerule.Capacity(r) * r.Window.Milliseconds()
 		// An admitted cost is at most the capacity: so is n, and n × window <= 2^53.
-		level = min(level+min(n, r.Capacity())*r.Window.Milliseconds(), full)
+		level = min(level+min(n, timerule.Capacity(r))*r.Window.Milliseconds(), full)
 		setToken(b, r, level, ts, lag, now)
 	case ratebudget.RollingWindow:
 		w := r.Window.Milliseconds()
@@ -210,12 +210,12 @@ func charge(b *budget, r *ratebudget.Rule, n, now int64, cal *timerule.PeriodCac
 		b.expires = b.end
 	case ratebudget.TokenBucket:
 		level, ts, lag := tokenLevel(b, r, now)
-		full := r.Capacity() * w
+		full := timerule.Capacity(r) * w
 		floor := max(-full, full-timerule.MaxScaled)
 		if level > floor {
 			// Debt stops at one capacity below zero, so n above twice the capacity is
 			// clipped first: then n × window <= 2^54 does not overflow.
-			level = max(level-min(n, 2*r.Capacity())*w, floor)
+			level = max(level-min(n, 2*timerule.Capacity(r))*w, floor)
 		}
 		setToken(b, r, level, ts, lag, now)
 	case ratebudget.RollingWindow:
@@ -247,7 +247,7 @@ func charge(b *budget, r *ratebudget.Rule, n, now int64, cal *timerule.PeriodCac
 // wrote it would have refilled it, also if this rule's Limit is lower.
 func tokenLevel(b *budget, r *ratebudget.Rule, now int64) (level, ts, lag int64) {
 	w := r.Window.Milliseconds()
-	full := r.Capacity() * w
+	full := timerule.Capacity(r) * w
 	elapsed, lag := timerule.SinceWrite(b.end, now)
 	ts = max(b.end, now)
 	if now >= b.expires {
@@ -263,7 +263,7 @@ func tokenLevel(b *budget, r *ratebudget.Rule, now int64) (level, ts, lag int64)
 // setToken writes a token bucket's level at ts, and its expiry: when it is full again.
 func setToken(b *budget, r *ratebudget.Rule, level, ts, lag, now int64) {
 	w := r.Window.Milliseconds()
-	full := r.Capacity() * w
+	full := timerule.Capacity(r) * w
 	b.count, b.end = full-level, ts
 	b.setWindow(w)
 	b.expires = now + timerule.TokenWait(full, level, lag, r.Limit)
@@ -286,7 +286,7 @@ func unspent(b *budget, r *ratebudget.Rule, now int64, cal *timerule.PeriodCache
 	o := ratebudget.Outcome{Allowed: true, Remaining: r.Limit}
 	if b == nil {
 		if r.Algorithm == ratebudget.TokenBucket {
-			o.Remaining = r.Capacity()
+			o.Remaining = timerule.Capacity(r)
 		}
 		return o
 	}
@@ -303,7 +303,7 @@ func unspent(b *budget, r *ratebudget.Rule, now int64, cal *timerule.PeriodCache
 		level, _, lag := tokenLevel(b, r, now)
 		w := r.Window.Milliseconds()
 		o.Remaining = timerule.Tokens(level, w)
-		o.ResetAfter = timerule.Duration(timerule.TokenWait(r.Capacity()*w, level, lag, r.Limit))
+		o.ResetAfter = timerule.Duration(timerule.TokenWait(timerule.Capacity(r)*w, level, lag, r.Limit))
 	case ratebudget.RollingWindow:
 		if b.rolling != nil {
 			if ev := b.trimRolling(now, r.Window.Milliseconds()); len(ev) > 0 {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/cputime"
 	"github.com/ratebudget/ratebudget/memory"
 )
@@ -232,7 +233,7 @@ func BenchmarkMemorySweepLatency(b *testing.B) {
 			}
 			const decisions, live = 40_000, 10_000
 			flood := ratebudget.Rule{Name: "flood", Limit: 1, Window: time.Second}
-			traffic := ratebudget.Rule{Name: "traffic", Limit: ratebudget.MaxLimit, Window: time.Hour}
+			traffic := ratebudget.Rule{Name: "traffic", Limit: bound.MaxLimit, Window: time.Hour}
 			ids := make([]string, live)
 			for i := range ids {
 				ids[i] = rotatingIPv4(budgets + i)

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/israce"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -30,7 +32,7 @@ func TestMemoryBound(t *testing.T) {
 	const identities = 100
 	for i := range identities {
 		for _, r := range rules {
-			d := allow(t, m, ratebudget.Check{Rule: r, Identity: fmt.Sprint("id", i), Scope: "/s", Cost: r.Capacity()})
+			d := allow(t, m, ratebudget.Check{Rule: r, Identity: fmt.Sprint("id", i), Scope: "/s", Cost: timerule.Capacity(&r)})
 			if !d.Allowed || d.ResetAfter != time.Second {
 				t.Fatalf("%s: %+v", r.Name, d)
 			}
@@ -55,7 +57,7 @@ func TestMemoryBound(t *testing.T) {
 	clk.Advance(time.Second - ms)
 	probeAll(func(r ratebudget.Rule) int64 {
 		if r.Algorithm == ratebudget.TokenBucket {
-			return r.Capacity() - 1 // 999ms of refill: 7.992 tokens
+			return timerule.Capacity(&r) - 1 // 999ms of refill: 7.992 tokens
 		}
 		return 0
 	})
@@ -63,7 +65,7 @@ func TestMemoryBound(t *testing.T) {
 		t.Fatalf("1ms before the windows end: Len %d, want %d", n, want)
 	}
 	clk.Advance(ms + sweep)
-	probeAll(func(r ratebudget.Rule) int64 { return r.Capacity() })
+	probeAll(func(r ratebudget.Rule) int64 { return timerule.Capacity(&r) })
 	if n := m.Len(); n != 0 {
 		t.Fatalf("after the windows and a sweep interval: Len %d, want 0", n)
 	}
@@ -262,14 +264,14 @@ func TestMemoryAllowAllocs(t *testing.T) {
 	three := []ratebudget.Check{
 		{Rule: benchRule, Identity: "203.0.113.7", Cost: 1},
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 1},
-		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: bound.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 1},
 	}
 	ny, err := time.LoadLocation("America/New_York")
 	if err != nil {
 		t.Fatal(err)
 	}
 	calendar := []ratebudget.Check{
-		{Rule: ratebudget.Rule{Name: "daily", Algorithm: ratebudget.Calendar, Limit: ratebudget.MaxLimit, Period: ratebudget.Day, Location: ny}, Identity: "203.0.113.7", Cost: 1},
+		{Rule: ratebudget.Rule{Name: "daily", Algorithm: ratebudget.Calendar, Limit: bound.MaxLimit, Period: ratebudget.Day, Location: ny}, Identity: "203.0.113.7", Cost: 1},
 	}
 	for name, checks := range map[string][]ratebudget.Check{"one": one, "three": three, "calendar": calendar} {
 		allow(t, m, checks...) // the budgets exist
@@ -313,9 +315,9 @@ func TestMemorySettleAllocs(t *testing.T) {
 	checks := []ratebudget.Check{
 		{Rule: benchRule, Identity: "203.0.113.7", Cost: 2},
 		{Rule: ratebudget.Rule{Name: "service", Algorithm: ratebudget.TokenBucket, Limit: 1 << 30, Window: time.Millisecond}, Cost: 2},
-		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 2},
+		{Rule: ratebudget.Rule{Name: "account", Algorithm: ratebudget.RollingWindow, Limit: bound.MaxLimit, Window: time.Hour}, Identity: "acct-42", Scope: "/orders", Cost: 2},
 		{Rule: ratebudget.Rule{Name: "running", Algorithm: ratebudget.InFlight, Limit: 4, Window: time.Minute}, Identity: "203.0.113.7", Cost: 1},
-		{Rule: ratebudget.Rule{Name: "monthly", Algorithm: ratebudget.Calendar, Limit: ratebudget.MaxLimit, Period: ratebudget.Month}, Identity: "203.0.113.7", Cost: 2},
+		{Rule: ratebudget.Rule{Name: "monthly", Algorithm: ratebudget.Calendar, Limit: bound.MaxLimit, Period: ratebudget.Month}, Identity: "203.0.113.7", Cost: 2},
 	}
 	ctx := context.Background()
 	tickets := make([]ratebudget.Ticket, len(checks))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -222,7 +223,7 @@ func TestCombine(t *testing.T) {
 	dec := func(allowed, exceeded bool, i int, rem int64, reset, retry time.Duration) ratebudget.Decision {
 		r := checks[i].Rule
 		return ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: allowed, Exceeded: exceeded, Remaining: rem, ResetAfter: reset, RetryAfter: retry},
-			Rule: r.Name, Index: i, Limit: r.Capacity(), Window: r.Window}
+			Rule: r.Name, Index: i, Limit: timerule.Capacity(&r), Window: r.Window}
 	}
 	tests := []struct {
 		name     string

@@ -7,11 +7,9 @@ import (
 	"github.com/ratebudget/ratebudget/internal/argcheck"
 )
 
-var _ ratebudget.Resetter = (*Limiter)(nil)
-
-// Reset forgets the state of each check's budget, as [ratebudget.Resetter] describes:
-// the budget's next decision is made as on a budget never spent. Cost is ignored. The
-// checks' budgets are reset together, atomically: the shards of every check are locked
+// Reset forgets the state of each check's budget, as "Resetting a budget" in the
+// [ratebudget] package documentation describes: the budget's next decision is made as
+// on a budget never spent. Cost is ignored. The checks' budgets are reset together, atomically: the shards of every check are locked
 // at once, so that a concurrent decision sees all of them reset or none. It returns a
 // *[ratebudget.ConfigError] for no checks or an invalid rule, and no other error; the
 // context is not consulted. It allocates nothing for checks whose identity and scope

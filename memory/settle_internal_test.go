@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
@@ -41,19 +42,19 @@ func TestSettleDebtBounded(t *testing.T) {
 		{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 5, Window: time.Minute},
 		{Name: "t", Algorithm: ratebudget.TokenBucket, Limit: 5, Window: time.Minute},
 		{Name: "t-max-window", Algorithm: ratebudget.TokenBucket, Limit: 1, Window: maxWindow},
-		{Name: "t-2p53", Algorithm: ratebudget.TokenBucket, Limit: ratebudget.MaxLimit, Window: 8192 * time.Millisecond},
+		{Name: "t-2p53", Algorithm: ratebudget.TokenBucket, Limit: bound.MaxLimit, Window: 8192 * time.Millisecond},
 	}
 	for _, r := range rules {
 		c := ratebudget.Check{Rule: r, Identity: "debtor", Cost: 1}
 		for range 3 {
-			reserveSettle(t, m, c, ratebudget.MaxLimit)
+			reserveSettle(t, m, c, bound.MaxLimit)
 			clk.advance(time.Millisecond)
 			// Refused now, but reserve needs an admission: give one back to admit again.
 			b := m.budgetOf(c)
 			switch r.Algorithm {
 			case ratebudget.TokenBucket:
-				full := r.Capacity() * r.Window.Milliseconds()
-				charge(b, &r, ratebudget.MaxLimit, m.now(), &m.cal) // again, from the debt
+				full := timerule.Capacity(&r) * r.Window.Milliseconds()
+				charge(b, &r, bound.MaxLimit, m.now(), &m.cal) // again, from the debt
 				if b.count > 2*full || b.count > timerule.MaxScaled {
 					t.Fatalf("%s: deficit %d, want at most %d (a level of at least minus the capacity) and within 2^53", r.Name, b.count, min(2*full, timerule.MaxScaled))
 				}

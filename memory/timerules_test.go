@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -40,9 +42,9 @@ func runSteps(t *testing.T, r ratebudget.Rule, steps []step) {
 				got.allowed, got.remaining, got.reset, got.retry, got.exceeded,
 				s.allowed, s.remaining, s.reset, s.retry, s.exceeded)
 		}
-		if d.Rule != r.Name || d.Index != 0 || d.Limit != r.Capacity() || d.Window != r.Window {
+		if d.Rule != r.Name || d.Index != 0 || d.Limit != timerule.Capacity(&r) || d.Window != r.Window {
 			t.Errorf("step %d: reported rule %q index %d limit %d window %v, want %q 0 %d %v",
-				i, d.Rule, d.Index, d.Limit, d.Window, r.Name, r.Capacity(), r.Window)
+				i, d.Rule, d.Index, d.Limit, d.Window, r.Name, timerule.Capacity(&r), r.Window)
 		}
 	}
 }
@@ -191,8 +193,8 @@ func TestExceededSpendsNothing(t *testing.T) {
 			r := ratebudget.Rule{Name: "r", Algorithm: algo, Limit: 5, Window: time.Second, Burst: burst}
 			t.Run(fmt.Sprintf("%v/burst=%d", algo, burst), func(t *testing.T) {
 				m, clk := newMemory(t)
-				capacity := r.Capacity()
-				for _, cost := range []int64{capacity + 1, 2 * capacity, ratebudget.MaxLimit} {
+				capacity := timerule.Capacity(&r)
+				for _, cost := range []int64{capacity + 1, 2 * capacity, bound.MaxLimit} {
 					d := allow(t, m, ratebudget.Check{Rule: r, Cost: cost})
 					want := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true, Remaining: capacity}, Rule: "r", Limit: capacity, Window: time.Second}
 					if d != want {
@@ -252,7 +254,7 @@ func TestWaitsAreExact(t *testing.T) {
 				if rng.IntN(25) == 0 {
 					adv = -time.Duration(rng.IntN(30)) * ms
 				}
-				ops[i] = op{adv, 1 + rng.Int64N(r.Capacity())}
+				ops[i] = op{adv, 1 + rng.Int64N(timerule.Capacity(&r))}
 			}
 			check := func(cost int64) ratebudget.Check { return ratebudget.Check{Rule: r, Identity: "x", Cost: cost} }
 			replay := func(n int) (*memory.Limiter, *fakeClock, ratebudget.Decision) {
@@ -279,7 +281,7 @@ func TestWaitsAreExact(t *testing.T) {
 					}
 				}
 				m, _, _ = replay(i)
-				if d.Remaining < r.Capacity() {
+				if d.Remaining < timerule.Capacity(&r) {
 					if got := allow(t, m, check(d.Remaining+1)); got.Allowed {
 						t.Errorf("op %d: Remaining %d but a cost of %d is admitted", i, d.Remaining, d.Remaining+1)
 					}
@@ -306,12 +308,12 @@ func TestWaitsAreExact(t *testing.T) {
 				m, clk, _ := replay(i)
 				if d.ResetAfter > 0 {
 					clk.Advance(d.ResetAfter - ms)
-					if p := probe(t, m, r, "x", ""); p.Remaining == r.Capacity() || p.ResetAfter != ms {
+					if p := probe(t, m, r, "x", ""); p.Remaining == timerule.Capacity(&r) || p.ResetAfter != ms {
 						t.Errorf("op %d: 1ms before ResetAfter %v: %+v", i, d.ResetAfter, p)
 					}
 					clk.Advance(ms)
 				}
-				if p := probe(t, m, r, "x", ""); p.Remaining != r.Capacity() || p.ResetAfter != 0 {
+				if p := probe(t, m, r, "x", ""); p.Remaining != timerule.Capacity(&r) || p.ResetAfter != 0 {
 					t.Errorf("op %d: at ResetAfter %v the budget is not whole: %+v", i, d.ResetAfter, p)
 				}
 			}
@@ -347,7 +349,7 @@ func TestTokenBucketStartsFull(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			capacity := tc.rule.Capacity()
+			capacity := timerule.Capacity(&tc.rule)
 			refill := time.Duration(capacity) * tc.rule.Window / time.Duration(tc.rule.Limit)
 			whole := allow(t, m, ratebudget.Check{Rule: tc.rule, Identity: "whole", Cost: capacity})
 			if !whole.Allowed || whole.Remaining != 0 || whole.ResetAfter != refill {
@@ -368,12 +370,12 @@ func TestTokenBucketStartsFull(t *testing.T) {
 }
 
 // TestLongWaitsSaturate: a token bucket may take longer to fill than a time.Duration
-// holds (capacity MaxLimit refilled 1 per 8 s: about 279,000 years). Its waits are then the
+// holds (capacity 2^40 refilled 1 per 8 s: about 279,000 years). Its waits are then the
 // longest Duration, never a wrapped (negative or short) one; shorter waits stay exact.
 func TestLongWaitsSaturate(t *testing.T) {
 	const longest = time.Duration(math.MaxInt64)
 	for _, r := range []ratebudget.Rule{
-		{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: ratebudget.MaxLimit, Window: 8 * time.Second},
+		{Name: "huge", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: bound.MaxLimit, Window: 8 * time.Second},
 		{Name: "daily", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: 100_000_000, Window: 24 * time.Hour},
 	} {
 		t.Run(r.Name, func(t *testing.T) {
@@ -381,7 +383,7 @@ func TestLongWaitsSaturate(t *testing.T) {
 				t.Fatal(err)
 			}
 			m, clk := newMemory(t)
-			c := ratebudget.Check{Rule: r, Identity: "id", Cost: r.Capacity()}
+			c := ratebudget.Check{Rule: r, Identity: "id", Cost: timerule.Capacity(&r)}
 			if d := allow(t, m, c); !d.Allowed || d.ResetAfter != longest {
 				t.Fatalf("the whole capacity: %+v, want admitted with ResetAfter %v", d, longest)
 			}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/redis/go-redis/v9"
@@ -58,7 +59,7 @@ func FuzzConvertDeficitRedis(f *testing.F) {
 		d = int64(uint64(d) % (timerule.MaxScaled + 1))
 		from = 1 + int64(uint64(from-1)%uint64(maxW))
 		to = 1 + int64(uint64(to-1)%uint64(maxW))
-		capacity := min(ratebudget.MaxLimit-1, timerule.MaxScaled/to) // a cost of capacity + 1 is exceeded
+		capacity := min(bound.MaxLimit-1, timerule.MaxScaled/to) // a cost of capacity + 1 is exceeded
 		r := ratebudget.Rule{Name: "conv", Algorithm: ratebudget.TokenBucket, Limit: 1, Burst: capacity, Window: timerule.Duration(to)}
 		full := capacity * to
 		give = 1 + int64(uint64(give-1)%uint64(capacity))

@@ -11,7 +11,7 @@ import (
 )
 
 // wantConfigError checks that err is a *ConfigError naming field (and rule, when not empty)
-// that matches ErrInvalidConfig and not ErrStoreUnavailable.
+// that is neither a *StoreError nor a match of ErrStoreUnavailable.
 var wantConfigError = limitertest.WantConfigError
 
 // The limiter refuses a rule that Rule.Validate rejects before spending anything, with

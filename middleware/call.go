@@ -47,7 +47,7 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 	d, err := allow(dctx)
 	cancel()
 	latency := time.Since(start)
-	if err != nil && deadline.Ended(dctx) && !deadline.Ended(ctx) && !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if err != nil && deadline.Ended(dctx) && !deadline.Ended(ctx) && !isConfigError(err) {
 		// The decision's own deadline passed: whatever the limiter returned, it is a
 		// store timeout, and the command may have reached the store.
 		var se *ratebudget.StoreError
@@ -59,7 +59,7 @@ func (m *mw) decideWith(ctx context.Context, allow func(context.Context) (ratebu
 		switch {
 		case err == nil:
 			done(nil)
-		case deadline.Ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig):
+		case deadline.Ended(ctx) || isConfigError(err):
 			// A canceled request or a rejected input says nothing about the store.
 			done(errNotCounted)
 		default:
@@ -97,4 +97,11 @@ func (m *mw) reserveEach(ctx context.Context, checks []ratebudget.Check, out []r
 		return d, nil, lat, err
 	}
 	return d, out, lat, nil
+}
+
+// isConfigError reports whether err is, or wraps, a *ratebudget.ConfigError: input the
+// limiter rejected, which says nothing about the store.
+func isConfigError(err error) bool {
+	var ce *ratebudget.ConfigError
+	return errors.As(err, &ce)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/meta"
 )
 
@@ -269,7 +270,7 @@ func (cr *compiledRule) actual(r *http.Request, c *ratebudget.Check, rec *record
 			a = 0 // net/http discards a HEAD response's body: nothing was sent
 		}
 	}
-	return min(max(a, 0), ratebudget.MaxLimit)
+	return min(max(a, 0), bound.MaxLimit)
 }
 
 // recorder sees what the handler did with the request and the response: the status, the

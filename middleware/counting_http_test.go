@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -316,7 +317,7 @@ func TestResponseBytesClientGone(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
 		lim := newMemory(t, newClock())
-		out := ratebudget.Rule{Name: "out", Limit: ratebudget.MaxLimit / 4, Window: time.Minute}
+		out := ratebudget.Rule{Name: "out", Limit: bound.MaxLimit / 4, Window: time.Minute}
 		slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
 		var accepted atomic.Int64
 		chunk := []byte(strings.Repeat("z", 64<<10))

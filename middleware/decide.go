@@ -172,7 +172,7 @@ func (st *stack) applyPolicy(ctx context.Context, v *verdict) answer {
 	if ev.Err == nil {
 		return answerDecision
 	}
-	if errors.Is(ev.Err, ratebudget.ErrInvalidConfig) {
+	if isConfigError(ev.Err) {
 		return answerMisconfigured
 	}
 	var se *ratebudget.StoreError
@@ -378,7 +378,7 @@ func (st *stack) groups() []*group {
 func (st *stack) tolerate(ctx context.Context, g *group, err error, v *verdict) (d ratebudget.Decision, decided, stop bool) {
 	policy := strictest(g.parts)
 	v.failed, v.ev.Err = g.parts, err
-	if policy == failClosed || deadline.Ended(ctx) || errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if policy == failClosed || deadline.Ended(ctx) || isConfigError(err) {
 		v.ev.Decision, v.ev.Fallback, v.outcomes, v.open = ratebudget.Decision{}, false, nil, false
 		return ratebudget.Decision{}, false, true
 	}
@@ -551,7 +551,7 @@ func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, l
 		if derr != nil {
 			if !deadline.Ended(ctx) {
 				var se *ratebudget.StoreError
-				if !errors.As(derr, &se) && !errors.Is(derr, ratebudget.ErrInvalidConfig) {
+				if !errors.As(derr, &se) && !isConfigError(derr) {
 					derr = &ratebudget.StoreError{Class: ratebudget.ClassOther, Err: derr}
 				}
 				err = derr

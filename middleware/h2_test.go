@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
@@ -197,8 +198,8 @@ func newContracts(t *testing.T, lim ratebudget.Settler) (*contracts, func(http.H
 		lim:       lim,
 		attempts:  rule("attempts", 10, time.Minute),
 		successes: rule("successes", 10, time.Minute),
-		in:        rule("in", ratebudget.MaxLimit/4, time.Minute),
-		out:       rule("out", ratebudget.MaxLimit/4, time.Minute),
+		in:        rule("in", bound.MaxLimit/4, time.Minute),
+		out:       rule("out", bound.MaxLimit/4, time.Minute),
 		hdr:       rule("hdr", 100, time.Minute),
 		slots:     ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute},
 	}

@@ -90,7 +90,7 @@ func inputError(part, rule string, err error, generic string) *InputError {
 func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *InputError) {
 	ev := Event{Request: r, Result: Invalid, Err: err}
 	observeOuter(st, m, &ev)
-	mount, built := errors.Is(err, keyfuncs.ErrNoRoutePattern), errors.Is(err, ratebudget.ErrInvalidConfig)
+	mount, built := errors.Is(err, keyfuncs.ErrNoRoutePattern), isConfigError(err)
 	// Not the client's fault: the limiter is mounted where no route is known, or a key
 	// function was built wrong (keyfuncs.Header without a name, Join of nothing). Logged
 	// also when a custom error handler answers: it answers the client, not the operator.

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
@@ -362,7 +363,7 @@ func TestServerSentEvents(t *testing.T) {
 	t.Parallel()
 	protos(t, func(t *testing.T, h2 bool) {
 		lim := newMemory(t, newClock())
-		out := ratebudget.Rule{Name: "out", Limit: ratebudget.MaxLimit / 4, Window: time.Minute}
+		out := ratebudget.Rule{Name: "out", Limit: bound.MaxLimit / 4, Window: time.Minute}
 		slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: time.Minute}
 		limit := mustNew(t, lim, []middleware.Rule{
 			{Rule: out, Identity: global, Counts: middleware.CountResponseBytes(1)},

@@ -114,6 +114,7 @@ import (
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/chiroute"
 	"github.com/ratebudget/ratebudget/internal/meta"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -157,7 +158,7 @@ type Rule struct {
 type compiledRule struct {
 	rule      ratebudget.Rule
 	local     ratebudget.Rule
-	limit     int64  // rule.Capacity(), the Limit its decisions report
+	limit     int64  // timerule.Capacity(rule), the Limit its decisions report
 	limitText string // limit in decimal, for the metadata headers
 	identity  func(*http.Request) (string, error)
 	scope     func(*http.Request) (string, error)
@@ -272,7 +273,7 @@ func (m *mw) compile(rules []Rule) error {
 		if r.Identity == nil {
 			return &ratebudget.ConfigError{Rule: r.Name, Field: "Identity", Problem: "must not be nil (use keyfuncs.Global() for a service-wide budget)"}
 		}
-		cr := compiledRule{rule: r.Rule, identity: r.Identity, scope: r.Scope, limit: r.Rule.Capacity(), counts: r.Counts, shadow: r.Shadow}
+		cr := compiledRule{rule: r.Rule, identity: r.Identity, scope: r.Scope, limit: timerule.Capacity(&r.Rule), counts: r.Counts, shadow: r.Shadow}
 		cr.limitText = strconv.FormatInt(cr.limit, 10)
 		if err := cr.compileCounts(); err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // Plan is a set of values a rule decides a request under instead of its own, for the
@@ -118,7 +119,7 @@ func (cr *compiledRule) variant(rule, field string, p Plan, replicas int) (compi
 		}
 		return v, err
 	}
-	v.limit = v.rule.Capacity()
+	v.limit = timerule.Capacity(&v.rule)
 	v.limitText = strconv.FormatInt(v.limit, 10)
 	v.shadow = cr.shadow || p.Shadow
 	if err := v.compileCounts(); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/budgetkey"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
@@ -163,7 +164,7 @@ func TestInFlightLeaseRenewedOnRedis(t *testing.T) {
 	gate := &renewGate{Settler: lim, renewed: make(chan error, 16)}
 	const ttl = 4 * time.Second // renewals due every 2 s: one must run 2 s late to lose the lease
 	slots := ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 1, Window: ttl}
-	key := lim.Key(ratebudget.Check{Rule: slots, Identity: globalID, Cost: 1})
+	key := budgetkey.New("renew", nil).Key(ratebudget.Check{Rule: slots, Identity: globalID, Cost: 1})
 	running, release := make(chan struct{}, 1), make(chan struct{})
 	h := mustNew(t, gate, []middleware.Rule{{Rule: slots, Identity: global}}, middleware.WithTimeout(2*time.Second))(longAndQuick(running, release))
 	ctx := context.Background()

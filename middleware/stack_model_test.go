@@ -17,6 +17,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/memory"
@@ -198,7 +199,7 @@ func ceilDiv(a, b int64) int64 {
 // refilled at Limit scaled units per millisecond up to its capacity.
 func (s *modelState) tokenLevel(r *ratebudget.Rule, key budgetKey) int64 {
 	w := r.Window.Milliseconds()
-	full := r.Capacity() * w
+	full := timerule.Capacity(r) * w
 	b, ok := s.tokens[key]
 	if !ok {
 		return full
@@ -231,7 +232,7 @@ func (s *modelState) view(r *ratebudget.Rule, key budgetKey) budgetView {
 		}
 		return budgetView{remaining: r.Limit}
 	case ratebudget.TokenBucket:
-		full := r.Capacity() * w
+		full := timerule.Capacity(r) * w
 		level := s.tokenLevel(r, key)
 		v := budgetView{remaining: level / w, reset: ceilDiv(full-level, r.Limit)}
 		if level < full {
@@ -771,8 +772,8 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 			}
 			minCap := int64(-1)
 			for _, r := range p.l.rules {
-				if r.rule.Algorithm != ratebudget.InFlight && (minCap < 0 || r.rule.Capacity() < minCap) {
-					minCap = r.rule.Capacity()
+				if r.rule.Algorithm != ratebudget.InFlight && (minCap < 0 || timerule.Capacity(&r.rule) < minCap) {
+					minCap = timerule.Capacity(&r.rule)
 				}
 			}
 			if minCap >= 0 && cost > minCap {
@@ -862,8 +863,8 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 		// capacity left, then the longest reset, then the first); of those, the first
 		// limiter's most restrictive. The model's limits are small: the products fit.
 		tighter := func(i, j int) bool {
-			a := max(outs[i].remaining, 0) * checks[j].r.rule.Capacity()
-			b := max(outs[j].remaining, 0) * checks[i].r.rule.Capacity()
+			a := max(outs[i].remaining, 0) * timerule.Capacity(&checks[j].r.rule)
+			b := max(outs[j].remaining, 0) * timerule.Capacity(&checks[i].r.rule)
 			return a < b || a == b && outs[i].reset > outs[j].reset
 		}
 		for _, idx := range groups {
@@ -893,22 +894,22 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 		b := &outs[best]
 		if refused < 0 && outs[i].remaining == b.remaining && b.reset-outs[i].reset < near ||
 			refused >= 0 && listed[i] && !outs[i].fits && b.retryAfter-outs[i].retryAfter < near {
-			res.reportedAny = append(res.reportedAny, fmt.Sprintf("%d/%d", max(outs[i].remaining, 0), checks[i].r.rule.Capacity()))
+			res.reportedAny = append(res.reportedAny, fmt.Sprintf("%d/%d", max(outs[i].remaining, 0), timerule.Capacity(&checks[i].r.rule)))
 		}
 	}
-	res.reported = fmt.Sprintf("%d/%d/%d", max(outs[best].remaining, 0), checks[best].r.rule.Capacity(), seconds(outs[best].reset))
+	res.reported = fmt.Sprintf("%d/%d/%d", max(outs[best].remaining, 0), timerule.Capacity(&checks[best].r.rule), seconds(outs[best].reset))
 	var parts, partsT []string
 	for i := range checks {
 		if listed[i] { // the rules of limiters a refusal left unasked are not known
 			p := fmt.Sprintf("%q;r=%d", checks[i].r.rule.Name, max(outs[i].remaining, 0))
 			parts = append(parts, p)
-			if outs[i].avail > 0 && outs[i].remaining < checks[i].r.rule.Capacity() {
+			if outs[i].avail > 0 && outs[i].remaining < timerule.Capacity(&checks[i].r.rule) {
 				p += fmt.Sprintf(";t=%d", outs[i].avail/1000) // draft-11: rounded down
 			}
 			partsT = append(partsT, p)
 			// A token bucket's t may be that of 1 ms sooner (the headers document it).
 			early := p
-			if a := outs[i].avail; a > 0 && outs[i].remaining < checks[i].r.rule.Capacity() && checks[i].r.rule.Algorithm == ratebudget.TokenBucket {
+			if a := outs[i].avail; a > 0 && outs[i].remaining < timerule.Capacity(&checks[i].r.rule) && checks[i].r.rule.Algorithm == ratebudget.TokenBucket {
 				early = strings.TrimSuffix(p, fmt.Sprintf(";t=%d", a/1000)) + fmt.Sprintf(";t=%d", (a-1)/1000)
 			}
 			res.rateLimitEarly = append(res.rateLimitEarly, early)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
+	"github.com/ratebudget/ratebudget/internal/budgetkey"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
@@ -24,7 +26,7 @@ import (
 func stressInFlight(t *testing.T, lim ratebudget.Limiter, left func() int64) {
 	const limit, workers, each = 3, 8, 60
 	conc := ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: limit, Window: time.Hour}
-	work := ratebudget.Rule{Name: "work", Limit: ratebudget.MaxLimit, Window: time.Hour}
+	work := ratebudget.Rule{Name: "work", Limit: bound.MaxLimit, Window: time.Hour}
 	var running, most atomic.Int64
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n := running.Add(1)
@@ -120,7 +122,7 @@ func TestStressInFlightLeasesRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	conc := ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: 3, Window: time.Hour}
-	key := lim.Key(ratebudget.Check{Rule: conc, Identity: globalID, Cost: 1})
+	key := budgetkey.New("stress", nil).Key(ratebudget.Check{Rule: conc, Identity: globalID, Cost: 1})
 	stressInFlight(t, lim, func() int64 {
 		n, err := client.ZCard(context.Background(), key).Result()
 		if err != nil {

@@ -45,6 +45,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/memory"
@@ -230,11 +231,11 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			return o, fmt.Errorf("-%s: must be 0 (no limit) or positive, got %v", f.name, f.d)
 		}
 	}
-	if o.inflight < 1 || o.inflight > ratebudget.MaxLimit {
-		return o, fmt.Errorf("-inflight: must be from 1 to %d, got %d", int64(ratebudget.MaxLimit), o.inflight)
+	if o.inflight < 1 || o.inflight > bound.MaxLimit {
+		return o, fmt.Errorf("-inflight: must be from 1 to %d, got %d", int64(bound.MaxLimit), o.inflight)
 	}
-	if o.byteLimit < 1 || o.byteLimit > ratebudget.MaxLimit {
-		return o, fmt.Errorf("-byte-limit: must be from 1 to %d, got %d", int64(ratebudget.MaxLimit), o.byteLimit)
+	if o.byteLimit < 1 || o.byteLimit > bound.MaxLimit {
+		return o, fmt.Errorf("-byte-limit: must be from 1 to %d, got %d", int64(bound.MaxLimit), o.byteLimit)
 	}
 	if o.leaseTTL < time.Millisecond {
 		return o, fmt.Errorf("-lease-ttl: must be at least 1ms, got %v", o.leaseTTL)
@@ -242,9 +243,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if o.server.maxHeaderBytes < 1 {
 		return o, fmt.Errorf("-max-header-bytes: must be positive, got %d", o.server.maxHeaderBytes)
 	}
-	if o.limit < 1 || o.limit > ratebudget.MaxLimit/5 {
+	if o.limit < 1 || o.limit > bound.MaxLimit/5 {
 		// The route-wide rule of /api/accounts/{id}/report admits 5×-limit.
-		return o, fmt.Errorf("-limit: must be from 1 to %d (5×-limit must be at most %d), got %d", int64(ratebudget.MaxLimit/5), int64(ratebudget.MaxLimit), o.limit)
+		return o, fmt.Errorf("-limit: must be from 1 to %d (5×-limit must be at most %d), got %d", int64(bound.MaxLimit/5), int64(bound.MaxLimit), o.limit)
 	}
 	if o.storeTimeout <= 0 {
 		return o, fmt.Errorf("-store-timeout: must be positive, got %v", o.storeTimeout)

@@ -13,7 +13,7 @@ func Outcomes(checks, n int) error {
 	return &ratebudget.ConfigError{Field: "outcomes", Problem: "must have one element per check"}
 }
 
-// Reset returns nil when checks may be reset (ratebudget.Resetter): at least one check,
+// Reset returns nil when checks may be reset (a limiter's Reset): at least one check,
 // each of a valid rule; else the *[ratebudget.ConfigError] of the first problem.
 func Reset(checks []ratebudget.Check) error {
 	if len(checks) == 0 {

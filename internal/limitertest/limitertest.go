@@ -13,7 +13,6 @@ package limitertest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -82,7 +81,7 @@ var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.Token
 // a limiter whose budgets are all empty (for a shared store: a fresh key prefix). The
 // cases of settling and of in-flight limits skip for a limiter that does not implement
 // [ratebudget.Settler], those of resets for one that does not implement
-// [ratebudget.Resetter].
+// [Resetter].
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -534,7 +533,7 @@ func testInvalidChecks(e *env, alg ratebudget.Algorithm) {
 	}
 	for _, checks := range bad {
 		_, err := e.h.Limiter.Allow(context.Background(), checks)
-		if !errors.Is(err, ratebudget.ErrInvalidConfig) {
+		if !IsConfigError(err) {
 			e.t.Fatalf("Allow(%v) = %v, want a configuration error", checks, err)
 		}
 	}

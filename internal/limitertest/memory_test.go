@@ -8,6 +8,9 @@ import (
 	"github.com/ratebudget/ratebudget/memory"
 )
 
+// memory.Limiter resets budgets, so the suite's reset cases run rather than skip.
+var _ limitertest.Resetter = (*memory.Limiter)(nil)
+
 func TestMemory(t *testing.T) {
 	limitertest.Run(t, func(t *testing.T) limitertest.Harness {
 		clock := limitertest.NewFakeClock(time.UnixMilli(1_700_000_000_000))

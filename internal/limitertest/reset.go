@@ -9,7 +9,15 @@ import (
 	"github.com/ratebudget/ratebudget"
 )
 
-// runReset runs the cases of [ratebudget.Resetter]; each skips for a limiter that does
+// Resetter is a limiter whose budgets an operator can reset, as those of packages memory
+// and lua are; Reset's contract is "Resetting a budget" in the [ratebudget] package
+// documentation.
+type Resetter interface {
+	ratebudget.Limiter
+	Reset(ctx context.Context, checks ...ratebudget.Check) error
+}
+
+// runReset runs the cases of [Resetter]; each skips for a limiter that does
 // not implement it.
 func runReset(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
@@ -26,7 +34,7 @@ func runReset(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 	cases := []struct {
 		name string
-		fn   func(e *env, r ratebudget.Resetter)
+		fn   func(e *env, r Resetter)
 	}{
 		{"reset/InFlight", testResetInFlight},
 		{"reset/SeveralBudgets", testResetSeveral},
@@ -42,16 +50,16 @@ func runReset(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 }
 
-func resetterEnv(t *testing.T, newHarness func(t *testing.T) Harness) (*env, ratebudget.Resetter) {
+func resetterEnv(t *testing.T, newHarness func(t *testing.T) Harness) (*env, Resetter) {
 	h := newHarness(t)
-	r, ok := h.Limiter.(ratebudget.Resetter)
+	r, ok := h.Limiter.(Resetter)
 	if !ok {
-		t.Skipf("%T does not implement ratebudget.Resetter", h.Limiter)
+		t.Skipf("%T has no Reset method", h.Limiter)
 	}
 	return newEnv(t, h), r
 }
 
-func (e *env) reset(r ratebudget.Resetter, checks ...ratebudget.Check) {
+func (e *env) reset(r Resetter, checks ...ratebudget.Check) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -64,7 +72,7 @@ func (e *env) reset(r ratebudget.Resetter, checks ...ratebudget.Check) {
 // caches refusals holds this one), is reset: its next request is admitted with the full
 // limit, and it admits exactly its limit again. Another identity's budget of the same
 // rule, and the same identity's budget in another scope, keep what they spent.
-func testResetSpent(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm) {
+func testResetSpent(e *env, r Resetter, alg ratebudget.Algorithm) {
 	ru := e.rule("api", alg, 5, long)
 	c := check(ru, "olga", 1)
 	other := check(ru, "pam", 1)
@@ -96,7 +104,7 @@ func testResetSpent(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm) {
 // testResetInFlight: a reset forgets a budget's leases: new ones are admitted up to the
 // limit, releasing a lease taken before the reset frees nothing, and renewing one
 // reports ErrLeaseLost. Without Settler, leases are taken by Allow.
-func testResetInFlight(e *env, r ratebudget.Resetter) {
+func testResetInFlight(e *env, r Resetter) {
 	ru := leaseRule("running", 2, long)
 	c := check(ru, "quinn", 1)
 	s, settles := r.(ratebudget.Settler)
@@ -128,8 +136,8 @@ func testResetInFlight(e *env, r ratebudget.Resetter) {
 // nothing back to the new budget, but under a token bucket, which records no spends, and
 // a calendar rule, whose period is the same: there it refills the budget, to its
 // capacity and never above. The new budget's first
-// spend comes a few ms after the reservation's (see ratebudget.Resetter).
-func testResetThenSettle(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm) {
+// spend comes a few ms after the reservation's (see Resetter).
+func testResetThenSettle(e *env, r Resetter, alg ratebudget.Algorithm) {
 	s, ok := r.(ratebudget.Settler)
 	if !ok {
 		e.t.Skipf("%T does not implement ratebudget.Settler", r)
@@ -154,7 +162,7 @@ func testResetThenSettle(e *env, r ratebudget.Resetter, alg ratebudget.Algorithm
 
 // testResetSeveral: one call resets the budgets of several checks, of several rules and
 // identities (several hash slots on Redis), and only those.
-func testResetSeveral(e *env, r ratebudget.Resetter) {
+func testResetSeveral(e *env, r Resetter) {
 	fixed := rule("fixed", ratebudget.FixedWindow, 2, long)
 	token := rule("token", ratebudget.TokenBucket, 2, long)
 	checks := []ratebudget.Check{check(fixed, "rita", 1), check(token, "sam", 1), check(fixed, "tess", 1)}
@@ -169,7 +177,7 @@ func testResetSeveral(e *env, r ratebudget.Resetter) {
 }
 
 // testResetUntouched: resetting a budget that holds nothing changes nothing.
-func testResetUntouched(e *env, r ratebudget.Resetter) {
+func testResetUntouched(e *env, r Resetter) {
 	c := check(rule("api", ratebudget.RollingWindow, 3, long), "uma", 1)
 	e.reset(r, c)
 	e.expect(e.allow(c), true, 2)
@@ -177,7 +185,7 @@ func testResetUntouched(e *env, r ratebudget.Resetter) {
 
 // testResetInvalid: no checks, or an invalid rule, is a *ConfigError, and nothing is
 // reset, not even a valid check's budget named with it.
-func testResetInvalid(e *env, r ratebudget.Resetter) {
+func testResetInvalid(e *env, r Resetter) {
 	ctx := context.Background()
 	WantConfigError(e.t, r.Reset(ctx), "", "checks")
 	good := check(rule("api", ratebudget.FixedWindow, 1, long), "vera", 1)

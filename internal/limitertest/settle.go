@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
 // runSettle runs the cases of [ratebudget.Settler] and of [ratebudget.InFlight] rules.
@@ -189,7 +190,7 @@ func testSettleBoundedDebt(e *env, s ratebudget.Settler, alg ratebudget.Algorith
 		c := check(r, "rhea", 1)
 		e.mark()
 		_, tk := e.reserve(s, c)
-		e.settle(s, []ratebudget.Check{c}, tk, []int64{ratebudget.MaxLimit})
+		e.settle(s, []ratebudget.Check{c}, tk, []int64{bound.MaxLimit})
 		d := e.allow(check(r, "rhea", 1))
 		e.expect(d, false, 0)
 		// The level stops at -5 tokens: a token needs 6 tokens of refill.
@@ -201,7 +202,7 @@ func testSettleBoundedDebt(e *env, s ratebudget.Settler, alg ratebudget.Algorith
 		c := check(r, "rhea", 1)
 		e.mark()
 		_, tk := e.reserve(s, c)
-		e.settle(s, []ratebudget.Check{c}, tk, []int64{ratebudget.MaxLimit})
+		e.settle(s, []ratebudget.Check{c}, tk, []int64{bound.MaxLimit})
 		d := e.allow(check(r, "rhea", 1))
 		e.expect(d, false, 0)
 		// A period's debt ends with the period.
@@ -217,7 +218,7 @@ func testSettleBoundedDebt(e *env, s ratebudget.Settler, alg ratebudget.Algorith
 		c := check(r, id, 1)
 		e.mark()
 		_, tk := e.reserve(s, c)
-		e.settle(s, []ratebudget.Check{c}, tk, []int64{ratebudget.MaxLimit})
+		e.settle(s, []ratebudget.Check{c}, tk, []int64{bound.MaxLimit})
 		d := e.allow(check(r, id, 1))
 		if !e.fake && !decides(e.since, w) {
 			return false // the window may have ended, debt and all
@@ -324,16 +325,16 @@ func testSettleInvalid(e *env, s ratebudget.Settler) {
 		{tk, []int64{}},
 		{tk, []int64{1, 1}},
 		{tk, []int64{-1}},
-		{tk, []int64{ratebudget.MaxLimit + 1}},
+		{tk, []int64{bound.MaxLimit + 1}},
 	} {
-		if err := s.Settle(ctx, c, bad.tickets, bad.costs); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+		if err := s.Settle(ctx, c, bad.tickets, bad.costs); !IsConfigError(err) {
 			e.t.Fatalf("Settle(%v, %v) = %v, want a configuration error", bad.tickets, bad.costs, err)
 		}
 	}
-	if err := s.Settle(ctx, nil, tk, nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if err := s.Settle(ctx, nil, tk, nil); !IsConfigError(err) {
 		e.t.Fatalf("Settle without checks = %v, want a configuration error", err)
 	}
-	if _, err := s.Reserve(ctx, c, nil, nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := s.Reserve(ctx, c, nil, nil); !IsConfigError(err) {
 		e.t.Fatalf("Reserve without tickets = %v, want a configuration error", err)
 	}
 	// A reservation that is not admitted, an invalid one included, leaves zero tickets:
@@ -344,7 +345,7 @@ func testSettleInvalid(e *env, s ratebudget.Settler) {
 		{check(r, "walt", 1), check(r, "walt", 1)},
 	} {
 		tickets := append([]ratebudget.Ticket(nil), stale...)
-		if _, err := s.Reserve(ctx, bad, tickets, nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+		if _, err := s.Reserve(ctx, bad, tickets, nil); !IsConfigError(err) {
 			e.t.Fatalf("Reserve(%v) = %v, want a configuration error", bad, err)
 		}
 		for i, tk := range tickets[:len(bad)] {
@@ -530,10 +531,10 @@ func testInFlightConcurrency(e *env, s ratebudget.Settler) {
 
 func testInFlightCost(e *env, s ratebudget.Settler) {
 	c := []ratebudget.Check{check(leaseRule("slots", 5, long), "cleo", 2)}
-	if _, err := s.Reserve(context.Background(), c, make([]ratebudget.Ticket, 1), nil); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := s.Reserve(context.Background(), c, make([]ratebudget.Ticket, 1), nil); !IsConfigError(err) {
 		e.t.Fatalf("Reserve with cost 2 = %v, want a configuration error", err)
 	}
-	if _, err := e.h.Limiter.Allow(context.Background(), c); !errors.Is(err, ratebudget.ErrInvalidConfig) {
+	if _, err := e.h.Limiter.Allow(context.Background(), c); !IsConfigError(err) {
 		e.t.Fatalf("Allow with cost 2 = %v, want a configuration error", err)
 	}
 }

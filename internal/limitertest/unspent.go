@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // runUnspent runs testRefusalReportsUnspent for every time rule (in-flight leases only
@@ -161,7 +162,7 @@ func testRefusalReportsUnspent(e *env, alg ratebudget.Algorithm) {
 			}
 			read = ratebudget.Outcome{Remaining: limit - 1, ResetAfter: rd.ResetAfter}
 		} else {
-			rd := e.each(check(a, "uma", a.Capacity()+1))
+			rd := e.each(check(a, "uma", timerule.Capacity(&a)+1))
 			if !rd.Exceeded {
 				e.t.Fatalf("read with a cost above the capacity: %+v, want Exceeded", rd)
 			}

@@ -7,10 +7,17 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
+// IsConfigError reports whether err is, or wraps, a *ratebudget.ConfigError.
+func IsConfigError(err error) bool {
+	var ce *ratebudget.ConfigError
+	return errors.As(err, &ce)
+}
+
 // WantConfigError checks that err is a *ratebudget.ConfigError naming field (and rule,
-// when not empty) that matches ratebudget.ErrInvalidConfig and not
+// when not empty), and neither a *ratebudget.StoreError nor a match of
 // ratebudget.ErrStoreUnavailable.
 func WantConfigError(t testing.TB, err error, rule, field string) {
 	t.Helper()
@@ -24,9 +31,10 @@ func WantConfigError(t testing.TB, err error, rule, field string) {
 	if ce.Problem == "" || !strings.Contains(err.Error(), field) {
 		t.Fatalf("error %q does not explain the problem with %s", err, field)
 	}
-	if !errors.Is(err, ratebudget.ErrInvalidConfig) || errors.Is(err, ratebudget.ErrStoreUnavailable) {
-		t.Fatalf("errors.Is(%v, ErrInvalidConfig) = %v, ErrStoreUnavailable = %v", err,
-			errors.Is(err, ratebudget.ErrInvalidConfig), errors.Is(err, ratebudget.ErrStoreUnavailable))
+	var se *ratebudget.StoreError
+	if errors.As(err, &se) || errors.Is(err, ratebudget.ErrStoreUnavailable) {
+		t.Fatalf("errors.As(%v, *StoreError) = %v, errors.Is(ErrStoreUnavailable) = %v, want neither", err,
+			errors.As(err, &se), errors.Is(err, ratebudget.ErrStoreUnavailable))
 	}
 }
 
@@ -69,10 +77,10 @@ func RuleCases() []RuleCase {
 		{"valid inflight", with(func(r *ratebudget.Rule) { r.Algorithm = ratebudget.InFlight }), ""},
 		{"name of every allowed byte", with(func(r *ratebudget.Rule) { r.Name = "AZaz09_.-" }), ""},
 		{"name of 64 bytes", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", maxNameLen) }), ""},
-		{"limit MaxLimit", with(func(r *ratebudget.Rule) { r.Limit = ratebudget.MaxLimit }), ""},
+		{"limit MaxLimit", with(func(r *ratebudget.Rule) { r.Limit = bound.MaxLimit }), ""},
 		{"window 1ms", with(func(r *ratebudget.Rule) { r.Window = time.Millisecond }), ""},
 		{"window 366 days", with(func(r *ratebudget.Rule) { r.Window = maxWindow }), ""},
-		{"token scale exactly 2^53", token(ratebudget.MaxLimit, 8192*time.Millisecond, 0), ""},
+		{"token scale exactly 2^53", token(bound.MaxLimit, 8192*time.Millisecond, 0), ""},
 
 		{"name empty", with(func(r *ratebudget.Rule) { r.Name = "" }), "Name"},
 		{"name too long", with(func(r *ratebudget.Rule) { r.Name = strings.Repeat("n", maxNameLen+1) }), "Name"},
@@ -86,7 +94,7 @@ func RuleCases() []RuleCase {
 		{"algorithm 255", with(func(r *ratebudget.Rule) { r.Algorithm = 255 }), "Algorithm"},
 		{"limit zero", with(func(r *ratebudget.Rule) { r.Limit = 0 }), "Limit"},
 		{"limit negative", with(func(r *ratebudget.Rule) { r.Limit = -1 }), "Limit"},
-		{"limit above MaxLimit", with(func(r *ratebudget.Rule) { r.Limit = ratebudget.MaxLimit + 1 }), "Limit"},
+		{"limit above MaxLimit", with(func(r *ratebudget.Rule) { r.Limit = bound.MaxLimit + 1 }), "Limit"},
 		{"window zero", with(func(r *ratebudget.Rule) { r.Window = 0 }), "Window"},
 		{"window negative", with(func(r *ratebudget.Rule) { r.Window = -time.Second }), "Window"},
 		{"window below 1ms", with(func(r *ratebudget.Rule) { r.Window = 999 * time.Microsecond }), "Window"},
@@ -96,8 +104,8 @@ func RuleCases() []RuleCase {
 		{"burst on rolling", with(func(r *ratebudget.Rule) { r.Algorithm, r.Burst = ratebudget.RollingWindow, 5 }), "Burst"},
 		{"burst on inflight", with(func(r *ratebudget.Rule) { r.Algorithm, r.Burst = ratebudget.InFlight, 5 }), "Burst"},
 		{"burst negative", token(10, time.Second, -1), "Burst"},
-		{"burst above MaxLimit", token(10, time.Second, ratebudget.MaxLimit+1), "Burst"},
-		{"token scale above 2^53 by limit", token(ratebudget.MaxLimit, 8193*time.Millisecond, 0), "Burst"},
+		{"burst above MaxLimit", token(10, time.Second, bound.MaxLimit+1), "Burst"},
+		{"token scale above 2^53 by limit", token(bound.MaxLimit, 8193*time.Millisecond, 0), "Burst"},
 		{"token scale above 2^53 by burst", token(1, maxWindow, 1<<30), "Burst"},
 
 		{"valid calendar day", cal(func(r *ratebudget.Rule) {}), ""},
@@ -105,8 +113,8 @@ func RuleCases() []RuleCase {
 		{"valid calendar week from saturday", cal(func(r *ratebudget.Rule) { r.Period, r.WeekStart = ratebudget.Week, time.Saturday }), ""},
 		{"valid calendar in UTC", cal(func(r *ratebudget.Rule) { r.Location = time.UTC }), ""},
 		{"valid calendar in a named zone", cal(func(r *ratebudget.Rule) { r.Location = time.FixedZone("X", 3600) }), ""},
-		{"calendar without period", cal(func(r *ratebudget.Rule) { r.Period = 0 }), "Period"},
-		{"calendar period unknown", cal(func(r *ratebudget.Rule) { r.Period = ratebudget.Year + 1 }), "Period"},
+		{"calendar without period", cal(func(r *ratebudget.Rule) { r.Period = "" }), "Period"},
+		{"calendar period unknown", cal(func(r *ratebudget.Rule) { r.Period = "fortnight" }), "Period"},
 		{"calendar in time.Local", cal(func(r *ratebudget.Rule) { r.Location = time.Local }), "Location"},
 		{"calendar with window", cal(func(r *ratebudget.Rule) { r.Window = time.Hour }), "Window"},
 		{"calendar with burst", cal(func(r *ratebudget.Rule) { r.Burst = 5 }), "Burst"},
@@ -138,13 +146,13 @@ func ChecksCases() []ChecksCase {
 	lease := ratebudget.Rule{Name: "lease", Algorithm: ratebudget.InFlight, Limit: 5, Window: time.Second}
 	day := ratebudget.Rule{Name: "day", Algorithm: ratebudget.Calendar, Limit: 5, Period: ratebudget.Day}
 	dayWindow, noPeriod, local, fixedPeriod := day, day, day, a
-	dayWindow.Window, noPeriod.Period, local.Location, fixedPeriod.Period = time.Hour, 0, time.Local, ratebudget.Day
+	dayWindow.Window, noPeriod.Period, local.Location, fixedPeriod.Period = time.Hour, "", time.Local, ratebudget.Day
 	c := func(r ratebudget.Rule, identity, scope string, cost int64) ratebudget.Check {
 		return ratebudget.Check{Rule: r, Identity: identity, Scope: scope, Cost: cost}
 	}
 	return []ChecksCase{
 		{"one", []ratebudget.Check{c(a, "", "", 1)}, "", ""},
-		{"cost MaxLimit", []ratebudget.Check{c(a, "", "", ratebudget.MaxLimit)}, "", ""},
+		{"cost MaxLimit", []ratebudget.Check{c(a, "", "", bound.MaxLimit)}, "", ""},
 		{"same rule, other identity", []ratebudget.Check{c(a, "x", "", 1), c(a, "y", "", 1)}, "", ""},
 		{"same rule, other scope", []ratebudget.Check{c(a, "x", "/a", 1), c(a, "x", "/b", 1)}, "", ""},
 		{"other rules, same identity", []ratebudget.Check{c(a, "x", "", 1), c(b, "x", "", 1)}, "", ""},
@@ -152,7 +160,7 @@ func ChecksCases() []ChecksCase {
 		{"empty", []ratebudget.Check{}, "", "checks"},
 		{"cost zero", []ratebudget.Check{c(a, "", "", 1), c(b, "", "", 0)}, "b", "Cost"},
 		{"cost negative", []ratebudget.Check{c(a, "", "", -1)}, "a", "Cost"},
-		{"cost above MaxLimit", []ratebudget.Check{c(a, "", "", ratebudget.MaxLimit+1)}, "a", "Cost"},
+		{"cost above MaxLimit", []ratebudget.Check{c(a, "", "", bound.MaxLimit+1)}, "a", "Cost"},
 		{"invalid rule", []ratebudget.Check{c(a, "", "", 1), c(bad, "", "", 1)}, "bad", "Window"},
 		{"duplicate budget", []ratebudget.Check{c(a, "x", "s", 1), c(b, "x", "s", 1), c(a, "x", "s", 2)}, "a", "checks"},
 		{"duplicate budget, shared", []ratebudget.Check{c(a, "", "", 1), c(a, "", "", 1)}, "a", "checks"},

@@ -84,7 +84,8 @@ func (l *Limiter) key(dst, buf []byte, c *ratebudget.Check) ([]byte, []byte) {
 	buf = binary.AppendUvarint(buf, uint64(r.Burst))
 	if r.Algorithm == ratebudget.Calendar {
 		// Rules that differ only in their periods never share a refusal.
-		buf = append(buf, byte(r.Period), byte(r.WeekStart))
+		buf = append(buf, r.Period...)
+		buf = append(buf, 0, byte(r.WeekStart))
 		if r.Location != nil {
 			buf = append(buf, r.Location.String()...)
 		}
@@ -144,7 +145,7 @@ func (l *Limiter) cached(checks []ratebudget.Check, sent int64) (best ratebudget
 	for i := range checks {
 		c := &checks[i]
 		keys, buf = l.key(keys, buf, c)
-		exceeded = exceeded || c.Cost > c.Rule.Capacity()
+		exceeded = exceeded || c.Cost > timerule.Capacity(&c.Rule)
 		d, hit := l.cache.Lookup(keys[keyLen*i:keyLen*(i+1)], c.Cost, sameCost(&c.Rule), sent)
 		if hit && (!found || d.RetryAfter > best.RetryAfter) {
 			d.Index = i
@@ -269,7 +270,7 @@ func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outs
 // capacity, or for invalid checks.
 func (l *Limiter) repeat(checks []ratebudget.Check, outs []ratebudget.Outcome, keys, sig []byte, gens []uint64, sent int64) bool {
 	for i := range checks {
-		if checks[i].Cost > checks[i].Rule.Capacity() {
+		if checks[i].Cost > timerule.Capacity(&checks[i].Rule) {
 			return false
 		}
 	}

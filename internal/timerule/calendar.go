@@ -144,5 +144,9 @@ func slotOf(r *ratebudget.Rule) int {
 	if r.Location != nil {
 		n = len(r.Location.String())
 	}
-	return (int(r.Period)*7 + int(r.WeekStart) + n) % cacheSlots
+	k := 0
+	if r.Period != "" {
+		k = int(r.Period[0]) // 'h', 'd', 'w', 'm' or 'y': distinct
+	}
+	return (k*7 + int(r.WeekStart) + n) % cacheSlots
 }

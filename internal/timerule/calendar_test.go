@@ -136,7 +136,7 @@ func TestPeriodsTile(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	lo, hi := utc("2024-01-01T00:00:00Z").UnixMilli(), utc("2030-12-31T00:00:00Z").UnixMilli()
 	for range 5_000 {
-		p := ratebudget.Period(1 + rng.IntN(5))
+		p := []ratebudget.Period{ratebudget.Hour, ratebudget.Day, ratebudget.Week, ratebudget.Month, ratebudget.Year}[rng.IntN(5)]
 		week := time.Sunday
 		if p == ratebudget.Week {
 			week = time.Weekday(rng.IntN(7))

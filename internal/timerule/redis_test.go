@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 )
 
@@ -117,8 +118,8 @@ type tokenCase struct{ d, t, px, rate, capa, w, cost int64 }
 func randomTokenCase(rng *rand.Rand) tokenCase {
 	var c tokenCase
 	c.w = logInt64(rng, maxWindow)
-	c.capa = logInt64(rng, min(ratebudget.MaxLimit-1, MaxScaled/c.w))
-	c.rate = logInt64(rng, ratebudget.MaxLimit)
+	c.capa = logInt64(rng, min(bound.MaxLimit-1, MaxScaled/c.w))
+	c.rate = logInt64(rng, bound.MaxLimit)
 	full := c.capa * c.w
 	switch rng.IntN(4) {
 	case 0:
@@ -249,7 +250,7 @@ func TestUnspentTwinRedis(t *testing.T) {
 			value, px, args = fmt.Sprintf("%d:%d:%d", k.d, k.t, k.w), k.px, k.args
 			rule = ratebudget.Rule{Algorithm: ratebudget.TokenBucket, Limit: k.rate, Burst: k.capa, Window: Duration(k.w)}
 		} else {
-			lim, w := logInt64(rng, ratebudget.MaxLimit), logInt64(rng, maxWindow)
+			lim, w := logInt64(rng, bound.MaxLimit), logInt64(rng, maxWindow)
 			count, cost := rng.Int64N(lim+1), 1+rng.Int64N(lim)
 			if rng.IntN(2) == 0 {
 				count = 0 // a window opened by the spend

@@ -21,11 +21,23 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
 // MaxScaled bounds a token bucket's capacity × Window in ms, the scale of its deficit:
 // the bound [ratebudget.Rule.Validate] enforces (2^53, exact in a Redis Lua number).
-const MaxScaled = 1 << 53
+const MaxScaled = bound.MaxScaled
+
+// Capacity is the most cost one identity can ever spend at once under r, in cost units:
+// its Burst for a token bucket (its Limit when Burst is zero), its Limit otherwise. A
+// check whose cost exceeds it can never be admitted. It is what a [ratebudget.Decision]
+// reports as Limit.
+func Capacity(r *ratebudget.Rule) int64 {
+	if r.Algorithm == ratebudget.TokenBucket && r.Burst > 0 {
+		return r.Burst
+	}
+	return r.Limit
+}
 
 // Duration converts n ms to a Duration, saturating at the longest Duration (about 292
 // years): a token bucket of a large capacity and a slow refill may take up to 2^53 ms
@@ -205,7 +217,7 @@ func GivenBack(r *ratebudget.Rule, cost int64, o ratebudget.Outcome) ratebudget.
 	if !o.Allowed {
 		return o
 	}
-	capacity := r.Capacity()
+	capacity := Capacity(r)
 	o.Remaining = min(o.Remaining+cost, capacity)
 	switch {
 	case o.Remaining >= capacity:

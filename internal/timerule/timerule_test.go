@@ -126,7 +126,7 @@ func TestUntilAvailable(t *testing.T) {
 		{&calendar, 1, 5 * time.Hour, 5 * time.Hour}, // the period's end
 		{&calendar, 3, 5 * time.Hour, 0},
 	} {
-		if got := UntilAvailable(c.r, c.r.Capacity(), c.remaining, c.reset); got != c.want {
+		if got := UntilAvailable(c.r, Capacity(c.r), c.remaining, c.reset); got != c.want {
 			t.Errorf("%s, %d remaining, reset %v: %v, want %v", c.r.Name, c.remaining, c.reset, got, c.want)
 		}
 	}
@@ -135,5 +135,31 @@ func TestUntilAvailable(t *testing.T) {
 	}
 	if got := LeaseRetry(time.Millisecond); got != time.Millisecond {
 		t.Errorf("LeaseRetry(1ms) = %v, want 1ms", got)
+	}
+}
+
+// TestCapacity: a rule's capacity is its Burst for a token bucket whose Burst is set, its
+// Limit otherwise, and it is the Limit that ratebudget.Combine reports for the rule (the
+// root package's own copy of the formula).
+func TestCapacity(t *testing.T) {
+	for _, c := range []struct {
+		r    ratebudget.Rule
+		want int64
+	}{
+		{ratebudget.Rule{Name: "f", Limit: 10, Window: time.Second}, 10},
+		{ratebudget.Rule{Name: "t", Algorithm: ratebudget.TokenBucket, Limit: 10, Window: time.Second}, 10},
+		{ratebudget.Rule{Name: "tb", Algorithm: ratebudget.TokenBucket, Limit: 10, Burst: 25, Window: time.Second}, 25},
+		{ratebudget.Rule{Name: "tb1", Algorithm: ratebudget.TokenBucket, Limit: 10, Burst: 1, Window: time.Second}, 1},
+		{ratebudget.Rule{Name: "r", Algorithm: ratebudget.RollingWindow, Limit: 7, Window: time.Second}, 7},
+		{ratebudget.Rule{Name: "i", Algorithm: ratebudget.InFlight, Limit: 3, Window: time.Second}, 3},
+		{ratebudget.Rule{Name: "c", Algorithm: ratebudget.Calendar, Limit: 1 << 40, Period: ratebudget.Day}, 1 << 40},
+	} {
+		if got := Capacity(&c.r); got != c.want {
+			t.Errorf("Capacity(%s) = %d, want %d", c.r.Name, got, c.want)
+		}
+		d := ratebudget.Combine([]ratebudget.Check{{Rule: c.r, Cost: 1}}, []ratebudget.Outcome{{Allowed: true}})
+		if d.Limit != c.want {
+			t.Errorf("Combine's Limit for %s = %d, want %d", c.r.Name, d.Limit, c.want)
+		}
 	}
 }

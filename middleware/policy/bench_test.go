@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/israce"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/memory"
@@ -68,9 +69,9 @@ func benchHandlers(tb testing.TB, tenants int) (fromPolicy, fixed http.Handler, 
 	key := keyfuncs.Header("X-API-Key")
 	ny, _ := time.LoadLocation("America/New_York")
 	rules := []middleware.Rule{
-		{Rule: ratebudget.Rule{Name: "per-ip", Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: ip},
-		{Rule: ratebudget.Rule{Name: "hello", Limit: ratebudget.MaxLimit, Window: time.Hour}, Identity: key},
-		{Rule: ratebudget.Rule{Name: "daily", Algorithm: ratebudget.Calendar, Limit: ratebudget.MaxLimit, Period: ratebudget.Day, Location: ny}, Identity: key},
+		{Rule: ratebudget.Rule{Name: "per-ip", Limit: bound.MaxLimit, Window: time.Hour}, Identity: ip},
+		{Rule: ratebudget.Rule{Name: "hello", Limit: bound.MaxLimit, Window: time.Hour}, Identity: key},
+		{Rule: ratebudget.Rule{Name: "daily", Algorithm: ratebudget.Calendar, Limit: bound.MaxLimit, Period: ratebudget.Day, Location: ny}, Identity: key},
 	}
 	lim2, _ := memory.New()
 	plain, err := middleware.New(lim2, rules)

@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
 // compiler turns a decoded file into a Policy, refusing the first problem with the
@@ -332,8 +333,8 @@ func (c *compiler) limits(path string, r *rule, prev limits, s limitSpec) (limit
 // (the period is the window).
 func (c *compiler) calendarLimits(path string, l limits) error {
 	switch {
-	case l.Limit < 1 || l.Limit > ratebudget.MaxLimit:
-		return c.fail(path+".limit", "must be in 1..%d, got %d", int64(ratebudget.MaxLimit), l.Limit)
+	case l.Limit < 1 || l.Limit > bound.MaxLimit:
+		return c.fail(path+".limit", "must be in 1..%d, got %d", int64(bound.MaxLimit), l.Limit)
 	case l.Window != 0:
 		return c.fail(path+".window", "does not apply to a calendar rule: its period is its window")
 	case l.Burst != 0:

@@ -1,4 +1,4 @@
-package lua
+package budgetkey
 
 import (
 	"strings"
@@ -11,11 +11,11 @@ import (
 func TestKeyLayout(t *testing.T) {
 	r := ratebudget.Rule{Name: "api", Algorithm: ratebudget.TokenBucket, Limit: 1, Window: time.Second}
 	k := string(mustKey("rb", ratebudget.Check{Rule: r, Identity: "alice"}))
-	if !strings.HasPrefix(k, "rb:{") || !strings.HasSuffix(k, "}:api:token") || len(k) != len("rb:{}:api:token")+digestLen {
+	if !strings.HasPrefix(k, "rb:{") || !strings.HasSuffix(k, "}:api:token") || len(k) != len("rb:{}:api:token")+DigestLen {
 		t.Fatalf("key %q does not match rb:{<22-byte digest>}:api:token", k)
 	}
 	ks := string(mustKey("rb", ratebudget.Check{Rule: r, Identity: "alice", Scope: "/x"}))
-	if !strings.HasPrefix(ks, k+":") || len(ks) != len(k)+1+digestLen {
+	if !strings.HasPrefix(ks, k+":") || len(ks) != len(k)+1+DigestLen {
 		t.Fatalf("scoped key %q, want %q + :<digest>", ks, k)
 	}
 	seen := map[string]bool{}
@@ -33,7 +33,7 @@ func TestKeyLayout(t *testing.T) {
 }
 
 func mustKey(prefix string, c ratebudget.Check) []byte {
-	k, _, _ := newKeyer(prefix, nil).appendKey(nil, nil, &c)
+	k, _, _ := New(prefix, nil).Append(nil, nil, &c)
 	return k
 }
 
@@ -44,7 +44,7 @@ func TestKeySecret(t *testing.T) {
 	r := ratebudget.Rule{Name: "api", Limit: 1, Window: time.Second}
 	c := ratebudget.Check{Rule: r, Identity: "alice", Scope: "/x"}
 	key := func(secret []byte) string {
-		k, _, _ := newKeyer("rb", secret).appendKey(nil, nil, &c)
+		k, _, _ := New("rb", secret).Append(nil, nil, &c)
 		return string(k)
 	}
 	plain, a, a2, b := key(nil), key([]byte("secret-a-0123456789")), key([]byte("secret-a-0123456789")), key([]byte("secret-b-0123456789"))
@@ -54,15 +54,15 @@ func TestKeySecret(t *testing.T) {
 	if a == plain || a == b || b == plain {
 		t.Fatalf("keys do not depend on the secret: none %q, a %q, b %q", plain, a, b)
 	}
-	if ia, ib := a[:len("rb:{")+digestLen], b[:len("rb:{")+digestLen]; ia == ib {
+	if ia, ib := a[:len("rb:{")+DigestLen], b[:len("rb:{")+DigestLen]; ia == ib {
 		t.Fatalf("identity digest %q does not depend on the secret", ia)
 	}
 	// Slots move with the secret: of 64 identities, most land in another slot.
 	moved := 0
 	for i := range 64 {
 		c := ratebudget.Check{Rule: r, Identity: strings.Repeat("x", i)}
-		_, s1, _ := newKeyer("rb", []byte("secret-a-0123456789")).appendKey(nil, nil, &c)
-		_, s2, _ := newKeyer("rb", []byte("secret-b-0123456789")).appendKey(nil, nil, &c)
+		_, s1, _ := New("rb", []byte("secret-a-0123456789")).Append(nil, nil, &c)
+		_, s2, _ := New("rb", []byte("secret-b-0123456789")).Append(nil, nil, &c)
 		if s1 != s2 {
 			moved++
 		}
@@ -75,13 +75,13 @@ func TestKeySecret(t *testing.T) {
 func TestKeySlot(t *testing.T) {
 	// Values from the Redis Cluster specification and CLUSTER KEYSLOT.
 	for tag, want := range map[string]uint16{"123456789": 0x31C3 & 16383, "foo": 12182, "bar": 5061, "": 0} {
-		if got := keySlot([]byte(tag)); got != want {
-			t.Errorf("keySlot(%q) = %d, want %d", tag, got, want)
+		if got := Slot([]byte(tag)); got != want {
+			t.Errorf("Slot(%q) = %d, want %d", tag, got, want)
 		}
 	}
 }
 
-func BenchmarkAppendKey(b *testing.B) {
+func BenchmarkAppend(b *testing.B) {
 	r := ratebudget.Rule{Name: "api", Limit: 1, Window: time.Second}
 	c := ratebudget.Check{Rule: r, Identity: "203.0.113.7", Scope: "/v1/items/{id}"}
 	for _, tc := range []struct {
@@ -89,11 +89,11 @@ func BenchmarkAppendKey(b *testing.B) {
 		secret []byte
 	}{{"unkeyed", nil}, {"keyed", []byte("0123456789abcdef")}} {
 		b.Run(tc.name, func(b *testing.B) {
-			k := newKeyer("rb", tc.secret)
+			k := New("rb", tc.secret)
 			var buf, scratch []byte
 			b.ReportAllocs()
 			for b.Loop() {
-				buf, _, scratch = k.appendKey(buf[:0], scratch, &c)
+				buf, _, scratch = k.Append(buf[:0], scratch, &c)
 			}
 		})
 	}

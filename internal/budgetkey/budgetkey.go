@@ -1,4 +1,8 @@
-package lua
+// Package budgetkey builds the Redis keys of package lua's budgets: the one definition
+// of their layout, <prefix>:{<identity digest>}:<rule name>:<algorithm>[:<scope digest>],
+// which package lua decides with and the tests of other packages (the middleware's,
+// the integration tests) read budgets by. A Keyer is safe for concurrent use.
+package budgetkey
 
 import (
 	"crypto/hmac"
@@ -11,8 +15,8 @@ import (
 	"github.com/ratebudget/ratebudget"
 )
 
-// digestLen is the length of an encoded digest: 16 bytes in unpadded base64url.
-const digestLen = 22
+// DigestLen is the length of an encoded digest: 16 bytes in unpadded base64url.
+const DigestLen = 22
 
 // Domain tags keep an identity's digest distinct from a scope's digest of the same bytes.
 const (
@@ -20,15 +24,17 @@ const (
 	tagScope    = 's'
 )
 
-// keyer builds budget keys. With a secret, digests are HMAC-SHA-256 keyed by it, so
+// Keyer builds budget keys. With a secret, digests are HMAC-SHA-256 keyed by it, so
 // that nobody without the secret can predict which hash slot an identity lands in.
-type keyer struct {
+type Keyer struct {
 	prefix string
 	macs   *sync.Pool // of hash.Hash keyed by the secret; nil: unkeyed SHA-256
 }
 
-func newKeyer(prefix string, secret []byte) keyer {
-	k := keyer{prefix: prefix}
+// New returns the Keyer of a limiter of prefix (lua.WithPrefix, "rb" by default) and
+// secret (lua.WithKeySecret, nil without), which it copies.
+func New(prefix string, secret []byte) Keyer {
+	k := Keyer{prefix: prefix}
 	if secret != nil {
 		secret := append([]byte(nil), secret...)
 		k.macs = &sync.Pool{New: func() any { return hmac.New(sha256.New, secret) }}
@@ -39,7 +45,7 @@ func newKeyer(prefix string, secret []byte) keyer {
 // appendDigest appends the base64url encoding of the first 128 bits of
 // SHA-256("ratebudget" || tag || uvarint(len(s)) || s), or of its HMAC under the
 // secret, to dst. scratch is a reusable buffer, returned grown.
-func (k keyer) appendDigest(dst, scratch []byte, tag byte, s string) ([]byte, []byte) {
+func (k Keyer) appendDigest(dst, scratch []byte, tag byte, s string) ([]byte, []byte) {
 	scratch = append(scratch[:0], "ratebudget"...)
 	scratch = append(scratch, tag)
 	scratch = binary.AppendUvarint(scratch, uint64(len(s)))
@@ -57,15 +63,16 @@ func (k keyer) appendDigest(dst, scratch []byte, tag byte, s string) ([]byte, []
 	return base64.RawURLEncoding.AppendEncode(dst, sum[:16]), scratch
 }
 
-// appendKey appends the budget key of c to dst:
+// Append appends the budget key of c to dst:
 // <prefix>:{<identity digest>}:<rule name>:<algorithm>[:<scope digest>].
-// It returns the key, the hash slot of its tag and the scratch buffer.
-func (k keyer) appendKey(dst, scratch []byte, c *ratebudget.Check) ([]byte, uint16, []byte) {
+// It returns the key, the hash slot of its tag and the scratch buffer, a reusable
+// buffer returned grown.
+func (k Keyer) Append(dst, scratch []byte, c *ratebudget.Check) ([]byte, uint16, []byte) {
 	dst = append(dst, k.prefix...)
 	dst = append(dst, ":{"...)
 	start := len(dst)
 	dst, scratch = k.appendDigest(dst, scratch, tagIdentity, c.Identity)
-	slot := keySlot(dst[start:])
+	slot := Slot(dst[start:])
 	dst = append(dst, "}:"...)
 	dst = append(dst, c.Rule.Name...)
 	dst = append(dst, ':')
@@ -77,8 +84,15 @@ func (k keyer) appendKey(dst, scratch []byte, c *ratebudget.Check) ([]byte, uint
 	return dst, slot, scratch
 }
 
-// keySlot is the Redis Cluster hash slot of a hash tag: CRC16 (XMODEM) mod 16384.
-func keySlot(tag []byte) uint16 {
+// Key is the budget key of c, as a string: for tests and tools, which read a budget's
+// state in Redis.
+func (k Keyer) Key(c ratebudget.Check) string {
+	key, _, _ := k.Append(nil, nil, &c)
+	return string(key)
+}
+
+// Slot is the Redis Cluster hash slot of a hash tag: CRC16 (XMODEM) mod 16384.
+func Slot(tag []byte) uint16 {
 	var crc uint16
 	for _, b := range tag {
 		crc = crc<<8 ^ crc16Table[byte(crc>>8)^b]

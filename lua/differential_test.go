@@ -167,8 +167,8 @@ const calendarMargin = 2 * time.Second
 // calendarWaits is how far a ResetAfter or RetryAfter of the calendar walk may be from
 // Memory's: the time between reading the server's clock and the last limiter's script
 // call, twice (a fixed window's end is set by the first spend, a token bucket's level by
-// the last), on a loaded machine. A period of another zone or length ends at least 15
-// minutes, most hours, away.
+// the last), on a loaded machine. A day of another zone ends hours away, and an hour of
+// Asia/Kathmandu 15 minutes away from the others'.
 const calendarWaits = time.Second
 
 // calendarRules are the calendar walk's Calendar rules: an hour and a day of UTC (the
@@ -186,8 +186,8 @@ func calendarRules(t *testing.T) []ratebudget.Rule {
 			}
 		}
 		for _, p := range []ratebudget.Period{ratebudget.Hour, ratebudget.Day} {
-			rules = append(rules, ratebudget.Rule{Name: fmt.Sprintf("calendar-%s-%s", p, strings.ReplaceAll(zone, "/", ".")), Algorithm: ratebudget.Calendar,
-				Limit: limit, Period: p, Location: loc})
+			name := fmt.Sprintf("calendar-%s-%s", p, strings.ReplaceAll(zone, "/", ".")) // names take no '/'
+			rules = append(rules, ratebudget.Rule{Name: name, Algorithm: ratebudget.Calendar, Limit: limit, Period: p, Location: loc})
 			limit++
 		}
 	}
@@ -225,10 +225,10 @@ type walkOptions struct {
 const shortLease = time.Second
 
 // sameDecisions runs 1,500 random decisions on a memory.Limiter whose clock is driven
-// by the walk (stopped, but for the steps of walkOptions.settles) and on each of
-// limiters, whose keys live on servers, and fails on the first answer that differs:
-// admitted or not, exceeded or not, and the remaining units whenever both report the
-// same rule. (Which rule is reported may differ: among equal candidates it depends on
+// by the walk (stopped, but for the steps of walkOptions.settles; the server's with
+// walkOptions.calendar) and on each of limiters, whose keys live on servers, and fails
+// on the first answer that differs: admitted or not, exceeded or not, and the remaining
+// units whenever both report the same rule. (Which rule is reported may differ: among equal candidates it depends on
 // waits, which move with Redis's clock and not with the stopped one.) Windows are hours
 // long, so the seconds the walk takes on the server's clock move no budget: a token
 // bucket refills less than one unit in that time. With walkOptions.settles, the walk also

@@ -10,12 +10,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	_ "time/tzdata" // the walk's zones, whatever the machine has installed
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
+	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/memory"
 )
@@ -129,6 +131,69 @@ func TestSameSettlesAsMemory(t *testing.T) {
 	}
 }
 
+// TestSameDecisionsAsMemoryOnCalendars is the walk of TestSameDecisionsAsMemory
+// (subtest decisions) and of TestSameOutcomesAsMemory (outcomes) with Calendar rules
+// among its rules: hours and days of UTC, America/New_York and Asia/Kathmandu (whose
+// hours begin at UTC :15), at costs up to their limits, in decisions with the fixed
+// windows, rolling windows and token buckets. A calendar period is anchored to absolute
+// time, and Redis's is the server's clock: Memory's clock is set to the server's before
+// each decision, so that both decide in the same periods (see walkOptions.calendar), and
+// every ResetAfter and RetryAfter is compared to within calendarWaits.
+func TestSameDecisionsAsMemoryOnCalendars(t *testing.T) {
+	for _, each := range []bool{false, true} {
+		t.Run(map[bool]string{false: "decisions", true: "outcomes"}[each], func(t *testing.T) {
+			t.Parallel() // a server each, so that each walk counts its own refunds
+			c := redistest.Start(t).Client(t)
+			opts := []lua.Option{lua.WithRefusalCache(0)}
+			sameDecisions(t, walkOptions{each: each, calendar: true, waits: calendarWaits}, []*redis.Client{c}, []namedLimiter{
+				{"pool", newLimiter(t, c, opts...)},
+				{"coalesced", newLimiter(t, c, append(opts, lua.WithCoalescing(64))...)},
+				{"one-server", newLimiter(t, c, append(opts, lua.WithOneServer())...)},
+				// The refusal cache keeps a calendar refusal until the period's end.
+				{"one-server-refusal-cache", newLimiter(t, c, lua.WithOneServer())},
+				{"demo", newLimiter(t, c, lua.WithOneServer(), lua.WithCoalescing(256))},
+			})
+		})
+	}
+}
+
+// calendarMargin is how near the start or end of a Calendar check's period, on the
+// server's clock, a decision of the calendar walk is skipped: near the end, the server
+// might decide it in the next period, after Memory decided in this one; near the start,
+// a refusal of the last period might still be in the refusal cache, which keeps it
+// until its RetryAfter has passed since the reply arrived.
+const calendarMargin = 2 * time.Second
+
+// calendarWaits is how far a ResetAfter or RetryAfter of the calendar walk may be from
+// Memory's: the time between reading the server's clock and the last limiter's script
+// call, twice (a fixed window's end is set by the first spend, a token bucket's level by
+// the last), on a loaded machine. A day of another zone ends hours away, and an hour of
+// Asia/Kathmandu 15 minutes away from the others'.
+const calendarWaits = time.Second
+
+// calendarRules are the calendar walk's Calendar rules: an hour and a day of UTC (the
+// zero Location), America/New_York and Asia/Kathmandu, each with a limit of its own.
+func calendarRules(t *testing.T) []ratebudget.Rule {
+	t.Helper()
+	var rules []ratebudget.Rule
+	limit := int64(4)
+	for _, zone := range []string{"UTC", "America/New_York", "Asia/Kathmandu"} {
+		var loc *time.Location
+		if zone != "UTC" {
+			var err error
+			if loc, err = time.LoadLocation(zone); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range []ratebudget.Period{ratebudget.Hour, ratebudget.Day} {
+			name := fmt.Sprintf("calendar-%s-%s", p, strings.ReplaceAll(zone, "/", ".")) // names take no '/'
+			rules = append(rules, ratebudget.Rule{Name: name, Algorithm: ratebudget.Calendar, Limit: limit, Period: p, Location: loc})
+			limit++
+		}
+	}
+	return rules
+}
+
 // walkOptions selects what sameDecisions does besides deciding.
 type walkOptions struct {
 	// each decides through AllowEach (and Reserve with outcomes) and compares every
@@ -138,9 +203,16 @@ type walkOptions struct {
 	// settles reserves, settles and renews between the decisions, with in-flight rules;
 	// the limiters must implement ratebudget.Settler and live on servers[0].
 	settles bool
-	// waits, when not zero, is how far each check's ResetAfter and RetryAfter may be
-	// from Memory's (with each): how far Memory's clock may be from the server's.
+	// waits, when not zero, is how far each check's ResetAfter and RetryAfter (with
+	// each), and the reported rule's, may be from Memory's: how far Memory's clock may
+	// be from the server's.
 	waits time.Duration
+	// calendar adds the Calendar rules of calendarRules to the walk's rules, at costs
+	// from 1 to their limits, and sets Memory's clock to the server's (TIME) before each
+	// decision; a decision with a Calendar check whose period began or ends within
+	// calendarMargin of the server's clock is skipped. Not with settles, whose clock is
+	// the walk's.
+	calendar bool
 }
 
 // shortLease is the TTL of the walk's short in-flight rule. Its leases are taken only in
@@ -153,10 +225,10 @@ type walkOptions struct {
 const shortLease = time.Second
 
 // sameDecisions runs 1,500 random decisions on a memory.Limiter whose clock is driven
-// by the walk (stopped, but for the steps of walkOptions.settles) and on each of
-// limiters, whose keys live on servers, and fails on the first answer that differs:
-// admitted or not, exceeded or not, and the remaining units whenever both report the
-// same rule. (Which rule is reported may differ: among equal candidates it depends on
+// by the walk (stopped, but for the steps of walkOptions.settles; the server's with
+// walkOptions.calendar) and on each of limiters, whose keys live on servers, and fails
+// on the first answer that differs: admitted or not, exceeded or not, and the remaining
+// units whenever both report the same rule. (Which rule is reported may differ: among equal candidates it depends on
 // waits, which move with Redis's clock and not with the stopped one.) Windows are hours
 // long, so the seconds the walk takes on the server's clock move no budget: a token
 // bucket refills less than one unit in that time. With walkOptions.settles, the walk also
@@ -175,6 +247,12 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 	t.Helper()
 	refunds := countRefunds(t, servers)
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
+	if o.calendar {
+		if o.settles {
+			t.Fatal("a calendar walk does not settle: its clock is the server's")
+		}
+		clock = limitertest.NewFakeClock(serverNow(t, servers[0]))
+	}
 	mem, err := memory.New(memory.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
@@ -193,6 +271,9 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 		burst,
 		rule(ratebudget.FixedWindow, 8, 2), // a cost of 3 exceeds it: Exceeded
 	}
+	if o.calendar {
+		rules = append(rules, calendarRules(t)...)
+	}
 	hotRules := rules
 	if o.settles {
 		rules = append(rules, rule(ratebudget.InFlight, 9, 3)) // leases outlive the walk
@@ -204,7 +285,7 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 	scopes := []string{"", "/reports"}
 	rng := w.rng
 	var recent [][]ratebudget.Check
-	for i := range 1500 {
+	for i := 0; i < 1500; i++ {
 		n := 1 + rng.IntN(4)
 		checks := make([]ratebudget.Check, 0, n)
 		seen := map[[3]int]bool{}
@@ -229,8 +310,11 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 			}
 			seen[[3]int{r, id, sc}] = true
 			c := ratebudget.Check{Rule: pool[r], Identity: fmt.Sprintf("id-%d", id), Scope: scopes[sc], Cost: 1 + rng.Int64N(3)}
-			if c.Rule.Algorithm == ratebudget.InFlight {
+			switch c.Rule.Algorithm {
+			case ratebudget.InFlight:
 				c.Cost = 1
+			case ratebudget.Calendar:
+				c.Cost = 1 + rng.Int64N(c.Rule.Limit)
 			}
 			checks = append(checks, c)
 		}
@@ -241,6 +325,10 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 			}
 		}
 		if !o.settles {
+			if o.calendar && !w.serverClock(checks) {
+				i-- // skipped: another is drawn in its place
+				continue
+			}
 			w.decide(i, checks, false)
 			continue
 		}
@@ -270,6 +358,20 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 	}
 	if o.each && w.unspent < 200 {
 		t.Fatal("want at least 200 outcomes compared of checks that fit in refused decisions")
+	}
+	if o.calendar {
+		cal := &w.cal
+		t.Logf("calendar: %d decisions skipped near a period's start or end; %d decisions with a Calendar check, %d of them with "+
+			"a fixed window or token bucket; %d refused by a Calendar rule; its remaining compared %d times; "+
+			"%d Calendar outcomes compared", cal.skipped, cal.decisions, cal.mixed, cal.refused, cal.compared, cal.outcomes)
+		// About half the counts of a walk that skips nothing (900-930 decisions, 580-640
+		// mixed, 370-400 refused, 580-590 and 1,330 per limiter compared).
+		if cal.decisions < 450 || cal.mixed < 290 || cal.refused < 180 || cal.compared < 280*len(limiters) ||
+			o.each && cal.outcomes < 650*len(limiters) {
+			t.Fatalf("want at least 450 decisions with a Calendar check, 290 with a fixed window or token bucket too; "+
+				"180 refused by a Calendar rule; its remaining compared %d times; with outcomes, %d Calendar outcomes compared",
+				280*len(limiters), 650*len(limiters))
+		}
 	}
 	if !o.settles {
 		// (With settles, give-backs send the same commands: the count says nothing.)
@@ -332,6 +434,46 @@ type diffWalk struct {
 	// Memory's since.
 	began time.Time
 	st    settleStats
+	cal   calendarStats
+}
+
+// calendarStats is what a calendar walk covered.
+type calendarStats struct {
+	// skipped counts the decisions skipped near a period's start or end; decisions those with a
+	// Calendar check (not skipped), mixed those with a fixed window or token bucket
+	// check too.
+	skipped, decisions, mixed int
+	// refused counts the decisions refused by a Calendar rule, compared the reported
+	// Calendar rules' remaining units compared, outcomes the Calendar checks' outcomes
+	// compared (per limiter).
+	refused, compared, outcomes int
+}
+
+// serverClock sets Memory's clock to the server's before decision checks of a calendar
+// walk and reports whether to make it: not when a Calendar check's period began or ends
+// within calendarMargin of the server's clock.
+func (w *diffWalk) serverClock(checks []ratebudget.Check) bool {
+	now := w.serverNow()
+	for _, c := range checks {
+		if c.Rule.Algorithm != ratebudget.Calendar {
+			continue
+		}
+		start, end := timerule.PeriodOf(now, c.Rule.Period, c.Rule.Location, c.Rule.WeekStart)
+		if now.Sub(start) < calendarMargin || end.Sub(now) < calendarMargin {
+			w.cal.skipped++
+			return false
+		}
+	}
+	if d := now.Sub(w.clock.Now()); d > 0 {
+		w.clock.Advance(d)
+	}
+	if hasAlgorithm(checks, ratebudget.Calendar) {
+		w.cal.decisions++
+		if hasAlgorithm(checks, ratebudget.FixedWindow) || hasAlgorithm(checks, ratebudget.TokenBucket) {
+			w.cal.mixed++
+		}
+	}
+	return true
 }
 
 // settleStats is what the settles of a walk covered.
@@ -393,6 +535,9 @@ func (w *diffWalk) decide(i int, checks []ratebudget.Check, reserve bool) *reser
 		if want.Index < len(checks) && checks[want.Index].Rule.Algorithm == ratebudget.InFlight {
 			w.st.leaseRefused++
 		}
+		if want.Index < len(checks) && checks[want.Index].Rule.Algorithm == ratebudget.Calendar {
+			w.cal.refused++
+		}
 	}
 	for k, nl := range w.limiters {
 		var got ratebudget.Decision
@@ -429,13 +574,21 @@ func (w *diffWalk) decide(i int, checks []ratebudget.Check, reserve bool) *reser
 			if !want.Allowed && m.Allowed {
 				w.unspent++
 			}
+			if checks[j].Rule.Algorithm == ratebudget.Calendar {
+				w.cal.outcomes++
+			}
 		}
 		if got.Allowed != want.Allowed || got.Exceeded != want.Exceeded ||
-			got.Index == want.Index && !w.sameRemaining(got.Remaining, want.Remaining, checks[want.Index].Rule) {
+			got.Index == want.Index && !w.sameRemaining(got.Remaining, want.Remaining, checks[want.Index].Rule) ||
+			w.o.waits > 0 && got.Index == want.Index && (!near(got.ResetAfter, want.ResetAfter, w.o.waits) ||
+				!near(got.RetryAfter, want.RetryAfter, w.o.waits) || (got.RetryAfter > 0) != (want.RetryAfter > 0)) {
 			t.Fatalf("decision %d (reserve %v) of %+v:\n%s: %+v\nmemory: %+v", i, reserve, checks, nl.name, got, want)
 		}
 		if got.Index == want.Index {
 			w.compared++
+			if checks[want.Index].Rule.Algorithm == ratebudget.Calendar {
+				w.cal.compared++
+			}
 		}
 		if reserve {
 			for j, tk := range res.lua[k] {

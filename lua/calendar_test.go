@@ -221,8 +221,9 @@ func TestCalendarSettleRedis(t *testing.T) {
 // caller's clock: one call within a period, two when the clock is off by more (the
 // script names the server's time, and the charge is sent again around it), by each of
 // the three routes a charge takes (settle.lua with the reservation's marker, settle.lua
-// without one, allow.lua alone). A Renew sends nothing for a Calendar check: the
-// lease's renewal next to it is one call whatever the caller's clock.
+// without one, allow.lua alone), and by the repairs for a settle whose call failed.
+// A Renew sends nothing for a Calendar check: the lease's renewal next to it is one
+// call whatever the caller's clock.
 func TestCalendarSettleCallerClockOff(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)

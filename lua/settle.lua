@@ -31,7 +31,7 @@
 --          charged check, or the server's time in none of a charged calendar check's
 --          periods: allow.lua's replies, whose check numbers count the charged checks
 --          only) comes before any write but allow.lua's trims of aged events (a
---          reservation's marker, read before, is put back as it was).
+--          reservation's marker, read before, is put back, its TTL anew).
 --          A command that fails after the group's first write (one the user may not
 --          run, say) is an error reply starting 'ERR ratebudget: settle partly
 --          written': Redis keeps the writes before it.

@@ -2,6 +2,9 @@ package lua_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -208,5 +211,181 @@ func TestCalendarSettleRedis(t *testing.T) {
 	}
 	if got := remaining(); got != 2 {
 		t.Fatalf("after a cancel: Remaining %d, want 2", got)
+	}
+}
+
+// TestCalendarSettleCallerClockOff: a settle of a Calendar reservation whose caller's
+// clock is off by more than a period is made in the server's period, as a decision is.
+// A give-back works from the ticket's period start and never misses: one call. A charge
+// above the reservation is decided by allow.lua's code in the periods around the
+// caller's clock: one call within a period, two when the clock is off by more (the
+// script names the server's time, and the charge is sent again around it), by each of
+// the three routes a charge takes (settle.lua with the reservation's marker, settle.lua
+// without one, allow.lua alone), and by the repairs for a settle whose call failed.
+// A Renew sends nothing for a Calendar check: the lease's renewal next to it is one
+// call whatever the caller's clock.
+func TestCalendarSettleCallerClockOff(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	control := srv.Client(t)
+	hook := countCommands(c)
+	fail := &failNextSettle{sha: sha1hex(lua.SettleSource)}
+	c.AddHook(fail)
+	ctx := context.Background()
+	warm := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "warm-up", Limit: 1, Window: time.Second}, Cost: 1}}
+	wl := newLimiter(t, c)
+	if _, err := wl.Reserve(ctx, warm, make([]ratebudget.Ticket, 1), nil); err != nil { // loads allow.lua
+		t.Fatal(err)
+	}
+	if err := wl.Settle(ctx, warm, []ratebudget.Ticket{{At: 1, ID: 1}}, nil); err != nil { // and settle.lua
+		t.Fatal(err)
+	}
+	start := serverNow(t, control)
+	loc := midZone(start, ratebudget.Hour)
+	ls := start.In(loc)
+	hourStart := time.Date(ls.Year(), ls.Month(), ls.Day(), ls.Hour(), 0, 0, 0, loc)
+	hourEnd := hourStart.Add(time.Hour)
+	if ls.Minute() < 10 || ls.Minute() > 50 {
+		t.Fatalf("the zone puts %v at minute %d, want about 30", start, ls.Minute())
+	}
+	for _, tc := range []struct {
+		name  string
+		off   time.Duration
+		calls int // a charge's script calls
+	}{
+		{"minutes_ahead", 7 * time.Minute, 1},
+		{"minutes_behind", -7 * time.Minute, 1},
+		{"hours_ahead", 3 * time.Hour, 2},
+		{"hours_behind", -5 * time.Hour, 2},
+		{"a_day_ahead", 25 * time.Hour, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLimiter(t, c, lua.WithOneServer())
+			lua.SetClock(l, func() time.Time { return time.Now().Add(tc.off) })
+			r := ratebudget.Rule{Name: "hourly", Algorithm: ratebudget.Calendar, Limit: 40, Period: ratebudget.Hour, Location: loc}
+			a := ratebudget.Check{Rule: r, Identity: "a", Cost: 4}
+			b := ratebudget.Check{Rule: r, Identity: "b", Cost: 4}
+			lease := ratebudget.Check{Rule: ratebudget.Rule{Name: "conc", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute}, Identity: "a", Cost: 1}
+			remaining := func(ch ratebudget.Check) int64 {
+				t.Helper()
+				ch.Cost = r.Limit + 1 // exceeds: spends nothing
+				d, err := l.Allow(ctx, []ratebudget.Check{ch})
+				if err != nil || !d.Exceeded {
+					t.Fatalf("probe: %+v, %v", d, err)
+				}
+				return d.Remaining
+			}
+			step := func(what string, calls int, f func() error) {
+				t.Helper()
+				hook.take()
+				if err := f(); err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				if n := hook.take(); n["evalsha"] != calls || n["eval"] != 0 {
+					t.Fatalf("%s: %v, want %d EVALSHA", what, n, calls)
+				}
+			}
+			tickets := make([]ratebudget.Ticket, 2)
+			reserve := func(checks ...ratebudget.Check) {
+				t.Helper()
+				step("Reserve", tc.calls, func() error {
+					d, err := l.Reserve(ctx, checks, tickets, nil)
+					if err == nil && !d.Allowed {
+						t.Fatalf("Reserve: %+v", d)
+					}
+					return err
+				})
+				if tickets[0].At != hourStart.UnixMilli() {
+					t.Fatalf("ticket %+v, want At the server's period's start %d", tickets[0], hourStart.UnixMilli())
+				}
+			}
+			settle := func(what string, calls int, checks []ratebudget.Check, costs ...int64) {
+				t.Helper()
+				step(what, calls, func() error { return l.Settle(ctx, checks, tickets, costs) })
+			}
+
+			// Through settle.lua with the reservation's marker: given back, then charged.
+			reserve(a)
+			settle("settle lower", 1, []ratebudget.Check{a}, 1)
+			if got := remaining(a); got != 39 {
+				t.Fatalf("settled at 1: Remaining %d, want 39", got)
+			}
+			reserve(a)
+			settle("settle higher", tc.calls, []ratebudget.Check{a}, 7)
+			if got := remaining(a); got != 32 {
+				t.Fatalf("settled at 7: Remaining %d, want 32", got)
+			}
+			// A reservation's renewal: the lease's alone.
+			reserve(a, lease)
+			step("Renew", 1, func() error { return l.Renew(ctx, []ratebudget.Check{a, lease}, tickets) })
+			settle("settle with the lease", 1, []ratebudget.Check{a, lease}, 4, 0)
+			if got := remaining(a); got != 28 {
+				t.Fatalf("after the settle with the lease: Remaining %d, want 28", got)
+			}
+			// Without a marker (tickets of no reservation): settle.lua, then allow.lua
+			// alone for a charge only.
+			reserve(a, b)
+			tickets[0].Reservation, tickets[1].Reservation = 0, 0
+			settle("settle of two, unmarked", tc.calls, []ratebudget.Check{a, b}, 5, 2)
+			reserve(a)
+			tickets[0].Reservation = 0
+			settle("charge only, unmarked", tc.calls, []ratebudget.Check{a}, 6)
+			if ra, rb := remaining(a), remaining(b); ra != 40-8-4-5-6 || rb != 40-2 {
+				t.Fatalf("after the unmarked settles: Remaining %d and %d, want %d and %d", ra, rb, 40-8-4-5-6, 40-2)
+			}
+			if rs := l.Repairs(); rs != (lua.RepairStats{}) {
+				t.Fatalf("repairs %+v, want none: every settle landed", rs)
+			}
+			// A reservation's settle whose call fails unsent is re-sent by the repairs
+			// with the periods around the caller's clock: a miss, on which the marker is
+			// put back, then around the server's time, applied once.
+			reserve(a)
+			fail.calls.Store(0)
+			fail.next.Store(1)
+			if err := l.Settle(ctx, []ratebudget.Check{a}, tickets, []int64{6}); err == nil {
+				t.Fatal("Settle: no error, want the failed call's")
+			}
+			if rs := awaitRepairs(t, l); rs != (lua.RepairStats{Queued: 1, Landed: 1}) {
+				t.Fatalf("repairs %+v, want one queued and landed", rs)
+			}
+			if n := fail.calls.Load(); n != int64(1+tc.calls) {
+				t.Fatalf("%d settle.lua calls, want %d: the failed one and the repair's", n, 1+tc.calls)
+			}
+			if got := remaining(a); got != 40-8-4-5-6-6 {
+				t.Fatalf("after the repaired settle: Remaining %d, want %d", got, 40-8-4-5-6-6)
+			}
+			for _, ch := range []ratebudget.Check{a, b} {
+				exp := control.PExpireTime(ctx, l.Key(ch)).Val()
+				if exp != time.Duration(hourEnd.UnixMilli())*time.Millisecond {
+					t.Fatalf("PEXPIRETIME of %s = %v, want the server's period's end %d ms", ch.Identity, exp, hourEnd.UnixMilli())
+				}
+			}
+		})
+	}
+}
+
+// failNextSettle is a go-redis hook that fails the next settle.lua calls, as many as
+// next says, without sending them, and counts every settle.lua call.
+type failNextSettle struct {
+	sha         string
+	next, calls atomic.Int64
+}
+
+func (h *failNextSettle) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *failNextSettle) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *failNextSettle) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) > 1 && fmt.Sprint(args[1]) == h.sha {
+			h.calls.Add(1)
+			if h.next.Add(-1) >= 0 {
+				err := errors.New("injected: settle not sent")
+				cmd.SetErr(err)
+				return err
+			}
+			h.next.Store(0)
+		}
+		return next(ctx, cmd)
 	}
 }

@@ -712,17 +712,8 @@ func (c *core) allow(ctx context.Context, d *decision, g []int, write bool) (boo
 		keys = append(keys, markerKey(d.keys[g[0]], d.rid))
 		args = append(args, markerTTLArg)
 	}
-	v, err := c.run(ctx, allowScript, allowSource, keys, args)
-	if server, ok := calendarMiss(err); ok {
-		// The caller's clock is off by more than a period: the periods around the
-		// server's clock, once.
-		for i, j := range g {
-			if r := &d.checks[j].Rule; r.Algorithm == ratebudget.Calendar {
-				args[3+5*i] = c.window(r, &server)
-			}
-		}
-		v, err = c.run(ctx, allowScript, allowSource, keys, args)
-	}
+	v, err := c.runAround(ctx, allowScript, allowSource, keys, args, len(g), 5,
+		func(i int) *ratebudget.Rule { return &d.checks[g[i]].Rule })
 	if err != nil {
 		return false, classify(err)
 	}
@@ -744,7 +735,8 @@ func (c *core) window(r *ratebudget.Rule, now *int64) any {
 }
 
 // calendarMissPrefix starts allow.lua's error reply when the server's clock is in none
-// of a Calendar check's periods; the server's time (Unix ms) follows.
+// of a Calendar check's periods (also through settle.lua, whose charges above a
+// reservation are allow.lua's); the server's time (Unix ms) follows.
 const calendarMissPrefix = "ERR ratebudget: calendar periods miss server time "
 
 // calendarMiss reports whether err is allow.lua's reply that the server's clock is in
@@ -759,6 +751,27 @@ func calendarMiss(err error) (int64, bool) {
 	}
 	ms, perr := strconv.ParseInt(rest, 10, 64)
 	return ms, perr == nil && ms > 0
+}
+
+// runAround runs script as run does. When the reply is allow.lua's that the server's
+// clock is in none of a Calendar check's periods (the caller's clock is off by more than
+// a period), it sets the window argument of each Calendar check i < n, rule(i), to the
+// periods around the server's time, and runs script once more with them. The checks'
+// arguments are allow.lua's layout or settle.lua's: check i's window is args[3+stride*i]
+// (stride 5 for allow.lua, 9 for settle.lua). args keeps the new windows, so that a call
+// sent again later is sent with them.
+func (c *core) runAround(ctx context.Context, script *redis.Script, src string, keys []string, args []any, n, stride int, rule func(i int) *ratebudget.Rule) (any, error) {
+	v, err := c.run(ctx, script, src, keys, args)
+	server, ok := calendarMiss(err)
+	if !ok {
+		return v, err
+	}
+	for i := range n {
+		if r := rule(i); r.Algorithm == ratebudget.Calendar {
+			args[3+stride*i] = c.window(r, &server)
+		}
+	}
+	return c.run(ctx, script, src, keys, args)
 }
 
 // Backoff between script calls answered TRYAGAIN: the first wait, and the longest; and

@@ -109,16 +109,17 @@ type repairs struct {
 // repairJob is one settle.lua call to make: keys end with the marker, args are
 // settle.lua's, with mode 'void' or 'retry'.
 type repairJob struct {
-	ctx   context.Context // without cancel: for the client's hooks
-	keys  []string
-	args  []any
-	until time.Time
-	done  func() // after it landed, if not nil
+	ctx    context.Context // without cancel: for the client's hooks
+	keys   []string
+	args   []any
+	checks []ratebudget.Check // the call's checks, in the order of their arguments
+	until  time.Time
+	done   func() // after it landed, if not nil
 }
 
-// add takes on job.
-func (r *repairs) add(ctx context.Context, keys []string, args []any, done func()) {
-	job := &repairJob{ctx: context.WithoutCancel(ctx), keys: keys, args: args, until: time.Now().Add(markerTTL), done: done}
+// add takes on the call of settle.lua with keys and args, of checks.
+func (r *repairs) add(ctx context.Context, keys []string, args []any, checks []ratebudget.Check, done func()) {
+	job := &repairJob{ctx: context.WithoutCancel(ctx), keys: keys, args: args, checks: checks, until: time.Now().Add(markerTTL), done: done}
 	r.mu.Lock()
 	if len(r.queue)+r.sending >= repairMax {
 		r.mu.Unlock()
@@ -194,7 +195,10 @@ func (r *repairs) send(job *repairJob) (ok bool) {
 	}()
 	ctx, cancel := context.WithTimeout(job.ctx, repairTimeout)
 	defer cancel()
-	v, err := r.c.run(ctx, settleScript, settleSource, job.keys, job.args)
+	// A charge whose calendar periods, computed around the caller's clock, miss the
+	// server's time is sent again around it, as the settle itself is.
+	v, err := r.c.runAround(ctx, settleScript, settleSource, job.keys, job.args, len(job.checks), 9,
+		func(i int) *ratebudget.Rule { return &job.checks[i].Rule })
 	if err == nil {
 		if vals, isArray := v.([]any); !isArray || len(vals) != len(job.keys)-1 {
 			err = badReply("repair: unexpected reply")
@@ -252,5 +256,5 @@ func (c *core) void(ctx context.Context, d *decision, g []int) {
 	if c.gaveBack != nil {
 		done = func() { c.gaveBack(checks) }
 	}
-	c.repair.add(ctx, keys, args, done)
+	c.repair.add(ctx, keys, args, checks, done)
 }

@@ -178,7 +178,7 @@ func (c *core) settle(ctx context.Context, checks []ratebudget.Check, tickets []
 type settleCall struct {
 	args   []any
 	gkeys  []string
-	checks []ratebudget.Check // the group's checks settled, when marked
+	checks []ratebudget.Check // the group's checks settled, in the order of their arguments
 	marked bool               // a reservation's settle: gkeys ends with its marker
 	charge bool               // only extras: allow.lua's mode '3'
 	err    error
@@ -250,9 +250,9 @@ func (c *core) settleGroup(checks []ratebudget.Check, tickets []ratebudget.Ticke
 	case extras != nil:
 		// Only extras: allow.lua's mode '3' itself, the code settle.lua would run for
 		// them, without settle.lua's own work.
-		return &settleCall{gkeys: gkeys, args: extras, charge: true}
+		return &settleCall{gkeys: gkeys, args: extras, checks: gchecks, charge: true}
 	}
-	return &settleCall{gkeys: gkeys, args: args}
+	return &settleCall{gkeys: gkeys, args: args, checks: gchecks}
 }
 
 // settleOf is what settling check ch of ticket t (checks[i]) at costs asks of
@@ -277,10 +277,14 @@ func settleOf(ch *ratebudget.Check, t ratebudget.Ticket, costs []int64, i int, r
 }
 
 // sendSettle sends call k and records its failure, and with renewing whether a lease
-// was lost, in k.
+// was lost, in k. A charge above a reservation is allow.lua's code, which answers a
+// Calendar check whose periods, computed around the caller's clock, miss the server's
+// time: the call is then sent once more around the server's time, as a decision is (see
+// core.runAround). A give-back never misses: it works from the ticket's period start.
 func (c *core) sendSettle(ctx context.Context, k *settleCall, renewing bool) {
+	rule := func(i int) *ratebudget.Rule { return &k.checks[i].Rule }
 	if k.charge {
-		v, err := c.run(ctx, allowScript, allowSource, k.gkeys, k.args)
+		v, err := c.runAround(ctx, allowScript, allowSource, k.gkeys, k.args, len(k.checks), 5, rule)
 		if err != nil {
 			k.err = classify(err)
 		} else if vals, ok := v.([]any); !ok || len(vals) != 6*len(k.gkeys) {
@@ -288,7 +292,7 @@ func (c *core) sendSettle(ctx context.Context, k *settleCall, renewing bool) {
 		}
 		return
 	}
-	v, err := c.run(ctx, settleScript, settleSource, k.gkeys, k.args)
+	v, err := c.runAround(ctx, settleScript, settleSource, k.gkeys, k.args, len(k.checks), 9, rule)
 	if err != nil {
 		k.err = classify(err)
 		if se, ok := k.err.(*ratebudget.StoreError); ok && partlyWritten(err) {
@@ -345,7 +349,7 @@ func (c *core) resend(ctx context.Context, k *settleCall) {
 	if c.gaveBack != nil {
 		done = func() { c.gaveBack(k.checks) }
 	}
-	c.repair.add(ctx, k.gkeys, args, done)
+	c.repair.add(ctx, k.gkeys, args, k.checks, done)
 }
 
 // partlyWritten reports whether err is settle.lua's reply for a command that failed

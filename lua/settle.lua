@@ -28,8 +28,10 @@
 --          back is corrupt, the key holds another type than the check's); nothing is
 --          written for that check then, and the other checks are settled.
 --          An error reply (bad arguments, or a corrupt counter, bucket or log of a
---          charged check: allow.lua's replies, whose check numbers count the charged
---          checks only) comes before any write but allow.lua's trims of aged events.
+--          charged check, or the server's time in none of a charged calendar check's
+--          periods: allow.lua's replies, whose check numbers count the charged checks
+--          only) comes before any write but allow.lua's trims of aged events (a
+--          reservation's marker, read before, is put back, its TTL anew).
 --          A command that fails after the group's first write (one the user may not
 --          run, say) is an error reply starting 'ERR ratebudget: settle partly
 --          written': Redis keeps the writes before it.
@@ -180,10 +182,10 @@ for i = 1, n do
   args[i] = a
 end
 
+local m -- the marker's value before this call, with a marker
 if marker then
   local none = {}
   for i = 1, n do none[i] = 0 end
-  local m
   if mode == 'first' then
     m = redis.call('GETDEL', marker)
     if m == 'x' then
@@ -230,7 +232,13 @@ end
 
 if #xkeys > 0 then
   local r = allow(xkeys, xargv)
-  if r.err then return r end
+  if r.err then
+    -- Nothing is settled: the reservation's marker is put back (its TTL anew), so that
+    -- the settle sent again ('first' around the server's time after a calendar miss,
+    -- or 'retry') still applies, once.
+    if m and m ~= 'x' then redis.call('SET', marker, m, 'PX', ARGV[#ARGV]) end
+    return r
+  end
   wrote = true
 end
 

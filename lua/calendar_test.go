@@ -125,17 +125,7 @@ func TestCalendarCallerClockOff(t *testing.T) {
 	if start.In(loc).Minute() < 10 || start.In(loc).Minute() > 50 {
 		t.Fatalf("the zone puts %v at minute %d, want about 30", start, start.In(loc).Minute())
 	}
-	for _, tc := range []struct {
-		name  string
-		off   time.Duration
-		calls int
-	}{
-		{"minutes_ahead", 7 * time.Minute, 1},
-		{"minutes_behind", -7 * time.Minute, 1},
-		{"hours_ahead", 3 * time.Hour, 2},
-		{"hours_behind", -5 * time.Hour, 2},
-		{"a_day_ahead", 25 * time.Hour, 2},
-	} {
+	for _, tc := range callerClockOffsets {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLimiter(t, c)
 			lua.SetClock(l, func() time.Time { return time.Now().Add(tc.off) })
@@ -248,17 +238,7 @@ func TestCalendarSettleCallerClockOff(t *testing.T) {
 	if ls.Minute() < 10 || ls.Minute() > 50 {
 		t.Fatalf("the zone puts %v at minute %d, want about 30", start, ls.Minute())
 	}
-	for _, tc := range []struct {
-		name  string
-		off   time.Duration
-		calls int // a charge's script calls
-	}{
-		{"minutes_ahead", 7 * time.Minute, 1},
-		{"minutes_behind", -7 * time.Minute, 1},
-		{"hours_ahead", 3 * time.Hour, 2},
-		{"hours_behind", -5 * time.Hour, 2},
-		{"a_day_ahead", 25 * time.Hour, 2},
-	} {
+	for _, tc := range callerClockOffsets {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLimiter(t, c, lua.WithOneServer())
 			lua.SetClock(l, func() time.Time { return time.Now().Add(tc.off) })
@@ -388,4 +368,19 @@ func (h *failNextSettle) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		return next(ctx, cmd)
 	}
+}
+
+// callerClockOffsets are the caller clocks of the calendar tests, off the server's by
+// off: within the current hour (one script call) or beyond it (calls: the call answered
+// with the server's time, then the one around it).
+var callerClockOffsets = []struct {
+	name  string
+	off   time.Duration
+	calls int
+}{
+	{"minutes_ahead", 7 * time.Minute, 1},
+	{"minutes_behind", -7 * time.Minute, 1},
+	{"hours_ahead", 3 * time.Hour, 2},
+	{"hours_behind", -5 * time.Hour, 2},
+	{"a_day_ahead", 25 * time.Hour, 2},
 }

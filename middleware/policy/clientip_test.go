@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -210,5 +211,20 @@ func TestClientIPBuiltAtParse(t *testing.T) {
 	k, err := id(via("10.0.0.1:1", "203.0.113.1")())
 	if err != nil || k != "203.0.113.1" {
 		t.Errorf("identity ip = %q, %v; want 203.0.113.1", k, err)
+	}
+}
+
+// match.ip behind a trusted proxy allocates nothing: the forwarded client is read
+// without a copy.
+func TestClientIPMatchAllocs(t *testing.T) {
+	p := mustParse(t, behindProxy+"  - {name: office, identity: ip, match: {ip: [203.0.113.0/24]}, unlimited: true, replaces: [per-client]}\n")
+	buf := make([]applied, 0, 8)
+	for _, r := range []*http.Request{via("10.0.0.1:1", "203.0.113.9, 10.0.0.2")(), via("[2001:db8::1]:1", "2001:db8:ffff::1")()} {
+		if n := testing.AllocsPerRun(100, func() { buf = p.resolve(r, buf[:0]) }); n != 0 {
+			t.Errorf("resolve of %s via %s allocates %v times per request, want 0", r.Header.Get("X-Forwarded-For"), r.RemoteAddr, n)
+		}
+	}
+	if got := decided(p, via("10.0.0.1:1", "203.0.113.9")()); len(got) != 1 || !strings.HasPrefix(got[0], "office") {
+		t.Errorf("203.0.113.9 through the proxy is decided under %v, want office only", got)
 	}
 }

@@ -228,3 +228,17 @@ func TestClientIPMatchAllocs(t *testing.T) {
 		t.Errorf("203.0.113.9 through the proxy is decided under %v, want office only", got)
 	}
 }
+
+// Without client_ip, match.ip reads the peer as identity ip does: with or without a port,
+// IPv4-mapped IPv6 as IPv4.
+func TestClientIPAbsentMatchReadsPeer(t *testing.T) {
+	p := mustParse(t, "rules:\n  - {name: lan, identity: ip, match: {ip: [192.0.2.0/24]}, unlimited: true}\n")
+	for addr, want := range map[string]bool{
+		"192.0.2.1:1": true, "192.0.2.1": true, "[::ffff:192.0.2.1]:1": true,
+		"198.51.100.1:1": false, "[2001:db8::1]:1": false, "@": false,
+	} {
+		if got := p.rules[0].match.matches(via(addr, "192.0.2.1")()); got != want {
+			t.Errorf("match.ip 192.0.2.0/24 of peer %q = %v, want %v", addr, got, want)
+		}
+	}
+}

@@ -107,7 +107,8 @@ func TestPolicySchemaShippedFiles(t *testing.T) {
 }
 
 // TestPolicySchemaRefuses holds that the schema refuses what the parser refuses for its
-// shape: an unknown field, a wrong type, a negative limit, a calendar rule with a window.
+// shape: an unknown field, a wrong type, a negative limit, a calendar rule with a window,
+// a client_ip section whose options do not go together.
 func TestPolicySchemaRefuses(t *testing.T) {
 	s := compilePolicySchema(t)
 	const head = "rules:\n  - name: a\n    identity: ip\n"
@@ -123,6 +124,13 @@ func TestPolicySchemaRefuses(t *testing.T) {
 		"override_no_key":  head + "    unlimited: true\noverrides:\n  acme: {rules: {}}\n",
 		"period_on_fixed":  head + "    time: {limit: 5, window: 1m, period: day}\n",
 		"window_not_a_dur": head + "    time: {limit: 5, window: 60}\n",
+		"header_untrusted": head + "    unlimited: true\nclient_ip: {header: X-Forwarded-For}\n",
+		"proxies_no_hdr":   head + "    unlimited: true\nclient_ip: {trusted_proxies: [10.0.0.0/8]}\n",
+		"require_no_hdr":   head + "    unlimited: true\nclient_ip: {require_forwarding: true}\n",
+		"no_proxies":       head + "    unlimited: true\nclient_ip: {trusted_proxies: [], header: X-Forwarded-For}\n",
+		"ipv4_prefix_33":   head + "    unlimited: true\nclient_ip: {ipv4_prefix: 33}\n",
+		"ipv6_prefix_0":    head + "    unlimited: true\nclient_ip: {ipv6_prefix: 0}\n",
+		"client_ip_field":  head + "    unlimited: true\nclient_ip: {trusted: [10.0.0.0/8]}\n",
 	} {
 		if err := s.Validate(yamlAsJSON(t, []byte(src))); err == nil {
 			t.Errorf("%s: the schema accepts\n%s", name, src)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/bound"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
 // compiler turns a decoded file into a Policy, refusing the first problem with the
@@ -24,6 +25,9 @@ type compiler struct {
 	rules []rule
 	index map[string]int // rule name -> index in rules
 	p     *Policy
+	// ident and addr are the client_ip section's key functions: identity ip's, and the
+	// whole address that match.ip reads.
+	ident, addr keyfuncs.KeyFunc
 }
 
 func (c *compiler) fail(path, format string, args ...any) error {
@@ -59,6 +63,10 @@ func compile(name string, data []byte, f *file, pos map[string]*yaml.Node) (*Pol
 	if len(f.Rules) == 0 {
 		return nil, c.fail("rules", "must list at least one rule")
 	}
+	var err error
+	if c.ident, c.addr, err = c.clientIP(f.ClientIP); err != nil {
+		return nil, err
+	}
 	for i := range f.Rules {
 		if err := c.rule(fmt.Sprintf("rules[%d]", i), &f.Rules[i]); err != nil {
 			return nil, err
@@ -67,7 +75,7 @@ func compile(name string, data []byte, f *file, pos map[string]*yaml.Node) (*Pol
 	if err := c.replaces(f.Rules); err != nil {
 		return nil, err
 	}
-	c.p = &Policy{file: name, source: slices.Clone(data), rules: c.rules}
+	c.p = &Policy{file: name, source: slices.Clone(data), rules: c.rules, clientIP: c.ident}
 	c.p.classes = []class{{limits: c.baseLimits()}}
 	if err := c.plans(f.Plans); err != nil {
 		return nil, err
@@ -182,6 +190,9 @@ func (c *compiler) match(path string, s *matchSpec) (matcher, error) {
 			pfx = netip.PrefixFrom(addr, addr.BitLen())
 		}
 		m.ips = append(m.ips, pfx.Masked())
+	}
+	if len(m.ips) > 0 {
+		m.addr = c.addr
 	}
 	return m, nil
 }

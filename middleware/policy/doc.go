@@ -17,4 +17,12 @@
 // the request's tenant or for the rule itself, is decided without asking the store. A
 // rule in shadow mode (shadow: true, on a plan, or shadow_mode: true for the whole
 // file) is decided and observed but never refuses.
+//
+// # The client's address
+//
+// identity: ip and match.ip read the client's address as the file's client_ip section
+// says, with keyfuncs.ClientIP's options (trusted_proxies, header, require_forwarding,
+// ipv4_prefix, ipv6_prefix), built once per policy: behind a load balancer, name its
+// ranges and the header it writes, and each client gets its own budget. Without the
+// section the client is the connection's peer, the balancer itself.
 package policy

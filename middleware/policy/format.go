@@ -14,6 +14,17 @@ type file struct {
 	Plans      map[string]map[string]limitSpec `yaml:"plans"`
 	Tenants    *tenantSpec                     `yaml:"tenants"`
 	Overrides  map[string]overrideSpec         `yaml:"overrides"`
+	ClientIP   *clientIPSpec                   `yaml:"client_ip"`
+}
+
+// clientIPSpec is where identity ip and match.ip read the client's address: each field
+// is one of keyfuncs.ClientIP's options.
+type clientIPSpec struct {
+	TrustedProxies    []string `yaml:"trusted_proxies"`
+	Header            string   `yaml:"header"`
+	RequireForwarding bool     `yaml:"require_forwarding"`
+	IPv4Prefix        *int64   `yaml:"ipv4_prefix"`
+	IPv6Prefix        *int64   `yaml:"ipv6_prefix"`
 }
 
 type ruleSpec struct {

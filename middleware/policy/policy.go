@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
 // Policy is a parsed and validated policy file: its rules, plans, tenants and
@@ -22,6 +23,8 @@ type Policy struct {
 	tenantHeader string         // canonical header name; "" when the file has no tenants
 	tenantOf     map[string]int // a tenant's key -> its class
 	defaultClass int            // the class of a request whose tenant is not listed
+	// clientIP is identity ip's key function, built from the file's client_ip section.
+	clientIP keyfuncs.KeyFunc
 }
 
 // rule is a compiled rule of the file.
@@ -65,6 +68,9 @@ type matcher struct {
 	pathPrefix bool
 	headers    []headerMatch
 	ips        []netip.Prefix
+	// addr gives the client's whole address for ips: the policy's client_ip section
+	// read as identity ip reads it, ungrouped.
+	addr keyfuncs.KeyFunc
 }
 
 type headerMatch struct {
@@ -97,11 +103,16 @@ func (m *matcher) matches(r *http.Request) bool {
 		}
 	}
 	if len(m.ips) > 0 {
-		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		// A client whose address cannot be known (keyfuncs.ErrNoClientIP, a malformed
+		// forwarding header) is in no range.
+		a, err := m.addr(r)
 		if err != nil {
 			return false
 		}
-		ip := ap.Addr().Unmap()
+		ip, err := netip.ParseAddr(a)
+		if err != nil {
+			return false
+		}
 		for _, p := range m.ips {
 			if p.Contains(ip) {
 				return true

@@ -25,8 +25,9 @@ const skipPlan = ".skip"
 // that does not apply to a request, is replaced for it or is unlimited on its plan is
 // left out of the decision: no store call, no metadata, nothing spent.
 //
-// Identities: ip is keyfuncs.ClientIP() (the connection's address, IPv6 by /64),
-// header:NAME keyfuncs.Header(NAME), hashed_header:NAME keyfuncs.HashedHeader(NAME, nil)
+// Identities: ip is keyfuncs.ClientIP with the options of the file's client_ip section
+// (without it, the connection's address, IPv6 by /64; match.ip reads the same address,
+// ungrouped), header:NAME keyfuncs.Header(NAME), hashed_header:NAME keyfuncs.HashedHeader(NAME, nil)
 // (SHA-256), global keyfuncs.Global(); scope route is keyfuncs.RoutePattern() and
 // method_route keyfuncs.MethodAndRoutePattern().
 //
@@ -48,7 +49,7 @@ func (p *Policy) middlewareRules() ([]middleware.Rule, error) {
 		own := p.classes[0].limits[i]
 		mr := middleware.Rule{Rule: ru.timeRule(own), Shadow: own.Shadow, Counts: ru.counting()}
 		var err error
-		if mr.Identity, err = identity(ru.identity); err != nil {
+		if mr.Identity, err = p.identity(ru.identity); err != nil {
 			return nil, err
 		}
 		mr.Scope = scope(ru.scope)
@@ -130,11 +131,11 @@ func (ru *rule) counting() middleware.Counting {
 }
 
 // identity is the key function of a rule's identity (checked by compile).
-func identity(id string) (func(*http.Request) (string, error), error) {
+func (p *Policy) identity(id string) (func(*http.Request) (string, error), error) {
 	kind, name, _ := strings.Cut(id, ":")
 	switch kind {
 	case "ip":
-		return keyfuncs.ClientIP()
+		return p.clientIP, nil
 	case "global":
 		return keyfuncs.Global(), nil
 	case "header":

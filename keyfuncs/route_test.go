@@ -16,7 +16,7 @@ import (
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
-// recorder is a middleware that records what a KeyFunc returns where it is installed.
+// recorder is a middleware that records what a key function returns where it is installed.
 type recorder struct {
 	fn  keyFunc
 	got string
@@ -271,7 +271,7 @@ func TestMethodAndPattern_Chi(t *testing.T) {
 
 // chi's GetHead middleware routes a HEAD request without a HEAD route to the GET route
 // (rctx.RouteMethod = "GET"). The scope is then that GET route's, as for GET, wherever
-// the KeyFunc runs after GetHead: not "~unmatched" before routing, and not a HEAD scope
+// the key function runs after GetHead: not "~unmatched" before routing, and not a HEAD scope
 // of its own (which would give a client a second budget by alternating HEAD and GET).
 func TestRoutePattern_ChiGetHead(t *testing.T) {
 	t.Parallel()

@@ -116,7 +116,7 @@ rules:
 	}
 }
 
-// ipv4_prefix and ipv6_prefix group identities as keyfuncs.IPv4Prefix and IPv6Prefix do.
+// ipv4_prefix and ipv6_prefix group identities as keyfuncs.Prefixes does.
 func TestClientIPPrefixes(t *testing.T) {
 	h := mustMiddleware(t, mustParse(t, `client_ip: {ipv4_prefix: 24, ipv6_prefix: 48}
 rules:

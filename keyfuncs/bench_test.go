@@ -10,7 +10,7 @@ import (
 
 var sink string
 
-func benchKey(b *testing.B, fn keyfuncs.KeyFunc, r *http.Request) {
+func benchKey(b *testing.B, fn keyFunc, r *http.Request) {
 	b.Helper()
 	b.ReportAllocs()
 	for b.Loop() {

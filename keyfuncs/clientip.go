@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 )
 
 // IPOption configures [ClientIP]. Options are validated by ClientIP, which names the
@@ -44,12 +46,12 @@ type ipConfig struct {
 	strict    bool
 	v4Bits    int
 	v6Bits    int
-	errHeader error // ErrInvalidHeader naming the header, built once
+	errHeader error // keyreason.ErrInvalidHeader naming the header, built once
 }
 
-// ClientIP returns a KeyFunc whose key is the client's IP address, grouped by prefix:
+// ClientIP returns a key function whose key is the client's IP address, grouped by prefix:
 // "203.0.113.7" for an IPv4 client (a /32, the default) and "2001:db8:1:2::/64" for an
-// IPv6 client (a /64, the default). Options choose where the address comes from and how
+// IPv6 client (a /64, the default; see [Prefixes]). Options choose where the address comes from and how
 // addresses are grouped; they are checked once, here, and an invalid one makes ClientIP
 // return an error naming it.
 //
@@ -66,11 +68,12 @@ type ipConfig struct {
 // IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) are read as IPv4, and IPv6 zones are
 // dropped, before any trust check and before grouping.
 //
-// Errors: [ErrNoClientIP] when no address can be known (a unix-socket peer, an
-// "unknown" or obfuscated hop in Forwarded); [ErrInvalidHeader] when a forwarding header
-// that must be read is malformed. A KeyFunc never falls back to a proxy's address after
-// an error.
-func ClientIP(opts ...IPOption) (KeyFunc, error) {
+// The key function fails when no address can be known (a unix-socket peer, an "unknown"
+// or obfuscated hop in Forwarded), which the middleware answers with 400, "the client
+// address could not be determined", and when a forwarding header that must be read is
+// malformed: 400, "header X-Forwarded-For is malformed" (naming the header). It never
+// falls back to a proxy's address after an error.
+func ClientIP(opts ...IPOption) (func(*http.Request) (string, error), error) {
 	c := &ipConfig{v4Bits: 32, v6Bits: 64}
 	for _, o := range opts {
 		if o == nil {
@@ -92,7 +95,7 @@ func ClientIP(opts ...IPOption) (KeyFunc, error) {
 		return nil, errors.New("keyfuncs: RequireForwarding needs FromHeader")
 	}
 	if forwarding {
-		c.errHeader = &headerError{ErrInvalidHeader, c.header}
+		c.errHeader = &headerError{keyreason.ErrInvalidHeader, c.header}
 	}
 	switch c.src {
 	case srcXFF:
@@ -181,8 +184,8 @@ func parseTrusted(s string) (netip.Prefix, error) {
 //     of it were written by the client or by proxies you do not trust, and are never
 //     read. If every address is trusted, the leftmost one is the client. Entries may
 //     carry a port ("192.0.2.1:4711", "[2001:db8::1]:4711"). An entry that does not
-//     parse, met before the client is found, is [ErrInvalidHeader]; an "unknown" entry
-//     is [ErrNoClientIP].
+//     parse, met before the client is found, is a malformed header; an "unknown" entry
+//     means no client address.
 //   - "Forwarded": the "for" parameters of the RFC 7239 Forwarded header, a chain walked
 //     from the right as X-Forwarded-For's is; several Forwarded lines are one list, in
 //     order. Its grammar is below.
@@ -192,7 +195,7 @@ func parseTrusted(s string) (netip.Prefix, error) {
 //     request: several products pass True-Client-IP and Fastly-Client-IP through from
 //     the client unless configured to strip them. When the header has several lines the
 //     last one wins (the one written nearest to this server). A value that is not
-//     exactly one IP address is [ErrInvalidHeader]: there is no fallback to other values
+//     exactly one IP address is a malformed header: there is no fallback to other values
 //     or to the peer.
 //
 // Without the header (or with only empty entries) the peer is the client, a request made
@@ -204,7 +207,7 @@ func parseTrusted(s string) (netip.Prefix, error) {
 // for="192.0.2.1:4711" (and a host with a port, host="example.com:8080"). Parameter names
 // are case-insensitive; '=' has no whitespace around it; spaces and tabs may surround ','
 // and ';'; "for", "by", "host" and "proto" occur at most once in an element. A header
-// that breaks the grammar anywhere, even left of the client, is [ErrInvalidHeader], as
+// that breaks the grammar anywhere, even left of the client, is a malformed header, as
 // are a "for" value that is not a node of RFC 7239 section 6 (an IPv4 address, a
 // bracketed IPv6 address without a zone, "unknown" or an obfuscated identifier, each
 // with an optional port) and a chain of more than 64 elements: no address is guessed
@@ -212,7 +215,7 @@ func parseTrusted(s string) (netip.Prefix, error) {
 // unquoted must be configured to quote them. A hop reported as "unknown" or by an
 // obfuscated identifier ("_hidden", with or without a port), or by an element without a
 // "for" parameter, cannot be checked against the trusted list and hides the client's
-// address: reaching it is [ErrNoClientIP], never the address of the proxy that reported
+// address: reaching it means no client address, never the address of the proxy that reported
 // it (which would put every client of that proxy in one budget).
 //
 // ClientIP fails naming FromHeader when name is empty or holds a space, a tab, CR, LF or
@@ -236,9 +239,9 @@ func FromHeader(name string) IPOption {
 }
 
 // RequireForwarding makes a request from a trusted proxy that carries no forwarding
-// header an [ErrNoClientIP] instead of an identity for the proxy itself. Use it when your
-// proxies always set the header, so that a misconfigured proxy is refused loudly rather
-// than sharing one budget among all its clients. Note that a proxy's own health checks
+// header an error (no client address: 400) instead of an identity for the proxy itself.
+// Use it when your proxies always set the header, so that a misconfigured proxy is
+// refused loudly rather than sharing one budget among all its clients. Note that a proxy's own health checks
 // then fail too, unless they are not rate limited.
 func RequireForwarding() IPOption {
 	return func(c *ipConfig) error { c.strict = true; return nil }
@@ -247,9 +250,9 @@ func RequireForwarding() IPOption {
 // ChiClientIP makes [ClientIP] use the address stored by chi's middleware.ClientIPFrom*
 // middlewares (read with middleware.GetClientIPAddr), for applications that already run
 // one of them: the trust decision is then that middleware's. The address is normalised
-// and grouped like any other. A request without a stored address is [ErrNoClientIP];
-// this happens when the middleware is missing or refused the request's headers, and is
-// never replaced by the peer's address.
+// and grouped like any other. A request without a stored address is an error (no client
+// address: 400); this happens when the middleware is missing or refused the request's
+// headers, and is never replaced by the peer's address.
 //
 // This is also the way to count proxy hops instead of naming them: run chi's
 // middleware.ClientIPFromXFFTrustedProxies(n) and use ChiClientIP. Prefer
@@ -258,30 +261,24 @@ func ChiClientIP() IPOption {
 	return func(c *ipConfig) error { return c.setSource(srcChi, "") }
 }
 
-// IPv6Prefix sets the prefix length, in bits (1 to 128), that groups IPv6 clients into
-// one identity. The default is 64, one budget per /64: a single subscriber usually holds
-// a whole /64. Many providers delegate a /56 or a /48 to one subscriber, who can then
-// spread requests over 256 or 65536 /64s; consider rules at /64 and at /56 or /48 side by
-// side. With 128, the key is the address.
-func IPv6Prefix(bits int) IPOption {
+// Prefixes sets how clients are grouped into one identity: by their first ipv4 bits (1 to
+// 32) and ipv6 bits (1 to 128). Without it they are 32 and 64.
+//
+// With 32, each IPv4 address is an identity and the key is the address
+// ("203.0.113.7"); shorter prefixes give keys such as "203.0.113.0/24". IPv6 clients get
+// one budget per /64 by default: a single subscriber usually holds a whole /64. Many
+// providers delegate a /56 or a /48 to one subscriber, who can then spread requests over
+// 256 or 65536 /64s; consider rules at /64 and at /56 or /48 side by side. With 128, the
+// key is the address.
+func Prefixes(ipv4, ipv6 int) IPOption {
 	return func(c *ipConfig) error {
-		if bits < 1 || bits > 128 {
-			return fmt.Errorf("keyfuncs: IPv6Prefix: %d bits, want 1 to 128", bits)
+		if ipv4 < 1 || ipv4 > 32 {
+			return fmt.Errorf("keyfuncs: Prefixes: ipv4: %d bits, want 1 to 32", ipv4)
 		}
-		c.v6Bits = bits
-		return nil
-	}
-}
-
-// IPv4Prefix sets the prefix length, in bits (1 to 32), that groups IPv4 clients into one
-// identity. The default is 32: one budget per address, and the key is the address
-// ("203.0.113.7"). Shorter prefixes give keys such as "203.0.113.0/24".
-func IPv4Prefix(bits int) IPOption {
-	return func(c *ipConfig) error {
-		if bits < 1 || bits > 32 {
-			return fmt.Errorf("keyfuncs: IPv4Prefix: %d bits, want 1 to 32", bits)
+		if ipv6 < 1 || ipv6 > 128 {
+			return fmt.Errorf("keyfuncs: Prefixes: ipv6: %d bits, want 1 to 128", ipv6)
 		}
-		c.v4Bits = bits
+		c.v4Bits, c.v6Bits = ipv4, ipv6
 		return nil
 	}
 }
@@ -391,7 +388,7 @@ func parseIPv4(s string) (netip.Addr, bool) {
 func (c *ipConfig) fromRemoteAddr(r *http.Request) (string, error) {
 	a, host, ok := peer(r.RemoteAddr)
 	if !ok {
-		return "", ErrNoClientIP
+		return "", keyreason.ErrNoClientIP
 	}
 	return c.key(a, host), nil
 }
@@ -399,7 +396,7 @@ func (c *ipConfig) fromRemoteAddr(r *http.Request) (string, error) {
 func (c *ipConfig) fromChi(r *http.Request) (string, error) {
 	a := middleware.GetClientIPAddr(r.Context())
 	if !a.IsValid() {
-		return "", ErrNoClientIP
+		return "", keyreason.ErrNoClientIP
 	}
 	return c.key(normalize(a), ""), nil
 }
@@ -409,7 +406,7 @@ func (c *ipConfig) fromChi(r *http.Request) (string, error) {
 func (c *ipConfig) trustedPeer(r *http.Request) (netip.Addr, string, bool, error) {
 	a, host, ok := peer(r.RemoteAddr)
 	if !ok {
-		return a, "", false, ErrNoClientIP
+		return a, "", false, keyreason.ErrNoClientIP
 	}
 	if !c.trustedAddr(a) {
 		return a, c.key(a, host), false, nil
@@ -425,7 +422,7 @@ func (c *ipConfig) fromHeader(r *http.Request) (string, error) {
 	vs := r.Header[c.header]
 	if len(vs) == 0 {
 		if c.strict {
-			return "", ErrNoClientIP
+			return "", keyreason.ErrNoClientIP
 		}
 		return c.key(p, k), nil
 	}
@@ -461,7 +458,7 @@ func (c *ipConfig) fromXFF(r *http.Request) (string, error) {
 			a, ok := parseHop(v)
 			if !ok {
 				if strings.EqualFold(v, "unknown") {
-					return "", ErrNoClientIP
+					return "", keyreason.ErrNoClientIP
 				}
 				return "", c.errHeader
 			}
@@ -472,7 +469,7 @@ func (c *ipConfig) fromXFF(r *http.Request) (string, error) {
 		}
 	}
 	if !seen && c.strict {
-		return "", ErrNoClientIP
+		return "", keyreason.ErrNoClientIP
 	}
 	return c.key(leftmost, leftRaw), nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
@@ -23,7 +24,7 @@ func req(peer string, lines ...string) *http.Request {
 	return r
 }
 
-func mustClientIP(t testing.TB, opts ...keyfuncs.IPOption) keyfuncs.KeyFunc {
+func mustClientIP(t testing.TB, opts ...keyfuncs.IPOption) keyFunc {
 	t.Helper()
 	fn, err := keyfuncs.ClientIP(opts...)
 	if err != nil {
@@ -40,7 +41,7 @@ type ipCase struct {
 	wantErr error
 }
 
-func runIP(t *testing.T, fn keyfuncs.KeyFunc, tt []ipCase) {
+func runIP(t *testing.T, fn keyFunc, tt []ipCase) {
 	t.Helper()
 	for _, tc := range tt {
 		t.Run(tc.name, func(t *testing.T) {
@@ -71,12 +72,12 @@ func TestClientIP_RemoteAddr(t *testing.T) {
 		{name: "mapped_ipv4", peer: "[::ffff:203.0.113.7]:80", want: "203.0.113.7"},
 		{name: "zone_dropped", peer: "[fe80::1%eth0]:80", want: "fe80::/64"},
 		{name: "headers_ignored", peer: "203.0.113.7:1", headers: []string{"X-Forwarded-For: 198.51.100.1", "X-Real-IP: 198.51.100.2"}, want: "203.0.113.7"},
-		{name: "unix_socket", peer: "@", wantErr: keyfuncs.ErrNoClientIP},
-		{name: "unix_path", peer: "/run/app.sock", wantErr: keyfuncs.ErrNoClientIP},
-		{name: "empty", peer: "", wantErr: keyfuncs.ErrNoClientIP},
-		{name: "hostname", peer: "localhost:80", wantErr: keyfuncs.ErrNoClientIP},
-		{name: "unclosed_bracket", peer: "[2001:db8::1:80", wantErr: keyfuncs.ErrNoClientIP},
-		{name: "junk_after_bracket", peer: "[2001:db8::1]x", wantErr: keyfuncs.ErrNoClientIP},
+		{name: "unix_socket", peer: "@", wantErr: keyreason.ErrNoClientIP},
+		{name: "unix_path", peer: "/run/app.sock", wantErr: keyreason.ErrNoClientIP},
+		{name: "empty", peer: "", wantErr: keyreason.ErrNoClientIP},
+		{name: "hostname", peer: "localhost:80", wantErr: keyreason.ErrNoClientIP},
+		{name: "unclosed_bracket", peer: "[2001:db8::1:80", wantErr: keyreason.ErrNoClientIP},
+		{name: "junk_after_bracket", peer: "[2001:db8::1]x", wantErr: keyreason.ErrNoClientIP},
 		{name: "bracket_no_port", peer: "[2001:db8::1]", want: "2001:db8::/64"},
 	})
 }
@@ -95,9 +96,9 @@ func TestClientIP_XFF(t *testing.T) {
 		{name: "untrusted_peer_ignores_garbage", peer: "198.51.100.1:80", headers: []string{"X-Forwarded-For: garbage"}, want: "198.51.100.1"},
 		{name: "all_trusted_leftmost", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 10.9.9.9, 10.8.8.8"}, want: "10.9.9.9"},
 		{name: "no_header_is_peer", peer: "10.0.0.1:80", want: "10.0.0.1"},
-		{name: "garbage_before_client", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 203.0.113.7, bogus"}, wantErr: keyfuncs.ErrInvalidHeader},
+		{name: "garbage_before_client", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 203.0.113.7, bogus"}, wantErr: keyreason.ErrInvalidHeader},
 		{name: "garbage_left_of_client_ignored", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: bogus, 203.0.113.7"}, want: "203.0.113.7"},
-		{name: "unknown_entry", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: unknown"}, wantErr: keyfuncs.ErrNoClientIP},
+		{name: "unknown_entry", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: unknown"}, wantErr: keyreason.ErrNoClientIP},
 		{name: "mapped_trusted_alias", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 203.0.113.7, ::ffff:10.0.0.9"}, want: "203.0.113.7"},
 		{name: "mapped_client_unmapped", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: ::ffff:203.0.113.7"}, want: "203.0.113.7"},
 		{name: "zoned_trusted_alias", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 203.0.113.7, 2001:db8:ffff::1%eth0"}, want: "203.0.113.7"},
@@ -106,7 +107,7 @@ func TestClientIP_XFF(t *testing.T) {
 		{name: "ipv6_bracket_no_port", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: [2001:db8:1:2::7]"}, want: "2001:db8:1:2::/64"},
 		{name: "ipv4_with_port", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 203.0.113.7:4711"}, want: "203.0.113.7"},
 		{name: "ipv6_peer_trusted", peer: "[2001:db8:ffff::2]:80", headers: []string{"X-Forwarded-For: 2001:db8:aaaa:1::5"}, want: "2001:db8:aaaa:1::/64"},
-		{name: "unix_peer", peer: "@", headers: []string{"X-Forwarded-For: 203.0.113.7"}, wantErr: keyfuncs.ErrNoClientIP},
+		{name: "unix_peer", peer: "@", headers: []string{"X-Forwarded-For: 203.0.113.7"}, wantErr: keyreason.ErrNoClientIP},
 		{name: "other_header_ignored", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 203.0.113.7"}, want: "10.0.0.1"},
 	})
 }
@@ -115,8 +116,8 @@ func TestClientIP_RequireForwarding(t *testing.T) {
 	t.Parallel()
 	fn := mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Forwarded-For"), keyfuncs.RequireForwarding())
 	runIP(t, fn, []ipCase{
-		{name: "no_header", peer: "10.0.0.1:80", wantErr: keyfuncs.ErrNoClientIP},
-		{name: "empty_header", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: , "}, wantErr: keyfuncs.ErrNoClientIP},
+		{name: "no_header", peer: "10.0.0.1:80", wantErr: keyreason.ErrNoClientIP},
+		{name: "empty_header", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: , "}, wantErr: keyreason.ErrNoClientIP},
 		{name: "with_header", peer: "10.0.0.1:80", headers: []string{"X-Forwarded-For: 203.0.113.7"}, want: "203.0.113.7"},
 		{name: "untrusted_peer", peer: "203.0.113.8:80", want: "203.0.113.8"},
 	})
@@ -134,10 +135,10 @@ func TestClientIP_Forwarded(t *testing.T) {
 		{name: "chain_spoofed_left", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=1.1.1.1, for=203.0.113.7;proto=http, for=10.2.2.2"}, want: "203.0.113.7"},
 		{name: "repeated_lines", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=1.1.1.1", "Forwarded: for=203.0.113.7, for=10.3.3.3"}, want: "203.0.113.7"},
 		{name: "comma_in_quoted_param", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=203.0.113.7;host="a,b"`}, want: "203.0.113.7"},
-		{name: "unknown_untrusted_hop", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.9, for=unknown"}, wantErr: keyfuncs.ErrNoClientIP},
-		{name: "obfuscated_hop", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=_hidden"}, wantErr: keyfuncs.ErrNoClientIP},
-		{name: "obfuscated_quoted", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="_gazonk"`}, wantErr: keyfuncs.ErrNoClientIP},
-		{name: "element_without_for", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7, proto=https"}, wantErr: keyfuncs.ErrNoClientIP},
+		{name: "unknown_untrusted_hop", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.9, for=unknown"}, wantErr: keyreason.ErrNoClientIP},
+		{name: "obfuscated_hop", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=_hidden"}, wantErr: keyreason.ErrNoClientIP},
+		{name: "obfuscated_quoted", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="_gazonk"`}, wantErr: keyreason.ErrNoClientIP},
+		{name: "element_without_for", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7, proto=https"}, wantErr: keyreason.ErrNoClientIP},
 		{name: "unknown_left_of_client_ignored", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=unknown, for=203.0.113.7"}, want: "203.0.113.7"},
 		{name: "obfuscated_port_ok", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="203.0.113.7:_p1"`}, want: "203.0.113.7"},
 		{name: "mapped_trusted_alias", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=203.0.113.7, for="[::ffff:10.0.0.4]"`}, want: "203.0.113.7"},
@@ -146,10 +147,10 @@ func TestClientIP_Forwarded(t *testing.T) {
 		{name: "untrusted_peer", peer: "203.0.113.8:80", headers: []string{"Forwarded: for=1.2.3.4"}, want: "203.0.113.8"},
 		{name: "untrusted_peer_garbage", peer: "203.0.113.8:80", headers: []string{`Forwarded: for="`}, want: "203.0.113.8"},
 		{name: "mixed_case_for", peer: "10.0.0.1:80", headers: []string{"Forwarded: For=203.0.113.7;Proto=https"}, want: "203.0.113.7"},
-		{name: "obfuscated_unquoted_is_token", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=_hidden.1-x"}, wantErr: keyfuncs.ErrNoClientIP},
-		{name: "unknown_with_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="unknown:4711"`}, wantErr: keyfuncs.ErrNoClientIP},
-		{name: "obfuscated_with_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="_hidden:_p"`}, wantErr: keyfuncs.ErrNoClientIP},
-		{name: "obfuscated_with_numeric_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="_hidden:8080"`}, wantErr: keyfuncs.ErrNoClientIP},
+		{name: "obfuscated_unquoted_is_token", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=_hidden.1-x"}, wantErr: keyreason.ErrNoClientIP},
+		{name: "unknown_with_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="unknown:4711"`}, wantErr: keyreason.ErrNoClientIP},
+		{name: "obfuscated_with_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="_hidden:_p"`}, wantErr: keyreason.ErrNoClientIP},
+		{name: "obfuscated_with_numeric_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="_hidden:8080"`}, wantErr: keyreason.ErrNoClientIP},
 		{name: "empty_elements_and_pairs", peer: "10.0.0.1:80", headers: []string{"Forwarded: , for=203.0.113.7;;proto=http; ,, "}, want: "203.0.113.7"},
 		{name: "ows_around_separators", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=1.1.1.1 ,\tfor=203.0.113.7 ; proto=http"}, want: "203.0.113.7"},
 		{name: "quoted_token", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="203.0.113.7";proto="https"`}, want: "203.0.113.7"},
@@ -157,38 +158,38 @@ func TestClientIP_Forwarded(t *testing.T) {
 		{name: "quoted_host_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=203.0.113.7;host="example.com:8080"`}, want: "203.0.113.7"},
 		// RFC 7239 section 6: '[', ']' and ':' are not token characters, so a node with
 		// an IPv6 address or a port must be quoted. Unquoted, it is not the header's syntax.
-		{name: "unquoted_v6", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=[2001:db8::1]"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "unquoted_v6_port", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=[2001:db8::1]:4711"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "unquoted_v4_port", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=192.0.2.1:8080"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "unquoted_obfuscated_port", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=_hidden:_p"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "unquoted_bare_v6", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=2001:db8::1"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "unquoted_host_port", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=example.com:8080"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "unquoted_non_token_left_of_client", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=[2001:db8::1], for=203.0.113.7"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "quoted_v6_zone", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="[fe80::1%eth0]"`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "space_before_equals", peer: "10.0.0.1:80", headers: []string{"Forwarded: for =203.0.113.7"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "space_after_equals", peer: "10.0.0.1:80", headers: []string{"Forwarded: for= 203.0.113.7"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "empty_value", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=;proto=http"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "empty_quoted_for", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=""`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "stray_quote_after_token", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=203.0.113.7"`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "text_after_quoted", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="203.0.113.7"x`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "duplicate_proto", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;proto=http;PROTO=https"}, wantErr: keyfuncs.ErrInvalidHeader},
+		{name: "unquoted_v6", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=[2001:db8::1]"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "unquoted_v6_port", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=[2001:db8::1]:4711"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "unquoted_v4_port", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=192.0.2.1:8080"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "unquoted_obfuscated_port", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=_hidden:_p"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "unquoted_bare_v6", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=2001:db8::1"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "unquoted_host_port", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=example.com:8080"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "unquoted_non_token_left_of_client", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=[2001:db8::1], for=203.0.113.7"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "quoted_v6_zone", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="[fe80::1%eth0]"`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "space_before_equals", peer: "10.0.0.1:80", headers: []string{"Forwarded: for =203.0.113.7"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "space_after_equals", peer: "10.0.0.1:80", headers: []string{"Forwarded: for= 203.0.113.7"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "empty_value", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=;proto=http"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "empty_quoted_for", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=""`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "stray_quote_after_token", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=203.0.113.7"`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "text_after_quoted", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="203.0.113.7"x`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "duplicate_proto", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;proto=http;PROTO=https"}, wantErr: keyreason.ErrInvalidHeader},
 		{name: "quoted_obs_text", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=\"caf\xc3\xa9\""}, want: "203.0.113.7"},
-		{name: "unquoted_obs_text", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=caf\xc3\xa9"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "quoted_pair_of_ctl", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=\"a\\\x01\""}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "quoted_del", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=\"a\x7f\""}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "name_not_token", peer: "10.0.0.1:80", headers: []string{"Forwarded: f(r)=1;for=203.0.113.7"}, wantErr: keyfuncs.ErrInvalidHeader},
+		{name: "unquoted_obs_text", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=caf\xc3\xa9"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "quoted_pair_of_ctl", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=\"a\\\x01\""}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "quoted_del", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;host=\"a\x7f\""}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "name_not_token", peer: "10.0.0.1:80", headers: []string{"Forwarded: f(r)=1;for=203.0.113.7"}, wantErr: keyreason.ErrInvalidHeader},
 		// A client that leaves a quote open swallows the element its proxy appends on the
 		// same line: the line no longer parses, and the client gets no identity at all.
-		{name: "open_quote_swallows_proxy_element", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=6.6.6.6;x=", for=203.0.113.7`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "open_quote_meets_proxy_quote", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=6.6.6.6;x=", for="[2001:db8:1::7]:4711"`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "quote_does_not_span_lines", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=6.6.6.6;x="`, `Forwarded: ", for=203.0.113.7`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "garbage_address", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=bogus"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "v4_in_brackets", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="[203.0.113.7]"`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "unterminated_quote", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="203.0.113.7`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "duplicate_for", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;for=10.0.0.3"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "missing_equals", peer: "10.0.0.1:80", headers: []string{"Forwarded: for"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "bad_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="203.0.113.7:123456"`}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "too_many_hops", peer: "10.0.0.1:80", headers: []string{"Forwarded: " + strings.Repeat("for=10.0.0.2, ", 70) + "for=203.0.113.7"}, wantErr: keyfuncs.ErrInvalidHeader},
+		{name: "open_quote_swallows_proxy_element", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=6.6.6.6;x=", for=203.0.113.7`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "open_quote_meets_proxy_quote", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=6.6.6.6;x=", for="[2001:db8:1::7]:4711"`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "quote_does_not_span_lines", peer: "10.0.0.1:80", headers: []string{`Forwarded: for=6.6.6.6;x="`, `Forwarded: ", for=203.0.113.7`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "garbage_address", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=bogus"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "v4_in_brackets", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="[203.0.113.7]"`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "unterminated_quote", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="203.0.113.7`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "duplicate_for", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=203.0.113.7;for=10.0.0.3"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "missing_equals", peer: "10.0.0.1:80", headers: []string{"Forwarded: for"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "bad_port", peer: "10.0.0.1:80", headers: []string{`Forwarded: for="203.0.113.7:123456"`}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "too_many_hops", peer: "10.0.0.1:80", headers: []string{"Forwarded: " + strings.Repeat("for=10.0.0.2, ", 70) + "for=203.0.113.7"}, wantErr: keyreason.ErrInvalidHeader},
 	})
 }
 
@@ -199,8 +200,8 @@ func TestClientIP_SingleAddressHeader(t *testing.T) {
 		{name: "trusted_peer", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 203.0.113.7"}, want: "203.0.113.7"},
 		{name: "untrusted_peer_ignored", peer: "198.51.100.1:80", headers: []string{"X-Real-IP: 203.0.113.7"}, want: "198.51.100.1"},
 		{name: "last_value_wins", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 1.1.1.1", "X-Real-IP: 203.0.113.7"}, want: "203.0.113.7"},
-		{name: "garbage_no_fallback", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 1.1.1.1", "X-Real-IP: bogus"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "list_is_garbage", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 203.0.113.7, 1.1.1.1"}, wantErr: keyfuncs.ErrInvalidHeader},
+		{name: "garbage_no_fallback", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 1.1.1.1", "X-Real-IP: bogus"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "list_is_garbage", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 203.0.113.7, 1.1.1.1"}, wantErr: keyreason.ErrInvalidHeader},
 		{name: "mapped", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: ::ffff:203.0.113.7"}, want: "203.0.113.7"},
 		{name: "ipv6", peer: "10.0.0.1:80", headers: []string{"X-Real-IP: 2001:db8:1:2::3"}, want: "2001:db8:1:2::/64"},
 		{name: "missing_is_peer", peer: "10.0.0.1:80", want: "10.0.0.1"},
@@ -220,14 +221,14 @@ func TestClientIP_FromHeaderNameCase(t *testing.T) {
 	for _, name := range []string{"forwarded", "FORWARDED"} {
 		runIP(t, mustClientIP(t, keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader(name)), []ipCase{
 			{name: name + "/chain", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=6.6.6.6, for=203.0.113.7, for=10.0.0.2"}, want: "203.0.113.7"},
-			{name: name + "/unknown_hop", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=unknown"}, wantErr: keyfuncs.ErrNoClientIP},
+			{name: name + "/unknown_hop", peer: "10.0.0.1:80", headers: []string{"Forwarded: for=unknown"}, wantErr: keyreason.ErrNoClientIP},
 		})
 	}
 }
 
 func TestClientIP_ChiClientIP(t *testing.T) {
 	t.Parallel()
-	fn := mustClientIP(t, keyfuncs.ChiClientIP(), keyfuncs.IPv6Prefix(56))
+	fn := mustClientIP(t, keyfuncs.ChiClientIP(), keyfuncs.Prefixes(32, 56))
 	var got string
 	var gotErr error
 	h := middleware.ClientIPFromXFF("10.0.0.0/8")(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -240,7 +241,7 @@ func TestClientIP_ChiClientIP(t *testing.T) {
 		{name: "ipv4", peer: "10.0.0.1:80", xff: "203.0.113.7", want: "203.0.113.7"},
 		{name: "ipv6_grouped", peer: "10.0.0.1:80", xff: "2001:db8:1:2ff::1", want: "2001:db8:1:200::/56"},
 		{name: "untrusted_peer", peer: "198.51.100.1:80", xff: "203.0.113.7", want: "198.51.100.1"},
-		{name: "garbage_no_ip", peer: "10.0.0.1:80", xff: "bogus", wantErr: keyfuncs.ErrNoClientIP},
+		{name: "garbage_no_ip", peer: "10.0.0.1:80", xff: "bogus", wantErr: keyreason.ErrNoClientIP},
 	}
 	for _, tc := range tt {
 		got, gotErr = "", nil
@@ -256,14 +257,14 @@ func TestClientIP_ChiClientIP(t *testing.T) {
 		}
 	}
 	// Without the chi middleware there is no address, and no fallback to the peer.
-	if got, err := fn(req("203.0.113.7:1")); !errors.Is(err, keyfuncs.ErrNoClientIP) {
+	if got, err := fn(req("203.0.113.7:1")); !errors.Is(err, keyreason.ErrNoClientIP) {
 		t.Errorf("without middleware: got (%q, %v), want ErrNoClientIP", got, err)
 	}
 }
 
 func TestClientIP_IPv6Grouping(t *testing.T) {
 	t.Parallel()
-	key := func(fn keyfuncs.KeyFunc, peer string) string {
+	key := func(fn keyFunc, peer string) string {
 		t.Helper()
 		k, err := fn(req(peer))
 		if err != nil {
@@ -285,14 +286,14 @@ func TestClientIP_IPv6Grouping(t *testing.T) {
 		t.Errorf("got %q, want %q", a, want)
 	}
 
-	p56 := mustClientIP(t, keyfuncs.IPv6Prefix(56))
+	p56 := mustClientIP(t, keyfuncs.Prefixes(32, 56))
 	if x, y := key(p56, "[2001:db8:1:2::1]:1"), key(p56, "[2001:db8:1:ff::1]:1"); x != y || x != "2001:db8:1::/56" {
 		t.Errorf("/56: got %q and %q, want both 2001:db8:1::/56", x, y)
 	}
 	if x, y := key(p56, "[2001:db8:1:2::1]:1"), key(p56, "[2001:db8:1:100::1]:1"); x == y {
 		t.Errorf("/56: different /56 share key %q", x)
 	}
-	full := mustClientIP(t, keyfuncs.IPv6Prefix(128), keyfuncs.IPv4Prefix(24))
+	full := mustClientIP(t, keyfuncs.Prefixes(24, 128))
 	if got := key(full, "[2001:db8::1]:1"); got != "2001:db8::1" {
 		t.Errorf("/128: got %q", got)
 	}
@@ -325,8 +326,8 @@ func TestClientIP_Config(t *testing.T) {
 		{name: "header_name_colon", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("X-Real-IP:")}, want: "FromHeader: invalid header name"},
 		{name: "chi_with_trust", opts: []keyfuncs.IPOption{keyfuncs.ChiClientIP(), keyfuncs.TrustedProxies("10.0.0.0/8")}, want: "ChiClientIP"},
 		{name: "bad_header_name", opts: []keyfuncs.IPOption{keyfuncs.TrustedProxies("10.0.0.0/8"), keyfuncs.FromHeader("")}, want: "FromHeader"},
-		{name: "v6_prefix_range", opts: []keyfuncs.IPOption{keyfuncs.IPv6Prefix(0)}, want: "IPv6Prefix"},
-		{name: "v4_prefix_range", opts: []keyfuncs.IPOption{keyfuncs.IPv4Prefix(33)}, want: "IPv4Prefix"},
+		{name: "v6_prefix_range", opts: []keyfuncs.IPOption{keyfuncs.Prefixes(32, 0)}, want: "Prefixes: ipv6: 0 bits"},
+		{name: "v4_prefix_range", opts: []keyfuncs.IPOption{keyfuncs.Prefixes(33, 64)}, want: "Prefixes: ipv4: 33 bits"},
 		{name: "require_without_source", opts: []keyfuncs.IPOption{keyfuncs.RequireForwarding()}, want: "RequireForwarding"},
 		{name: "nil_option", opts: []keyfuncs.IPOption{nil}, want: "nil option"},
 	}

@@ -1,7 +1,8 @@
 // Package keyfuncs maps each request to the two halves of a budget's key: an identity
 // (whose budget: a client IP prefix, an account, nobody) and a scope (where it applies:
-// a route pattern). A [KeyFunc] has the shape of httprate's, so extractors written for one
-// work with the other.
+// a route pattern). Its key functions are plain func(*http.Request) (string, error), the
+// shape of middleware.Rule's Identity and Scope and of httprate's KeyFunc, so extractors
+// written for one work with the other.
 //
 //	clientIP, err := keyfuncs.ClientIP(
 //		keyfuncs.TrustedProxies("10.0.0.0/8"), // the load balancers' subnet
@@ -12,12 +13,12 @@
 //	}
 //	scope := keyfuncs.RoutePattern()
 //
-// Every KeyFunc returns a non-empty key or an error. An error is not a budget: the
+// Every key function returns a non-empty key or an error. An error is not a budget: the
 // middleware turns it into a documented response (400 by default, naming the reason
 // when it knows one: this package's errors have theirs, "header X-Api-Key is missing or
 // empty"; a function of your own returns a *middleware.InputError with a Reason), never
 // into one bucket shared by everyone whose key failed.
-// The middleware refuses an empty key from any KeyFunc the same way; a service-wide
+// The middleware refuses an empty key from any key function the same way; a service-wide
 // budget is asked for with [Global].
 //
 // # Threat model
@@ -38,13 +39,14 @@
 //     hop vouches for the entry before it; the first address that is not trusted is the
 //     client. Entries left of it were written by the client (or by proxies you do not
 //     trust) and are never read, so prepending fake entries changes nothing.
-//   - Garbage met before the client is found is an error ([ErrInvalidHeader]); in
-//     Forwarded, whose quoting decides where elements end, garbage anywhere is. A hop
-//     hidden as "unknown" or "_obfuscated" is [ErrNoClientIP]. Neither falls back to a
-//     proxy's address, which would merge many clients into one budget.
+//   - Garbage met before the client is found is an error (400, "header X-Forwarded-For
+//     is malformed"); in Forwarded, whose quoting decides where elements end, garbage
+//     anywhere is. A hop hidden as "unknown" or "_obfuscated" is an error too (400, "the
+//     client address could not be determined"). Neither falls back to a proxy's
+//     address, which would merge many clients into one budget.
 //   - IPv4-mapped IPv6 (::ffff:192.0.2.1) is read as IPv4 and IPv6 zones are dropped
 //     before any check, so no notation aliases a trusted or another address.
-//   - IPv6 clients are grouped by prefix (/64 by default, see [IPv6Prefix]): one
+//   - IPv6 clients are grouped by prefix (/64 by default, see [Prefixes]): one
 //     subscriber holds at least a /64, often a /56 or a /48.
 //   - Keys are bounded and collision-free: [Header] refuses values longer than 256 bytes
 //     or outside printable ASCII; [Func] hashes them; [Join] length-prefixes its parts
@@ -99,12 +101,12 @@
 //
 // # Scopes
 //
-// [RoutePattern] and [MethodAndRoutePattern] scope a budget to the route that matched
-// ("/users/{id}", not "/users/42"). On a chi router they work wherever the middleware is
-// mounted, but in the r.Use of a subrouter (r.Route, r.Mount) the pattern is the mount's
-// ("/api/*", one scope for the subtree: use r.With or r.Group there); with an
-// http.ServeMux, wrap the handler given to mux.Handle, not the mux
-// (around a mux no route is known yet: 500 and one log line). See [RoutePattern].
+// [RoutePattern] scopes a budget to the route that matched ("/users/{id}", not
+// "/users/42"); joined with the method, to each method of it (see [RoutePattern]). On a
+// chi router it works wherever the middleware is mounted, but in the r.Use of a
+// subrouter (r.Route, r.Mount) the pattern is the mount's ("/api/*", one scope for the
+// subtree: use r.With or r.Group there); with an http.ServeMux, wrap the handler given
+// to mux.Handle, not the mux (around a mux no route is known yet: 500 and one log line).
 // There is no scope by the raw URL path, httprate's KeyByEndpoint: a budget per distinct
 // URL is state without bound, chosen by the client, who also gets a fresh budget by
 // varying the path. Code ported from httprate uses [RoutePattern]; where the raw path

@@ -46,18 +46,18 @@ func ExampleClientIP() {
 // Join's encoding is unambiguous: parts are length-prefixed, and braces (which would
 // choose a Redis Cluster slot) are escaped.
 func ExampleJoin_encoding() {
-	fixed := func(s string) keyfuncs.KeyFunc {
+	fixed := func(s string) func(*http.Request) (string, error) {
 		return keyfuncs.Func(func(*http.Request) (string, error) { return s, nil })
 	}
 	r := httptest.NewRequest(http.MethodGet, "/users/42", nil)
 	r.Pattern = "GET /users/{id}" // as http.ServeMux sets it
 	fmt.Println(keyfuncs.Join(fixed("a:b"), fixed("c"))(r))
 	fmt.Println(keyfuncs.Join(fixed("a"), fixed("b:c"))(r))
-	fmt.Println(keyfuncs.Join(keyfuncs.MethodAndRoutePattern())(r))
+	fmt.Println(keyfuncs.Join(keyfuncs.RoutePattern())(r))
 	// Output:
 	// 3:a:b1:c <nil>
 	// 1:a3:b:c <nil>
-	// 19:GET /users/%7Bid%7D <nil>
+	// 15:/users/%7Bid%7D <nil>
 }
 
 // A budget per tenant and client address: Join encodes the parts without ambiguity.
@@ -100,6 +100,35 @@ func ExampleRoutePattern() {
 	// Output:
 	// scope "/users/{id}" <nil>
 	// scope "/admin/*" <nil>
+}
+
+// A scope per method of a route: the method joined with the route pattern. HEAD shares
+// GET's budget and methods the service does not serve share one, so that a client gets no
+// fresh budget by switching to HEAD or by inventing a method.
+func ExampleRoutePattern_method() {
+	method := keyfuncs.Func(func(r *http.Request) (string, error) {
+		switch r.Method {
+		case http.MethodHead:
+			return http.MethodGet, nil
+		case http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+			return r.Method, nil
+		}
+		return "OTHER", nil
+	})
+	scope := keyfuncs.Join(method, keyfuncs.RoutePattern())
+
+	mux := http.NewServeMux()
+	mux.Handle("/users/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Println(scope(r))
+	}))
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodDelete, "BREW"} {
+		mux.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(m, "/users/42", nil))
+	}
+	// Output:
+	// 3:GET15:/users/%7Bid%7D <nil>
+	// 3:GET15:/users/%7Bid%7D <nil>
+	// 6:DELETE15:/users/%7Bid%7D <nil>
+	// 5:OTHER15:/users/%7Bid%7D <nil>
 }
 
 // API keys are secrets: key the budget by their HMAC, never by the key itself.

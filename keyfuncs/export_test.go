@@ -4,10 +4,9 @@ import "net/netip"
 
 // Unexported bounds and helpers, for the external tests that check them.
 const (
-	MaxValueLen    = maxValueLen
-	MaxJoinedLen   = maxJoinedLen
-	HashedLen      = hashedLen
-	UnmatchedRoute = unmatchedRoute
+	MaxValueLen  = maxValueLen
+	MaxJoinedLen = maxJoinedLen
+	HashedLen    = hashedLen
 )
 
 var JoinStrings = joinStrings

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 )
 
 // maxForwardedHops bounds the number of RFC 7239 elements read from one request. Real
@@ -29,14 +31,14 @@ func (c *ipConfig) fromForwarded(r *http.Request) (string, error) {
 	}
 	if len(hops) == 0 {
 		if c.strict {
-			return "", ErrNoClientIP
+			return "", keyreason.ErrNoClientIP
 		}
 		return c.key(p, k), nil
 	}
 	for i := len(hops) - 1; i >= 0; i-- {
 		h := hops[i]
 		if !h.known {
-			return "", ErrNoClientIP
+			return "", keyreason.ErrNoClientIP
 		}
 		if !c.trustedAddr(h.addr) {
 			return c.key(h.addr, h.raw), nil

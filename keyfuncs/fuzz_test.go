@@ -205,7 +205,7 @@ func FuzzHeaderKeys(f *testing.F) {
 	f.Fuzz(func(t *testing.T, v string) {
 		r := req("203.0.113.7:1")
 		r.Header["X-Account"] = []string{v}
-		for _, fn := range []keyfuncs.KeyFunc{hdr, fromFunc} {
+		for _, fn := range []keyFunc{hdr, fromFunc} {
 			key, err := fn(r)
 			if err == nil && (key == "" || len(key) > keyfuncs.MaxValueLen || strings.ContainsAny(key, "{}")) {
 				t.Fatalf("%q: unsafe key %q", v, key)

@@ -41,7 +41,7 @@ func lastCharVariants(t *testing.T, enc *base64.Encoding, s string) []string {
 }
 
 // sameKey asserts that every value of the header gives one identity, and returns it.
-func sameKey(t *testing.T, fn keyfuncs.KeyFunc, name string, values ...string) string {
+func sameKey(t *testing.T, fn keyFunc, name string, values ...string) string {
 	t.Helper()
 	var first string
 	for i, v := range values {
@@ -60,7 +60,7 @@ func sameKey(t *testing.T, fn keyfuncs.KeyFunc, name string, values ...string) s
 	return first
 }
 
-func keyOf(t *testing.T, fn keyfuncs.KeyFunc, name string, lines ...string) (string, error) {
+func keyOf(t *testing.T, fn keyFunc, name string, lines ...string) (string, error) {
 	t.Helper()
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.Header[name] = lines
@@ -192,14 +192,14 @@ func TestHashedHeader_SeveralLines(t *testing.T) {
 			{"Bearer valid", "", "Bearer valid", "x"},
 		} {
 			got, err := keyOf(t, fn, name, lines...)
-			if !errors.Is(err, keyfuncs.ErrInvalidHeader) || got != "" {
+			if !errors.Is(err, keyreason.ErrInvalidHeader) || got != "" {
 				t.Errorf("%s %q: got (%q, %v), want ErrInvalidHeader", name, lines, got, err)
 			}
 			if reason, _ := keyreason.Of(err); reason != "header "+name+" is malformed" {
 				t.Errorf("%s %q: reason %q", name, lines, reason)
 			}
 		}
-		if _, err := keyOf(t, fn, name, "", " "); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+		if _, err := keyOf(t, fn, name, "", " "); !errors.Is(err, keyreason.ErrEmptyKey) {
 			t.Errorf("%s: only empty lines: got %v, want ErrEmptyKey", name, err)
 		}
 	}
@@ -279,7 +279,7 @@ func TestHashedHeader_OverTheWire(t *testing.T) {
 	if got.auth != "Bearer tok" {
 		t.Fatalf("the handler reads %q", got.auth)
 	}
-	if !errors.Is(got.err, keyfuncs.ErrInvalidHeader) {
+	if !errors.Is(got.err, keyreason.ErrInvalidHeader) {
 		t.Errorf("an added line: got (%q, %v), want ErrInvalidHeader", got.key, got.err)
 	}
 }

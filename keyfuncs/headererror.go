@@ -1,10 +1,13 @@
 package keyfuncs
 
-// headerError is one of this package's sentinels for a named header. Its text is the
-// sentinel's followed by the header's name, as fmt.Errorf("%w: %s") gave before. The
-// middleware's 400 names the header (HeaderName), never the value the request sent.
+import "github.com/ratebudget/ratebudget/internal/keyreason"
+
+// headerError is keyreason.ErrEmptyKey or keyreason.ErrInvalidHeader for a named
+// header. Its text is the sentinel's followed by the header's name, as
+// fmt.Errorf("%w: %s") gave before. The middleware's 400 names the header
+// (HeaderName), never the value the request sent.
 type headerError struct {
-	kind Error
+	kind keyreason.Error
 	name string
 }
 

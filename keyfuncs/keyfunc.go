@@ -11,46 +11,12 @@ import (
 	"sync"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 )
 
-// KeyFunc maps a request to a key: an identity (whose budget) or a scope (where it
-// applies). It has the shape of httprate's KeyFunc, so its extractors plug in.
-//
-// A KeyFunc returns a non-empty key or an error. The middleware refuses an empty key
-// (400, "identity could not be determined"), from this package or any other, so that a
-// missing header can never put every such client in one shared budget; a service-wide
-// budget is asked for explicitly with [Global]. Callers must turn an error into a
-// refusal of the request, never into a shared budget. Every KeyFunc of this package is
-// safe for concurrent use.
-type KeyFunc func(r *http.Request) (string, error)
-
-// Error is the type of this package's sentinel errors. They are constants, so no one can
-// replace them. Test for one with errors.Is, or for any of them with errors.As into a
-// variable of type Error. Errors returned by KeyFuncs may wrap them with the name of the
-// header at fault; they never quote request data, so they are safe to log. They are not
-// meant for clients.
-type Error string
-
-// Error returns the message, which starts with "keyfuncs: ".
-func (e Error) Error() string { return string(e) }
-
-const (
-	// ErrNoClientIP means that the client address cannot be known: the TCP peer is not
-	// an IP address (a unix socket), a trusted proxy reported the client as "unknown" or
-	// by an obfuscated identifier, or the chi client-IP middleware stored no address.
-	ErrNoClientIP Error = "keyfuncs: no client IP"
-	// ErrEmptyKey means that the identity is empty or missing (no header, no value in the
-	// context).
-	ErrEmptyKey Error = "keyfuncs: empty key"
-	// ErrInvalidHeader means that a header the KeyFunc reads is malformed: an address
-	// that does not parse in a forwarding header, a broken RFC 7239 Forwarded syntax, an
-	// identifier that is too long or holds bytes outside printable ASCII, or a secret
-	// sent on several lines that differ (see [HashedHeader]).
-	ErrInvalidHeader Error = "keyfuncs: invalid header"
-	// ErrNoRoutePattern means that no route pattern is known for the request yet (see
-	// [RoutePattern]).
-	ErrNoRoutePattern Error = "keyfuncs: no route pattern"
-)
+// keyFunc is the shape of every key function of this package, of middleware.Rule's
+// Identity and Scope, and of httprate's KeyFunc.
+type keyFunc = func(r *http.Request) (string, error)
 
 // Bounds on keys.
 const (
@@ -74,18 +40,19 @@ const hashMark = '~'
 // equal it.
 const globalKey = "~global"
 
-// Global returns a KeyFunc for service-wide rules: every request gets the identity
+// Global returns a key function for service-wide rules: every request gets the identity
 // "~global", so all callers share one budget. It is the explicit way to ask for a
-// shared budget; an empty key from any KeyFunc is refused by the middleware instead of
-// being shared. The identity starts with '~' but is not a digest, so no key this package
-// builds from request data can equal it. The KeyFunc never fails and is safe for
-// concurrent use.
-func Global() KeyFunc {
+// shared budget; an empty key from any key function is refused by the middleware
+// instead of being shared. The identity starts with '~' but is not a digest, so no key
+// this package builds from request data can equal it. The function never fails and is
+// safe for concurrent use.
+func Global() func(*http.Request) (string, error) {
 	return func(*http.Request) (string, error) { return globalKey, nil }
 }
 
-// Func adapts a function to a KeyFunc with this package's key hygiene: an empty result is
-// [ErrEmptyKey]; a result of 1 to 256 bytes of printable ASCII (0x20-0x7E) without '{'
+// Func adapts a function to a key function with this package's key hygiene: an empty
+// result is an error (the middleware answers 400, "identity could not be determined");
+// a result of 1 to 256 bytes of printable ASCII (0x20-0x7E) without '{'
 // or '}' and not starting with '~' is kept as it is; any other result is replaced by its
 // SHA-256 digest (65 bytes: "~" and 64 hex digits), so keys stay bounded and can never
 // carry a Redis Cluster hash tag. Errors from fn are returned as they are.
@@ -95,7 +62,7 @@ func Global() KeyFunc {
 //
 //	accounts := keyfuncs.Func(func(r *http.Request) (string, error) {
 //		u, _ := auth.UserFrom(r.Context())
-//		return u.AccountID, nil // "" (no user) is ErrEmptyKey
+//		return u.AccountID, nil // "" (no user) is an error: 400
 //	})
 //	search := keyfuncs.Func(func(*http.Request) (string, error) { return "search", nil })
 //
@@ -103,9 +70,9 @@ func Global() KeyFunc {
 // every request with a *[ratebudget.ConfigError] (package middleware answers 500 and
 // logs it).
 //
-// A plain conversion, KeyFunc(fn), keeps none of this hygiene: inside [Join] its empty
-// key is encoded as "0:", one budget shared by every request without an identity.
-func Func(fn func(r *http.Request) (string, error)) KeyFunc {
+// A function passed as it is keeps none of this hygiene: inside [Join] its empty key is
+// encoded as "0:", one budget shared by every request without an identity.
+func Func(fn func(r *http.Request) (string, error)) func(*http.Request) (string, error) {
 	if fn == nil {
 		return misbuilt("Func", "needs a function, got nil")
 	}
@@ -115,23 +82,23 @@ func Func(fn func(r *http.Request) (string, error)) KeyFunc {
 			return "", err
 		}
 		if s == "" {
-			return "", ErrEmptyKey
+			return "", keyreason.ErrEmptyKey
 		}
 		return clean(s), nil
 	}
 }
 
-// Hash returns a KeyFunc that replaces the key fn returns by its digest: HMAC-SHA-256
+// Hash returns a key function that replaces the key fn returns by its digest: HMAC-SHA-256
 // under hmacKey, or SHA-256 when hmacKey is empty. The result is always 65
 // bytes ("~" and 64 hex digits). Use it for secrets such as API keys or session tokens,
 // so they never reach the store, logs or metrics. Prefer an HMAC key (16 bytes or more,
 // kept secret): a plain SHA-256 of a known or guessable value can be recomputed by anyone
 // who reads the store. hmacKey is copied.
 //
-// Errors from fn, including [ErrEmptyKey], are returned as they are; an empty key with a
-// nil error is [ErrEmptyKey] (a secret is never empty). A nil fn fails every request with
-// a *[ratebudget.ConfigError].
-func Hash(fn KeyFunc, hmacKey []byte) KeyFunc {
+// Errors from fn are returned as they are; an empty key with a nil error is an error too,
+// as in [Func] (a secret is never empty). A nil fn fails every request with a
+// *[ratebudget.ConfigError].
+func Hash(fn func(*http.Request) (string, error), hmacKey []byte) func(*http.Request) (string, error) {
 	if fn == nil {
 		return misbuilt("Hash", "needs a KeyFunc, got nil")
 	}
@@ -142,7 +109,7 @@ func Hash(fn KeyFunc, hmacKey []byte) KeyFunc {
 			return "", err
 		}
 		if s == "" {
-			return "", ErrEmptyKey
+			return "", keyreason.ErrEmptyKey
 		}
 		return h.sum(s), nil
 	}
@@ -171,7 +138,7 @@ func joinStrings(parts ...string) string {
 	return string(b)
 }
 
-// Join returns a KeyFunc that calls each fn in order and joins their keys into one, for
+// Join returns a key function that calls each fn in order and joins their keys into one, for
 // example a client IP with an account, or a tenant with a route. The first error is
 // returned as it is.
 //
@@ -184,11 +151,11 @@ func joinStrings(parts ...string) string {
 // (for digests, up to SHA-256 collisions). An empty part is encoded like any other part,
 // so Join's result is never empty. Join of no functions, or of a nil one, fails every
 // request with a *[ratebudget.ConfigError].
-func Join(fns ...KeyFunc) KeyFunc {
+func Join(fns ...func(*http.Request) (string, error)) func(*http.Request) (string, error) {
 	if len(fns) == 0 {
 		return misbuilt("Join", "needs at least one KeyFunc")
 	}
-	fns = append([]KeyFunc(nil), fns...)
+	fns = append([]keyFunc(nil), fns...)
 	for i, fn := range fns {
 		if fn == nil {
 			return misbuilt("Join", "got a nil KeyFunc at "+strconv.Itoa(i))
@@ -208,16 +175,16 @@ func Join(fns ...KeyFunc) KeyFunc {
 	}
 }
 
-// failing returns a KeyFunc that always returns err: how a constructor without an error
-// result reports an unusable argument, loudly and on every request.
-// misbuilt is the KeyFunc of a constructor given arguments it cannot use: every request
+// misbuilt is the key function of a constructor given arguments it cannot use: every request
 // fails with a configuration error naming the constructor, which package middleware
 // answers with 500 (the server's mistake, not the client's) and logs.
-func misbuilt(constructor, problem string) KeyFunc {
+func misbuilt(constructor, problem string) keyFunc {
 	return failing(&ratebudget.ConfigError{Field: "keyfuncs." + constructor, Problem: problem})
 }
 
-func failing(err error) KeyFunc {
+// failing returns a key function that always returns err: how a constructor without an
+// error result reports an unusable argument, loudly and on every request.
+func failing(err error) keyFunc {
 	return func(*http.Request) (string, error) { return "", err }
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
@@ -51,7 +52,7 @@ func TestJoin(t *testing.T) {
 	if err != nil || got != "4:acme11:203.0.113.7" {
 		t.Fatalf("got (%q, %v)", got, err)
 	}
-	if _, err := keyfuncs.Join(keyfuncs.Header("X-Missing"), ip)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := keyfuncs.Join(keyfuncs.Header("X-Missing"), ip)(r); !errors.Is(err, keyreason.ErrEmptyKey) {
 		t.Fatalf("missing part: got %v, want ErrEmptyKey", err)
 	}
 	if _, err := keyfuncs.Join()(r); !isConfigError(err) {
@@ -61,7 +62,7 @@ func TestJoin(t *testing.T) {
 		t.Fatalf("nil part: got %v", err)
 	}
 	// Many parts (beyond Join's stack buffer) still work.
-	fns := make([]keyfuncs.KeyFunc, 20)
+	fns := make([]keyFunc, 20)
 	for i := range fns {
 		fns[i] = fixed("p")
 	}
@@ -71,7 +72,7 @@ func TestJoin(t *testing.T) {
 }
 
 // fixed is a constant key through Func, the way to write a fixed scope.
-func fixed(s string) keyfuncs.KeyFunc {
+func fixed(s string) keyFunc {
 	return keyfuncs.Func(func(*http.Request) (string, error) { return s, nil })
 }
 
@@ -81,7 +82,7 @@ func TestGlobalAndFixed(t *testing.T) {
 	if got, err := keyfuncs.Global()(r); got != "~global" || err != nil {
 		t.Fatalf("Global: (%q, %v), want \"~global\"", got, err)
 	}
-	if got, err := fixed("")(r); got != "" || !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if got, err := fixed("")(r); got != "" || !errors.Is(err, keyreason.ErrEmptyKey) {
 		t.Fatalf("fixed(\"\"): (%q, %v), want ErrEmptyKey (a shared budget is asked for with Global)", got, err)
 	}
 	if got, err := fixed("search")(r); got != "search" || err != nil {
@@ -104,14 +105,14 @@ func TestHeader(t *testing.T) {
 		{name: "plain", values: []string{"acct-42"}, want: "acct-42"},
 		{name: "last_wins", values: []string{"victim", "acct-42"}, want: "acct-42"},
 		{name: "trimmed", values: []string{"  acct-42 "}, want: "acct-42"},
-		{name: "missing", values: nil, wantErr: keyfuncs.ErrEmptyKey},
-		{name: "empty", values: []string{" "}, wantErr: keyfuncs.ErrEmptyKey},
-		{name: "too_long", values: []string{strings.Repeat("a", keyfuncs.MaxValueLen+1)}, wantErr: keyfuncs.ErrInvalidHeader},
+		{name: "missing", values: nil, wantErr: keyreason.ErrEmptyKey},
+		{name: "empty", values: []string{" "}, wantErr: keyreason.ErrEmptyKey},
+		{name: "too_long", values: []string{strings.Repeat("a", keyfuncs.MaxValueLen+1)}, wantErr: keyreason.ErrInvalidHeader},
 		{name: "max_len_ok", values: []string{strings.Repeat("a", keyfuncs.MaxValueLen)}, want: strings.Repeat("a", keyfuncs.MaxValueLen)},
-		{name: "hash_tag", values: []string{"a{slot}"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "non_ascii", values: []string{"caf\xc3\xa9"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "control", values: []string{"a\x01b"}, wantErr: keyfuncs.ErrInvalidHeader},
-		{name: "digest_mark", values: []string{"~abc"}, wantErr: keyfuncs.ErrInvalidHeader},
+		{name: "hash_tag", values: []string{"a{slot}"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "non_ascii", values: []string{"caf\xc3\xa9"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "control", values: []string{"a\x01b"}, wantErr: keyreason.ErrInvalidHeader},
+		{name: "digest_mark", values: []string{"~abc"}, wantErr: keyreason.ErrInvalidHeader},
 	}
 	for _, tc := range tt {
 		t.Run(tc.name, func(t *testing.T) {
@@ -161,7 +162,7 @@ func TestHashedHeader(t *testing.T) {
 		t.Fatalf("long secret: %d bytes", len(long))
 	}
 	r.Header.Del("X-API-Key")
-	if _, err := keyfuncs.HashedHeader("X-API-Key", key)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := keyfuncs.HashedHeader("X-API-Key", key)(r); !errors.Is(err, keyreason.ErrEmptyKey) {
 		t.Fatalf("missing: %v", err)
 	}
 }
@@ -176,11 +177,11 @@ func TestContextFuncHash(t *testing.T) {
 		return s, nil
 	})
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
-	if _, err := fn(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := fn(r); !errors.Is(err, keyreason.ErrEmptyKey) {
 		t.Fatalf("absent: %v", err)
 	}
 	with := func(v string) *http.Request { return r.WithContext(context.WithValue(r.Context(), ctxKey{}, v)) }
-	if _, err := fn(with("")); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := fn(with("")); !errors.Is(err, keyreason.ErrEmptyKey) {
 		t.Fatalf("empty: %v", err)
 	}
 	if got, err := fn(with("acct 7")); got != "acct 7" || err != nil {
@@ -196,7 +197,7 @@ func TestContextFuncHash(t *testing.T) {
 	if _, err := keyfuncs.Func(func(*http.Request) (string, error) { return "", boom })(r); err != boom {
 		t.Fatalf("Func error: %v", err)
 	}
-	if _, err := keyfuncs.Hash(func(*http.Request) (string, error) { return "", nil }, nil)(r); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := keyfuncs.Hash(func(*http.Request) (string, error) { return "", nil }, nil)(r); !errors.Is(err, keyreason.ErrEmptyKey) {
 		t.Fatalf("Hash of empty: %v", err)
 	}
 	if _, err := keyfuncs.Func(nil)(r); !isConfigError(err) {
@@ -210,11 +211,14 @@ func TestErrorsAreClassifiable(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.Header.Set("X-Account", "{x}")
 	_, err := fn(r)
-	var kerr keyfuncs.Error
-	if !errors.As(err, &kerr) || kerr != keyfuncs.ErrInvalidHeader {
+	var kerr keyreason.Error
+	if !errors.As(err, &kerr) || kerr != keyreason.ErrInvalidHeader {
 		t.Fatalf("errors.As: %v -> %v", err, kerr)
 	}
 }
+
+// keyFunc is the shape of every key function of package keyfuncs.
+type keyFunc = func(*http.Request) (string, error)
 
 // isConfigError reports whether err is, or wraps, a *ratebudget.ConfigError.
 func isConfigError(err error) bool {

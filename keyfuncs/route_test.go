@@ -11,12 +11,14 @@ import (
 	"github.com/go-chi/chi/v5"
 	chimw "github.com/go-chi/chi/v5/middleware"
 
+	"github.com/ratebudget/ratebudget/internal/keyreason"
+	"github.com/ratebudget/ratebudget/internal/routekey"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
-// recorder is a middleware that records what a KeyFunc returns where it is installed.
+// recorder is a middleware that records what a key function returns where it is installed.
 type recorder struct {
-	fn  keyfuncs.KeyFunc
+	fn  keyFunc
 	got string
 	err error
 	ran bool
@@ -89,7 +91,7 @@ func TestRoutePattern_Chi(t *testing.T) {
 				r.Get("/users/{id}", ok)
 				return r
 			},
-			target: "/nowhere", want: keyfuncs.UnmatchedRoute, // chi answers 404
+			target: "/nowhere", want: routekey.Unmatched, // chi answers 404
 		},
 		{
 			name: "with_on_route",
@@ -216,17 +218,17 @@ func TestRoutePattern_ServeMux(t *testing.T) {
 	t.Parallel()
 	tt := []struct {
 		name, pattern, method, target, want string
-		fn                                  keyfuncs.KeyFunc
+		fn                                  keyFunc
 		wrapMux                             bool
 		wantErr                             error
 	}{
 		{name: "method_pattern", pattern: "GET /items/{id}", method: "GET", target: "/items/9", want: "/items/{id}", fn: keyfuncs.RoutePattern()},
 		{name: "plain_pattern", pattern: "/items/{id}", method: "GET", target: "/items/9", want: "/items/{id}", fn: keyfuncs.RoutePattern()},
 		{name: "host_kept", pattern: "example.com/items/", method: "GET", target: "http://example.com/items/x", want: "example.com/items/", fn: keyfuncs.RoutePattern()},
-		{name: "method_and_pattern", pattern: "POST /items", method: "POST", target: "/items", want: "POST /items", fn: keyfuncs.MethodAndRoutePattern()},
-		{name: "head_on_get_route", pattern: "GET /items", method: "HEAD", target: "/items", want: "GET /items", fn: keyfuncs.MethodAndRoutePattern()},
-		{name: "invented_method", pattern: "/items", method: "BREW", target: "/items", want: "OTHER /items", fn: keyfuncs.MethodAndRoutePattern()},
-		{name: "outside_mux", pattern: "/items", method: "GET", target: "/items", wrapMux: true, wantErr: keyfuncs.ErrNoRoutePattern, fn: keyfuncs.RoutePattern()},
+		{name: "method_and_pattern", pattern: "POST /items", method: "POST", target: "/items", want: "POST /items", fn: routekey.MethodAndPattern},
+		{name: "head_on_get_route", pattern: "GET /items", method: "HEAD", target: "/items", want: "GET /items", fn: routekey.MethodAndPattern},
+		{name: "invented_method", pattern: "/items", method: "BREW", target: "/items", want: "OTHER /items", fn: routekey.MethodAndPattern},
+		{name: "outside_mux", pattern: "/items", method: "GET", target: "/items", wrapMux: true, wantErr: keyreason.ErrNoRoutePattern, fn: keyfuncs.RoutePattern()},
 	}
 	for _, tc := range tt {
 		t.Run(tc.name, func(t *testing.T) {
@@ -246,15 +248,15 @@ func TestRoutePattern_ServeMux(t *testing.T) {
 	}
 }
 
-func TestMethodAndRoutePattern_Chi(t *testing.T) {
+func TestMethodAndPattern_Chi(t *testing.T) {
 	t.Parallel()
-	rec := &recorder{fn: keyfuncs.MethodAndRoutePattern()}
+	rec := &recorder{fn: routekey.MethodAndPattern}
 	r := chi.NewRouter()
 	r.With(rec.mw).Delete("/users/{id}", ok)
 	serve(r, http.MethodDelete, "/users/1")
 	checkRec(t, rec, "DELETE /users/{id}", nil)
 
-	rec = &recorder{fn: keyfuncs.MethodAndRoutePattern()}
+	rec = &recorder{fn: routekey.MethodAndPattern}
 	r = chi.NewRouter()
 	r.Use(rec.mw)
 	r.Get("/", ok)
@@ -262,20 +264,20 @@ func TestMethodAndRoutePattern_Chi(t *testing.T) {
 	checkRec(t, rec, "GET /", nil) // looked up ahead of routing
 
 	// Outside any router nothing is known: an error, never a shared scope.
-	rec = &recorder{fn: keyfuncs.MethodAndRoutePattern()}
+	rec = &recorder{fn: routekey.MethodAndPattern}
 	serve(rec.mw(http.HandlerFunc(ok)), http.MethodGet, "/")
-	checkRec(t, rec, "", keyfuncs.ErrNoRoutePattern)
+	checkRec(t, rec, "", keyreason.ErrNoRoutePattern)
 }
 
 // chi's GetHead middleware routes a HEAD request without a HEAD route to the GET route
 // (rctx.RouteMethod = "GET"). The scope is then that GET route's, as for GET, wherever
-// the KeyFunc runs after GetHead: not "~unmatched" before routing, and not a HEAD scope
+// the key function runs after GetHead: not "~unmatched" before routing, and not a HEAD scope
 // of its own (which would give a client a second budget by alternating HEAD and GET).
 func TestRoutePattern_ChiGetHead(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		fn     keyfuncs.KeyFunc
+		fn     keyFunc
 		method string
 		target string
 		want   string
@@ -284,11 +286,11 @@ func TestRoutePattern_ChiGetHead(t *testing.T) {
 		{"pattern_head", keyfuncs.RoutePattern(), http.MethodHead, "/users/42", "/users/{id}"},
 		{"pattern_head_subrouter", keyfuncs.RoutePattern(), http.MethodHead, "/api/items/7", "/api/items/{id}"},
 		{"pattern_head_route", keyfuncs.RoutePattern(), http.MethodHead, "/files/x", "/files/{name}"},
-		{"pattern_head_nowhere", keyfuncs.RoutePattern(), http.MethodHead, "/nowhere", keyfuncs.UnmatchedRoute},
-		{"method_get", keyfuncs.MethodAndRoutePattern(), http.MethodGet, "/users/42", "GET /users/{id}"},
-		{"method_head", keyfuncs.MethodAndRoutePattern(), http.MethodHead, "/users/42", "GET /users/{id}"},
-		{"method_head_subrouter", keyfuncs.MethodAndRoutePattern(), http.MethodHead, "/api/items/7", "GET /api/items/{id}"},
-		{"method_head_route", keyfuncs.MethodAndRoutePattern(), http.MethodHead, "/files/x", "HEAD /files/{name}"},
+		{"pattern_head_nowhere", keyfuncs.RoutePattern(), http.MethodHead, "/nowhere", routekey.Unmatched},
+		{"method_get", routekey.MethodAndPattern, http.MethodGet, "/users/42", "GET /users/{id}"},
+		{"method_head", routekey.MethodAndPattern, http.MethodHead, "/users/42", "GET /users/{id}"},
+		{"method_head_subrouter", routekey.MethodAndPattern, http.MethodHead, "/api/items/7", "GET /api/items/{id}"},
+		{"method_head_route", routekey.MethodAndPattern, http.MethodHead, "/files/x", "HEAD /files/{name}"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			top := &recorder{fn: tc.fn}
@@ -302,7 +304,7 @@ func TestRoutePattern_ChiGetHead(t *testing.T) {
 			r.With(with.mw).Head("/files/{name}", ok)
 			serve(r, tc.method, tc.target)
 			checkRec(t, top, tc.want, nil)
-			if tc.want != keyfuncs.UnmatchedRoute {
+			if tc.want != routekey.Unmatched {
 				checkRec(t, with, tc.want, nil)
 			}
 		})
@@ -338,7 +340,7 @@ func TestFuncURLPath(t *testing.T) {
 	if strings.ContainsAny(braces, "{}") {
 		t.Errorf("braces kept: %q", braces)
 	}
-	if _, err := fn(&http.Request{URL: &url.URL{}}); !errors.Is(err, keyfuncs.ErrEmptyKey) {
+	if _, err := fn(&http.Request{URL: &url.URL{}}); !errors.Is(err, keyreason.ErrEmptyKey) {
 		t.Errorf("empty path: %v", err)
 	}
 }

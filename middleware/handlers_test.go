@@ -13,6 +13,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
@@ -206,7 +207,7 @@ func TestErrorHandlerAnswersInputErrors(t *testing.T) {
 	if !errors.As(got[0], &ie) || ie.Part != "identity" || ie.Rule != "keyed" || ie.Reason == "" {
 		t.Fatalf("error given to the handler: %#v; want an *InputError for the identity of rule keyed, with a reason", got[0])
 	}
-	if !errors.Is(got[0], keyfuncs.ErrEmptyKey) && !errors.Is(got[0], keyfuncs.ErrInvalidHeader) {
+	if !errors.Is(got[0], keyreason.ErrEmptyKey) && !errors.Is(got[0], keyreason.ErrInvalidHeader) {
 		t.Fatalf("error %v does not wrap the key function's error", got[0])
 	}
 

@@ -11,7 +11,6 @@ import (
 	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/internal/meta"
 	"github.com/ratebudget/ratebudget/internal/problem"
-	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
 // InputError is the error given to the error handler ([WithErrorHandler]) and to
@@ -90,7 +89,7 @@ func inputError(part, rule string, err error, generic string) *InputError {
 func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *InputError) {
 	ev := Event{Request: r, Result: Invalid, Err: err}
 	observeOuter(st, m, &ev)
-	mount, built := errors.Is(err, keyfuncs.ErrNoRoutePattern), isConfigError(err)
+	mount, built := errors.Is(err, keyreason.ErrNoRoutePattern), isConfigError(err)
 	// Not the client's fault: the limiter is mounted where no route is known, or a key
 	// function was built wrong (keyfuncs.Header without a name, Join of nothing). Logged
 	// also when a custom error handler answers: it answers the client, not the operator.

@@ -14,7 +14,7 @@
 //	identity, scope, plan or cost             400     Cache-Control: no-store; the body names identity, scope, plan
 //	  undeterminable (an empty key included)          or cost and a reason ("header X-Api-Key is missing or empty")
 //	route scope where no route is known       500     Cache-Control: no-store, one log line on how to mount it
-//	  (outside any router)                            (keyfuncs.ErrNoRoutePattern: a mounting mistake)
+//	  (outside any router)                            (keyfuncs.RoutePattern's error: a mounting mistake)
 //	the limiter rejects the checks as invalid 500     Cache-Control: no-store, one log line (a *ratebudget.ConfigError:
 //	  or stacked layers define one rule name          never a store failure)
 //	  differently (see Stacking)
@@ -119,7 +119,8 @@ import (
 )
 
 // Rule is a budget and how requests map to it. Identity and Scope have the shape of
-// keyfuncs.KeyFunc (and of httprate.KeyFunc), so extractors from either plug in.
+// package keyfuncs's key functions (and of httprate.KeyFunc), so extractors from either
+// plug in.
 type Rule struct {
 	ratebudget.Rule
 	// Identity gives whose budget a request spends (required). Use keyfuncs.Global() for a

@@ -435,7 +435,7 @@ func TestMisbuiltKeyFuncIs500AndLogged(t *testing.T) { // not parallel: it repla
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	for _, tc := range []struct {
 		name string
-		fn   keyfuncs.KeyFunc
+		fn   func(*http.Request) (string, error)
 		want string
 	}{
 		{"Header", keyfuncs.Header(" "), "keyfuncs.Header"},

@@ -120,8 +120,8 @@ func WithRefusalHandler(f func(http.ResponseWriter, *http.Request, ratebudget.De
 // part and a client-facing reason. The default answers 400 Bad Request with the detail
 // "rate-limit <Part>: <Reason>" ("rate-limit cost: cost must be a positive integer"; the
 // body as package headers describes), never with the underlying error's text, or 500 and one log line when the error is
-// keyfuncs.ErrNoRoutePattern (a route scope where no route is known: a mounting mistake,
-// not the client's; the line is logged also when f answers). Such a request is never counted, by this layer or any layer stacked
+// that of a route scope where no route is known (keyfuncs.RoutePattern outside any
+// router: a mounting mistake, not the client's; the line is logged also when f answers). Such a request is never counted, by this layer or any layer stacked
 // with it, and never reaches the handler unless f calls it.
 func WithErrorHandler(f func(http.ResponseWriter, *http.Request, error)) Option {
 	return func(c *config) error {

@@ -179,7 +179,7 @@ func TestStackedRuleNameKeysDiffer(t *testing.T) { // not parallel: it replaces 
 	lim := newMemory(t, newClock())
 	byUser, byTeam := keyfuncs.Header("X-User"), keyfuncs.Header("X-Team")
 	hdr := map[string]string{"X-User": "u1", "X-Team": "t1"}
-	layer := func(limit int64, id keyfuncs.KeyFunc) func(http.Handler) http.Handler {
+	layer := func(limit int64, id func(*http.Request) (string, error)) func(http.Handler) http.Handler {
 		return mustNew(t, lim, []middleware.Rule{{Rule: rule("api", limit, time.Minute), Identity: id}}, middleware.WithHeaders(headers.XRateLimit))
 	}
 	if rec := do(layer(5, byUser)(layer(3, byTeam)(ok)), "GET", "/", hdr); rec.Code != http.StatusInternalServerError {

@@ -413,7 +413,7 @@ func newLimiter(ctx context.Context, o options, log *slog.Logger) (ratebudget.Li
 // newHandler builds the demo's routes. Each rule states its unit, identity, scope and
 // time rule; the guide at GET / prints them.
 func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger, pol *policyState) (http.Handler, error) {
-	ipOpts := []keyfuncs.IPOption{keyfuncs.IPv6Prefix(o.ipv6Prefix)}
+	ipOpts := []keyfuncs.IPOption{keyfuncs.Prefixes(32, o.ipv6Prefix)}
 	if len(o.trustedProxies) > 0 {
 		ipOpts = append(ipOpts, keyfuncs.TrustedProxies(o.trustedProxies...), keyfuncs.FromHeader("X-Forwarded-For"))
 	}

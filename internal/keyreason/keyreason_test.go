@@ -33,10 +33,10 @@ func TestOf(t *testing.T) {
 		{missing, "header X-Api-Key is missing or empty", true},
 		{hashed, "header X-Api-Key is missing or empty", true},
 		{badXFF, "header X-Forwarded-For is malformed", true},
-		{keyfuncs.ErrNoClientIP, "the client address could not be determined", true},
-		{keyfuncs.ErrEmptyKey, "identity could not be determined", true},
+		{keyreason.ErrNoClientIP, "the client address could not be determined", true},
+		{keyreason.ErrEmptyKey, "identity could not be determined", true},
 		{fmt.Errorf("wrapped: %w", missing), "header X-Api-Key is missing or empty", true},
-		{keyfuncs.ErrNoRoutePattern, "", false},
+		{keyreason.ErrNoRoutePattern, "", false},
 		{errors.New("dial tcp 10.1.2.3:5432: refused"), "", false}, // internal text is never a reason
 		{nil, "", false},
 	} {
@@ -46,14 +46,14 @@ func TestOf(t *testing.T) {
 		}
 	}
 	// The error texts stay what they were, and errors.Is still finds the sentinel.
-	if missing.Error() != "keyfuncs: empty key: X-Api-Key" || !errors.Is(missing, keyfuncs.ErrEmptyKey) {
+	if missing.Error() != "keyfuncs: empty key: X-Api-Key" || !errors.Is(missing, keyreason.ErrEmptyKey) {
 		t.Errorf("missing header error: %v", missing)
 	}
-	if badXFF.Error() != "keyfuncs: invalid header: X-Forwarded-For" || !errors.Is(badXFF, keyfuncs.ErrInvalidHeader) {
+	if badXFF.Error() != "keyfuncs: invalid header: X-Forwarded-For" || !errors.Is(badXFF, keyreason.ErrInvalidHeader) {
 		t.Errorf("invalid header error: %v", badXFF)
 	}
-	var ke keyfuncs.Error
-	if !errors.As(missing, &ke) || ke != keyfuncs.ErrEmptyKey {
+	var ke keyreason.Error
+	if !errors.As(missing, &ke) || ke != keyreason.ErrEmptyKey {
 		t.Errorf("errors.As into Error: %v", ke)
 	}
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 
@@ -14,7 +15,7 @@ import (
 // never disagree about who the client is. keyfuncs.ClientIP decides what is valid: each
 // field is tried on its own before the next joins it, so that an error names the field
 // at fault.
-func (c *compiler) clientIP(s *clientIPSpec) (ident, addr keyfuncs.KeyFunc, err error) {
+func (c *compiler) clientIP(s *clientIPSpec) (ident, addr func(*http.Request) (string, error), err error) {
 	if s == nil {
 		s = &clientIPSpec{}
 	}
@@ -52,29 +53,32 @@ func (c *compiler) clientIP(s *clientIPSpec) (ident, addr keyfuncs.KeyFunc, err 
 		}
 		src = append(src, keyfuncs.RequireForwarding())
 	}
-	group := src[:len(src):len(src)]
+	// keyfuncs.Prefixes sets both prefixes: a field left out keeps its default.
+	v4, v6 := 32, 64
 	for _, f := range []struct {
-		name, option string
-		bits         *int64
-		opt          func(int) keyfuncs.IPOption
+		name, arg string
+		bits      *int64
+		set       *int
+		opt       func(bits int) keyfuncs.IPOption
 	}{
-		{"ipv4_prefix", "IPv4Prefix", s.IPv4Prefix, keyfuncs.IPv4Prefix},
-		{"ipv6_prefix", "IPv6Prefix", s.IPv6Prefix, keyfuncs.IPv6Prefix},
+		{"ipv4_prefix", "ipv4", s.IPv4Prefix, &v4, func(bits int) keyfuncs.IPOption { return keyfuncs.Prefixes(bits, 64) }},
+		{"ipv6_prefix", "ipv6", s.IPv6Prefix, &v6, func(bits int) keyfuncs.IPOption { return keyfuncs.Prefixes(32, bits) }},
 	} {
 		if f.bits == nil {
 			continue
 		}
 		bits := int(max(min(*f.bits, 1<<16), -1<<16)) // far out of range either way, and an int anywhere
 		if _, err := keyfuncs.ClientIP(f.opt(bits)); err != nil {
-			why := strings.Replace(kfProblem(err, f.option), strconv.Itoa(bits), strconv.FormatInt(*f.bits, 10), 1)
+			why := strings.TrimPrefix(kfProblem(err, "Prefixes"), f.arg+": ")
+			why = strings.Replace(why, strconv.Itoa(bits), strconv.FormatInt(*f.bits, 10), 1)
 			return nil, nil, c.fail(path+"."+f.name, "must be a prefix length: %s", why)
 		}
-		group = append(group, f.opt(bits))
+		*f.set = bits
 	}
-	if ident, err = keyfuncs.ClientIP(group...); err != nil {
+	if ident, err = keyfuncs.ClientIP(append(src[:len(src):len(src)], keyfuncs.Prefixes(v4, v6))...); err != nil {
 		return nil, nil, c.fail(path, "%s", kfProblem(err, ""))
 	}
-	whole := append(src[:len(src):len(src)], keyfuncs.IPv4Prefix(32), keyfuncs.IPv6Prefix(128))
+	whole := append(src[:len(src):len(src)], keyfuncs.Prefixes(32, 128))
 	if addr, err = keyfuncs.ClientIP(whole...); err != nil {
 		return nil, nil, c.fail(path, "%s", kfProblem(err, ""))
 	}

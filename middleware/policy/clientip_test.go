@@ -116,7 +116,7 @@ rules:
 	}
 }
 
-// ipv4_prefix and ipv6_prefix group identities as keyfuncs.IPv4Prefix and IPv6Prefix do.
+// ipv4_prefix and ipv6_prefix group identities as keyfuncs.Prefixes does.
 func TestClientIPPrefixes(t *testing.T) {
 	h := mustMiddleware(t, mustParse(t, `client_ip: {ipv4_prefix: 24, ipv6_prefix: 48}
 rules:
@@ -129,6 +129,30 @@ rules:
 	got = statuses(h, 1, via("[2001:db8:1:2::1]:1", "")) + " " + statuses(h, 2, via("[2001:db8:1:ffff::1]:1", ""))
 	if want := "200 200 429"; got != want {
 		t.Errorf("two /64s of one /48: %s, want %s (one budget)", got, want)
+	}
+}
+
+// A file that gives one prefix keeps the other's default: IPv4 by address, IPv6 by /64.
+func TestClientIPOnePrefix(t *testing.T) {
+	h := mustMiddleware(t, mustParse(t, `client_ip: {ipv6_prefix: 48}
+rules:
+  - {name: per-net, identity: ip, time: {limit: 2, window: 1m}}
+`), frozen(t))
+	got := statuses(h, 2, via("203.0.113.1:1", "")) + " " + statuses(h, 2, via("203.0.113.200:1", ""))
+	if want := "200 200 200 200"; got != want {
+		t.Errorf("ipv6_prefix alone, two IPv4 addresses of one /24: %s, want %s (a budget each)", got, want)
+	}
+	h = mustMiddleware(t, mustParse(t, `client_ip: {ipv4_prefix: 24}
+rules:
+  - {name: per-net, identity: ip, time: {limit: 2, window: 1m}}
+`), frozen(t))
+	got = statuses(h, 2, via("[2001:db8:1:2::1]:1", "")) + " " + statuses(h, 2, via("[2001:db8:1:ffff::1]:1", ""))
+	if want := "200 200 200 200"; got != want {
+		t.Errorf("ipv4_prefix alone, two /64s of one /48: %s, want %s (a budget each)", got, want)
+	}
+	got = statuses(h, 1, via("[2001:db8:1:2::1]:1", "")) + " " + statuses(h, 1, via("[2001:db8:1:2::2]:1", ""))
+	if want := "429 429"; got != want {
+		t.Errorf("ipv4_prefix alone, another address of a spent /64: %s, want %s (one budget)", got, want)
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/bound"
-	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
 // compiler turns a decoded file into a Policy, refusing the first problem with the
@@ -27,7 +26,7 @@ type compiler struct {
 	p     *Policy
 	// ident and addr are the client_ip section's key functions: identity ip's, and the
 	// whole address that match.ip reads.
-	ident, addr keyfuncs.KeyFunc
+	ident, addr func(*http.Request) (string, error)
 }
 
 func (c *compiler) fail(path, format string, args ...any) error {

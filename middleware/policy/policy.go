@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
-	"github.com/ratebudget/ratebudget/keyfuncs"
 )
 
 // Policy is a parsed and validated policy file: its rules, plans, tenants and
@@ -24,7 +23,7 @@ type Policy struct {
 	tenantOf     map[string]int // a tenant's key -> its class
 	defaultClass int            // the class of a request whose tenant is not listed
 	// clientIP is identity ip's key function, built from the file's client_ip section.
-	clientIP keyfuncs.KeyFunc
+	clientIP func(*http.Request) (string, error)
 }
 
 // rule is a compiled rule of the file.
@@ -70,7 +69,7 @@ type matcher struct {
 	ips        []netip.Prefix
 	// addr gives the client's whole address for ips: the policy's client_ip section
 	// read as identity ip reads it, ungrouped.
-	addr keyfuncs.KeyFunc
+	addr func(*http.Request) (string, error)
 }
 
 type headerMatch struct {
@@ -103,7 +102,7 @@ func (m *matcher) matches(r *http.Request) bool {
 		}
 	}
 	if len(m.ips) > 0 {
-		// A client whose address cannot be known (keyfuncs.ErrNoClientIP, a malformed
+		// A client whose address cannot be known (a unix-socket peer, an "unknown" hop, a malformed
 		// forwarding header) is in no range.
 		a, err := m.addr(r)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/routekey"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/middleware"
 )
@@ -29,7 +30,8 @@ const skipPlan = ".skip"
 // (without it, the connection's address, IPv6 by /64; match.ip reads the same address,
 // ungrouped), header:NAME keyfuncs.Header(NAME), hashed_header:NAME keyfuncs.HashedHeader(NAME, nil)
 // (SHA-256), global keyfuncs.Global(); scope route is keyfuncs.RoutePattern() and
-// method_route keyfuncs.MethodAndRoutePattern().
+// method_route the request's method and the route pattern, "GET /users/{id}" (HEAD on a
+// GET route is GET, a method outside RFC 9110 and RFC 5789 is OTHER).
 //
 // Budgets are named by the rules' names: middleware built from a later version of the
 // file (see [Watcher.Middleware]) spends from the same budgets, under the new limits.
@@ -151,7 +153,7 @@ func scope(s string) func(*http.Request) (string, error) {
 	case "route":
 		return keyfuncs.RoutePattern()
 	case "method_route":
-		return keyfuncs.MethodAndRoutePattern()
+		return routekey.MethodAndPattern
 	}
 	return nil
 }

@@ -269,3 +269,41 @@ func TestWatcherMiddlewareOneVersionPerRequest(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// Scope method_route gives each method of a route a budget of its own, except that HEAD
+// on a GET route spends GET's and every method outside RFC 9110 and RFC 5789 spends one
+// shared "OTHER" budget: a client gets no fresh budget by switching to HEAD or by
+// inventing methods.
+func TestMethodRouteScope(t *testing.T) {
+	p := mustParse(t, `rules:
+  - {name: per-route, identity: ip, scope: method_route, time: {limit: 2, window: 1m}}
+`)
+	mw, err := p.Middleware(frozen(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /items/{id}", mw(okHandler))
+	mux.Handle("POST /items/{id}", mw(okHandler))
+	mux.Handle("/any", mw(okHandler))
+	send := func(method, path string) func() *http.Request {
+		return func() *http.Request {
+			r := request("192.0.2.1:1", path)
+			r.Method = method
+			return r
+		}
+	}
+	got := strings.Join([]string{
+		statuses(mux, 1, send(http.MethodGet, "/items/1")),
+		statuses(mux, 1, send(http.MethodHead, "/items/2")),
+		statuses(mux, 1, send(http.MethodGet, "/items/3")),
+		statuses(mux, 1, send(http.MethodPost, "/items/1")),
+		statuses(mux, 1, send("BREW", "/any")),
+		statuses(mux, 1, send("FOO", "/any")),
+		statuses(mux, 1, send("BAR", "/any")),
+		statuses(mux, 1, send(http.MethodGet, "/any")),
+	}, " ")
+	if want := "200 200 429 200 200 200 429 200"; got != want {
+		t.Errorf("GET, HEAD, GET /items; POST /items; BREW, FOO, BAR, GET /any: %s, want %s", got, want)
+	}
+}

@@ -345,7 +345,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"duplicate", lim, []middleware.Rule{good, good}, nil, "Name"},
 		{"timeout", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithTimeout(0)}, "WithTimeout"},
 		{"replicas", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithLocalFallback(0)}, "WithLocalFallback"},
-		{"breaker", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithBreaker(middleware.Breaker{FailureRatio: 2})}, "WithBreaker"},
+		{"breaker", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithBreaker(middleware.Breaker{Stall: time.Microsecond})}, "WithBreaker"},
 		{"nil cost", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithCost(nil)}, "WithCost"},
 		{"undefined style", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithHeaders(headers.Style("both11"))}, "WithHeaders"},
 	} {

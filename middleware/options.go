@@ -15,17 +15,17 @@ import (
 type Option func(*config) error
 
 type config struct {
-	cost       func(*http.Request) (int64, error)
-	style      headers.Style
-	unit       string
-	onRefusal  func(http.ResponseWriter, *http.Request, ratebudget.Decision)
-	onError    func(http.ResponseWriter, *http.Request, error)
-	observers  []func(Event)
-	policy     policy
-	replicas   int
-	timeout    time.Duration
-	retryAfter time.Duration
-	breaker    Breaker
+	cost      func(*http.Request) (int64, error)
+	style     headers.Style
+	unit      string
+	onRefusal func(http.ResponseWriter, *http.Request, ratebudget.Decision)
+	onError   func(http.ResponseWriter, *http.Request, error)
+	observers []func(Event)
+	policy    policy
+	replicas  int
+	timeout   time.Duration
+	breaker   Breaker
+	tuning    breakerTuning // fixed at defaultBreakerTuning outside the package's tests
 }
 
 func configErr(field, problem string) error {
@@ -165,18 +165,6 @@ func WithTimeout(d time.Duration) Option {
 			return configErr("WithTimeout", "must be positive, got "+d.String())
 		}
 		c.timeout = d
-		return nil
-	}
-}
-
-// WithUnavailableRetryAfter sets the Retry-After of 503 answers under fail-closed (default
-// 1s, at least 1s).
-func WithUnavailableRetryAfter(d time.Duration) Option {
-	return func(c *config) error {
-		if d < time.Second {
-			return configErr("WithUnavailableRetryAfter", "must be at least 1s, got "+d.String())
-		}
-		c.retryAfter = d
 		return nil
 	}
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
-	"github.com/ratebudget/ratebudget/internal/meta"
 )
 
 // Option configures the middleware built by [New]. Options are validated by New, which
@@ -35,6 +34,9 @@ func configErr(field, problem string) error {
 // WithCost sets the function that gives each request's cost in units (default: 1 per
 // request). It is charged to every rule of the middleware. An error, or a cost below 1,
 // is answered like a key-function error (see [WithErrorHandler]) and spends nothing.
+// The RateLimit-Policy field names no unit for it (the default, requests): rules that
+// count bytes do so with [CountRequestBytes] or [CountResponseBytes], whose unit is
+// content-bytes.
 func WithCost(f func(*http.Request) (int64, error)) Option {
 	return func(c *config) error {
 		if f == nil {
@@ -69,23 +71,6 @@ func WithHeaders(s headers.Style) Option {
 			return configErr("WithHeaders", "unknown style "+strconv.Quote(string(s))+" (want x, ietf, both, none, ietf10 or both10)")
 		}
 		c.style = s
-		return nil
-	}
-}
-
-// WithQuotaUnit names the unit of this layer's costs in the RateLimit-Policy field (its
-// qu parameter): "requests" (the default, not sent), "content-bytes" (a cost that counts
-// bytes, see WithCost) or "concurrent-requests". The drafts allow only the units of their
-// registry. Rules that count bytes ([CountRequestBytes], [CountResponseBytes]) and
-// InFlight rules name theirs without it.
-func WithQuotaUnit(unit string) Option {
-	return func(c *config) error {
-		switch unit {
-		case meta.UnitRequests, meta.UnitContentBytes, meta.UnitConcurrentRequests:
-		default:
-			return configErr("WithQuotaUnit", "unknown quota unit "+strconv.Quote(unit)+" (want requests, content-bytes or concurrent-requests)")
-		}
-		c.unit = unit
 		return nil
 	}
 }

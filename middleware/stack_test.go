@@ -434,20 +434,24 @@ func TestLayersApartDecideApart(t *testing.T) {
 	}
 }
 
+// Each rule's RateLimit-Policy names its own unit: a rule that counts bytes
+// (CountRequestBytes) content-bytes, an InFlight rule concurrent-requests, and a rule
+// charged the layer's cost (WithCost) none, the default (requests), whatever the cost
+// counts.
 func TestQuotaUnit(t *testing.T) {
 	t.Parallel()
-	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("bytes", 1000, 10*time.Second), Identity: global}},
-		middleware.WithHeaders(headers.IETF), middleware.WithQuotaUnit("content-bytes"),
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{
+		{Rule: rule("cost", 1000, 10*time.Second), Identity: global},
+		{Rule: rule("bytes", 1000, 10*time.Second), Identity: global, Counts: middleware.CountRequestBytes()},
+		{Rule: ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute}, Identity: global},
+	}, middleware.WithHeaders(headers.IETF),
 		middleware.WithCost(func(r *http.Request) (int64, error) { return 300, nil }))(ok)
 	rec := do(h, "POST", "/", nil)
-	if got := rec.Header().Get("RateLimit-Policy"); got != `"bytes";q=1000;qu="content-bytes";w=10` {
-		t.Errorf("RateLimit-Policy %s", got)
+	if got, want := rec.Header().Get("RateLimit-Policy"), `"cost";q=1000;w=10, "bytes";q=1000;qu="content-bytes";w=10, "slots";q=2;qu="concurrent-requests"`; got != want {
+		t.Errorf("RateLimit-Policy %s, want %s", got, want)
 	}
-	if got := rec.Header().Get("RateLimit"); got != `"bytes";r=700;t=10` {
-		t.Errorf("RateLimit %s", got)
-	}
-	if _, err := middleware.New(newMemory(t, newClock()), []middleware.Rule{{Rule: rule("x", 1, time.Second), Identity: global}}, middleware.WithQuotaUnit("bytes")); err == nil || !strings.Contains(err.Error(), "WithQuotaUnit") {
-		t.Errorf("unknown unit: %v", err)
+	if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"cost";r=700;t=10, `) {
+		t.Errorf("RateLimit %s, want the cost rule charged 300 of 1000", got)
 	}
 }
 

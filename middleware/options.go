@@ -47,12 +47,12 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 	}
 }
 
-// WithHeaders selects the budget metadata headers (default headers.XRateLimit, which
-// the zero Style "" selects too):
-// headers.IETF and headers.Both send RateLimit-Policy and RateLimit per
-// draft-ietf-httpapi-ratelimit-headers-11, listing every rule of the request (of every
-// stacked layer); headers.IETFDraft10 and headers.BothDraft10 send them per draft-10
-// (t rounded up); headers.None sends none, for routes such as authentication endpoints.
+// WithHeaders selects the budget metadata headers (default headers.XRateLimit,
+// X-RateLimit-*, which the zero Style "" selects too): headers.IETF sends
+// RateLimit-Policy and RateLimit per draft-ietf-httpapi-ratelimit-headers-11, listing
+// every rule of the request (of every stacked layer); headers.IETFDraft10 sends them per
+// draft-10 (t rounded up); headers.None sends none, for routes such as authentication
+// endpoints.
 // RateLimit's t is the end of a fixed window, or the time until a token bucket's next
 // whole unit, which the middleware derives from the bucket's reset in whole
 // milliseconds: it may be 1 ms early, never late (so a draft-11 t can be one second low
@@ -66,9 +66,9 @@ func WithHeaders(s headers.Style) Option {
 		switch s {
 		case "":
 			s = headers.XRateLimit
-		case headers.XRateLimit, headers.IETF, headers.Both, headers.None, headers.IETFDraft10, headers.BothDraft10:
+		case headers.XRateLimit, headers.IETF, headers.None, headers.IETFDraft10:
 		default:
-			return configErr("WithHeaders", "unknown style "+strconv.Quote(string(s))+" (want x, ietf, both, none, ietf10 or both10)")
+			return configErr("WithHeaders", "unknown style "+strconv.Quote(string(s))+" (want x, ietf, none or ietf10)")
 		}
 		c.style = s
 		return nil

@@ -172,6 +172,12 @@ type modelState struct {
 	fixed   map[budgetKey]fixedState
 	tokens  map[budgetKey]tokenState
 	rolling map[budgetKey][]rollEvent
+	// anyRefusal is set when a refusal may report any of the refusing rules, not only
+	// those of about the longest wait: with X-RateLimit-* the middleware asks no outcome
+	// of each rule, and the lua limiter's refusal cache answers a request that names a
+	// budget it refused with that refusal. (Runs that are not exact accept any of
+	// reportedAny.)
+	anyRefusal bool
 }
 
 // fixedState is a fixed window: count admitted in the window that closes at end.
@@ -546,6 +552,7 @@ func modelRun(t *testing.T, seed uint64, env modelEnv, exact bool, statuses map[
 		}
 	}
 	st := newModelState()
+	st.anyRefusal = style == headers.XRateLimit
 	steps := 40
 	if env.clk != nil {
 		steps = 80
@@ -904,7 +911,7 @@ func (s *modelState) predict(rt modelRoute, hdr map[string]string, exact bool) m
 	for i := range outs {
 		b := &outs[best]
 		if refused < 0 && outs[i].remaining == b.remaining && b.reset-outs[i].reset < near ||
-			refused >= 0 && listed[i] && !outs[i].fits && b.retryAfter-outs[i].retryAfter < near {
+			refused >= 0 && listed[i] && !outs[i].fits && (s.anyRefusal || b.retryAfter-outs[i].retryAfter < near) {
 			res.reportedAny = append(res.reportedAny, fmt.Sprintf("%d/%d", max(outs[i].remaining, 0), timerule.Capacity(&checks[i].r.rule)))
 		}
 	}

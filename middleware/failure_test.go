@@ -319,7 +319,8 @@ func TestBreakerIgnoresCanceledRequests(t *testing.T) {
 	if n := calls.Load(); n != 20 {
 		t.Fatalf("limiter called %d times for 20 requests", n)
 	}
-	// With MinCalls 1, one counted failure would have opened the breaker for an hour.
+	// With a minimum of 1 call, one counted failure would have opened the breaker for an
+	// hour.
 	if rec := do(h, "GET", "/", nil); rec.Code != 200 || calls.Load() != 21 {
 		t.Fatalf("after 20 canceled requests: %d, limiter called %d times; want 200 from the store: canceled requests must not open the breaker", rec.Code, calls.Load())
 	}

@@ -76,8 +76,8 @@
 // last 10s failed; while open it sends the store no decision and probes it with the
 // limiter's Ping, off the request path, when the limiter has one). A store error
 // is never read as an empty budget: the store-error policy decides what is admitted
-// (default fail-closed: 503; [WithFailOpen]: everyone; [WithLocalFallback]: a
-// per-replica share of each budget, in process). Only store errors take the policy and count toward the breaker: a request's fault (a bad
+// (default fail-closed: 503 with Retry-After: 1; [WithFailOpen]: everyone;
+// [WithLocalFallback]: a per-replica share of each budget, in process). Only store errors take the policy and count toward the breaker: a request's fault (a bad
 // identity or cost, a cost above a rule's capacity), a request whose context ended
 // (canceled, or its own deadline passed, also when the store's client returns before
 // the context is marked done) and a configuration error never do.

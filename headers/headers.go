@@ -27,9 +27,9 @@
 //	Retry-After             seconds, rounded up, >= 1    refusals only: earliest useful retry (RFC 9110 §10.2.3)
 //
 // The X-RateLimit-* names are a convention, not a standard. RateLimit-Policy and
-// RateLimit follow draft-ietf-httpapi-ratelimit-headers-11 ([IETF], [Both]), still an
-// Internet-Draft; draft-10 is kept selectable ([IETFDraft10], [BothDraft10]) because the
-// drafts word t differently, and so round it differently:
+// RateLimit follow draft-ietf-httpapi-ratelimit-headers-11 ([IETF]), still an
+// Internet-Draft; draft-10 is kept selectable ([IETFDraft10]) because the drafts word t
+// differently, and so round it differently:
 //
 //	draft  t means                                                      sent as
 //	11     effective window: within t seconds the client can use no     whole seconds, rounded down,
@@ -68,9 +68,9 @@ import (
 	"github.com/ratebudget/ratebudget/internal/problem"
 )
 
-// Style selects which budget metadata headers are written. Its value is the style's
-// name: "x", "ietf", "both", "none", "ietf10" or "both10". The zero value "" selects
-// [XRateLimit], the default, as the name "x" does.
+// Style selects which budget metadata headers are written: one set, the X-RateLimit-*
+// fields or the IETF ones, or none. Its value is the style's name: "x", "ietf", "none"
+// or "ietf10". The zero value "" selects [XRateLimit], the default, as the name "x" does.
 type Style string
 
 const (
@@ -79,8 +79,6 @@ const (
 	XRateLimit Style = "x"
 	// IETF writes RateLimit-Policy and RateLimit (draft-ietf-httpapi-ratelimit-headers-11).
 	IETF Style = "ietf"
-	// Both writes both sets (the IETF fields per draft-11).
-	Both Style = "both"
 	// None writes no metadata (e.g. for authentication endpoints, where remaining attempts
 	// help an attacker). Refusals still carry Retry-After.
 	None Style = "none"
@@ -88,8 +86,6 @@ const (
 	// draft-ietf-httpapi-ratelimit-headers-10: t is the time until additional quota is
 	// made available, rounded up.
 	IETFDraft10 Style = "ietf10"
-	// BothDraft10 writes X-RateLimit-* and the draft-10 IETF fields.
-	BothDraft10 Style = "both10"
 )
 
 // WriteTooManyRequests writes the 429 refusal (RFC 6585 §4) of d, a refused decision:

@@ -13,8 +13,7 @@ import (
 // Each named style's value is its name, the one the demo's -headers flag takes.
 func TestStyleNames(t *testing.T) {
 	for s, want := range map[headers.Style]string{
-		headers.XRateLimit: "x", headers.IETF: "ietf", headers.Both: "both", headers.None: "none",
-		headers.IETFDraft10: "ietf10", headers.BothDraft10: "both10",
+		headers.XRateLimit: "x", headers.IETF: "ietf", headers.None: "none", headers.IETFDraft10: "ietf10",
 	} {
 		if string(s) != want {
 			t.Errorf("style %q, want %q", s, want)

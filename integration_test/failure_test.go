@@ -25,6 +25,10 @@ import (
 	"github.com/ratebudget/ratebudget/middleware/metrics"
 )
 
+// failClosed stands for the default policy, fail-closed, in tables of policies: it
+// needs no option, and this one changes nothing.
+var failClosed = middleware.WithObserver(func(middleware.Event) {})
+
 const (
 	// faultDeadline is the decision deadline (middleware.WithTimeout) of the fault tests.
 	faultDeadline = 250 * time.Millisecond
@@ -74,7 +78,7 @@ func TestStoppedRedisPolicies(t *testing.T) {
 			name string
 			opt  middleware.Option
 		}{
-			{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */},
+			{"closed", failClosed},
 			{"open", middleware.WithFailOpen()},
 			{"local", middleware.WithLocalFallback(2)},
 		} {
@@ -149,14 +153,15 @@ func TestStoppedRedisPolicies(t *testing.T) {
 
 // TestPausedRedisBreaker: a paused container (connections accepted, nothing answers)
 // costs no request more than the deadline, with either client configuration; after at
-// most 3 failures (MinCalls 3 and a ratio of 0.7 after the warm-up's one success) the
-// breaker opens and the client sends nothing more (counted with a hook);
-// after unpausing, decisions go back to Redis after the cool-down through one probe. The
+// most 3 failures (the first call left without a reply for Stall, 100ms, opens it: the
+// deadline is longer) the breaker opens and the client sends nothing more (counted with
+// a hook); after unpausing, decisions go back to Redis within the breaker's probe
+// interval (25ms) and one probe. The
 // scripts of the timed-out requests may still run when the server wakes up (with
 // go-redis's defaults every one that was sent does): a timeout is an uncertain result.
 func TestPausedRedisBreaker(t *testing.T) {
 	t.Parallel()
-	const failures, cooldown = 3, 300 * time.Millisecond
+	const failures, cooldown = 3, 25 * time.Millisecond // cooldown: the breaker's probe interval
 	fr := startFaultRedis(t)
 	type arm struct {
 		name   string
@@ -171,7 +176,7 @@ func TestPausedRedisBreaker(t *testing.T) {
 		c := fr.client(t, v.opts)
 		a := &arm{name: v.name, tr: &transitions{}, calls: countScripts(c)}
 		h, ev, prefix := faultHandler(t, c, 1000, faultDeadline,
-			middleware.WithBreaker(middleware.Breaker{MinCalls: failures, FailureRatio: 0.7, Cooldown: cooldown, OnChange: a.tr.observe}))
+			middleware.WithBreaker(middleware.Breaker{OnChange: a.tr.observe}))
 		warm(t, h, ev)
 		a.h, a.prefix, a.serve = ev, prefix, func() (*httptest.ResponseRecorder, time.Duration) { return serve(t, h, faultBound) }
 		arms = append(arms, a)
@@ -293,7 +298,7 @@ func testRestartedRedisResumes(t *testing.T) {
 	opts.Dialer = fr.dialer(opts.DialTimeout) // the mapped port changes on restart
 	c := fr.client(t, opts)
 	calls := countScripts(c)
-	h, ev, prefix := faultHandler(t, c, limit, faultDeadline, middleware.WithBreaker(middleware.Breaker{MinCalls: 3, Cooldown: 300 * time.Millisecond}))
+	h, ev, prefix := faultHandler(t, c, limit, faultDeadline) // with the default breaker
 	warm(t, h, ev)
 	for range 2 {
 		if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
@@ -482,7 +487,7 @@ func TestCanceledMidDecision(t *testing.T) {
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	const limit, deadline = 100, 5 * time.Second
-	h, ev, prefix := faultHandler(t, c, limit, deadline, middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Minute}))
+	h, ev, prefix := faultHandler(t, c, limit, deadline) // with the default breaker
 	warm(t, h, ev)
 	for len(p.sent) > 0 { // forget the warm-up's scripts
 		<-p.sent
@@ -515,7 +520,9 @@ func TestCanceledMidDecision(t *testing.T) {
 		t.Errorf("event %v, want canceled", evs[0].Result)
 	}
 	p.hold.Store(false)
-	// A breaker of one failure would be open now had the cancellation counted.
+	// Had the cancellation counted, its call would be one left without a reply for
+	// longer than Stall (100ms) by now, and the breaker would open at the next request.
+	time.Sleep(150 * time.Millisecond)
 	if rec, _ := serve(t, h, faultBound); rec.Code != 200 {
 		t.Errorf("after a canceled request: %d, want 200 from Redis", rec.Code)
 	}
@@ -547,13 +554,13 @@ func TestMetricsUnderFaults(t *testing.T) {
 	reg.MustRegister(col)
 	obs := []middleware.Option{
 		middleware.WithObserver(col.Observe),
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 2, Cooldown: time.Minute, OnChange: col.BreakerChanged}),
+		middleware.WithBreaker(middleware.Breaker{OnChange: col.BreakerChanged}),
 	}
 	// Three budgets: one spent while Redis is up, two asked only once it is stopped (a
 	// refusal the limiter remembers would otherwise be repeated without a store call).
 	up, upEv, _ := faultHandler(t, c, 3, faultDeadline, obs...)
 	open, openEv, _ := faultHandler(t, c, 3, faultDeadline, append(obs, middleware.WithFailOpen())...)
-	closed, closedEv, _ := faultHandler(t, c, 3, faultDeadline, append(obs, middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */)...)
+	closed, closedEv, _ := faultHandler(t, c, 3, faultDeadline, obs...) // the default policy, fail-closed
 	// Load the script and open a connection outside the counted sequence.
 	hw, evw, _ := faultHandler(t, c, 3, faultDeadline)
 	warm(t, hw, evw)
@@ -567,12 +574,15 @@ func TestMetricsUnderFaults(t *testing.T) {
 		t.Fatalf("with Redis up: %v, want %v", codes, want)
 	}
 	fr.stop(t)
-	for range 4 { // 2 store errors open the breaker, then 2 breaker_open
+	// Each breaker opens after at most 3 store errors (3 refused connections in a row, or
+	// one call left without a reply for Stall), then answers breaker_open.
+	const stopped = 5
+	for range stopped {
 		if rec, _ := serve(t, open, faultBound); rec.Code != 200 {
 			t.Fatalf("fail open, Redis stopped: %d", rec.Code)
 		}
 	}
-	for range 3 { // 2 store errors, then 1 breaker_open
+	for range stopped {
 		if rec, _ := serve(t, closed, faultBound); rec.Code != 503 {
 			t.Fatalf("fail closed, Redis stopped: %d", rec.Code)
 		}
@@ -580,23 +590,35 @@ func TestMetricsUnderFaults(t *testing.T) {
 
 	// What the test saw, by class, from the events.
 	wantErrs := map[string]float64{}
-	for _, e := range slices.Concat(upEv.since(0), openEv.since(0), closedEv.since(0)) {
-		if e.Err != nil {
+	var calls [2]float64 // store calls while Redis was stopped, of open and closed
+	for i, evs := range [][]middleware.Event{upEv.since(0), openEv.since(0), closedEv.since(0)} {
+		for _, e := range evs {
+			if e.Err == nil {
+				continue
+			}
 			se := storeErr(t, e)
 			wantErrs[string(se.Class)+"/"+strconv.FormatBool(se.Uncertain)]++
+			if i > 0 && se.Class != ratebudget.ClassBreakerOpen {
+				calls[i-1]++
+			}
+		}
+	}
+	for i, n := range calls {
+		if n < 1 || n > 3 {
+			t.Errorf("handler %d: %v store calls to the stopped server, want 1..3 before the breaker opens", i, n)
 		}
 	}
 	got := gather(t, reg)
 	for k, want := range map[string]float64{
 		`ratebudget_decisions_total{outcome="allowed",rule="fault"}`:            3,
 		`ratebudget_decisions_total{outcome="denied",rule="fault"}`:             2,
-		`ratebudget_decisions_total{outcome="degraded",rule="none"}`:            4,
-		`ratebudget_decisions_total{outcome="unavailable",rule="none"}`:         3,
+		`ratebudget_decisions_total{outcome="degraded",rule="none"}`:            stopped,
+		`ratebudget_decisions_total{outcome="unavailable",rule="none"}`:         stopped,
 		`ratebudget_breaker_transitions_total{to="open"}`:                       2,
 		`ratebudget_breaker_state`:                                              1, // the last transition was to open
 		`ratebudget_decision_duration_seconds_count{result="ok"}`:               5,
-		`ratebudget_decision_duration_seconds_count{result="error"}`:            2 + 2,
-		`ratebudget_store_errors_total{class="breaker_open",uncertain="false"}`: 3,
+		`ratebudget_decision_duration_seconds_count{result="error"}`:            calls[0] + calls[1],
+		`ratebudget_store_errors_total{class="breaker_open",uncertain="false"}`: 2*stopped - calls[0] - calls[1],
 	} {
 		if got[k] != want {
 			t.Errorf("%s = %v, want %v", k, got[k], want)
@@ -614,8 +636,8 @@ func TestMetricsUnderFaults(t *testing.T) {
 			t.Errorf("%s = %v, the events say %v", name, got[name], v)
 		}
 	}
-	if allErrs != 7 {
-		t.Errorf("events: %v store errors, want 7 (4 calls to the stopped server, 3 skipped by the breaker)", allErrs)
+	if allErrs != 2*stopped {
+		t.Errorf("events: %v store errors, want %d (calls to the stopped server, and those skipped by the breaker)", allErrs, 2*stopped)
 	}
 	t.Logf("store errors by class: %v", wantErrs)
 }

@@ -165,10 +165,8 @@ func TestAllocsPerRequest(t *testing.T) {
 		{headers.XRateLimit, "X-RateLimit-Remaining", false},
 		{headers.IETF, "RateLimit", false},
 		{headers.IETFDraft10, "RateLimit", false},
-		{headers.Both, "RateLimit", false},
-		{headers.BothDraft10, "X-RateLimit-Remaining", false},
 		{headers.XRateLimit, "X-RateLimit-Remaining", true},
-		{headers.Both, "RateLimit-Policy", true},
+		{headers.IETF, "RateLimit-Policy", true},
 	} {
 		name := string(tc.style)
 		rules := []middleware.Rule{{
@@ -217,7 +215,7 @@ func TestAllocsPerRequest(t *testing.T) {
 			if w.h.Get(tc.header) == "" {
 				t.Fatalf("no %s header: the count would not include the headers", tc.header)
 			}
-			if tc.plans && tc.style == headers.Both && !strings.Contains(w.h.Get("RateLimit-Policy"), "ratebudget-plan=") {
+			if tc.plans && tc.style == headers.IETF && !strings.Contains(w.h.Get("RateLimit-Policy"), "ratebudget-plan=") {
 				t.Fatalf("RateLimit-Policy %q names no plan: the count would not include it", w.h.Get("RateLimit-Policy"))
 			}
 			if allocs != 0 {

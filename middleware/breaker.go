@@ -3,8 +3,6 @@ package middleware
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -19,39 +17,27 @@ import (
 //   - a stall: no call has had a reply from the store (an answer or an error reply) for
 //     Stall since a call that got none started, or a few calls in a row could not reach
 //     the store at all (a refused or lost connection);
-//   - a failure ratio: over the last Window, at least MinCalls decisions were made and
-//     at least FailureRatio of them failed.
+//   - a failure ratio: over the last 10s, at least 20 decisions were made and at least
+//     half of them failed.
 //
 // An open breaker probes the store off the request path when the limiter has a method
 // Ping(context.Context) error (the lua limiter's sends PING on a connection of its own):
-// a probe every Cooldown, each bounded by the decision deadline ([WithTimeout]), for as
+// a probe every 25ms, each bounded by the decision deadline ([WithTimeout]), for as
 // long as requests keep coming (it stops after a second without any, and starts again
-// with the next request); the first probe answered closes the breaker. For a limiter
-// without Ping, one decision goes to the store as the probe once Cooldown has passed,
-// and its success closes the breaker.
+// with the next request); the first probe answered closes the breaker, so a store that
+// answers again is used again within about 25ms plus one probe's round trip. For a
+// limiter without Ping, one decision goes to the store as the probe once 25ms have
+// passed, and its success closes the breaker.
 //
 // A stall is measured from replies, not from elapsed deadlines alone, and the ratio
-// needs MinCalls decisions, so that a healthy store's breaker stays closed when a
-// starved host reads its replies late. Every zero field takes its default.
+// needs 20 decisions, so that a healthy store's breaker stays closed when a starved host
+// reads its replies late. Every zero field takes its default.
 type Breaker struct {
-	// Window is the rolling interval over which calls are counted for FailureRatio, in
-	// steps of a tenth of it. Default 10s; at least 10ms.
-	Window time.Duration
-	// MinCalls is the number of decisions within Window below which FailureRatio never
-	// opens the breaker. Default 20; at least 1.
-	MinCalls int
-	// FailureRatio is the share of failed decisions within Window, in (0, 1], at which
-	// the breaker opens. Default 0.5.
-	FailureRatio float64
 	// Stall is how long the store may go without replying to any call, counted from the
 	// start of the first call left without a reply, before the breaker opens. Default
 	// 100ms; at least 1ms. It should exceed the longest time the host may go without
 	// running the process (a starved host reads replies late, not never).
 	Stall time.Duration
-	// Cooldown is the wait between probes of an open breaker. Default 25ms; at least
-	// 1ms. A store that answers again is used again within about Cooldown plus one
-	// probe's round trip.
-	Cooldown time.Duration
 	// OnChange, if not nil, is called with true when the breaker opens and with false
 	// when it closes again. It runs while the breaker holds its lock, on the goroutine
 	// of the request or probe that changed it: keep it fast, and do not call back into
@@ -61,13 +47,25 @@ type Breaker struct {
 	Disabled bool
 }
 
-// Defaults of [Breaker], as its field documentation states them.
+// breakerTuning is the breaker's failure ratio rule and probe interval, fixed at
+// defaultBreakerTuning as [Breaker] states them (tests of the package tune them).
+type breakerTuning struct {
+	// window is the rolling interval over which calls are counted for failureRatio, in
+	// steps of a tenth of it.
+	window time.Duration
+	// minCalls is the number of decisions within window below which failureRatio never
+	// opens the breaker.
+	minCalls int
+	// failureRatio is the share of failed decisions within window, in (0, 1], at which
+	// the breaker opens.
+	failureRatio float64
+	// cooldown is the wait between probes of an open breaker.
+	cooldown time.Duration
+}
+
+// Defaults of [Breaker], as its documentation states them.
 const (
-	defaultBreakerWindow       = 10 * time.Second
-	defaultBreakerMinCalls     = 20
-	defaultBreakerFailureRatio = 0.5
-	defaultBreakerStall        = 100 * time.Millisecond
-	defaultBreakerCooldown     = 25 * time.Millisecond
+	defaultBreakerStall = 100 * time.Millisecond
 	// lostConnections is how many calls in a row, with no reply between them, may fail
 	// to reach the store (a refused dial, a connection lost) before the breaker opens.
 	// A refused connection is the store's answer that it is not there; a starved host
@@ -79,34 +77,20 @@ const (
 	probeIdle = time.Second
 )
 
+var defaultBreakerTuning = breakerTuning{
+	window:       10 * time.Second,
+	minCalls:     20,
+	failureRatio: 0.5,
+	cooldown:     25 * time.Millisecond,
+}
+
 // withDefaults fills b's zero fields and validates the rest.
 func (b Breaker) withDefaults() (Breaker, error) {
-	if b.Window == 0 {
-		b.Window = defaultBreakerWindow
-	}
-	if b.MinCalls == 0 {
-		b.MinCalls = defaultBreakerMinCalls
-	}
-	if b.FailureRatio == 0 {
-		b.FailureRatio = defaultBreakerFailureRatio
-	}
 	if b.Stall == 0 {
 		b.Stall = defaultBreakerStall
 	}
-	if b.Cooldown == 0 {
-		b.Cooldown = defaultBreakerCooldown
-	}
-	switch {
-	case b.Window < 10*time.Millisecond:
-		return b, configErr("WithBreaker", "Window must be at least 10ms, got "+b.Window.String())
-	case b.MinCalls < 1:
-		return b, configErr("WithBreaker", "MinCalls must be at least 1, got "+strconv.Itoa(b.MinCalls))
-	case !(b.FailureRatio > 0 && b.FailureRatio <= 1):
-		return b, configErr("WithBreaker", fmt.Sprintf("FailureRatio must be in (0, 1], got %v", b.FailureRatio))
-	case b.Stall < time.Millisecond:
+	if b.Stall < time.Millisecond {
 		return b, configErr("WithBreaker", "Stall must be at least 1ms, got "+b.Stall.String())
-	case b.Cooldown < time.Millisecond:
-		return b, configErr("WithBreaker", "Cooldown must be at least 1ms, got "+b.Cooldown.String())
 	}
 	return b, nil
 }
@@ -134,13 +118,14 @@ type pinger interface {
 // twice (before and after the call), probes once each.
 type breaker struct {
 	cfg     Breaker
+	tune    breakerTuning
 	ping    func(context.Context) error // nil: a decision is the probe
 	timeout time.Duration               // each probe's deadline
 	now     func() time.Time
 
 	mu   sync.Mutex
 	open bool
-	// buckets count the decisions of the last Window, a tenth of it each; cur is the
+	// buckets count the decisions of the last tune.window, a tenth of it each; cur is the
 	// bucket of the interval that started at curStart.
 	buckets  [10]struct{ ok, failed int }
 	cur      int
@@ -165,8 +150,8 @@ var errNotCounted = errors.New("not counted")
 
 var errBreakerOpen = errors.New("circuit breaker open: store not called")
 
-func newBreaker(b Breaker, timeout time.Duration, ping func(context.Context) error) *breaker {
-	return &breaker{cfg: b, ping: ping, timeout: timeout, now: time.Now}
+func newBreaker(b Breaker, tune breakerTuning, timeout time.Duration, ping func(context.Context) error) *breaker {
+	return &breaker{cfg: b, tune: tune, ping: ping, timeout: timeout, now: time.Now}
 }
 
 // allow reports whether a decision may go to the store; when it may, done must be
@@ -236,15 +221,15 @@ func (b *breaker) done(start time.Time, probe bool, err error) {
 }
 
 // probed records the result of the decision let through as the probe of an open
-// breaker (there is no ping): an answer closes it, a store failure waits Cooldown
-// before the next probe. b.mu is held.
+// breaker (there is no ping): an answer closes it, a store failure waits the
+// cooldown before the next probe. b.mu is held.
 func (b *breaker) probed(now time.Time, err error) {
 	b.probing = false
 	switch {
 	case err == nil:
 		b.close(now)
 	case err != errNotCounted:
-		b.nextProbe = now.Add(b.cfg.Cooldown)
+		b.nextProbe = now.Add(b.tune.cooldown)
 	}
 }
 
@@ -263,21 +248,21 @@ func (b *breaker) unreplied(start time.Time, unreachable bool) {
 	}
 }
 
-// failing reports whether the decisions of the window fail at Breaker.FailureRatio,
-// with at least MinCalls of them. b.mu is held.
+// failing reports whether the decisions of the window fail at the tuning's
+// failureRatio, with at least minCalls of them. b.mu is held.
 func (b *breaker) failing() bool {
 	ok, failed := 0, 0
 	for _, c := range b.buckets {
 		ok, failed = ok+c.ok, failed+c.failed
 	}
 	n := ok + failed
-	return n >= b.cfg.MinCalls && float64(failed) >= b.cfg.FailureRatio*float64(n)
+	return n >= b.tune.minCalls && float64(failed) >= b.tune.failureRatio*float64(n)
 }
 
 // bucket returns the bucket counting decisions that end at now, clearing those whose
 // interval has left the window.
 func (b *breaker) bucket(now time.Time) *struct{ ok, failed int } {
-	step := b.cfg.Window / 10
+	step := b.tune.window / 10
 	if b.curStart.IsZero() {
 		b.curStart = now
 	}
@@ -297,7 +282,7 @@ func (b *breaker) bucket(now time.Time) *struct{ ok, failed int } {
 // trip opens the breaker. b.mu is held.
 func (b *breaker) trip(now time.Time) {
 	b.open = true
-	b.nextProbe = now.Add(b.cfg.Cooldown)
+	b.nextProbe = now.Add(b.tune.cooldown)
 	b.lastAsked = now
 	if b.ping != nil && !b.probing {
 		b.probing = true
@@ -346,6 +331,6 @@ func (b *breaker) probe() {
 			return
 		}
 		b.mu.Unlock()
-		time.Sleep(b.cfg.Cooldown)
+		time.Sleep(b.tune.cooldown)
 	}
 }

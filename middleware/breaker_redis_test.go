@@ -180,11 +180,11 @@ func TestBreakerStaysClosedOnAStarvedHost(t *testing.T) {
 	var opened atomic.Int64
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("api", 1<<40, time.Hour), Identity: global}},
 		middleware.WithTimeout(50*time.Millisecond),
-		middleware.WithBreaker(middleware.Breaker{Stall: time.Second, FailureRatio: 1, OnChange: func(open bool) {
+		middleware.WithBreaker(middleware.Breaker{Stall: time.Second, OnChange: func(open bool) {
 			if open {
 				opened.Add(1)
 			}
-		}}))(ok)
+		}}), middleware.WithBreakerTuning(0, 0, 1, 0))(ok)
 	codes := map[int]int{}
 	for range 90 { // 30 held back, 50ms each: 1.5s without a reply if replies did not count
 		codes[do(h, "GET", "/", nil).Code]++

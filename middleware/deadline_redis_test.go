@@ -27,7 +27,7 @@ func TestRequestDeadlineWhileStoreHangsIsCanceled(t *testing.T) {
 	}
 	srv.Freeze(t)
 	for name, policy := range map[string]middleware.Option{
-		"FailClosed":    middleware.WithUnavailableRetryAfter(time.Second), /* the default policy, fail-closed */
+		"FailClosed":    failClosed,
 		"FailOpen":      middleware.WithFailOpen(),
 		"LocalFallback": middleware.WithLocalFallback(2),
 	} {
@@ -38,11 +38,11 @@ func TestRequestDeadlineWhileStoreHangsIsCanceled(t *testing.T) {
 			served := 0
 			h := mustNew(t, lim, []middleware.Rule{{Rule: rule("api", 100, time.Minute), Identity: global}}, policy,
 				middleware.WithTimeout(time.Minute), // the request's deadline is the one that ends the call
-				middleware.WithBreaker(middleware.Breaker{MinCalls: 1, FailureRatio: 0.01, Cooldown: time.Hour, OnChange: func(open bool) {
+				middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) {
 					mu.Lock()
 					transitions = append(transitions, open)
 					mu.Unlock()
-				}}),
+				}}), middleware.WithBreakerTuning(0, 1, 0.01, time.Hour),
 				middleware.WithObserver(func(e middleware.Event) {
 					mu.Lock()
 					events = append(events, e)

@@ -95,7 +95,7 @@ func decideStack(w http.ResponseWriter, r *http.Request, st *stack, next http.Ha
 	case answerUnavailable:
 		ev.Result = Unavailable
 		observeAll(st, ev)
-		headers.WriteUnavailable(w, r, unavailableRetryAfter(v.failed))
+		headers.WriteUnavailable(w, r, unavailableRetryAfter)
 		return
 	case answerDegraded:
 		ev.Result, ev.Decision = Degraded, ratebudget.Decision{}
@@ -466,17 +466,6 @@ func strictest(parts []part) policy {
 	return p
 }
 
-// unavailableRetryAfter is the Retry-After of a 503 for a failed limiter's parts: the
-// setting of its innermost layer under fail-closed, whose policy refuses.
-func unavailableRetryAfter(parts []part) time.Duration {
-	for i := len(parts) - 1; i >= 0; i-- {
-		if parts[i].m.cfg.policy == failClosed {
-			return parts[i].m.cfg.retryAfter
-		}
-	}
-	return parts[len(parts)-1].m.cfg.retryAfter
-}
-
 // fallback decides the checks of parts, a failed limiter's, on each layer's local budget, layer by
 // layer (a degraded mode: each layer's local decision is all-or-nothing on its own).
 // Every admission is reserved on the local budget, so that a refusal, by a later layer's
@@ -509,7 +498,7 @@ func fallback(ctx context.Context, st *stack, parts []part) ratebudget.Decision 
 			// is asked), only not its per-replica share: a 429 until the store answers
 			// again, not a 413 that says it can never be admitted.
 			pd.Exceeded = false
-			pd.RetryAfter = max(pd.RetryAfter, p.m.cfg.retryAfter)
+			pd.RetryAfter = max(pd.RetryAfter, unavailableRetryAfter)
 		}
 		if !pd.Allowed {
 			return pd // the earlier layers' local spend is given back with the rest

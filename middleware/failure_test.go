@@ -20,6 +20,10 @@ import (
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
+// failClosed stands for the default policy, fail-closed, in tables of policies: it
+// needs no option, and this one changes nothing.
+var failClosed = middleware.WithObserver(func(middleware.Event) {})
+
 // flaky is a limiter for policy logic: it fails while down is set, otherwise it delegates.
 type flaky struct {
 	next  ratebudget.Limiter
@@ -52,7 +56,7 @@ func TestStoreErrorPolicies(t *testing.T) {
 		codes   []int
 		outcome []middleware.Result
 	}{
-		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, []middleware.Result{middleware.Unavailable, middleware.Unavailable}},
+		{"closed", failClosed, []int{503, 503}, []middleware.Result{middleware.Unavailable, middleware.Unavailable}},
 		{"open", middleware.WithFailOpen(), []int{200, 200, 200}, []middleware.Result{middleware.Degraded, middleware.Degraded, middleware.Degraded}},
 		// 10 / 2 replicas = 5 per process.
 		{"local", middleware.WithLocalFallback(2), []int{200, 200, 200, 200, 200, 429, 429}, []middleware.Result{middleware.Allowed, middleware.Allowed, middleware.Allowed, middleware.Allowed, middleware.Allowed, middleware.Denied, middleware.Denied}},
@@ -138,11 +142,11 @@ func TestBreaker(t *testing.T) {
 	var mu sync.Mutex
 	var transitions []bool
 	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 1000, Window: time.Hour, Cooldown: time.Hour, OnChange: func(open bool) {
+		middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) {
 			mu.Lock()
 			transitions = append(transitions, open)
 			mu.Unlock()
-		}}))(ok)
+		}}), middleware.WithBreakerTuning(time.Hour, 1000, 0, time.Hour))(ok)
 	for range 10 {
 		if rec := do(h, "GET", "/", nil); rec.Code != 503 {
 			t.Fatalf("%d", rec.Code)
@@ -162,13 +166,13 @@ func TestBreaker(t *testing.T) {
 	f2.down.Store(true)
 	var opened, closed atomic.Int64
 	h = mustNew(t, f2, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{Cooldown: time.Millisecond, OnChange: func(open bool) {
+		middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) {
 			if open {
 				opened.Add(1)
 			} else {
 				closed.Add(1)
 			}
-		}}))(ok)
+		}}), middleware.WithBreakerTuning(0, 0, 0, time.Millisecond))(ok)
 	for opened.Load() == 0 {
 		do(h, "GET", "/", nil)
 	}
@@ -205,11 +209,11 @@ func TestBreakerStall(t *testing.T) {
 		}
 		h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 1<<40, time.Minute), Identity: global}},
 			middleware.WithTimeout(5*time.Millisecond),
-			middleware.WithBreaker(middleware.Breaker{MinCalls: 1000, Stall: stall, Cooldown: time.Hour, OnChange: func(open bool) {
+			middleware.WithBreaker(middleware.Breaker{Stall: stall, OnChange: func(open bool) {
 				if open {
 					opened.Add(1)
 				}
-			}}))(ok)
+			}}), middleware.WithBreakerTuning(0, 1000, 0, time.Hour))(ok)
 		if !hung {
 			// Every other call waits out its deadline, 600ms in all; the calls between
 			// are answered.
@@ -242,11 +246,11 @@ func TestBreakerTripRule(t *testing.T) {
 	f := &flaky{next: newMemory(t, newClock()), class: "server"}
 	var opened atomic.Int64
 	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 1<<40, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 10, FailureRatio: 0.5, Window: time.Hour, Cooldown: time.Hour, OnChange: func(open bool) {
+		middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) {
 			if open {
 				opened.Add(1)
 			}
-		}}))(ok)
+		}}), middleware.WithBreakerTuning(time.Hour, 10, 0.5, time.Hour))(ok)
 	// 40% failures over 50 calls (ok, ok, ok, fail, fail, ...): never at the ratio.
 	for i := range 50 {
 		f.down.Store(i%5 >= 3)
@@ -276,7 +280,7 @@ func TestBreakerIgnoresNonStoreErrors(t *testing.T) {
 		return ratebudget.Decision{}, &ratebudget.ConfigError{Field: "checks", Problem: "rejected"}
 	})
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour}),
+		middleware.WithBreakerTuning(0, 1, 0, time.Hour),
 		middleware.WithFailOpen())(ok)
 	for i := range 20 {
 		if rec := do(h, "GET", "/", nil); rec.Code != 500 {
@@ -304,7 +308,7 @@ func TestBreakerIgnoresCanceledRequests(t *testing.T) {
 		return next.Allow(ctx, checks)
 	})
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour}))(ok)
+		middleware.WithBreakerTuning(0, 1, 0, time.Hour))(ok)
 	for range 20 {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancelRequest = cancel
@@ -315,7 +319,8 @@ func TestBreakerIgnoresCanceledRequests(t *testing.T) {
 	if n := calls.Load(); n != 20 {
 		t.Fatalf("limiter called %d times for 20 requests", n)
 	}
-	// With MinCalls 1, one counted failure would have opened the breaker for an hour.
+	// With a minimum of 1 call, one counted failure would have opened the breaker for an
+	// hour.
 	if rec := do(h, "GET", "/", nil); rec.Code != 200 || calls.Load() != 21 {
 		t.Fatalf("after 20 canceled requests: %d, limiter called %d times; want 200 from the store: canceled requests must not open the breaker", rec.Code, calls.Load())
 	}
@@ -416,7 +421,7 @@ func TestHugeCostIsNeverAStoreFailure(t *testing.T) {
 		name string
 		opt  middleware.Option
 	}{
-		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */},
+		{"closed", failClosed},
 		{"open", middleware.WithFailOpen()},
 		{"local", middleware.WithLocalFallback(2)},
 	} {
@@ -436,11 +441,11 @@ func TestHugeCostIsNeverAStoreFailure(t *testing.T) {
 					middleware.WithCost(func(r *http.Request) (int64, error) {
 						return strconv.ParseInt(r.URL.Query().Get("cost"), 10, 64)
 					}),
-					middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Hour, OnChange: func(open bool) {
+					middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) {
 						if open {
 							opened.Add(1)
 						}
-					}}),
+					}}), middleware.WithBreakerTuning(0, 1, 0, time.Hour),
 					middleware.WithObserver(func(e middleware.Event) { mu.Lock(); events = append(events, e); mu.Unlock() }))(ok)
 				for i := range 60 {
 					cost := costs[i%len(costs)]
@@ -483,7 +488,7 @@ func TestLimiterConfigErrorIs500(t *testing.T) {
 	})
 	for _, opt := range []middleware.Option{
 		middleware.WithFailOpen(),
-		middleware.WithUnavailableRetryAfter(time.Second), // the default policy, fail-closed
+		failClosed,
 		middleware.WithLocalFallback(1),
 	} {
 		var got middleware.Event

@@ -93,7 +93,8 @@ func get(t *testing.T, client *http.Client, url, accept string, h2 bool) respons
 // The 429 and the 503 keep their status, headers (Retry-After, the metadata,
 // Cache-Control: no-store) and body through chi's Compress and Recoverer, in every order:
 // a compression middleware outside compresses a text/plain refusal (chi's default types
-// leave application/problem+json as it is) and drops nothing but Content-Length.
+// leave application/problem+json as it is) and drops nothing but Content-Length, with
+// either style of metadata.
 func TestRefusalsThroughCompressAndRecoverer(t *testing.T) {
 	t.Parallel()
 	type mw = func(http.Handler) http.Handler
@@ -111,36 +112,39 @@ func TestRefusalsThroughCompressAndRecoverer(t *testing.T) {
 		{"limit, Compress, Recoverer", false, func(limit mw) http.Handler { return chain(ok, limit, chimw.Compress(5), chimw.Recoverer) }},
 	}
 	protos(t, func(t *testing.T, h2 bool) {
-		for _, accept := range []string{"text/plain", "application/json"} {
-			var want [2]response // 429, 503 of the middleware alone
-			for i, o := range orders {
-				refused := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}}, middleware.WithHeaders(headers.Both))
-				url, client, _ := realServer(t, o.build(refused), h2)
-				if got := get(t, client, url, accept, h2); got.code != 200 {
-					t.Fatalf("%s: first request %d", o.name, got.code)
-				}
-				r429 := get(t, client, url, accept, h2)
-				unavailable := mustNew(t, down, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}}, middleware.WithHeaders(headers.Both))
-				url, client, _ = realServer(t, o.build(unavailable), h2)
-				r503 := get(t, client, url, accept, h2)
-				if i == 0 {
-					want = [2]response{r429, r503}
-					if r429.code != 429 || r429.header.Get("Retry-After") == "" || r429.header.Get("Cache-Control") != "no-store" || r429.header.Get("Ratelimit") == "" {
-						t.Fatalf("alone: %+v", r429)
+		for _, style := range []headers.Style{headers.XRateLimit, headers.IETF} {
+			field := map[headers.Style]string{headers.XRateLimit: "X-Ratelimit-Remaining", headers.IETF: "Ratelimit"}[style]
+			for _, accept := range []string{"text/plain", "application/json"} {
+				var want [2]response // 429, 503 of the middleware alone
+				for i, o := range orders {
+					refused := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}}, middleware.WithHeaders(style))
+					url, client, _ := realServer(t, o.build(refused), h2)
+					if got := get(t, client, url, accept, h2); got.code != 200 {
+						t.Fatalf("%s, %s: first request %d", style, o.name, got.code)
 					}
-					if r503.code != 503 || r503.header.Get("Retry-After") == "" || r503.header.Get("Cache-Control") != "no-store" {
-						t.Fatalf("alone: %+v", r503)
+					r429 := get(t, client, url, accept, h2)
+					unavailable := mustNew(t, down, []middleware.Rule{{Rule: rule("r", 1, time.Minute), Identity: global}}, middleware.WithHeaders(style))
+					url, client, _ = realServer(t, o.build(unavailable), h2)
+					r503 := get(t, client, url, accept, h2)
+					if i == 0 {
+						want = [2]response{r429, r503}
+						if r429.code != 429 || r429.header.Get("Retry-After") == "" || r429.header.Get("Cache-Control") != "no-store" || r429.header.Get(field) == "" {
+							t.Fatalf("%s alone: %+v", style, r429)
+						}
+						if r503.code != 503 || r503.header.Get("Retry-After") == "" || r503.header.Get("Cache-Control") != "no-store" {
+							t.Fatalf("%s alone: %+v", style, r503)
+						}
+						continue
 					}
-					continue
-				}
-				for k, got := range []response{r429, r503} {
-					w := want[k]
-					wantEnc := ""
-					if o.compressed && accept == "text/plain" {
-						wantEnc = "gzip"
-					}
-					if got.code != w.code || got.body != w.body || got.encoding != wantEnc || !equalHeader(got.header, w.header) {
-						t.Errorf("%s, Accept %s:\n got %d %q %v %q\nwant %d %q %v %q", o.name, accept, got.code, got.encoding, got.header, got.body, w.code, wantEnc, w.header, w.body)
+					for k, got := range []response{r429, r503} {
+						w := want[k]
+						wantEnc := ""
+						if o.compressed && accept == "text/plain" {
+							wantEnc = "gzip"
+						}
+						if got.code != w.code || got.body != w.body || got.encoding != wantEnc || !equalHeader(got.header, w.header) {
+							t.Errorf("%s, %s, Accept %s:\n got %d %q %v %q\nwant %d %q %v %q", style, o.name, accept, got.code, got.encoding, got.header, got.body, w.code, wantEnc, w.header, w.body)
+						}
 					}
 				}
 			}

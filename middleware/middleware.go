@@ -18,7 +18,7 @@
 //	the limiter rejects the checks as invalid 500     Cache-Control: no-store, one log line (a *ratebudget.ConfigError:
 //	  or stacked layers define one rule name          never a store failure)
 //	  differently (see Stacking)
-//	store unavailable (default: fail-closed)  503     Retry-After, Cache-Control: no-store
+//	store unavailable (default: fail-closed)  503     Retry-After: 1, Cache-Control: no-store
 //	store unavailable, WithFailOpen           handler's  none (the event is Degraded)
 //	store unavailable, WithLocalFallback      handler's or 429 from the per-replica budget
 //	request context already canceled          nothing is written, nothing is spent
@@ -76,8 +76,8 @@
 // last 10s failed; while open it sends the store no decision and probes it with the
 // limiter's Ping, off the request path, when the limiter has one). A store error
 // is never read as an empty budget: the store-error policy decides what is admitted
-// (default fail-closed: 503; [WithFailOpen]: everyone; [WithLocalFallback]: a
-// per-replica share of each budget, in process). Only store errors take the policy and count toward the breaker: a request's fault (a bad
+// (default fail-closed: 503 with Retry-After: 1; [WithFailOpen]: everyone;
+// [WithLocalFallback]: a per-replica share of each budget, in process). Only store errors take the policy and count toward the breaker: a request's fault (a bad
 // identity or cost, a cost above a rule's capacity), a request whose context ended
 // (canceled, or its own deadline passed, also when the store's client returns before
 // the context is marked done) and a configuration error never do.
@@ -244,9 +244,9 @@ func build(lim ratebudget.Limiter, rules []Rule, opts []Option) (*mw, error) {
 // configure sets m.cfg: the defaults, then opts in order.
 func (m *mw) configure(opts []Option) error {
 	m.cfg = config{
-		style:      headers.XRateLimit,
-		timeout:    50 * time.Millisecond,
-		retryAfter: time.Second,
+		style:   headers.XRateLimit,
+		timeout: 50 * time.Millisecond,
+		tuning:  defaultBreakerTuning,
 	}
 	m.cfg.breaker, _ = Breaker{}.withDefaults()
 	for _, o := range opts {
@@ -332,7 +332,7 @@ func (m *mw) use(lim ratebudget.Limiter) error {
 		if p, ok := lim.(pinger); ok {
 			ping = p.Ping
 		}
-		m.breaker = newBreaker(m.cfg.breaker, m.cfg.timeout, ping)
+		m.breaker = newBreaker(m.cfg.breaker, m.cfg.tuning, m.cfg.timeout, ping)
 	}
 	if m.cfg.policy == localFallback {
 		fb, err := memory.New()

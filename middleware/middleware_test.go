@@ -168,7 +168,7 @@ func TestHeaderStyles(t *testing.T) {
 	}{
 		{headers.XRateLimit, true, false, "", ""},
 		{headers.IETF, false, true, `"r";q=5;w=60`, `"r";r=4;t=60`},
-		{headers.Both, true, true, `"r";q=5;w=60`, `"r";r=4;t=60`},
+		{headers.IETFDraft10, false, true, `"r";q=5;w=60`, `"r";r=4;t=60`},
 		{headers.None, false, false, "", ""},
 		{"", true, false, "", ""}, // the zero Style is the default, XRateLimit
 	} {
@@ -345,9 +345,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"duplicate", lim, []middleware.Rule{good, good}, nil, "Name"},
 		{"timeout", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithTimeout(0)}, "WithTimeout"},
 		{"replicas", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithLocalFallback(0)}, "WithLocalFallback"},
-		{"breaker", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithBreaker(middleware.Breaker{FailureRatio: 2})}, "WithBreaker"},
+		{"breaker", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithBreaker(middleware.Breaker{Stall: time.Microsecond})}, "WithBreaker"},
 		{"nil cost", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithCost(nil)}, "WithCost"},
-		{"undefined style", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithHeaders(headers.Style("both11"))}, "WithHeaders"},
+		{"undefined style", lim, []middleware.Rule{good}, []middleware.Option{middleware.WithHeaders(headers.Style("both"))}, "WithHeaders"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := middleware.New(tc.lim, tc.rules, tc.opts...)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
-	"github.com/ratebudget/ratebudget/internal/meta"
 )
 
 // Option configures the middleware built by [New]. Options are validated by New, which
@@ -15,17 +14,17 @@ import (
 type Option func(*config) error
 
 type config struct {
-	cost       func(*http.Request) (int64, error)
-	style      headers.Style
-	unit       string
-	onRefusal  func(http.ResponseWriter, *http.Request, ratebudget.Decision)
-	onError    func(http.ResponseWriter, *http.Request, error)
-	observers  []func(Event)
-	policy     policy
-	replicas   int
-	timeout    time.Duration
-	retryAfter time.Duration
-	breaker    Breaker
+	cost      func(*http.Request) (int64, error)
+	style     headers.Style
+	unit      string
+	onRefusal func(http.ResponseWriter, *http.Request, ratebudget.Decision)
+	onError   func(http.ResponseWriter, *http.Request, error)
+	observers []func(Event)
+	policy    policy
+	replicas  int
+	timeout   time.Duration
+	breaker   Breaker
+	tuning    breakerTuning // fixed at defaultBreakerTuning outside the package's tests
 }
 
 func configErr(field, problem string) error {
@@ -35,6 +34,9 @@ func configErr(field, problem string) error {
 // WithCost sets the function that gives each request's cost in units (default: 1 per
 // request). It is charged to every rule of the middleware. An error, or a cost below 1,
 // is answered like a key-function error (see [WithErrorHandler]) and spends nothing.
+// The RateLimit-Policy field names no unit for it (the default, requests): rules that
+// count bytes do so with [CountRequestBytes] or [CountResponseBytes], whose unit is
+// content-bytes.
 func WithCost(f func(*http.Request) (int64, error)) Option {
 	return func(c *config) error {
 		if f == nil {
@@ -45,12 +47,12 @@ func WithCost(f func(*http.Request) (int64, error)) Option {
 	}
 }
 
-// WithHeaders selects the budget metadata headers (default headers.XRateLimit, which
-// the zero Style "" selects too):
-// headers.IETF and headers.Both send RateLimit-Policy and RateLimit per
-// draft-ietf-httpapi-ratelimit-headers-11, listing every rule of the request (of every
-// stacked layer); headers.IETFDraft10 and headers.BothDraft10 send them per draft-10
-// (t rounded up); headers.None sends none, for routes such as authentication endpoints.
+// WithHeaders selects the budget metadata headers (default headers.XRateLimit,
+// X-RateLimit-*, which the zero Style "" selects too): headers.IETF sends
+// RateLimit-Policy and RateLimit per draft-ietf-httpapi-ratelimit-headers-11, listing
+// every rule of the request (of every stacked layer); headers.IETFDraft10 sends them per
+// draft-10 (t rounded up); headers.None sends none, for routes such as authentication
+// endpoints.
 // RateLimit's t is the end of a fixed window, or the time until a token bucket's next
 // whole unit, which the middleware derives from the bucket's reset in whole
 // milliseconds: it may be 1 ms early, never late (so a draft-11 t can be one second low
@@ -64,28 +66,11 @@ func WithHeaders(s headers.Style) Option {
 		switch s {
 		case "":
 			s = headers.XRateLimit
-		case headers.XRateLimit, headers.IETF, headers.Both, headers.None, headers.IETFDraft10, headers.BothDraft10:
+		case headers.XRateLimit, headers.IETF, headers.None, headers.IETFDraft10:
 		default:
-			return configErr("WithHeaders", "unknown style "+strconv.Quote(string(s))+" (want x, ietf, both, none, ietf10 or both10)")
+			return configErr("WithHeaders", "unknown style "+strconv.Quote(string(s))+" (want x, ietf, none or ietf10)")
 		}
 		c.style = s
-		return nil
-	}
-}
-
-// WithQuotaUnit names the unit of this layer's costs in the RateLimit-Policy field (its
-// qu parameter): "requests" (the default, not sent), "content-bytes" (a cost that counts
-// bytes, see WithCost) or "concurrent-requests". The drafts allow only the units of their
-// registry. Rules that count bytes ([CountRequestBytes], [CountResponseBytes]) and
-// InFlight rules name theirs without it.
-func WithQuotaUnit(unit string) Option {
-	return func(c *config) error {
-		switch unit {
-		case meta.UnitRequests, meta.UnitContentBytes, meta.UnitConcurrentRequests:
-		default:
-			return configErr("WithQuotaUnit", "unknown quota unit "+strconv.Quote(unit)+" (want requests, content-bytes or concurrent-requests)")
-		}
-		c.unit = unit
 		return nil
 	}
 }
@@ -165,18 +150,6 @@ func WithTimeout(d time.Duration) Option {
 			return configErr("WithTimeout", "must be positive, got "+d.String())
 		}
 		c.timeout = d
-		return nil
-	}
-}
-
-// WithUnavailableRetryAfter sets the Retry-After of 503 answers under fail-closed (default
-// 1s, at least 1s).
-func WithUnavailableRetryAfter(d time.Duration) Option {
-	return func(c *config) error {
-		if d < time.Second {
-			return configErr("WithUnavailableRetryAfter", "must be at least 1s, got "+d.String())
-		}
-		c.retryAfter = d
 		return nil
 	}
 }

@@ -1,49 +1,26 @@
 package middleware_test
 
 import (
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
-	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/memory"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
-// A fail-closed 503 carries Retry-After: 1 by default, and WithUnavailableRetryAfter's
-// value (whole seconds, rounded up) when set; a value below 1s is refused at
-// construction.
+// A fail-closed 503 carries Retry-After: 1.
 func TestUnavailableRetryAfter(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		opts []middleware.Option
-		want string
-	}{
-		{"default", nil, "1"},
-		{"30s", []middleware.Option{middleware.WithUnavailableRetryAfter(30 * time.Second)}, "30"},
-		{"rounded up", []middleware.Option{middleware.WithUnavailableRetryAfter(2500 * time.Millisecond)}, "3"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			f := &flaky{next: newMemory(t, newClock())}
-			f.down.Store(true)
-			opts := append([]middleware.Option{middleware.WithBreaker(middleware.Breaker{Disabled: true})}, tc.opts...)
-			h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}}, opts...)(ok)
-			rec := do(h, "GET", "/", nil)
-			if rec.Code != 503 || rec.Header().Get("Retry-After") != tc.want {
-				t.Fatalf("store down: %d Retry-After %q, want 503 and %s", rec.Code, rec.Header().Get("Retry-After"), tc.want)
-			}
-		})
-	}
-	_, err := middleware.New(newMemory(t, newClock()), []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
-		middleware.WithUnavailableRetryAfter(999*time.Millisecond))
-	var ce *ratebudget.ConfigError
-	if !errors.As(err, &ce) || ce.Field != "WithUnavailableRetryAfter" {
-		t.Fatalf("999ms: err %v, want a ConfigError naming WithUnavailableRetryAfter", err)
+	f := &flaky{next: newMemory(t, newClock())}
+	f.down.Store(true)
+	h := mustNew(t, f, []middleware.Rule{{Rule: rule("r", 10, time.Minute), Identity: global}},
+		middleware.WithBreaker(middleware.Breaker{Disabled: true}))(ok)
+	rec := do(h, "GET", "/", nil)
+	if rec.Code != 503 || rec.Header().Get("Retry-After") != "1" {
+		t.Fatalf("store down: %d Retry-After %q, want 503 and 1", rec.Code, rec.Header().Get("Retry-After"))
 	}
 }
 

@@ -125,7 +125,7 @@ func TestBreakerProbePanicDoesNotWedgeTheBreaker(t *testing.T) {
 	})
 	var states []string
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 100, time.Minute), Identity: global}},
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Millisecond, OnChange: func(open bool) { states = append(states, strconv.FormatBool(open)) }}))(ok)
+		middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) { states = append(states, strconv.FormatBool(open)) }}), middleware.WithBreakerTuning(0, 1, 0, time.Millisecond))(ok)
 	if rec := do(h, "GET", "/", nil); rec.Code != 503 {
 		t.Fatalf("failing store: %d, want 503", rec.Code)
 	}
@@ -180,7 +180,7 @@ func TestBreakerHalfOpenProbesOneAtATime(t *testing.T) {
 	})
 	h := mustNew(t, lim, []middleware.Rule{{Rule: rule("r", 1000, time.Minute), Identity: global}},
 		middleware.WithTimeout(time.Hour),
-		middleware.WithBreaker(middleware.Breaker{MinCalls: 1, Cooldown: time.Millisecond}))(ok)
+		middleware.WithBreakerTuning(0, 1, 0, time.Millisecond))(ok)
 	if rec := do(h, "GET", "/", nil); rec.Code != 503 {
 		t.Fatalf("failing store: %d", rec.Code)
 	}

@@ -108,7 +108,7 @@ func TestPlansResolvePerRequest(t *testing.T) {
 	clk := newClock()
 	lim := &callCounter{inner: newMemory(t, clk)}
 	tenants := map[string]string{"k-free": "free", "k-pro": "pro", "k-vip": "vip", "k-odd": "gold", "k-trial": "trial"}
-	mw, err := middleware.New(lim, []middleware.Rule{{
+	rules := []middleware.Rule{{
 		Rule:     rule("api", 3, time.Minute),
 		Identity: byHeader("X-Api-Key"),
 		Plans: []middleware.Plan{
@@ -118,18 +118,38 @@ func TestPlansResolvePerRequest(t *testing.T) {
 			{Name: "trial", Limit: 1, Shadow: true},
 		},
 		Plan: planOf(tenants),
-	}}, middleware.WithHeaders(headers.Both))
+	}}
+	// Two layers of the same rules, each on its own limiter: one writes X-RateLimit-*,
+	// the other the IETF fields.
+	limI := &callCounter{inner: newMemory(t, clk)}
+	mw, err := middleware.New(lim, rules, middleware.WithHeaders(headers.XRateLimit))
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := mw(ok)
-	serve := func(key string) *httptest.ResponseRecorder {
-		w := httptest.NewRecorder()
+	mwI, err := middleware.New(limI, rules, middleware.WithHeaders(headers.IETF))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, hI := mw(ok), mwI(ok)
+	// serve sends a request with key through both layers and answers the first one's
+	// response with the second one's IETF fields; both must answer alike.
+	serve := func(t *testing.T, key string) *httptest.ResponseRecorder {
+		t.Helper()
+		w, wi := httptest.NewRecorder(), httptest.NewRecorder()
 		h.ServeHTTP(w, keyed("GET", "/", key))
+		hI.ServeHTTP(wi, keyed("GET", "/", key))
+		if w.Code != wi.Code {
+			t.Fatalf("%s: %d with X-RateLimit-*, %d with the IETF fields", key, w.Code, wi.Code)
+		}
+		for _, k := range []string{"Ratelimit-Policy", "Ratelimit"} {
+			if v, ok := wi.Header()[k]; ok {
+				w.Header()[k] = v
+			}
+		}
 		return w
 	}
 	t.Run("plan_values_and_name_in_metadata", func(t *testing.T) {
-		w := serve("k-pro")
+		w := serve(t, "k-pro")
 		if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "100" || w.Header().Get("X-RateLimit-Remaining") != "99" {
 			t.Fatalf("pro: %d limit %q remaining %q, want 200, 100, 99", w.Code, w.Header().Get("X-RateLimit-Limit"), w.Header().Get("X-RateLimit-Remaining"))
 		}
@@ -139,7 +159,7 @@ func TestPlansResolvePerRequest(t *testing.T) {
 	})
 	t.Run("no_plan_and_unknown_plan_use_the_rule", func(t *testing.T) {
 		for _, key := range []string{"k-none", "k-odd"} {
-			w := serve(key)
+			w := serve(t, key)
 			if w.Header().Get("X-RateLimit-Limit") != "3" || strings.Contains(w.Header().Get("RateLimit-Policy"), "plan") {
 				t.Fatalf("%s: limit %q policy %q, want the rule's 3 and no plan", key, w.Header().Get("X-RateLimit-Limit"), w.Header().Get("RateLimit-Policy"))
 			}
@@ -147,14 +167,14 @@ func TestPlansResolvePerRequest(t *testing.T) {
 	})
 	t.Run("refusal_names_the_plan", func(t *testing.T) {
 		for i := range 2 {
-			if w := serve("k-free"); w.Code != 200 {
+			if w := serve(t, "k-free"); w.Code != 200 {
 				t.Fatalf("free request %d: %d, want 200", i, w.Code)
 			}
 		}
 		r := keyed("GET", "/", "k-free")
 		r.Header.Set("Accept", "application/json")
 		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
+		hI.ServeHTTP(w, r)
 		if w.Code != 429 {
 			t.Fatalf("third free request: %d, want 429", w.Code)
 		}
@@ -170,9 +190,9 @@ func TestPlansResolvePerRequest(t *testing.T) {
 		}
 	})
 	t.Run("unlimited_plan_asks_no_store", func(t *testing.T) {
-		before := lim.calls.Load()
+		before, beforeI := lim.calls.Load(), limI.calls.Load()
 		for i := range 10 {
-			w := serve("k-vip")
+			w := serve(t, "k-vip")
 			if w.Code != 200 {
 				t.Fatalf("vip request %d: %d, want 200", i, w.Code)
 			}
@@ -180,13 +200,13 @@ func TestPlansResolvePerRequest(t *testing.T) {
 				t.Fatalf("vip request %d has metadata %v, want none", i, w.Header())
 			}
 		}
-		if n := lim.calls.Load() - before; n != 0 {
+		if n := lim.calls.Load() - before + limI.calls.Load() - beforeI; n != 0 {
 			t.Fatalf("%d limiter calls for an unlimited plan, want 0", n)
 		}
 	})
 	t.Run("shadow_plan_never_refuses", func(t *testing.T) {
 		for i := range 4 {
-			w := serve("k-trial")
+			w := serve(t, "k-trial")
 			if w.Code != 200 || w.Header().Get("X-RateLimit-Limit") != "" {
 				t.Fatalf("trial request %d: %d with limit %q, want 200 without metadata", i, w.Code, w.Header().Get("X-RateLimit-Limit"))
 			}

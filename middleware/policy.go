@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/ratebudget/ratebudget"
 )
@@ -9,7 +10,8 @@ import (
 // policy is what the middleware admits when the budget store cannot decide (an error
 // from the limiter: timeout, connection refused, server error, open circuit breaker).
 // A store error is never read as an empty budget. The zero value, failClosed, is the
-// default; [WithFailOpen] and [WithLocalFallback] choose the others.
+// default (a 503 with Retry-After: 1); [WithFailOpen] and [WithLocalFallback] choose the
+// others.
 type policy uint8
 
 const (
@@ -24,8 +26,12 @@ const (
 	localFallback
 )
 
+// unavailableRetryAfter is the Retry-After of a 503 under fail-closed, and the least
+// Retry-After of the local fallback's 429 for a cost above a rule's share.
+const unavailableRetryAfter = time.Second
+
 // WithFailOpen makes the middleware admit every request while the store cannot decide,
-// instead of refusing with 503 (the default, fail-closed). Such admissions are reported
+// instead of refusing with 503 and Retry-After: 1 (the default, fail-closed). Such admissions are reported
 // as [Degraded], so that the lost protection is visible. It replaces an earlier
 // [WithLocalFallback], as that replaces it: the last one given decides.
 func WithFailOpen() Option {
@@ -40,8 +46,8 @@ func WithFailOpen() Option {
 // rule (Limit, and Burst when set, rounded down but at least 1). The sum over replicas
 // never exceeds the global limit unless a limit is below the replica count; it is wrong
 // (too strict for some clients) when the load balancer spreads one client unevenly. A
-// cost above a rule's share is refused with 429 (Retry-After from
-// [WithUnavailableRetryAfter]), not 413: the store may answer again. The metadata of
+// cost above a rule's share is refused with 429 (Retry-After at least 1s, as a
+// fail-closed 503's), not 413: the store may answer again. The metadata of
 // such a response describes the local share (X-RateLimit-Limit is the rule's share of
 // its Limit), since that is the budget that decided. It replaces an earlier
 // [WithFailOpen], as that replaces it: the last one given decides.

@@ -25,12 +25,8 @@ func (st *stack) report(d *ratebudget.Decision, outcomes []ratebudget.Outcome) (
 // from the decision for the reported check, and without state otherwise.
 func (st *stack) info(i int, d *ratebudget.Decision, outcomes []ratebudget.Outcome) meta.Info {
 	c := &st.checks[i]
-	p := st.partOf(i)
 	cr := st.ruleOf[i]
-	in := meta.Info{Policy: c.Rule.Name, Plan: cr.plan, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: p.m.cfg.unit}
-	if cr.unit != "" {
-		in.Unit = cr.unit
-	}
+	in := meta.Info{Policy: c.Rule.Name, Plan: cr.plan, Limit: cr.limit, LimitText: cr.limitText, Window: c.Rule.Window, Cost: c.Cost, Unit: cr.unit}
 	lease := c.Rule.Algorithm == ratebudget.InFlight
 	if lease {
 		in.Window = 0 // a lease's TTL is not a window

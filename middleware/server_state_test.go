@@ -41,7 +41,7 @@ func TestPoliciesOnAReplica(t *testing.T) {
 		codes   []int
 		outcome middleware.Result
 	}{
-		{"closed", middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */, []int{503, 503}, middleware.Unavailable},
+		{"closed", failClosed, []int{503, 503}, middleware.Unavailable},
 		{"open", middleware.WithFailOpen(), []int{200, 200}, middleware.Degraded},
 		// 4 / 2 replicas = 2 per process.
 		{"local", middleware.WithLocalFallback(2), []int{200, 200, 429}, ""}, // outcome not checked: a fallback decision

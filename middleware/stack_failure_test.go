@@ -56,7 +56,7 @@ func policyOpt(p string) middleware.Option {
 	case "local":
 		return middleware.WithLocalFallback(1)
 	}
-	return middleware.WithUnavailableRetryAfter(time.Second) /* the default policy, fail-closed */
+	return failClosed
 }
 
 // Three layers on three limiters (a, b, c, outermost first), one of which fails under
@@ -132,15 +132,13 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 			f := &flaky{}
 			for i, r := range rules {
 				lims[i] = newMemory(t, newClock())
-				opts := []middleware.Option{middleware.WithHeaders(headers.IETF), middleware.WithObserver(evs[i].observe),
-					middleware.WithUnavailableRetryAfter(2 * time.Second)}
+				opts := []middleware.Option{middleware.WithHeaders(headers.IETF), middleware.WithObserver(evs[i].observe)}
 				var lim ratebudget.Limiter = lims[i]
 				if i == c.failed {
 					f.next = lims[i]
 					f.down.Store(true)
 					lim = f
-					opts = append(opts, policyOpt(c.policy), middleware.WithUnavailableRetryAfter(7*time.Second),
-						middleware.WithBreaker(middleware.Breaker{Disabled: true}))
+					opts = append(opts, policyOpt(c.policy), middleware.WithBreaker(middleware.Breaker{Disabled: true}))
 				}
 				mws = append(mws, mustNew(t, lim, []middleware.Rule{{Rule: r, Identity: keyfuncs.Header("X-Client")}}, opts...))
 			}
@@ -158,8 +156,8 @@ func TestStackedStoreFailureMatrix(t *testing.T) {
 			if (served == 1) != (w.code == 200) {
 				t.Errorf("handler ran %d times for a %d", served, rec.Code)
 			}
-			if w.code == 503 && rec.Header().Get("Retry-After") != "7" {
-				t.Errorf("503 Retry-After %q, want the failed layer's 7", rec.Header().Get("Retry-After"))
+			if w.code == 503 && rec.Header().Get("Retry-After") != "1" {
+				t.Errorf("503 Retry-After %q, want 1", rec.Header().Get("Retry-After"))
 			}
 			if got := rec.Header().Get("RateLimit"); got != w.rl {
 				t.Errorf("RateLimit %q, want %q", got, w.rl)
@@ -289,16 +287,16 @@ func TestShadowOnlyLayerOnAFailedLimiter(t *testing.T) {
 	}
 }
 
-// Layers on one limiter under different policies: a 503 (the strictest, FailClosed, of
-// one layer) carries the Retry-After of that FailClosed layer, not the innermost layer's.
+// Layers on one limiter under different policies: the strictest, FailClosed, of one
+// layer answers, in any order: a 503 with Retry-After: 1.
 func TestUnavailableRetryAfterOfTheFailClosedLayer(t *testing.T) {
 	t.Parallel()
 	f := &flaky{next: newMemory(t, newClock())}
 	f.down.Store(true)
 	noBreaker := middleware.WithBreaker(middleware.Breaker{Disabled: true})
-	closed := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: global}}, middleware.WithUnavailableRetryAfter(7*time.Second), noBreaker)
+	closed := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: global}}, noBreaker)
 	open := mustNew(t, f, []middleware.Rule{{Rule: innerRule, Identity: global}}, policyOpt("open"), noBreaker)
-	local := mustNew(t, f, []middleware.Rule{{Rule: thirdRule, Identity: global}}, policyOpt("local"), middleware.WithUnavailableRetryAfter(3*time.Second), noBreaker)
+	local := mustNew(t, f, []middleware.Rule{{Rule: thirdRule, Identity: global}}, policyOpt("local"), noBreaker)
 	for name, h := range map[string]http.Handler{
 		"closed, open":        closed(open(ok)),
 		"open, closed":        open(closed(ok)),
@@ -306,8 +304,8 @@ func TestUnavailableRetryAfterOfTheFailClosedLayer(t *testing.T) {
 		"local, closed, open": local(closed(open(ok))),
 	} {
 		rec := do(h, "GET", "/", nil)
-		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "7" {
-			t.Errorf("%s: %d, Retry-After %q; want 503 with the FailClosed layer's 7", name, rec.Code, rec.Header().Get("Retry-After"))
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "1" {
+			t.Errorf("%s: %d, Retry-After %q; want 503 with Retry-After 1 (the FailClosed layer's answer)", name, rec.Code, rec.Header().Get("Retry-After"))
 		}
 	}
 }
@@ -443,11 +441,11 @@ func TestStackedBreakersPerLimiter(t *testing.T) {
 	t.Parallel()
 	var opened [2]atomic.Int64
 	brk := func(i int) []middleware.Option {
-		return []middleware.Option{middleware.WithBreaker(middleware.Breaker{MinCalls: 2, Window: time.Hour, Cooldown: time.Hour, OnChange: func(open bool) {
+		return []middleware.Option{middleware.WithBreaker(middleware.Breaker{OnChange: func(open bool) {
 			if open {
 				opened[i].Add(1)
 			}
-		}})}
+		}}), middleware.WithBreakerTuning(time.Hour, 2, 0, time.Hour)}
 	}
 	down := &flaky{next: newMemory(t, newClock())}
 	down.down.Store(true)

@@ -70,8 +70,14 @@ func left(t *testing.T, lim ratebudget.Limiter, rule ratebudget.Rule, identity s
 }
 
 // layers builds the outer (per client, 5), inner (per client, 1; cost from ?cost=; its
-// identity from X-Inner when innerID is set) and third (3) middlewares on lim.
+// identity from X-Inner when innerID is set) and third (3) middlewares on lim, which
+// write X-RateLimit-*.
 func layers(t *testing.T, lim ratebudget.Limiter, innerID bool) (outer, inner, third func(http.Handler) http.Handler) {
+	return styledLayers(t, lim, innerID, headers.XRateLimit)
+}
+
+// styledLayers is layers whose metadata has style.
+func styledLayers(t *testing.T, lim ratebudget.Limiter, innerID bool, style headers.Style) (outer, inner, third func(http.Handler) http.Handler) {
 	id := keyfuncs.Header("X-Client")
 	innerIdentity := id
 	if innerID {
@@ -86,9 +92,9 @@ func layers(t *testing.T, lim ratebudget.Limiter, innerID bool) (outer, inner, t
 	// A deadline far above any decision's time: on a loaded machine a real Redis may take
 	// longer than the default 50ms, and these tests are about budgets, not deadlines.
 	slow := middleware.WithTimeout(time.Minute)
-	outer = mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: id}}, middleware.WithHeaders(headers.Both), slow)
-	inner = mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: innerIdentity}}, cost, middleware.WithHeaders(headers.Both), slow)
-	third = mustNew(t, lim, []middleware.Rule{{Rule: thirdRule, Identity: id}}, middleware.WithHeaders(headers.Both), slow)
+	outer = mustNew(t, lim, []middleware.Rule{{Rule: outerRule, Identity: id}}, middleware.WithHeaders(style), slow)
+	inner = mustNew(t, lim, []middleware.Rule{{Rule: innerRule, Identity: innerIdentity}}, cost, middleware.WithHeaders(style), slow)
+	third = mustNew(t, lim, []middleware.Rule{{Rule: thirdRule, Identity: id}}, middleware.WithHeaders(style), slow)
 	return outer, inner, third
 }
 
@@ -138,42 +144,47 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 	alice := map[string]string{"X-Client": "alice", "X-Inner": "alice"}
 	for name, mount := range mountings {
 		t.Run(name+"/inner refusal", func(t *testing.T) {
-			lim := newLimiter(t)
-			outer, inner, _ := layers(t, lim, false)
-			h := mount(outer, inner)
-			rec := do(h, "GET", "/x", alice)
-			if rec.Code != 200 {
-				t.Fatalf("first: %d", rec.Code)
-			}
-			// The most restrictive rule of both layers: inner, 0 of 1 left.
-			if rec.Header().Get("X-RateLimit-Limit") != "1" || rec.Header().Get("X-RateLimit-Remaining") != "0" {
-				t.Errorf("admitted: metadata %v, want inner's limit=1 remaining=0", rec.Header())
-			}
-			if got := rec.Header().Get("RateLimit-Policy"); got != `"outer";q=5;w=60, "inner";q=1;w=60` {
-				t.Errorf("RateLimit-Policy %s, want both rules", got)
-			}
-			if _, each := lim.(ratebudget.Reporter); each {
-				if got := rec.Header().Get("RateLimit"); got != `"outer";r=4;t=60, "inner";r=0;t=60` && got != `"outer";r=4;t=59, "inner";r=0;t=59` {
-					t.Errorf("RateLimit %s, want both rules", got)
-				}
-			} else if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"inner";r=0`) {
-				t.Errorf("RateLimit %s, want the reported rule", got)
-			}
-			for i := range 3 {
+			for _, style := range []headers.Style{headers.XRateLimit, headers.IETF} {
+				x := style == headers.XRateLimit
+				lim := newLimiter(t)
+				outer, inner, _ := styledLayers(t, lim, false, style)
+				h := mount(outer, inner)
 				rec := do(h, "GET", "/x", alice)
-				if rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "1" || rec.Header().Get("Retry-After") == "" {
-					t.Fatalf("refusal %d: %d %v", i, rec.Code, rec.Header())
+				if rec.Code != 200 {
+					t.Fatalf("%s: first: %d", style, rec.Code)
 				}
-				// The refusal spent nothing: outer still has 4 of 5, as the next
-				// admission will show, not 3.
-				if _, each := lim.(ratebudget.Reporter); each {
-					if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"outer";r=4;t=`) {
-						t.Errorf("refusal %d: RateLimit %s, want outer's 4 left", i, got)
+				// The most restrictive rule of both layers: inner, 0 of 1 left.
+				if x && (rec.Header().Get("X-RateLimit-Limit") != "1" || rec.Header().Get("X-RateLimit-Remaining") != "0") {
+					t.Errorf("admitted: metadata %v, want inner's limit=1 remaining=0", rec.Header())
+				}
+				if got := rec.Header().Get("RateLimit-Policy"); !x && got != `"outer";q=5;w=60, "inner";q=1;w=60` {
+					t.Errorf("RateLimit-Policy %s, want both rules", got)
+				}
+				if !x {
+					if _, each := lim.(ratebudget.Reporter); each {
+						if got := rec.Header().Get("RateLimit"); got != `"outer";r=4;t=60, "inner";r=0;t=60` && got != `"outer";r=4;t=59, "inner";r=0;t=59` {
+							t.Errorf("RateLimit %s, want both rules", got)
+						}
+					} else if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"inner";r=0`) {
+						t.Errorf("RateLimit %s, want the reported rule", got)
 					}
 				}
-			}
-			if n := left(t, lim, outerRule, "alice"); n != 4 {
-				t.Errorf("outer has %d left after 1 admitted and 3 refused, want 4", n)
+				for i := range 3 {
+					rec := do(h, "GET", "/x", alice)
+					if rec.Code != 429 || x && rec.Header().Get("X-RateLimit-Limit") != "1" || rec.Header().Get("Retry-After") == "" {
+						t.Fatalf("%s: refusal %d: %d %v", style, i, rec.Code, rec.Header())
+					}
+					// The refusal spent nothing: outer still has 4 of 5, as the next
+					// admission will show, not 3.
+					if _, each := lim.(ratebudget.Reporter); each && !x {
+						if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"outer";r=4;t=`) {
+							t.Errorf("refusal %d: RateLimit %s, want outer's 4 left", i, got)
+						}
+					}
+				}
+				if n := left(t, lim, outerRule, "alice"); n != 4 {
+					t.Errorf("%s: outer has %d left after 1 admitted and 3 refused, want 4", style, n)
+				}
 			}
 		})
 		t.Run(name+"/inner 400", func(t *testing.T) {
@@ -226,6 +237,19 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 			}
 		})
 	}
+	t.Run("three layers, IETF fields", func(t *testing.T) {
+		// RateLimit-Policy lists the rules of the three layers, outermost first.
+		outer, inner, third := styledLayers(t, newLimiter(t), false, headers.IETF)
+		r := chi.NewRouter()
+		r.Use(outer)
+		r.Group(func(r chi.Router) {
+			r.Use(third)
+			r.With(inner).Get("/x", ok)
+		})
+		if got := do(r, "GET", "/x", map[string]string{"X-Client": "alice"}).Header().Get("RateLimit-Policy"); got != `"outer";q=5;w=60, "third";q=3;w=60, "inner";q=1;w=60` {
+			t.Errorf("RateLimit-Policy %s", got)
+		}
+	})
 	t.Run("three layers", func(t *testing.T) {
 		lim := newLimiter(t)
 		outer, inner, third := layers(t, lim, false)
@@ -240,9 +264,6 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 		rec := do(r, "GET", "/x", alice)
 		if rec.Code != 200 || rec.Header().Get("X-RateLimit-Limit") != "1" {
 			t.Fatalf("first: %d %v", rec.Code, rec.Header())
-		}
-		if got := rec.Header().Get("RateLimit-Policy"); got != `"outer";q=5;w=60, "third";q=3;w=60, "inner";q=1;w=60` {
-			t.Errorf("RateLimit-Policy %s", got)
 		}
 		for range 2 {
 			if rec := do(r, "GET", "/x", alice); rec.Code != 429 {
@@ -273,27 +294,30 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 // when that limiter can settle (Memory can).
 func TestStackedLayersOnDifferentLimiters(t *testing.T) {
 	t.Parallel()
+	for _, style := range []headers.Style{headers.XRateLimit, headers.IETF} {
+		a, b := newMemory(t, newClock()), newMemory(t, newClock())
+		outer, _, _ := styledLayers(t, a, false, style)
+		_, inner, _ := styledLayers(t, b, false, style)
+		h := outer(inner(ok))
+		alice := map[string]string{"X-Client": "alice"}
+		x := style == headers.XRateLimit
+		if rec := do(h, "GET", "/", alice); rec.Code != 200 || x && rec.Header().Get("X-RateLimit-Limit") != "1" {
+			t.Fatalf("%s: first: %d %v", style, rec.Code, rec.Header())
+		}
+		if rec := do(h, "GET", "/", alice); rec.Code != 429 || x && rec.Header().Get("X-RateLimit-Limit") != "1" {
+			t.Fatalf("%s: second: %d %v", style, rec.Code, rec.Header())
+		} else if got := rec.Header().Get("RateLimit"); !x && !strings.HasPrefix(got, `"outer";r=4;t=`) {
+			t.Errorf("second: RateLimit %s, want outer's 4 left (its spend was given back)", got)
+		}
+		if n := left(t, a, outerRule, "alice"); n != 4 {
+			t.Errorf("%s: outer (first limiter) has %d left, want 4: the second limiter's refusal gives its spend back", style, n)
+		}
+	}
+	// The other way round, a refusal by the outer limiter spends nothing in the inner.
 	a, b := newMemory(t, newClock()), newMemory(t, newClock())
 	outer, _, _ := layers(t, a, false)
 	_, inner, _ := layers(t, b, false)
 	h := outer(inner(ok))
-	alice := map[string]string{"X-Client": "alice"}
-	if rec := do(h, "GET", "/", alice); rec.Code != 200 || rec.Header().Get("X-RateLimit-Limit") != "1" {
-		t.Fatalf("first: %d %v", rec.Code, rec.Header())
-	}
-	if rec := do(h, "GET", "/", alice); rec.Code != 429 || rec.Header().Get("X-RateLimit-Limit") != "1" {
-		t.Fatalf("second: %d %v", rec.Code, rec.Header())
-	} else if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"outer";r=4;t=`) {
-		t.Errorf("second: RateLimit %s, want outer's 4 left (its spend was given back)", got)
-	}
-	if n := left(t, a, outerRule, "alice"); n != 4 {
-		t.Errorf("outer (first limiter) has %d left, want 4: the second limiter's refusal gives its spend back", n)
-	}
-	// The other way round, a refusal by the outer limiter spends nothing in the inner.
-	a, b = newMemory(t, newClock()), newMemory(t, newClock())
-	outer, _, _ = layers(t, a, false)
-	_, inner, _ = layers(t, b, false)
-	h = outer(inner(ok))
 	for range 5 {
 		do(outer(ok), "GET", "/", map[string]string{"X-Client": "bob"})
 	}
@@ -434,20 +458,24 @@ func TestLayersApartDecideApart(t *testing.T) {
 	}
 }
 
+// Each rule's RateLimit-Policy names its own unit: a rule that counts bytes
+// (CountRequestBytes) content-bytes, an InFlight rule concurrent-requests, and a rule
+// charged the layer's cost (WithCost) none, the default (requests), whatever the cost
+// counts.
 func TestQuotaUnit(t *testing.T) {
 	t.Parallel()
-	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: rule("bytes", 1000, 10*time.Second), Identity: global}},
-		middleware.WithHeaders(headers.IETF), middleware.WithQuotaUnit("content-bytes"),
+	h := mustNew(t, newMemory(t, newClock()), []middleware.Rule{
+		{Rule: rule("cost", 1000, 10*time.Second), Identity: global},
+		{Rule: rule("bytes", 1000, 10*time.Second), Identity: global, Counts: middleware.CountRequestBytes()},
+		{Rule: ratebudget.Rule{Name: "slots", Algorithm: ratebudget.InFlight, Limit: 2, Window: time.Minute}, Identity: global},
+	}, middleware.WithHeaders(headers.IETF),
 		middleware.WithCost(func(r *http.Request) (int64, error) { return 300, nil }))(ok)
 	rec := do(h, "POST", "/", nil)
-	if got := rec.Header().Get("RateLimit-Policy"); got != `"bytes";q=1000;qu="content-bytes";w=10` {
-		t.Errorf("RateLimit-Policy %s", got)
+	if got, want := rec.Header().Get("RateLimit-Policy"), `"cost";q=1000;w=10, "bytes";q=1000;qu="content-bytes";w=10, "slots";q=2;qu="concurrent-requests"`; got != want {
+		t.Errorf("RateLimit-Policy %s, want %s", got, want)
 	}
-	if got := rec.Header().Get("RateLimit"); got != `"bytes";r=700;t=10` {
-		t.Errorf("RateLimit %s", got)
-	}
-	if _, err := middleware.New(newMemory(t, newClock()), []middleware.Rule{{Rule: rule("x", 1, time.Second), Identity: global}}, middleware.WithQuotaUnit("bytes")); err == nil || !strings.Contains(err.Error(), "WithQuotaUnit") {
-		t.Errorf("unknown unit: %v", err)
+	if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"cost";r=700;t=10, `) {
+		t.Errorf("RateLimit %s, want the cost rule charged 300 of 1000", got)
 	}
 }
 
@@ -476,8 +504,8 @@ func TestDraftMeaningsOfT(t *testing.T) {
 func TestUnaskedLimiterIsNotReportedViolated(t *testing.T) {
 	t.Parallel()
 	a, b := newMemory(t, newClock()), newMemory(t, newClock())
-	outer, _, _ := layers(t, a, false)
-	_, inner, _ := layers(t, b, false)
+	outer, _, _ := styledLayers(t, a, false, headers.IETF)
+	_, inner, _ := styledLayers(t, b, false, headers.IETF)
 	h := outer(inner(ok))
 	bob := map[string]string{"X-Client": "bob", "Accept": "application/json"}
 	for range 5 {
@@ -648,56 +676,59 @@ func TestEveryLimiterFailingOpenAdmits(t *testing.T) {
 	}
 }
 
-// A 503 for a stack whose outer limiter failed under FailClosed carries that layer's
-// WithUnavailableRetryAfter, not the healthy inner layer's.
+// A stack whose outer limiter failed under FailClosed answers 503 with Retry-After: 1,
+// with a healthy inner layer.
 func TestUnavailableRetryAfterOfTheFailedLimiter(t *testing.T) {
 	t.Parallel()
 	f := &flaky{next: newMemory(t, newClock())}
 	f.down.Store(true)
 	outer := mustNew(t, f, []middleware.Rule{{Rule: outerRule, Identity: keyfuncs.Header("X-Client")}},
-		middleware.WithUnavailableRetryAfter(7*time.Second), middleware.WithBreaker(middleware.Breaker{Disabled: true}))
-	inner := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: innerRule, Identity: keyfuncs.Header("X-Client")}},
-		middleware.WithUnavailableRetryAfter(2*time.Second))
+		middleware.WithBreaker(middleware.Breaker{Disabled: true}))
+	inner := mustNew(t, newMemory(t, newClock()), []middleware.Rule{{Rule: innerRule, Identity: keyfuncs.Header("X-Client")}})
 	rec := do(outer(inner(ok)), "GET", "/", map[string]string{"X-Client": "bob"})
-	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "7" {
-		t.Fatalf("%d, Retry-After %q; want 503 with the failed outer layer's 7", rec.Code, rec.Header().Get("Retry-After"))
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "1" {
+		t.Fatalf("%d, Retry-After %q; want 503 with Retry-After 1", rec.Code, rec.Header().Get("Retry-After"))
 	}
 }
 
 // A layer with headers.None discloses nothing of its rules, also when it is stacked with
 // a layer whose style writes metadata and whose rule is reported: the IETF fields list
 // the other layers' rules only, whichever order the layers are in, and a refusal's
-// violated-policies names no hidden rule (it names policies of RateLimit-Policy).
+// violated-policies names no hidden rule (it names policies of RateLimit-Policy); the
+// X-RateLimit-* fields describe the other layer's rule.
 func TestNoneLayerStaysHiddenWhenStacked(t *testing.T) {
 	t.Parallel()
 	login := rule("login", 10, 15*time.Minute) // less restrictive: never the reported one here
 	api := rule("api", 2, time.Minute)
-	for _, order := range []string{"none outer", "none inner"} {
-		lim := newMemory(t, newClock())
-		hidden := mustNew(t, lim, []middleware.Rule{{Rule: login, Identity: global}}, middleware.WithHeaders(headers.None))
-		shown := mustNew(t, lim, []middleware.Rule{{Rule: api, Identity: global}}, middleware.WithHeaders(headers.Both))
-		h := hidden(shown(ok))
-		if order == "none inner" {
-			h = shown(hidden(ok))
-		}
-		for i, want := range []struct {
-			code              int
-			policy, ratelimit string
-		}{
-			{200, `"api";q=2;w=60`, `"api";r=1;t=60`},
-			{200, `"api";q=2;w=60`, `"api";r=0;t=60`},
-			{429, `"api";q=2;w=60`, `"api";r=0;t=60`},
-		} {
-			rec := do(h, "GET", "/", map[string]string{"Accept": "application/json"})
-			if rec.Code != want.code || rec.Header().Get("RateLimit-Policy") != want.policy || rec.Header().Get("RateLimit") != want.ratelimit {
-				t.Errorf("%s, request %d: %d RateLimit-Policy %q RateLimit %q, want %d %q %q", order, i+1, rec.Code,
-					rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"), want.code, want.policy, want.ratelimit)
+	for _, style := range []headers.Style{headers.XRateLimit, headers.IETF} {
+		x := style == headers.XRateLimit
+		for _, order := range []string{"none outer", "none inner"} {
+			lim := newMemory(t, newClock())
+			hidden := mustNew(t, lim, []middleware.Rule{{Rule: login, Identity: global}}, middleware.WithHeaders(headers.None))
+			shown := mustNew(t, lim, []middleware.Rule{{Rule: api, Identity: global}}, middleware.WithHeaders(style))
+			h := hidden(shown(ok))
+			if order == "none inner" {
+				h = shown(hidden(ok))
 			}
-			if rec.Header().Get("X-RateLimit-Limit") != "2" {
-				t.Errorf("%s, request %d: X-RateLimit-Limit %q, want the api rule's 2", order, i+1, rec.Header().Get("X-RateLimit-Limit"))
-			}
-			if strings.Contains(rec.Body.String(), "login") {
-				t.Errorf("%s, request %d: the body names the hidden rule: %s", order, i+1, rec.Body)
+			for i, want := range []struct {
+				code              int
+				policy, ratelimit string
+			}{
+				{200, `"api";q=2;w=60`, `"api";r=1;t=60`},
+				{200, `"api";q=2;w=60`, `"api";r=0;t=60`},
+				{429, `"api";q=2;w=60`, `"api";r=0;t=60`},
+			} {
+				rec := do(h, "GET", "/", map[string]string{"Accept": "application/json"})
+				if !x && (rec.Code != want.code || rec.Header().Get("RateLimit-Policy") != want.policy || rec.Header().Get("RateLimit") != want.ratelimit) {
+					t.Errorf("%s, request %d: %d RateLimit-Policy %q RateLimit %q, want %d %q %q", order, i+1, rec.Code,
+						rec.Header().Get("RateLimit-Policy"), rec.Header().Get("RateLimit"), want.code, want.policy, want.ratelimit)
+				}
+				if x && (rec.Code != want.code || rec.Header().Get("X-RateLimit-Limit") != "2") {
+					t.Errorf("%s, request %d: %d X-RateLimit-Limit %q, want %d and the api rule's 2", order, i+1, rec.Code, rec.Header().Get("X-RateLimit-Limit"), want.code)
+				}
+				if strings.Contains(rec.Body.String(), "login") {
+					t.Errorf("%s, request %d: the body names the hidden rule: %s", order, i+1, rec.Body)
+				}
 			}
 		}
 	}

@@ -124,10 +124,26 @@ func slowRequest(ctx context.Context, client *http.Client, base string, ms int) 
 	return resp, nil
 }
 
+// slowStyles are the -headers of the two demo servers of TestDemoSlowTenAcrossTwoServers,
+// so that the metadata of either style is checked.
+var slowStyles = [2]string{"x", "ietf"}
+
+// slowRemaining is the number of slots left that an answer of the "slow" rule reports:
+// its X-RateLimit-Remaining under -headers x, its RateLimit's r under -headers ietf.
+func slowRemaining(resp *http.Response) string {
+	if v := resp.Header.Get("X-RateLimit-Remaining"); v != "" {
+		return v
+	}
+	v, _ := strings.CutPrefix(resp.Header.Get("RateLimit"), `"slow";r=`)
+	v, _, _ = strings.Cut(v, ";")
+	return v
+}
+
 // checkSlowRefusal checks a 429 of the "slow" rule (-inflight limit, -lease-ttl ttl,
-// -headers both): Retry-After 1 whatever the lease TTL, no caching, and the budget
-// metadata of a full in-flight rule: nothing remaining, reset within the lease TTL.
-func checkSlowRefusal(t *testing.T, what string, resp *http.Response, limit int, ttl time.Duration) {
+// -headers style, x or ietf): Retry-After 1 whatever the lease TTL, no caching, and the
+// budget metadata of a full in-flight rule: nothing remaining, reset within the lease
+// TTL (X-RateLimit-*), or no t (the IETF fields).
+func checkSlowRefusal(t *testing.T, what string, resp *http.Response, limit int, ttl time.Duration, style string) {
 	t.Helper()
 	h := resp.Header
 	if resp.StatusCode != http.StatusTooManyRequests {
@@ -137,19 +153,28 @@ func checkSlowRefusal(t *testing.T, what string, resp *http.Response, limit int,
 		t.Errorf("%s: Retry-After %q, Cache-Control %q; want 1 and no-store", what, h.Get("Retry-After"), h.Get("Cache-Control"))
 	}
 	l := strconv.Itoa(limit)
+	if style == "ietf" {
+		if h.Get("X-RateLimit-Limit") != "" {
+			t.Errorf("%s: X-RateLimit-Limit %q under -headers ietf", what, h.Get("X-RateLimit-Limit"))
+		}
+		if p := h.Get("RateLimit-Policy"); p != `"slow";q=`+l+`;qu="concurrent-requests"` {
+			t.Errorf("%s: RateLimit-Policy %q", what, p)
+		}
+		// No t: an in-flight slot frees when a request ends, at no time known in advance.
+		if r := h.Get("RateLimit"); r != `"slow";r=0` {
+			t.Errorf("%s: RateLimit %q, want \"slow\";r=0", what, r)
+		}
+		return
+	}
+	if h.Get("RateLimit-Policy") != "" {
+		t.Errorf("%s: RateLimit-Policy %q under -headers x", what, h.Get("RateLimit-Policy"))
+	}
 	if h.Get("X-RateLimit-Limit") != l || h.Get("X-RateLimit-Remaining") != "0" {
 		t.Errorf("%s: X-RateLimit-Limit %q, -Remaining %q; want %s and 0", what, h.Get("X-RateLimit-Limit"), h.Get("X-RateLimit-Remaining"), l)
 	}
 	// Reset: until the last lease expires, which is at most a lease TTL away.
 	if r, err := strconv.Atoi(h.Get("X-RateLimit-Reset")); err != nil || r < 1 || time.Duration(r)*time.Second > ttl {
 		t.Errorf("%s: X-RateLimit-Reset %q, want 1 to %v in seconds", what, h.Get("X-RateLimit-Reset"), ttl)
-	}
-	if p := h.Get("RateLimit-Policy"); p != `"slow";q=`+l+`;qu="concurrent-requests"` {
-		t.Errorf("%s: RateLimit-Policy %q", what, p)
-	}
-	// No t: an in-flight slot frees when a request ends, at no time known in advance.
-	if r := h.Get("RateLimit"); r != `"slow";r=0` {
-		t.Errorf("%s: RateLimit %q, want \"slow\";r=0", what, r)
 	}
 }
 
@@ -164,8 +189,8 @@ func TestDemoSlowTenAcrossTwoServers(t *testing.T) {
 	url := "redis://" + srv.Addr + "/0"
 	// The default -lease-ttl, 10s: the admitted requests (10s each) are renewed once.
 	const ttl = 10 * time.Second
-	args := []string{"-redis", url, "-inflight", "3", "-store-timeout", "2s", "-headers", "both"}
-	servers := []string{startDemo(t, args...), startDemo(t, args...)}
+	args := []string{"-redis", url, "-inflight", "3", "-store-timeout", "2s", "-headers"}
+	servers := []string{startDemo(t, append(args, slowStyles[0])...), startDemo(t, append(args, slowStyles[1])...)}
 	tr := &http.Transport{}
 	t.Cleanup(tr.CloseIdleConnections)
 	client := &http.Client{Transport: tr}
@@ -209,16 +234,16 @@ func TestDemoSlowTenAcrossTwoServers(t *testing.T) {
 	var remaining []string
 	perServer := [2]int{}
 	for _, r := range admitted {
-		remaining = append(remaining, r.resp.Header.Get("X-RateLimit-Remaining"))
+		remaining = append(remaining, slowRemaining(r.resp))
 		perServer[r.server]++
 	}
 	// The three admissions were decided one after the other: each left one slot fewer.
 	slices.Sort(remaining)
 	if !slices.Equal(remaining, []string{"0", "1", "2"}) {
-		t.Errorf("admitted with X-RateLimit-Remaining %v, want 2, 1 and 0 in some order", remaining)
+		t.Errorf("admitted with remaining %v, want 2, 1 and 0 in some order", remaining)
 	}
 	for i, r := range refused {
-		checkSlowRefusal(t, "refusal "+strconv.Itoa(i)+" on server "+strconv.Itoa(r.server), r.resp, 3, ttl)
+		checkSlowRefusal(t, "refusal "+strconv.Itoa(i)+" on server "+strconv.Itoa(r.server), r.resp, 3, ttl, slowStyles[r.server])
 	}
 	t.Logf("admitted on servers 0 and 1: %d and %d; leases expire %v ms from now", perServer[0], perServer[1],
 		[]int64{st.expires[0] - st.now, st.expires[1] - st.now, st.expires[2] - st.now})
@@ -240,8 +265,8 @@ func TestDemoSlowTenAcrossTwoServers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Remaining") != want {
-			t.Fatalf("request %d after the release: %d, remaining %q; want 200, %s", i, resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"), want)
+		if resp.StatusCode != http.StatusOK || slowRemaining(resp) != want {
+			t.Fatalf("request %d after the release: %d, remaining %q; want 200, %s", i, resp.StatusCode, slowRemaining(resp), want)
 		}
 		t.Cleanup(func() { resp.Body.Close() })
 	}
@@ -250,7 +275,7 @@ func TestDemoSlowTenAcrossTwoServers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkSlowRefusal(t, "a fourth on server "+strconv.Itoa(i), resp, 3, ttl)
+		checkSlowRefusal(t, "a fourth on server "+strconv.Itoa(i), resp, 3, ttl, slowStyles[i])
 	}
 }
 

@@ -172,7 +172,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.Int64Var(&o.limit, "limit", 10, "budget per window, in cost units, of /api/hello, /api/jobs and /api/flaky per client IP and of /api/accounts/{id}/report per account (5× for that route as a whole); /api/slow has -inflight, /api/download -byte-limit")
 	fs.DurationVar(&o.window, "window", time.Minute, "window, or token-bucket refill period")
 	algo := fs.String("algorithm", "fixed", "time rule of the rate limits: fixed | token | rolling")
-	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | both | none; ietf10, both10: draft-10 fields")
+	style := fs.String("headers", "x", "budget metadata headers: x (X-RateLimit-*) | ietf (RateLimit-Policy, RateLimit) | none | ietf10 (the draft-10 fields)")
 	fs.StringVar(&o.redisURL, "redis", "", "Redis URL: redis://127.0.0.1:6379/0; over TLS rediss://user:password@host:port/0 (a private CA: set SSL_CERT_FILE=ca.pem); a Redis Cluster: redis://host:port?addr=host2:port2&addr=...; Sentinel: redis://sentinel:26379?master_name=mymaster&addr=sentinel2:26379; the client's timeouts are -store-timeout (at least 100ms) and it never retries, except where the URL sets dial_timeout, read_timeout, write_timeout, pool_timeout or max_retries (left out: budgets in process; an empty value is refused)")
 	policy := fs.String("store-error", "closed", "when Redis cannot decide: closed (503) | open (admit) | local (limit/replicas in process)")
 	fs.IntVar(&o.replicas, "replicas", 1, "number of demo-server processes sharing the budget (for -store-error local)")
@@ -282,9 +282,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		}
 	}
 	switch o.style = headers.Style(*style); o.style {
-	case headers.XRateLimit, headers.IETF, headers.Both, headers.None, headers.IETFDraft10, headers.BothDraft10:
+	case headers.XRateLimit, headers.IETF, headers.None, headers.IETFDraft10:
 	default:
-		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, both, none, ietf10 or both10)", *style)
+		return o, fmt.Errorf("-headers: unknown style %q (want x, ietf, none or ietf10)", *style)
 	}
 	switch o.storeError = *policy; o.storeError {
 	case "closed", "open", "local":

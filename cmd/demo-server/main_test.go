@@ -103,7 +103,7 @@ func TestHelloTurnsInto429(t *testing.T) {
 }
 
 func TestAccountsJobsAndGuide(t *testing.T) {
-	base := startDemo(t, "-limit", "2", "-window", "1m", "-algorithm", "token", "-headers", "both")
+	base := startDemo(t, "-limit", "2", "-window", "1m", "-algorithm", "token", "-headers", "ietf")
 	// Per-account budgets: two accounts, two requests each, then the account is refused.
 	for _, key := range []string{"key-a", "key-b"} {
 		for i, want := range []int{200, 200, 429} {
@@ -140,7 +140,7 @@ func TestAccountsJobsAndGuide(t *testing.T) {
 
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
-		{"-algorithm", "sliding"}, {"-headers", "X"}, {"-store-error", "maybe"}, {"-limit", "0"}, {"-window", "1500us"},
+		{"-algorithm", "sliding"}, {"-headers", "X"}, {"-headers", "both"}, {"-store-error", "maybe"}, {"-limit", "0"}, {"-window", "1500us"},
 		{"-trusted-proxies", "10.0.0.0/33"}, {"-coalesce", "1"}, {"-coalesce", "-1"}, {"-coalesce", "4097"},
 		{"-read-header-timeout", "-1s"}, {"-read-timeout", "-1s"}, {"-write-timeout", "-1ms"}, {"-idle-timeout", "-1s"},
 		{"-max-header-bytes", "0"}, {"-max-header-bytes", "-1"}, {"extra-argument"},

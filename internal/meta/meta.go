@@ -29,15 +29,11 @@ var (
 const keyRetryAfter = "Retry-After"
 
 // x, ietf and draft10 tell which fields style s writes.
-func x(s headers.Style) bool {
-	return s == headers.XRateLimit || s == headers.Both || s == headers.BothDraft10
-}
+func x(s headers.Style) bool { return s == headers.XRateLimit }
 
-func ietf(s headers.Style) bool {
-	return s == headers.IETF || s == headers.Both || s == headers.IETFDraft10 || s == headers.BothDraft10
-}
+func ietf(s headers.Style) bool { return s == headers.IETF || s == headers.IETFDraft10 }
 
-func draft10(s headers.Style) bool { return s == headers.IETFDraft10 || s == headers.BothDraft10 }
+func draft10(s headers.Style) bool { return s == headers.IETFDraft10 }
 
 // Quota units of the qu parameter (the initial entries of the drafts' registry).
 const (

@@ -17,18 +17,28 @@ import (
 func TestWriteStyles(t *testing.T) {
 	t.Parallel()
 	in := meta.Info{Policy: "api", Limit: 100, Remaining: -3, Reset: 2500 * time.Millisecond, Window: time.Minute, Available: 2500 * time.Millisecond}
-	h := http.Header{}
-	meta.Write(h, headers.Both, []meta.Info{in}, 0)
-	want := map[string]string{
-		"X-RateLimit-Limit":     "100",
-		"X-RateLimit-Remaining": "0", // negative values are clamped
-		"X-RateLimit-Reset":     "3",
-		"RateLimit-Policy":      `"api";q=100;w=60`,
-		"RateLimit":             `"api";r=0;t=2`, // draft-11: rounded down
-	}
-	for k, v := range want {
-		if got := h.Get(k); got != v {
-			t.Errorf("%s = %q, want %q", k, got, v)
+	for s, want := range map[headers.Style]map[string]string{
+		headers.XRateLimit: {
+			"X-RateLimit-Limit":     "100",
+			"X-RateLimit-Remaining": "0", // negative values are clamped
+			"X-RateLimit-Reset":     "3",
+			"RateLimit-Policy":      "",
+			"RateLimit":             "",
+		},
+		headers.IETF: {
+			"X-RateLimit-Limit":     "",
+			"X-RateLimit-Remaining": "",
+			"X-RateLimit-Reset":     "",
+			"RateLimit-Policy":      `"api";q=100;w=60`,
+			"RateLimit":             `"api";r=0;t=2`, // draft-11: rounded down
+		},
+	} {
+		h := http.Header{}
+		meta.Write(h, s, []meta.Info{in}, 0)
+		for k, v := range want {
+			if got := h.Get(k); got != v {
+				t.Errorf("%s: %s = %q, want %q", s, k, got, v)
+			}
 		}
 	}
 	// A caller's preformatted limit is copied as it is; one too long for a decimal
@@ -48,7 +58,7 @@ func TestWriteStyles(t *testing.T) {
 		t.Errorf("None wrote %v", none)
 	}
 	// An undefined style writes nothing.
-	undefined := headers.Style("both11")
+	undefined := headers.Style("both")
 	meta.Write(none, undefined, []meta.Info{in}, 0)
 	if len(none) != 0 {
 		t.Errorf("%q wrote %v", undefined, none)
@@ -125,18 +135,12 @@ func TestWriteListsEveryRule(t *testing.T) {
 		x                 bool
 		policy, ratelimit string
 	}{
-		{headers.Both, true,
-			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10`,
-			`"per-client";r=3;t=50, "expensive";r=99`}, // t unknown: omitted
 		{headers.IETF, false,
 			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10`,
-			`"per-client";r=3;t=50, "expensive";r=99`},
-		{headers.BothDraft10, true,
-			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10`,
-			`"per-client";r=3;t=50, "expensive";r=99`}, // draft-10 defines qu too
+			`"per-client";r=3;t=50, "expensive";r=99`}, // t unknown: omitted
 		{headers.IETFDraft10, false,
 			`"per-client";q=5;w=60, "expensive";q=100;qu="content-bytes";w=10`,
-			`"per-client";r=3;t=50, "expensive";r=99`},
+			`"per-client";r=3;t=50, "expensive";r=99`}, // draft-10 defines qu too
 		{headers.XRateLimit, true, "", ""},
 	} {
 		h := http.Header{}
@@ -192,7 +196,7 @@ func TestTooManyRequestsSaysWhatHappened(t *testing.T) {
 	}
 	// Several rules: every refusing rule is named; the reported one decides the wait.
 	rec = httptest.NewRecorder()
-	meta.WriteTooManyRequests(rec, req, headers.Both, []meta.Info{
+	meta.WriteTooManyRequests(rec, req, headers.IETF, []meta.Info{
 		{Policy: "outer", Limit: 5, Remaining: 0, RetryAfter: 3 * time.Second, Violated: true},
 		{Policy: "ok", Limit: 9, Remaining: 8},
 		{Policy: "inner", Limit: 2, Remaining: 0, RetryAfter: 9 * time.Second, Violated: true},
@@ -305,10 +309,12 @@ func TestDraft10Fields(t *testing.T) {
 	// is optional, and the time until the budget is whole would overstate it.
 	unknown := meta.Info{Policy: "roll", Limit: 10, Remaining: 3, Window: time.Minute, Reset: time.Minute}
 	h = http.Header{}
-	meta.Write(h, headers.BothDraft10, []meta.Info{unknown}, 0)
+	meta.Write(h, headers.IETFDraft10, []meta.Info{unknown}, 0)
 	if got, want := h.Get("RateLimit"), `"roll";r=3`; got != want {
 		t.Errorf("unknown Available: RateLimit %s, want %s", got, want)
 	}
+	h = http.Header{}
+	meta.Write(h, headers.XRateLimit, []meta.Info{unknown}, 0)
 	if got := h.Get("X-RateLimit-Reset"); got != "60" {
 		t.Errorf("X-RateLimit-Reset %s, want 60", got)
 	}
@@ -324,7 +330,7 @@ func TestValuesShared(t *testing.T) {
 	type written struct{ got, want http.Header }
 	var all []written
 	for i := range 600 {
-		s := []headers.Style{headers.XRateLimit, headers.IETF, headers.Both, headers.IETFDraft10, headers.BothDraft10}[i%5]
+		s := []headers.Style{headers.XRateLimit, headers.IETF, headers.None, headers.IETFDraft10}[i%4]
 		rules := []meta.Info{{Policy: "api", Limit: int64(1000 + i), Remaining: int64(i), Reset: time.Duration(i) * time.Second, Window: time.Minute, Available: time.Second}}
 		if i%3 == 0 {
 			rules = append(rules, meta.Info{Policy: strings.Repeat("p", i%70), Limit: 7, Remaining: int64(i % 7), Window: time.Hour, Unreported: i%2 == 0})
@@ -357,7 +363,7 @@ func TestValuesFreed(t *testing.T) {
 	write := func(n int) {
 		for i := range n {
 			in[0].Remaining = int64(i)
-			v.Write(http.Header{}, headers.Both, in, 0)
+			v.Write(http.Header{}, headers.IETF, in, 0)
 		}
 	}
 	write(1000)

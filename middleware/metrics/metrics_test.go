@@ -33,6 +33,15 @@ func (s *switchable) Allow(ctx context.Context, c []ratebudget.Check) (ratebudge
 	return s.next.Allow(ctx, c)
 }
 
+// Ping fails while s is down: an open breaker probes with it, and no decision goes to
+// the store until the breaker closes.
+func (s *switchable) Ping(context.Context) error {
+	if s.down.Load() {
+		return errors.New("EOF")
+	}
+	return nil
+}
+
 // After a scripted sequence the counters equal what was sent.
 func TestCountersMatchTraffic(t *testing.T) {
 	mem, _ := memory.New()
@@ -43,7 +52,7 @@ func TestCountersMatchTraffic(t *testing.T) {
 	mw, err := middleware.New(lim, []middleware.Rule{{
 		Rule:     ratebudget.Rule{Name: "api", Limit: 3, Window: time.Minute},
 		Identity: keyfuncs.Global(),
-	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{MinCalls: 2, FailureRatio: 0.25, Cooldown: time.Hour, OnChange: m.BreakerChanged}),
+	}}, middleware.WithObserver(m.Observe), middleware.WithBreaker(middleware.Breaker{OnChange: m.BreakerChanged}),
 		middleware.WithFailOpen())
 	if err != nil {
 		t.Fatal(err)
@@ -56,18 +65,18 @@ func TestCountersMatchTraffic(t *testing.T) {
 	}
 	send(5) // 3 allowed, 2 denied
 	lim.down.Store(true)
-	send(4) // 4 degraded: 2 store errors (2 of 7 failed: the ratio), then the breaker opens and 2 are not sent to the store
+	send(5) // 5 degraded: 3 store errors (3 calls in a row could not connect), then the breaker opens and 2 are not sent to the store
 
 	want := `
 # HELP ratebudget_decisions_total Rate-limit decisions by reported rule and outcome (allowed, denied, exceeded, degraded, unavailable, invalid, canceled).
 # TYPE ratebudget_decisions_total counter
 ratebudget_decisions_total{outcome="allowed",rule="api"} 3
-ratebudget_decisions_total{outcome="degraded",rule="none"} 4
+ratebudget_decisions_total{outcome="degraded",rule="none"} 5
 ratebudget_decisions_total{outcome="denied",rule="api"} 2
 # HELP ratebudget_store_errors_total Budget-store failures by class; uncertain=true when budget may have been spent before the failure.
 # TYPE ratebudget_store_errors_total counter
 ratebudget_store_errors_total{class="breaker_open",uncertain="false"} 2
-ratebudget_store_errors_total{class="connection",uncertain="true"} 2
+ratebudget_store_errors_total{class="connection",uncertain="true"} 3
 # HELP ratebudget_breaker_state Circuit breaker state of the budget store: 1 while any breaker is open, else 0.
 # TYPE ratebudget_breaker_state gauge
 ratebudget_breaker_state 1
@@ -89,9 +98,9 @@ ratebudget_breaker_state 1
 			counts[s.GetLabel()[0].GetValue()] = s.GetHistogram().GetSampleCount()
 		}
 	}
-	// 7 store calls (5 answered, 2 failed); the 2 skipped by the open breaker took none.
-	if counts["ok"] != 5 || counts["error"] != 2 {
-		t.Fatalf("latency samples %v, want ok 5, error 2", counts)
+	// 8 store calls (5 answered, 3 failed); the 2 skipped by the open breaker took none.
+	if counts["ok"] != 5 || counts["error"] != 3 {
+		t.Fatalf("latency samples %v, want ok 5, error 3", counts)
 	}
 }
 

@@ -202,8 +202,10 @@
 // lost on the server, a raised limit, another replica's [Limiter.Reset] or a server
 // clock stepping forward, for at most 1s (this limiter's own refunds, settles and
 // resets drop its refusals of the budgets given back, including refusals decided while
-// the spend held). A cached refusal reports
-// the waits remaining; an admission drops the refusals of its budgets. Through
+// the spend held). A cached refusal reports the remembered budget's rule and the wait
+// remaining; when several of a request's budgets refuse, that rule need not be the one
+// with the longest wait that Redis would report, so its RetryAfter is a lower bound, as
+// every RetryAfter is. An admission drops the refusals of its budgets. Through
 // [Limiter.AllowEach] a cached refusal also repeats every check's outcome as Redis
 // reported it, but only for the same checks (budgets, costs, order), while none of their
 // budgets was spent or settled through this limiter since and no refused check's wait

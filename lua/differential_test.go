@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/internal/timerule"
@@ -260,7 +261,7 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 	// Windows are distinct whole hours (and token buckets refill one unit every 94 to 156
 	// minutes), so that waits of different rules are minutes apart.
 	rule := func(alg ratebudget.Algorithm, hours time.Duration, limit int64) ratebudget.Rule {
-		return ratebudget.Rule{Name: fmt.Sprintf("%v-%dh", alg, hours), Algorithm: alg, Limit: limit, Window: hours * time.Hour}
+		return ratebudget.Rule{Name: fmt.Sprintf("%s-%dh", algname.Of(alg), hours), Algorithm: alg, Limit: limit, Window: hours * time.Hour}
 	}
 	burst := rule(ratebudget.TokenBucket, 17, 3) // refills 1 unit per 340 minutes, holds 6
 	burst.Burst = 6

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
@@ -315,7 +316,7 @@ func TestManyChecks(t *testing.T) {
 }
 
 func algorithmRule(a ratebudget.Algorithm, limit int64) ratebudget.Rule {
-	return ratebudget.Rule{Name: a.String(), Algorithm: a, Limit: limit, Window: time.Minute}
+	return ratebudget.Rule{Name: algname.Of(a), Algorithm: a, Limit: limit, Window: time.Minute}
 }
 
 // TestRefusedOutcomesUnspent: in a decision that another check refused, a check that

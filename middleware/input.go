@@ -8,6 +8,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/internal/meta"
 	"github.com/ratebudget/ratebudget/internal/problem"
@@ -181,7 +182,7 @@ func (m *mw) conflict(w http.ResponseWriter, r *http.Request, st *stack, outer, 
 func differs(a, b *compiledRule) (field, av, bv string) {
 	switch x, y := &a.rule, &b.rule; {
 	case x.Algorithm != y.Algorithm:
-		return "Algorithm", x.Algorithm.String(), y.Algorithm.String()
+		return "Algorithm", algname.Of(x.Algorithm), algname.Of(y.Algorithm)
 	case x.Limit != y.Limit:
 		return "Limit", strconv.FormatInt(x.Limit, 10), strconv.FormatInt(y.Limit, 10)
 	case x.Window != y.Window:
@@ -194,7 +195,7 @@ func differs(a, b *compiledRule) (field, av, bv string) {
 
 // definition describes the budget cr defines, for a log line.
 func definition(cr *compiledRule) string {
-	return "Algorithm " + cr.rule.Algorithm.String() + ", Limit " + strconv.FormatInt(cr.rule.Limit, 10) + ", Window " + cr.rule.Window.String() +
+	return "Algorithm " + algname.Of(cr.rule.Algorithm) + ", Limit " + strconv.FormatInt(cr.rule.Limit, 10) + ", Window " + cr.rule.Window.String() +
 		", Burst " + strconv.FormatInt(cr.rule.Burst, 10) + ", Counts " + cr.counts.kind.String()
 }
 

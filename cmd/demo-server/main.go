@@ -98,6 +98,7 @@ type options struct {
 	limit          int64
 	window         time.Duration
 	algorithm      ratebudget.Algorithm
+	algorithmName  string // -algorithm: "fixed", "token" or "rolling"
 	style          headers.Style
 	redisURL       string
 	storeError     string // -store-error: "closed", "open" or "local"
@@ -261,12 +262,13 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if _, err = memory.New(memory.WithMaxBudgets(o.maxBudgets)); err != nil {
 		return o, fmt.Errorf("-max-budgets: %w", err)
 	}
-	if o.algorithm, ok = parseEnum(*algo, ratebudget.FixedWindow, ratebudget.InFlight); !ok {
-		return o, fmt.Errorf("-algorithm: unknown algorithm %q (want fixed, token or rolling)", *algo)
-	}
-	if o.algorithm == ratebudget.InFlight {
+	if *algo == "inflight" {
 		return o, fmt.Errorf("-algorithm: inflight limits requests running at once, not a rate: use -inflight for /api/slow")
 	}
+	if o.algorithm, ok = algorithms[*algo]; !ok {
+		return o, fmt.Errorf("-algorithm: unknown algorithm %q (want fixed, token or rolling)", *algo)
+	}
+	o.algorithmName = *algo
 	// The rules the flags make, checked here so that an error names the flags; the
 	// route-wide report-route (5×-limit) is the largest of the -limit rules.
 	for _, c := range []struct {
@@ -305,17 +307,11 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	return o, nil
 }
 
-// parseEnum returns the value from first to last whose String is s.
-func parseEnum[E interface {
-	~uint8
-	String() string
-}](s string, first, last E) (E, bool) {
-	for v := first; v <= last; v++ {
-		if v.String() == s {
-			return v, true
-		}
-	}
-	return 0, false
+// algorithms are the time rules of the -algorithm flag, by name.
+var algorithms = map[string]ratebudget.Algorithm{
+	"fixed":   ratebudget.FixedWindow,
+	"token":   ratebudget.TokenBucket,
+	"rolling": ratebudget.RollingWindow,
 }
 
 // flagError names the flag behind a rule's invalid field: limitFlag for its Limit,
@@ -368,7 +364,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	if o.redisURL != "" {
 		store = "redis"
 	}
-	log.Info("listening", "addr", ln.Addr().String(), "store", store, "limit", o.limit, "window", o.window, "algorithm", o.algorithm.String())
+	log.Info("listening", "addr", ln.Addr().String(), "store", store, "limit", o.limit, "window", o.window, "algorithm", o.algorithmName)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -693,7 +689,7 @@ func guide(o options) http.HandlerFunc {
 	if o.noLimit {
 		b.WriteString("ratebudget demo with -no-limit: no route is limited; these are the budgets the routes would have\n\n")
 	} else {
-		fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", o.algorithm, o.window)
+		fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", o.algorithmName, o.window)
 	}
 	for _, r := range rows {
 		if r.rule == "" {

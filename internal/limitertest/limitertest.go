@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 )
 
 // Harness is one fresh limiter under test, with empty budgets.
@@ -84,7 +85,7 @@ var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.Token
 // [Resetter].
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			tests := []struct {
 				name string
 				fn   func(e *env, alg ratebudget.Algorithm)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 )
 
 // Resetter is a limiter whose budgets an operator can reset, as those of packages memory
@@ -21,12 +22,12 @@ type Resetter interface {
 // not implement it.
 func runReset(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
-		t.Run("reset/"+alg.String(), func(t *testing.T) {
+		t.Run("reset/"+algname.Of(alg), func(t *testing.T) {
 			t.Parallel()
 			e, r := resetterEnv(t, newHarness)
 			testResetSpent(e, r, alg)
 		})
-		t.Run("reset/SettleAfterReset/"+alg.String(), func(t *testing.T) {
+		t.Run("reset/SettleAfterReset/"+algname.Of(alg), func(t *testing.T) {
 			t.Parallel()
 			e, r := resetterEnv(t, newHarness)
 			testResetThenSettle(e, r, alg)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
@@ -15,7 +16,7 @@ import (
 // Each skips for a limiter that does not implement Settler.
 func runSettle(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
-		t.Run("settle/"+alg.String(), func(t *testing.T) {
+		t.Run("settle/"+algname.Of(alg), func(t *testing.T) {
 			tests := []struct {
 				name string
 				fn   func(e *env, s ratebudget.Settler, alg ratebudget.Algorithm)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
@@ -14,7 +15,7 @@ import (
 // for a limiter that implements [ratebudget.Settler], as the other in-flight cases).
 func runUnspent(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow, ratebudget.InFlight, ratebudget.Calendar} {
-		t.Run(alg.String()+"/RefusalReportsUnspent", func(t *testing.T) {
+		t.Run(algname.Of(alg)+"/RefusalReportsUnspent", func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, newHarness(t))
 			if _, ok := e.h.Limiter.(ratebudget.Reporter); !ok {

@@ -87,11 +87,9 @@ type Decision struct {
 	Rule  string
 	Index int
 	// Limit is the reported rule's capacity in cost units: its Burst for a [TokenBucket]
-	// rule whose Burst is set, its Limit otherwise.
+	// rule whose Burst is set, its Limit otherwise. Its window is the caller's to know:
+	// checks[Index].Rule.Window.
 	Limit int64
-	// Window is the reported rule's window or refill period; zero for a [Calendar]
-	// rule, whose window is its period.
-	Window time.Duration
 }
 
 // Outcome is one rule's part of a decision, as computed by a limiter engine. It
@@ -204,10 +202,9 @@ func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 			Remaining:  max(o.Remaining, 0),
 			ResetAfter: o.ResetAfter,
 		},
-		Rule:   r.Name,
-		Index:  index,
-		Limit:  r.capacity(),
-		Window: r.Window,
+		Rule:  r.Name,
+		Index: index,
+		Limit: r.capacity(),
 	}
 	if !d.Allowed && !d.Exceeded {
 		d.RetryAfter = o.RetryAfter

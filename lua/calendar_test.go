@@ -81,7 +81,7 @@ func TestCalendarRedis(t *testing.T) {
 	hook.take()
 	for i := int64(1); i <= 3; i++ {
 		d, before, after := calendarRun(t, l, control, ch)
-		if !d.Allowed || d.Remaining != 3-i || d.Window != 0 {
+		if !d.Allowed || d.Remaining != 3-i || d.Rule != "daily" {
 			t.Fatalf("admission %d: %+v", i, d)
 		}
 		within(t, "ResetAfter", d.ResetAfter, end, before, after)

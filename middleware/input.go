@@ -121,14 +121,14 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *Inp
 // the outer layers' checks only; index is cr's check's index in the decision, as the
 // limiter's decisions count checks.
 func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64, cr *compiledRule, index int) {
-	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
+	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit}
 	observeOuter(st, m, &Event{Request: r, Result: Exceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
 		presetRefusal(w.Header(), &d)
 		m.cfg.onRefusal(w, r, d)
 		return
 	}
-	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window, Plan: cr.plan}}, 0, cost)
+	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: cr.rule.Window, Plan: cr.plan}}, 0, cost)
 }
 
 // checksBefore is the index in the decision of the check of m's rule i, a rule without

@@ -371,8 +371,8 @@ func testInFlightLimit(e *env, s ratebudget.Settler) {
 	e.mark()
 	d, first := e.reserve(s, c...)
 	e.expect(d, true, 1)
-	if d.Limit != 2 || d.Window != long {
-		e.t.Fatalf("admission %+v: want Limit 2 and Window %v", d, long)
+	if d.Limit != 2 || d.Index != 0 {
+		e.t.Fatalf("admission %+v: want Limit 2 of check 0", d)
 	}
 	e.approx("ResetAfter", d.ResetAfter, long)
 	d, second := e.reserve(s, c...)

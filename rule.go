@@ -26,7 +26,7 @@ const (
 	RollingWindow
 	// InFlight admits while fewer than Rule.Limit admitted requests of the budget are
 	// still running. Each admission holds a lease until its decision is settled (see
-	// [Settler]) or until Rule.Window, the lease's time to live, has passed since it was
+	// "Settling a decision" in the package documentation) or until Rule.Window, the lease's time to live, has passed since it was
 	// taken or last renewed, so that the leases of a holder that crashed expire. A check
 	// of an InFlight rule must cost 1: it holds one lease.
 	InFlight

@@ -218,7 +218,7 @@ func (w *diffWalk) settleAgain(i int, p *reservation) {
 		t.Fatalf("before decision %d: Memory's second settle: %v", i, err)
 	}
 	for k, nl := range w.limiters {
-		if err := nl.l.(ratebudget.Settler).Settle(ctx, p.checks, p.lua[k], costs); err != nil {
+		if err := nl.l.(limitertest.Settler).Settle(ctx, p.checks, p.lua[k], costs); err != nil {
 			t.Fatalf("before decision %d, %s: second settle: %v", i, nl.name, err)
 		}
 		for j, tk := range p.lua[k] {

@@ -122,7 +122,7 @@
 //
 // # Settling
 //
-// The limiter implements [ratebudget.Settler] as docs/SETTLING.md describes. Reserve is
+// The limiter settles decisions as "Settling a decision" in [ratebudget] and docs/SETTLING.md describe. Reserve is
 // allow.lua in a mode that also replies each check's ticket (a fixed window's
 // PEXPIRETIME, a rolling-window event's time and cumulative sum, a lease's number); it
 // never goes through the refusal cache or coalescing, nor does any decision with an
@@ -179,7 +179,7 @@
 // The refund runs within the caller's deadline; when a later group used it all up (its
 // master stalled), the refund runs after Allow returned, for at most 500ms, and the
 // error is uncertain. Through [Limiter.AllowEach] and [Limiter.Reserve], a decision
-// refused this way reports its checks as [ratebudget.Reporter] says, as a refusal in
+// refused this way reports its checks as "Reporting every check" in [ratebudget] says, as a refusal in
 // one step does: the groups given back as they were before their spend (each admitted
 // group's call also replies its checks' resets as they were), and the groups after the
 // refusal, decided without writing, as they are (a refund that fails leaves the spend,

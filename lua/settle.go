@@ -16,8 +16,6 @@ import (
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
-var _ ratebudget.Settler = (*Limiter)(nil)
-
 // newLease draws a lease number and its member: 64 random bits, in 16 hex digits, so that
 // leases of every replica sharing the budget differ (two collide with probability about
 // n²/2^65 for n leases).
@@ -48,7 +46,7 @@ func ticketOf(c *ratebudget.Check, tk, aux int64) ratebudget.Ticket {
 }
 
 // Reserve decides as Allow does and records each check's spend in tickets (see
-// [ratebudget.Settler]). It never goes through the refusal cache or coalescing: each
+// "Settling a decision" in [ratebudget]). It never goes through the refusal cache or coalescing: each
 // reserved decision is its own script call. Checks of several slots are decided as
 // Allow decides them; when a later slot group refuses, the earlier groups' spend is
 // refunded and their tickets are zero. Each reservation has an id, in every ticket's
@@ -60,7 +58,7 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 	// to settle.
 	clear(tickets[:min(len(tickets), len(checks))])
 	if len(tickets) < len(checks) {
-		if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
+		if err := argcheck.Settle(checks, tickets, nil); err != nil {
 			return ratebudget.Decision{}, err
 		}
 	}
@@ -75,7 +73,7 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 }
 
 // Settle adjusts a reserved decision's spend to the actual costs (see
-// [ratebudget.Settler]): one settle.lua call per slot group (one in all with
+// "Settling a decision" in [ratebudget]): one settle.lua call per slot group (one in all with
 // [WithOneServer]) gives back what was reserved above the actual cost, charges what was
 // used above the reservation and releases the leases; a group whose checks are all
 // charged above is one allow.lua call in mode '3', the code settle.lua runs for them.
@@ -93,7 +91,7 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 // settle a context that outlives the caller's (context.WithoutCancel, with a timeout of
 // its own), as package middleware does, so that work ending at shutdown is settled.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
-	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
+	if err := argcheck.Settle(checks, tickets, costs); err != nil {
 		return err
 	}
 	var err error
@@ -113,9 +111,9 @@ func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets
 }
 
 // Renew extends the decision's leases to their rule's Window from the server's now (see
-// [ratebudget.Settler]); one settle.lua call per slot group.
+// "Settling a decision" in [ratebudget]); one settle.lua call per slot group.
 func (l *Limiter) Renew(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket) error {
-	if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
+	if err := argcheck.Settle(checks, tickets, nil); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

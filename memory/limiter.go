@@ -21,8 +21,9 @@ const defaultMaxBudgets = 100_000
 // Limiter is the in-process [ratebudget.Limiter]: the same time rules as the Redis
 // limiter (package lua), kept in this process's memory. It is exact for one process.
 //
-// Limiter implements [ratebudget.Reporter] and [ratebudget.Settler]: settling is exact,
-// and a decision's checks are settled atomically, as they are decided.
+// Limiter reports every check's outcome and settles decisions, as package ratebudget's
+// documentation says ("Reporting every check", "Settling a decision"): settling is
+// exact, and a decision's checks are settled atomically, as they are decided.
 //
 // The zero Limiter is ready to use with the defaults; [New] applies options. A Limiter
 // must not be copied after first use. It is safe for concurrent use and starts no
@@ -190,8 +191,10 @@ func (m *Limiter) Allow(_ context.Context, checks []ratebudget.Check) (ratebudge
 	return m.allow(checks, nil, nil)
 }
 
-// AllowEach decides as Allow does and sets outcomes[i] to checks[i]'s outcome
-// ([ratebudget.Reporter]). outcomes must have len(checks) elements.
+// AllowEach decides as Allow does and sets outcomes[i] to checks[i]'s outcome, as
+// "Reporting every check" in [ratebudget] says: an outcome describes its budget right after the
+// decision (before the cost, in a refused decision). outcomes must have len(checks)
+// elements.
 func (m *Limiter) AllowEach(_ context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
 	if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
 		return ratebudget.Decision{}, err
@@ -207,7 +210,7 @@ func (m *Limiter) Reserve(_ context.Context, checks []ratebudget.Check, tickets 
 	// Zero first, so that an invalid call, too, leaves nothing to settle.
 	clear(tickets[:min(len(tickets), len(checks))])
 	if len(tickets) < len(checks) {
-		if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
+		if err := argcheck.Settle(checks, tickets, nil); err != nil {
 			return ratebudget.Decision{}, err
 		}
 	}

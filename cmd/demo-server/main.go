@@ -499,9 +499,11 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger, pol *policy
 	}
 
 	// Routes whose budgets are settled once the handler returns: they need a store that
-	// can settle decisions (ratebudget.Settler).
+	// can settle decisions ("Settling a decision" in package ratebudget).
 	slow, flaky, download := notSettled, notSettled, notSettled
-	if _, ok := lim.(ratebudget.Settler); ok || o.noLimit {
+	if _, ok := lim.(interface {
+		Settle(context.Context, []ratebudget.Check, []ratebudget.Ticket, []int64) error
+	}); ok || o.noLimit {
 		if slow, err = mk([]middleware.Rule{{Rule: ratebudget.Rule{Name: "slow", Algorithm: ratebudget.InFlight, Limit: o.inflight, Window: o.leaseTTL}, Identity: clientIP}}); err != nil {
 			return nil, err
 		}

@@ -81,8 +81,8 @@ var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.Token
 // Run runs the conformance suite. newHarness is called once per subtest and must return
 // a limiter whose budgets are all empty (for a shared store: a fresh key prefix). The
 // cases of settling and of in-flight limits skip for a limiter that does not implement
-// [ratebudget.Settler], those of resets for one that does not implement
-// [Resetter].
+// [Settler], those of resets for one that does not implement [Resetter], those of every
+// check's outcome for one that does not implement [Reporter].
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
 		t.Run(algname.Of(alg), func(t *testing.T) {

@@ -108,7 +108,7 @@ func testResetSpent(e *env, r Resetter, alg ratebudget.Algorithm) {
 func testResetInFlight(e *env, r Resetter) {
 	ru := leaseRule("running", 2, long)
 	c := check(ru, "quinn", 1)
-	s, settles := r.(ratebudget.Settler)
+	s, settles := r.(Settler)
 	var old []ratebudget.Ticket
 	if settles {
 		var d ratebudget.Decision
@@ -139,9 +139,9 @@ func testResetInFlight(e *env, r Resetter) {
 // capacity and never above. The new budget's first
 // spend comes a few ms after the reservation's (see Resetter).
 func testResetThenSettle(e *env, r Resetter, alg ratebudget.Algorithm) {
-	s, ok := r.(ratebudget.Settler)
+	s, ok := r.(Settler)
 	if !ok {
-		e.t.Skipf("%T does not implement ratebudget.Settler", r)
+		e.t.Skipf("%T does not implement Settler", r)
 	}
 	ru := e.rule("api", alg, 5, long)
 	c := check(ru, "wes", 2)

@@ -313,7 +313,7 @@ func TestCalendarSettleCallerClockOff(t *testing.T) {
 			if ra, rb := remaining(a), remaining(b); ra != 40-8-4-5-6 || rb != 40-2 {
 				t.Fatalf("after the unmarked settles: Remaining %d and %d, want %d and %d", ra, rb, 40-8-4-5-6, 40-2)
 			}
-			if rs := l.Repairs(); rs != (lua.RepairStats{}) {
+			if rs := lua.RepairCounts(l); rs != (lua.RepairStats{}) {
 				t.Fatalf("repairs %+v, want none: every settle landed", rs)
 			}
 			// A reservation's settle whose call fails unsent is re-sent by the repairs

@@ -435,21 +435,15 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger, pol *policy
 	}
 	if rl, ok := lim.(*lua.Limiter); ok {
 		// Voids of reservations whose decision was lost, and settles re-sent after a
-		// failure (see lua.RepairStats).
-		for _, c := range []struct {
-			name, help string
-			get        func(lua.RepairStats) uint64
-		}{
-			{"ratebudget_repairs_queued_total", "Voids of reservations whose decision was lost, and settles that failed, taken on to be sent again off the request path.", func(s lua.RepairStats) uint64 { return s.Queued }},
-			{"ratebudget_repairs_landed_total", "Voids and re-sent settles the store answered: applied once, or found applied.", func(s lua.RepairStats) uint64 { return s.Landed }},
-			{"ratebudget_repairs_dropped_total", "Voids and re-sent settles given up (queue full, a minute without an answer, or refused): their spend stays, an overcount.", func(s lua.RepairStats) uint64 { return s.Dropped }},
-		} {
-			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help}, func() float64 { return float64(c.get(rl.Repairs())) }))
-		}
+		// failure (see lua.Limiter.Repairs).
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratebudget_repairs_dropped_total",
+			Help: "Voids and re-sent settles given up (queue full, a minute without an answer, or refused): their spend stays, an overcount.",
+		}, func() float64 { _, dropped := rl.Repairs(); return float64(dropped) }))
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratebudget_repairs_pending",
 			Help: "Voids and re-sent settles waiting to be sent or in flight.",
-		}, func() float64 { return float64(rl.Repairs().Pending) }))
+		}, func() float64 { pending, _ := rl.Repairs(); return float64(pending) }))
 	}
 	common := []middleware.Option{
 		middleware.WithHeaders(o.style),

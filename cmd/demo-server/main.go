@@ -423,16 +423,6 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger, pol *policy
 	m := metrics.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m, collectors.NewGoCollector())
-	if mem, ok := lim.(*memory.Limiter); ok {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratebudget_memory_evictions_total",
-			Help: "Budgets the in-process limiter evicted at its -max-budgets cap before their windows ended.",
-		}, func() float64 { return float64(mem.Evictions()) }))
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "ratebudget_memory_budgets",
-			Help: "Budgets the in-process limiter holds, expired ones not yet swept included.",
-		}, func() float64 { return float64(mem.Len()) }))
-	}
 	if rl, ok := lim.(*lua.Limiter); ok {
 		// Voids of reservations whose decision was lost, and settles re-sent after a
 		// failure (see lua.Limiter.Repairs).

@@ -200,7 +200,7 @@
 // The contract is in [Limiter] (return by the context's deadline; a store failure is a
 // *[StoreError], never a refusal), and in "Reporting every check" and "Settling a
 // decision" for the methods a limiter has when it can, which package middleware looks
-// for. It also looks, when present, for a method InProcess() bool (a limiter that reports true decides without I/O: no deadline, no
-// circuit breaker) and Ping(ctx) error (the breaker's probe of the store, off the
-// request path).
+// for. It also looks, when present, for a method InProcess() bool (a limiter that reports
+// true decides without I/O: no deadline, no circuit breaker) and Ping(ctx) error (the
+// breaker's probe of the store, off the request path).
 package ratebudget

@@ -322,11 +322,11 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 }
 
 // AllowEach decides as [Limiter.Allow] does and, when it returns no error, has set
-// outcomes[i] to checks[i]'s outcome (see "Reporting every check" in [ratebudget]); outcomes must have
-// len(checks) elements. Through coalescing each member of a group gets the outcomes it
-// would have seen admitted one after another; a refusal repeated by the refusal cache
-// gives the outcomes Redis reported when it refused the same checks (a snapshot, as
-// any decision's metadata is), or Redis is asked.
+// outcomes[i] to checks[i]'s outcome (see "Reporting every check" in [ratebudget]);
+// outcomes must have len(checks) elements. Through coalescing each member of a group gets
+// the outcomes it would have seen admitted one after another; a refusal repeated by the
+// refusal cache gives the outcomes Redis reported when it refused the same checks (a
+// snapshot, as any decision's metadata is), or Redis is asked.
 func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
 	if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
 		return ratebudget.Decision{}, err

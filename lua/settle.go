@@ -45,9 +45,9 @@ func ticketOf(c *ratebudget.Check, tk, aux int64) ratebudget.Ticket {
 	return ratebudget.Ticket{At: 1, ID: 1}
 }
 
-// Reserve decides as Allow does and records each check's spend in tickets (see
-// "Settling a decision" in [ratebudget]). It never goes through the refusal cache or coalescing: each
-// reserved decision is its own script call. Checks of several slots are decided as
+// Reserve decides as Allow does and records each check's spend in tickets (see "Settling
+// a decision" in [ratebudget]). It never goes through the refusal cache or coalescing:
+// each reserved decision is its own script call. Checks of several slots are decided as
 // Allow decides them; when a later slot group refuses, the earlier groups' spend is
 // refunded and their tickets are zero. Each reservation has an id, in every ticket's
 // Reservation; when the call fails with an uncertain error (it may have spent) the
@@ -72,24 +72,24 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 	return d, err
 }
 
-// Settle adjusts a reserved decision's spend to the actual costs (see
-// "Settling a decision" in [ratebudget]): one settle.lua call per slot group (one in all with
+// Settle adjusts a reserved decision's spend to the actual costs (see "Settling a
+// decision" in [ratebudget]): one settle.lua call per slot group (one in all with
 // [WithOneServer]) gives back what was reserved above the actual cost, charges what was
 // used above the reservation and releases the leases; a group whose checks are all
 // charged above is one allow.lua call in mode '3', the code settle.lua runs for them.
-// Each call is atomic; across slot groups it is not. The calls of several slot groups
-// are sent at once, each within ctx: a group whose server stalls does not keep the
-// others from being settled. A failure is a
-// *[ratebudget.StoreError]: when certain, that group's reservation stays in place (an
-// overcount), its extras uncharged and its leases left to expire; when uncertain
-// (StoreError.Uncertain: the reply was lost, or a command failed after the group's
-// first write, which Redis keeps) the call may also have run, or run in part. Either
-// way a group of a reservation (tickets with a Reservation) is then re-sent off the
-// request path until it lands, and applies at most once (see the package documentation
-// and [Limiter.Repairs]). The tickets are cleared whatever the outcome. A ctx that has
-// already ended sends nothing (a certain error, as Renew's, and not re-sent): give a
-// settle a context that outlives the caller's (context.WithoutCancel, with a timeout of
-// its own), as package middleware does, so that work ending at shutdown is settled.
+// Each call is atomic; across slot groups it is not. The calls of several slot groups are
+// sent at once, each within ctx: a group whose server stalls does not keep the others
+// from being settled. A failure is a *[ratebudget.StoreError]: when certain, that group's
+// reservation stays in place (an overcount), its extras uncharged and its leases left to
+// expire; when uncertain (StoreError.Uncertain: the reply was lost, or a command failed
+// after the group's first write, which Redis keeps) the call may also have run, or run in
+// part. Either way a group of a reservation (tickets with a Reservation) is then re-sent
+// off the request path until it lands, and applies at most once (see the package
+// documentation and [Limiter.Repairs]). The tickets are cleared whatever the outcome. A
+// ctx that has already ended sends nothing (a certain error, as Renew's, and not
+// re-sent): give a settle a context that outlives the caller's (context.WithoutCancel,
+// with a timeout of its own), as package middleware does, so that work ending at shutdown
+// is settled.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	if err := argcheck.Settle(checks, tickets, costs); err != nil {
 		return err

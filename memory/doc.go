@@ -11,8 +11,9 @@
 //
 // [Limiter] reports every check's outcome ([Limiter.AllowEach]) and settles decisions
 // ([Limiter.Reserve], [Limiter.Settle], [Limiter.Renew]) as package ratebudget's
-// documentation says. It never returns a store error: its decisions, settles and renewals fail only on invalid arguments (a
-// *[ratebudget.ConfigError]) or, for a renewal, with [ratebudget.ErrLeaseLost].
+// documentation says. It never returns a store error: its decisions, settles and renewals
+// fail only on invalid arguments (a *[ratebudget.ConfigError]) or, for a renewal, with
+// [ratebudget.ErrLeaseLost].
 //
 // How budgets are held, swept and evicted, what each costs in memory and time, and how
 // to size [WithMaxBudgets]: docs/MEMORY.md. How settling works: docs/SETTLING.md.

@@ -154,9 +154,9 @@ func (m *Limiter) Allow(_ context.Context, checks []ratebudget.Check) (ratebudge
 }
 
 // AllowEach decides as Allow does and sets outcomes[i] to checks[i]'s outcome, as
-// "Reporting every check" in [ratebudget] says: an outcome describes its budget right after the
-// decision (before the cost, in a refused decision). outcomes must have len(checks)
-// elements.
+// "Reporting every check" in [ratebudget] says: an outcome describes its budget right
+// after the decision (before the cost, in a refused decision). outcomes must have
+// len(checks) elements.
 func (m *Limiter) AllowEach(_ context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
 	if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
 		return ratebudget.Decision{}, err

@@ -7,12 +7,12 @@ import (
 	"github.com/ratebudget/ratebudget/internal/argcheck"
 )
 
-// Settle adjusts the spend of a decision admitted by [Limiter.Reserve] to the actual costs,
-// as "Settling a decision" in [ratebudget] describes, exactly and atomically for all checks:
-// the shards of every check are locked at once. checks and tickets are those of Reserve;
-// costs[i] (0 to 2^40) is check i's actual cost, and nil costs cancel every check. It
-// clears the tickets it settles. It returns an error only for invalid arguments (a
-// *[ratebudget.ConfigError]); the context is not consulted.
+// Settle adjusts the spend of a decision admitted by [Limiter.Reserve] to the actual
+// costs, as "Settling a decision" in [ratebudget] describes, exactly and atomically for
+// all checks: the shards of every check are locked at once. checks and tickets are those
+// of Reserve; costs[i] (0 to 2^40) is check i's actual cost, and nil costs cancel every
+// check. It clears the tickets it settles. It returns an error only for invalid arguments
+// (a *[ratebudget.ConfigError]); the context is not consulted.
 func (m *Limiter) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	m.ready()
 	if err := argcheck.Settle(checks, tickets, costs); err != nil {

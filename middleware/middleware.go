@@ -55,17 +55,17 @@
 // anything is spent, its event is Invalid with a *ratebudget.ConfigError naming the
 // field, and the first is logged with both definitions.
 //
-// Layers on different limiters (one in process, one on Redis) cannot decide in one call: they
-// decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops the
-// walk, so later limiters spend nothing; earlier limiters' spend is given back when they
-// can settle (their decisions are then reserved: memory.Limiter and lua.Limiter can, see
-// "Settling a decision" in package ratebudget), and stays spent otherwise. On a store failure the strictest policy of the
-// failed limiter's layers applies (fail-closed, then local fallback, then fail-open; a
-// layer whose rules are all in shadow mode has no say); under fail-open and local fallback
-// the other limiters still decide their layers' rules, and a refusal gives back the
-// local fallback's spend too. An admission with a limiter failed under fail-open is
-// Degraded, without metadata, even when a local fallback decided another failed
-// limiter's layers (Event.Fallback is then set too).
+// Layers on different limiters (one in process, one on Redis) cannot decide in one call:
+// they decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops
+// the walk, so later limiters spend nothing; earlier limiters' spend is given back when
+// they can settle (their decisions are then reserved: memory.Limiter and lua.Limiter can,
+// see "Settling a decision" in package ratebudget), and stays spent otherwise. On a store
+// failure the strictest policy of the failed limiter's layers applies (fail-closed, then
+// local fallback, then fail-open; a layer whose rules are all in shadow mode has no say);
+// under fail-open and local fallback the other limiters still decide their layers' rules,
+// and a refusal gives back the local fallback's spend too. An admission with a limiter
+// failed under fail-open is Degraded, without metadata, even when a local fallback
+// decided another failed limiter's layers (Event.Fallback is then set too).
 //
 // # Failure handling
 //

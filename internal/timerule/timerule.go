@@ -146,12 +146,12 @@ func Tokens(level, w int64) int64 { return level / w }
 // last + w - now.
 func LeavesAfter(at, w, now int64) int64 { return at + w - now }
 
-// Unspent is an admitted check's outcome o (reported after its spend of cost units),
-// once that spend is given back exactly, knowing idle, the check's reset (ms) as its
-// budget was before the spend (allow.lua's modes '4' and '6'): cost more units remain
-// (a token bucket's too: the spend took whole units) and the reset is idle's. It is the
-// outcome a decision that spent nothing reports for the check (see
-// "Reporting every check" in [ratebudget]). Twin: allow.lua's reply for a check that fits, decide only.
+// Unspent is an admitted check's outcome o (reported after its spend of cost units), once
+// that spend is given back exactly, knowing idle, the check's reset (ms) as its budget
+// was before the spend (allow.lua's modes '4' and '6'): cost more units remain (a token
+// bucket's too: the spend took whole units) and the reset is idle's. It is the outcome a
+// decision that spent nothing reports for the check (see "Reporting every check" in
+// [ratebudget]). Twin: allow.lua's reply for a check that fits, decide only.
 func Unspent(o ratebudget.Outcome, cost, idle int64) ratebudget.Outcome {
 	o.Remaining += cost
 	o.ResetAfter = Duration(idle)

@@ -88,8 +88,8 @@ type Outcome struct {
 	// Remaining is the number of cost units the identity could still spend under the
 	// check's rule right after the decision (after its cost only when the decision
 	// admitted). It is negative while the budget is in debt (a settle charged more than
-	// was reserved, see "Settling a decision" in the package documentation) or when the rule's Limit was lowered under the same
-	// name; a Decision reports 0 then.
+	// was reserved, see "Settling a decision" in the package documentation) or when the
+	// rule's Limit was lowered under the same name; a Decision reports 0 then.
 	Remaining int64
 	// ResetAfter is how long until the check's budget is whole again if nothing more is
 	// spent: the end of the fixed window, the time to refill the token bucket, the time

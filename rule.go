@@ -26,9 +26,10 @@ const (
 	RollingWindow
 	// InFlight admits while fewer than Rule.Limit admitted requests of the budget are
 	// still running. Each admission holds a lease until its decision is settled (see
-	// "Settling a decision" in the package documentation) or until Rule.Window, the lease's time to live, has passed since it was
-	// taken or last renewed, so that the leases of a holder that crashed expire. A check
-	// of an InFlight rule must cost 1: it holds one lease.
+	// "Settling a decision" in the package documentation) or until Rule.Window, the
+	// lease's time to live, has passed since it was taken or last renewed, so that the
+	// leases of a holder that crashed expire. A check of an InFlight rule must cost 1: it
+	// holds one lease.
 	InFlight
 	// Calendar counts admitted cost in the calendar period (Rule.Period: an hour, a day,
 	// a week, a month or a year of Rule.Location's calendar) that contains the current

@@ -8,9 +8,8 @@ import (
 
 // ConfigError reports invalid configuration, naming the field at fault. Constructors
 // return it, and so do a limiter's decisions and settles for invalid arguments (see
-// [ValidateChecks] and [ValidateSettle]): a caller's mistake, which neither waiting
-// nor another store fixes, and after which nothing was spent. Recognise it, wrapped or
-// not, with errors.As:
+// [ValidateChecks]): a caller's mistake, which neither waiting nor another store fixes,
+// and after which nothing was spent. Recognise it, wrapped or not, with errors.As:
 //
 //	var ce *ratebudget.ConfigError
 //	if errors.As(err, &ce) {

@@ -25,26 +25,6 @@ type Limiter interface {
 	Allow(ctx context.Context, checks []Check) (Decision, error)
 }
 
-// Reporter is implemented by limiters that can report every check's outcome, not only
-// the reported rule's. AllowEach decides as Allow does; when it returns no error it has
-// set outcomes[i] to checks[i]'s outcome (len(outcomes) must equal len(checks)), so that
-// callers can describe every rule of a request (package middleware lists each in the
-// RateLimit header field). On an error the outcomes are undefined. Implementations must be
-// safe for concurrent use, as Limiter's are.
-//
-// Each outcome describes its budget as it is right after the decision. When the decision
-// admits, that is after the spend. When it refuses, nothing was spent, and so an outcome
-// reports its budget as it was: a check that alone would have been admitted keeps
-// Allowed true (it fits; another check refused), with Remaining the units left before
-// its cost and ResetAfter the reset of what was spent before: zero for an untouched
-// budget, the end of the open fixed window, the time a token bucket takes to refill its
-// current deficit, the time until a rolling window's newest event leaves it, the time
-// until the last lease expires. That is what a decision that spends nothing (an
-// Exceeded one, say) reports for the budget at the same moment.
-type Reporter interface {
-	AllowEach(ctx context.Context, checks []Check, outcomes []Outcome) (Decision, error)
-}
-
 // Check asks for Cost units of Rule's budget for one identity and scope.
 type Check struct {
 	// Rule is the budget's rule. It must be valid ([Rule.Validate]).
@@ -87,16 +67,15 @@ type Decision struct {
 	Rule  string
 	Index int
 	// Limit is the reported rule's capacity in cost units: its Burst for a [TokenBucket]
-	// rule whose Burst is set, its Limit otherwise.
+	// rule whose Burst is set, its Limit otherwise. Its window is the caller's to know:
+	// checks[Index].Rule.Window.
 	Limit int64
-	// Window is the reported rule's window or refill period; zero for a [Calendar]
-	// rule, whose window is its period.
-	Window time.Duration
 }
 
 // Outcome is one rule's part of a decision, as computed by a limiter engine. It
 // describes the check's budget as it is right after the decision: spent from when the
-// decision admits, as it was when the decision refuses (see [Reporter]).
+// decision admits, as it was when the decision refuses (see "Reporting every check" in
+// the package documentation).
 type Outcome struct {
 	// Allowed is true when the check fits its budget (the request as a whole is admitted
 	// only when every check's is). In a refused decision, a check that fits keeps
@@ -109,8 +88,8 @@ type Outcome struct {
 	// Remaining is the number of cost units the identity could still spend under the
 	// check's rule right after the decision (after its cost only when the decision
 	// admitted). It is negative while the budget is in debt (a settle charged more than
-	// was reserved, see [Settler]) or when the rule's Limit was lowered under the same
-	// name; a Decision reports 0 then.
+	// was reserved, see "Settling a decision" in the package documentation) or when the
+	// rule's Limit was lowered under the same name; a Decision reports 0 then.
 	Remaining int64
 	// ResetAfter is how long until the check's budget is whole again if nothing more is
 	// spent: the end of the fixed window, the time to refill the token bucket, the time
@@ -204,10 +183,9 @@ func decisionOf(r *Rule, o *Outcome, index int, allowed bool) Decision {
 			Remaining:  max(o.Remaining, 0),
 			ResetAfter: o.ResetAfter,
 		},
-		Rule:   r.Name,
-		Index:  index,
-		Limit:  r.capacity(),
-		Window: r.Window,
+		Rule:  r.Name,
+		Index: index,
+		Limit: r.capacity(),
 	}
 	if !d.Allowed && !d.Exceeded {
 		d.RetryAfter = o.RetryAfter

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
@@ -25,9 +26,10 @@ const (
 	RollingWindow
 	// InFlight admits while fewer than Rule.Limit admitted requests of the budget are
 	// still running. Each admission holds a lease until its decision is settled (see
-	// [Settler]) or until Rule.Window, the lease's time to live, has passed since it was
-	// taken or last renewed, so that the leases of a holder that crashed expire. A check
-	// of an InFlight rule must cost 1: it holds one lease.
+	// "Settling a decision" in the package documentation) or until Rule.Window, the
+	// lease's time to live, has passed since it was taken or last renewed, so that the
+	// leases of a holder that crashed expire. A check of an InFlight rule must cost 1: it
+	// holds one lease.
 	InFlight
 	// Calendar counts admitted cost in the calendar period (Rule.Period: an hour, a day,
 	// a week, a month or a year of Rule.Location's calendar) that contains the current
@@ -36,23 +38,6 @@ const (
 	// zero.
 	Calendar
 )
-
-// String returns "fixed", "token", "rolling", "inflight" or "calendar".
-func (a Algorithm) String() string {
-	switch a {
-	case FixedWindow:
-		return "fixed"
-	case TokenBucket:
-		return "token"
-	case RollingWindow:
-		return "rolling"
-	case InFlight:
-		return "inflight"
-	case Calendar:
-		return "calendar"
-	}
-	return fmt.Sprintf("Algorithm(%d)", uint8(a))
-}
 
 // Period is the calendar period of a [Calendar] rule. A period is the half-open interval
 // [start, end) of the rule's Location that contains an instant: from the start of the
@@ -225,7 +210,7 @@ func (r *Rule) validateCalendar() error {
 	case r.Window != 0:
 		return r.bad("Window", "must be zero for a Calendar rule (its windows are its periods), got %v", r.Window)
 	case r.Burst != 0:
-		return r.bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, r.Algorithm)
+		return r.bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, algname.Of(r.Algorithm))
 	}
 	return nil
 }
@@ -234,11 +219,11 @@ func (r *Rule) validateCalendar() error {
 func (r *Rule) validateNotCalendar() error {
 	switch {
 	case r.Period != "":
-		return r.bad("Period", "applies to Calendar only, got %v for %v", r.Period, r.Algorithm)
+		return r.bad("Period", "applies to Calendar only, got %v for %v", r.Period, algname.Of(r.Algorithm))
 	case r.Location != nil:
-		return r.bad("Location", "applies to Calendar only, got %v for %v", r.Location, r.Algorithm)
+		return r.bad("Location", "applies to Calendar only, got %v for %v", r.Location, algname.Of(r.Algorithm))
 	case r.WeekStart != 0:
-		return r.bad("WeekStart", "applies to Calendar only, got %v for %v", r.WeekStart, r.Algorithm)
+		return r.bad("WeekStart", "applies to Calendar only, got %v for %v", r.WeekStart, algname.Of(r.Algorithm))
 	}
 	return nil
 }
@@ -264,7 +249,7 @@ func (r *Rule) calendarValid() bool {
 func (r *Rule) validateBurst() error {
 	if r.Burst != 0 {
 		if r.Algorithm != TokenBucket {
-			return r.bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, r.Algorithm)
+			return r.bad("Burst", "applies to TokenBucket only, got %d for %v", r.Burst, algname.Of(r.Algorithm))
 		}
 		if r.Burst < 0 || r.Burst > maxLimit {
 			return r.bad("Burst", "must be in 0..%d, got %d", int64(maxLimit), r.Burst)

@@ -116,23 +116,6 @@ func TestPeriodNames(t *testing.T) {
 	}
 }
 
-// Algorithm's String: each time rule's name, without allocating; "Algorithm(n)" for another.
-func TestAlgorithmString(t *testing.T) {
-	for a, want := range map[ratebudget.Algorithm]string{
-		ratebudget.FixedWindow: "fixed", ratebudget.TokenBucket: "token", ratebudget.RollingWindow: "rolling",
-		ratebudget.InFlight: "inflight", ratebudget.Calendar: "calendar", ratebudget.Algorithm(5): "Algorithm(5)", ratebudget.Algorithm(255): "Algorithm(255)",
-	} {
-		if got := a.String(); got != want {
-			t.Errorf("Algorithm %d: String() = %q, want %q", uint8(a), got, want)
-		}
-		if a <= ratebudget.Calendar {
-			if n := testing.AllocsPerRun(100, func() { _ = a.String() }); n != 0 {
-				t.Errorf("Algorithm %d: String() allocates %v times, want 0", uint8(a), n)
-			}
-		}
-	}
-}
-
 // Among several rules or checks, a rule without a name cannot be named by its Name: the
 // error says which one by its index, and keeps Rule empty and Field "Name".
 func TestUnnamedRuleErrorSaysWhich(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 func ExampleWriteTooManyRequests() {
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest("GET", "/api/hello", nil)
-	d := ratebudget.Decision{Rule: "hello", Limit: 10, Window: time.Minute,
+	d := ratebudget.Decision{Rule: "hello", Limit: 10,
 		Outcome: ratebudget.Outcome{ResetAfter: 41500 * time.Millisecond, RetryAfter: 41500 * time.Millisecond}}
 	headers.WriteTooManyRequests(rec, req, d)
 	fmt.Println(rec.Code)

@@ -25,7 +25,7 @@ func TestStyleNames(t *testing.T) {
 // problem body naming the rule (JSON when the client asks for it).
 func TestWriters(t *testing.T) {
 	t.Parallel()
-	refused := ratebudget.Decision{Rule: "api", Limit: 10, Window: time.Minute,
+	refused := ratebudget.Decision{Rule: "api", Limit: 10,
 		Outcome: ratebudget.Outcome{Remaining: 0, ResetAfter: 1500 * time.Millisecond, RetryAfter: 1500 * time.Millisecond}}
 	for _, tc := range []struct {
 		name       string

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/lua"
 )
 
@@ -134,7 +135,7 @@ func TestCrossProcess(t *testing.T) {
 				admitted += n
 			}
 			if admitted != processLimit {
-				t.Fatalf("%v trial %d: %d processes × %d requests admitted %d, want exactly %d", alg, trial, processes, perProcess, admitted, processLimit)
+				t.Fatalf("%s trial %d: %d processes × %d requests admitted %d, want exactly %d", algname.Of(alg), trial, processes, perProcess, admitted, processLimit)
 			}
 		}
 	}

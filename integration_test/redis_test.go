@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
@@ -191,7 +192,7 @@ func TestScriptFlush(t *testing.T) {
 			}
 			d, err := l.Allow(ctx, chk)
 			if err != nil || !d.Allowed || d.Remaining != 10-i {
-				t.Fatalf("%v: decision %d after SCRIPT FLUSH: %+v, %v; want exactly one spend", alg, i, d, err)
+				t.Fatalf("%s: decision %d after SCRIPT FLUSH: %+v, %v; want exactly one spend", algname.Of(alg), i, d, err)
 			}
 		}
 	}
@@ -251,7 +252,7 @@ func multiRuleRawState(t *testing.T, c *redis.Client, algs []ratebudget.Algorith
 					if alg == refuser {
 						limit = 1
 					}
-					checks = append(checks, ratebudget.Check{Rule: ratebudget.Rule{Name: "r" + alg.String(), Algorithm: alg, Limit: limit, Window: time.Minute}, Identity: id, Cost: 1})
+					checks = append(checks, ratebudget.Check{Rule: ratebudget.Rule{Name: "r" + algname.Of(alg), Algorithm: alg, Limit: limit, Window: time.Minute}, Identity: id, Cost: 1})
 				}
 				// PTTLs may drop, and buckets refill, by the time the test takes from here.
 				start := time.Now()
@@ -263,8 +264,8 @@ func multiRuleRawState(t *testing.T, c *redis.Client, algs []ratebudget.Algorith
 					before[i] = rawState(t, c, keyOf(prefix, checks[i]))
 				}
 				d, err := l.Allow(ctx, checks)
-				if err != nil || d.Allowed || d.Rule != "r"+refuser.String() {
-					t.Fatalf("second decision: %+v, %v; want refused by %v", d, err, refuser)
+				if err != nil || d.Allowed || d.Rule != "r"+algname.Of(refuser) {
+					t.Fatalf("second decision: %+v, %v; want refused by %v", d, err, algname.Of(refuser))
 				}
 				for i := range checks {
 					after := rawState(t, c, keyOf(prefix, checks[i]))

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -187,7 +188,7 @@ func TestAuthAndPermissionErrors(t *testing.T) {
 			}
 			for _, ch := range tc.checks {
 				_, err := l.Allow(ctx, []ratebudget.Check{ch})
-				wantServerError(t, fmt.Sprintf("Allow %v", ch.Rule.Algorithm), err, tc.prefix)
+				wantServerError(t, "Allow "+algname.Of(ch.Rule.Algorithm), err, tc.prefix)
 			}
 			_, err = l.Reserve(ctx, tc.checks, make([]ratebudget.Ticket, len(tc.checks)), nil)
 			wantServerError(t, "Reserve", err, tc.prefix)
@@ -258,7 +259,7 @@ func TestNoPexpiretimeWritesNothing(t *testing.T) {
 	wantServerError(t, "Settle", err, "ERR")
 	for i, ch := range held {
 		if got := stateOf(t, control, l.Key(ch)); got != before[i] {
-			t.Fatalf("a certain Settle error changed %v: %v, was %v", ch.Rule.Algorithm, got, before[i])
+			t.Fatalf("a certain Settle error changed %s: %v, was %v", algname.Of(ch.Rule.Algorithm), got, before[i])
 		}
 	}
 }

@@ -81,7 +81,7 @@ func TestCalendarRedis(t *testing.T) {
 	hook.take()
 	for i := int64(1); i <= 3; i++ {
 		d, before, after := calendarRun(t, l, control, ch)
-		if !d.Allowed || d.Remaining != 3-i || d.Window != 0 {
+		if !d.Allowed || d.Remaining != 3-i || d.Rule != "daily" {
 			t.Fatalf("admission %d: %+v", i, d)
 		}
 		within(t, "ResetAfter", d.ResetAfter, end, before, after)
@@ -313,7 +313,7 @@ func TestCalendarSettleCallerClockOff(t *testing.T) {
 			if ra, rb := remaining(a), remaining(b); ra != 40-8-4-5-6 || rb != 40-2 {
 				t.Fatalf("after the unmarked settles: Remaining %d and %d, want %d and %d", ra, rb, 40-8-4-5-6, 40-2)
 			}
-			if rs := l.Repairs(); rs != (lua.RepairStats{}) {
+			if rs := lua.RepairCounts(l); rs != (lua.RepairStats{}) {
 				t.Fatalf("repairs %+v, want none: every settle landed", rs)
 			}
 			// A reservation's settle whose call fails unsent is re-sent by the repairs

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
@@ -375,7 +376,7 @@ func TestCoalescedExactUnderContention(t *testing.T) {
 	client := srv.Client(t)
 	for _, tr := range transports {
 		for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-			t.Run(tr.name+"/"+alg.String(), func(t *testing.T) {
+			t.Run(tr.name+"/"+algname.Of(alg), func(t *testing.T) {
 				l := newLimiter(t, client, append(tr.opts, lua.WithCoalescing(16), lua.WithRefusalCache(0))...)
 				const callers, each, limit = 64, 20, 500
 				chk := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "api", Algorithm: alg, Limit: limit, Window: time.Hour}, Identity: "ann", Cost: 1}}
@@ -639,7 +640,7 @@ func TestCoalescedOutcomes(t *testing.T) {
 // coalesces: leases never do).
 func TestCoalescedRefusedOutcomes(t *testing.T) {
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			srv, _, l := coalescing(t, nil)
 			ctx := context.Background()
 			a := ratebudget.Rule{Name: "a", Algorithm: alg, Limit: 1000, Window: time.Hour}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
@@ -250,7 +251,7 @@ func TestRefusalCacheFlood(t *testing.T) {
 	l := newLimiter(t, c)
 	ctx := context.Background()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			r := ratebudget.Rule{Name: "flood", Algorithm: alg, Limit: 3, Window: time.Minute}
 			chk := []ratebudget.Check{{Rule: r, Identity: "mallory", Cost: 1}}
 			for range 3 {
@@ -319,7 +320,7 @@ func TestRefusalCacheEndsWhenRedisAdmits(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			// A run too slow to decide its outcome is repeated on a fresh budget with
 			// the window doubled.
 			w := 150 * time.Millisecond
@@ -716,7 +717,7 @@ func TestRefusalCacheAfterAdmission(t *testing.T) {
 	l := newLimiter(t, c)
 	ctx := context.Background()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			r := ratebudget.Rule{Name: "stale", Algorithm: alg, Limit: 3, Window: time.Hour}
 			allow := func(cost int64) ratebudget.Decision {
 				t.Helper()

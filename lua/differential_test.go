@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/internal/timerule"
@@ -201,7 +202,7 @@ type walkOptions struct {
 	// last eight.
 	each bool
 	// settles reserves, settles and renews between the decisions, with in-flight rules;
-	// the limiters must implement ratebudget.Settler and live on servers[0].
+	// the limiters must implement limitertest.Settler and live on servers[0].
 	settles bool
 	// waits, when not zero, is how far each check's ResetAfter and RetryAfter (with
 	// each), and the reported rule's, may be from Memory's: how far Memory's clock may
@@ -260,7 +261,7 @@ func sameDecisions(t *testing.T, o walkOptions, servers []*redis.Client, limiter
 	// Windows are distinct whole hours (and token buckets refill one unit every 94 to 156
 	// minutes), so that waits of different rules are minutes apart.
 	rule := func(alg ratebudget.Algorithm, hours time.Duration, limit int64) ratebudget.Rule {
-		return ratebudget.Rule{Name: fmt.Sprintf("%v-%dh", alg, hours), Algorithm: alg, Limit: limit, Window: hours * time.Hour}
+		return ratebudget.Rule{Name: fmt.Sprintf("%s-%dh", algname.Of(alg), hours), Algorithm: alg, Limit: limit, Window: hours * time.Hour}
 	}
 	burst := rule(ratebudget.TokenBucket, 17, 3) // refills 1 unit per 340 minutes, holds 6
 	burst.Burst = 6
@@ -545,9 +546,9 @@ func (w *diffWalk) decide(i int, checks []ratebudget.Check, reserve bool) *reser
 		switch {
 		case reserve:
 			res.lua[k] = make([]ratebudget.Ticket, len(checks))
-			got, err = nl.l.(ratebudget.Settler).Reserve(ctx, checks, res.lua[k], w.outs(outs))
+			got, err = nl.l.(limitertest.Settler).Reserve(ctx, checks, res.lua[k], w.outs(outs))
 		case w.o.each:
-			got, err = nl.l.(ratebudget.Reporter).AllowEach(ctx, checks, outs)
+			got, err = nl.l.(limitertest.Reporter).AllowEach(ctx, checks, outs)
 		default:
 			got, err = nl.l.Allow(ctx, checks)
 		}
@@ -693,7 +694,7 @@ func (w *diffWalk) settle(i int, p *reservation) {
 		t.Fatalf("before decision %d: Memory's settle of %+v at %v: %v", i, p.checks, memCosts, err)
 	}
 	for k, nl := range w.limiters {
-		if err := nl.l.(ratebudget.Settler).Settle(ctx, p.checks, p.lua[k], costs); err != nil {
+		if err := nl.l.(limitertest.Settler).Settle(ctx, p.checks, p.lua[k], costs); err != nil {
 			t.Fatalf("before decision %d, %s: settle of %+v at %v: %v", i, nl.name, p.checks, costs, err)
 		}
 	}
@@ -752,7 +753,7 @@ func (w *diffWalk) renew(i int, p *reservation) {
 		w.st.lost++
 	}
 	for k, nl := range w.limiters {
-		got := nl.l.(ratebudget.Settler).Renew(ctx, p.checks, p.lua[k])
+		got := nl.l.(limitertest.Settler).Renew(ctx, p.checks, p.lua[k])
 		if errors.Is(got, ratebudget.ErrLeaseLost) != errors.Is(want, ratebudget.ErrLeaseLost) || got != nil && !errors.Is(got, ratebudget.ErrLeaseLost) {
 			t.Fatalf("before decision %d, %s: renewal of %+v: %v; Memory's: %v", i, nl.name, p.checks, got, want)
 		}

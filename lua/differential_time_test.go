@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
@@ -63,10 +64,10 @@ func settlesOverTime(t *testing.T, c *redis.Client, scale int64, seed uint64) {
 		t.Fatal(err)
 	}
 	short := func(alg ratebudget.Algorithm, halves time.Duration, limit int64) ratebudget.Rule {
-		return ratebudget.Rule{Name: fmt.Sprintf("%v-short%d", alg, halves), Algorithm: alg, Limit: limit, Window: halves * phase / 2}
+		return ratebudget.Rule{Name: fmt.Sprintf("%s-short%d", algname.Of(alg), halves), Algorithm: alg, Limit: limit, Window: halves * phase / 2}
 	}
 	long := func(alg ratebudget.Algorithm, hours time.Duration, limit int64) ratebudget.Rule {
-		return ratebudget.Rule{Name: fmt.Sprintf("%v-%dh", alg, hours), Algorithm: alg, Limit: limit, Window: hours * time.Hour}
+		return ratebudget.Rule{Name: fmt.Sprintf("%s-%dh", algname.Of(alg), hours), Algorithm: alg, Limit: limit, Window: hours * time.Hour}
 	}
 	burst := long(ratebudget.TokenBucket, 17, 3)
 	burst.Burst = 6
@@ -217,7 +218,7 @@ func (w *diffWalk) settleAgain(i int, p *reservation) {
 		t.Fatalf("before decision %d: Memory's second settle: %v", i, err)
 	}
 	for k, nl := range w.limiters {
-		if err := nl.l.(ratebudget.Settler).Settle(ctx, p.checks, p.lua[k], costs); err != nil {
+		if err := nl.l.(limitertest.Settler).Settle(ctx, p.checks, p.lua[k], costs); err != nil {
 			t.Fatalf("before decision %d, %s: second settle: %v", i, nl.name, err)
 		}
 		for j, tk := range p.lua[k] {

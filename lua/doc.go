@@ -122,21 +122,21 @@
 //
 // # Settling
 //
-// The limiter implements [ratebudget.Settler] as docs/SETTLING.md describes. Reserve is
-// allow.lua in a mode that also replies each check's ticket (a fixed window's
-// PEXPIRETIME, a rolling-window event's time and cumulative sum, a lease's number); it
-// never goes through the refusal cache or coalescing, nor does any decision with an
-// in-flight check. Settle is one settle.lua call per slot group (one in all with
-// [WithOneServer]): in one execution it gives back what was reserved above the actual
-// cost, releases the leases and charges what was used above the reservation, with
-// allow.lua's own code (mode '3': spend without refusing, into debt of at most one
-// capacity), which the Go side puts in front of settle.lua as a function; a group whose
-// checks are all charged above is that allow.lua call alone. A fixed window or a
-// calendar period is given back only while it is the reserved one; a rolling-window
-// event only while it is the newest (an older event's refund is skipped: an
-// overcount); a token bucket always, up to full. Settle drops this process's cached
-// refusals of the settled budgets; other processes' caches may refuse for at most
-// their cached wait, and 1s. Renew is settle.lua in renew mode.
+// The limiter settles decisions as "Settling a decision" in [ratebudget] and
+// docs/SETTLING.md describe. Reserve is allow.lua in a mode that also replies each
+// check's ticket (a fixed window's PEXPIRETIME, a rolling-window event's time and
+// cumulative sum, a lease's number); it never goes through the refusal cache or
+// coalescing, nor does any decision with an in-flight check. Settle is one settle.lua
+// call per slot group (one in all with [WithOneServer]): in one execution it gives back
+// what was reserved above the actual cost, releases the leases and charges what was used
+// above the reservation, with allow.lua's own code (mode '3': spend without refusing,
+// into debt of at most one capacity), which the Go side puts in front of settle.lua as a
+// function; a group whose checks are all charged above is that allow.lua call alone. A
+// fixed window or a calendar period is given back only while it is the reserved one; a
+// rolling-window event only while it is the newest (an older event's refund is skipped:
+// an overcount); a token bucket always, up to full. Settle drops this process's cached
+// refusals of the settled budgets; other processes' caches may refuse for at most their
+// cached wait, and 1s. Renew is settle.lua in renew mode.
 //
 // # A reservation lost, a settle failed
 //
@@ -174,19 +174,18 @@
 // fails, the groups already admitted are refunded: each admitted group records tickets,
 // as Reserve does, and the refund is a settle at cost 0 of them (one settle.lua call per
 // group). The refund is best effort: meanwhile another caller may see less budget than
-// there is, and a refund after a transport error is itself uncertain; it never gives
-// back more than the decision spent, nor to a window other than the one it spent in.
-// The refund runs within the caller's deadline; when a later group used it all up (its
-// master stalled), the refund runs after Allow returned, for at most 500ms, and the
-// error is uncertain. Through [Limiter.AllowEach] and [Limiter.Reserve], a decision
-// refused this way reports its checks as [ratebudget.Reporter] says, as a refusal in
+// there is, and a refund after a transport error is itself uncertain; it never gives back
+// more than the decision spent, nor to a window other than the one it spent in. The
+// refund runs within the caller's deadline; when a later group used it all up (its master
+// stalled), the refund runs after Allow returned, for at most 500ms, and the error is
+// uncertain. Through [Limiter.AllowEach] and [Limiter.Reserve], a decision refused this
+// way reports its checks as "Reporting every check" in [ratebudget] says, as a refusal in
 // one step does: the groups given back as they were before their spend (each admitted
 // group's call also replies its checks' resets as they were), and the groups after the
 // refusal, decided without writing, as they are (a refund that fails leaves the spend,
-// and its groups' outcomes as they are, spent).
-// When every key
-// lives on one server (a *redis.Client on a standalone server or a failover primary),
-// [WithOneServer] decides checks of every slot in one call, with no refunds.
+// and its groups' outcomes as they are, spent). When every key lives on one server (a
+// *redis.Client on a standalone server or a failover primary), [WithOneServer] decides
+// checks of every slot in one call, with no refunds.
 //
 // # Refusal cache
 //

@@ -68,3 +68,19 @@ func (l *Limiter) Key(c ratebudget.Check) string { return l.core.keys.Key(c) }
 // SetClock makes l compute Calendar periods around now's readings instead of time.Now,
 // as a caller whose clock is off would. Set it before the limiter's first decision.
 func SetClock(l *Limiter, now func() time.Time) { l.core.now = now }
+
+// RepairStats counts a limiter's repairs: Queued those taken on, Landed those the store
+// answered, Dropped those given up, Pending those waiting or being sent.
+type RepairStats struct {
+	Queued, Landed, Dropped uint64
+	Pending                 int
+}
+
+// RepairCounts returns l's repair counts since New.
+func RepairCounts(l *Limiter) RepairStats {
+	r := &l.core.repair
+	r.mu.Lock()
+	pending := len(r.queue) + r.sending
+	r.mu.Unlock()
+	return RepairStats{Queued: r.queued.Load(), Landed: r.landed.Load(), Dropped: r.dropped.Load(), Pending: pending}
+}

@@ -32,7 +32,7 @@ func TestInFlightShortenedLeaseTTL(t *testing.T) {
 	long, short := rule(time.Hour), rule(10*time.Second)
 	for _, lim := range []namedLimiter{{"memory", mem}, {"redis", l}} {
 		t.Run(lim.name, func(t *testing.T) {
-			s := lim.l.(ratebudget.Settler)
+			s := lim.l.(limitertest.Settler)
 			for _, renewed := range []bool{false, true} {
 				id := map[bool]string{false: "taken", true: "renewed"}[renewed]
 				check := func(r ratebudget.Rule) []ratebudget.Check {
@@ -54,7 +54,7 @@ func TestInFlightShortenedLeaseTTL(t *testing.T) {
 					t.Fatal(err)
 				}
 				var o [1]ratebudget.Outcome
-				d, err := lim.l.(ratebudget.Reporter).AllowEach(ctx, check(short), o[:])
+				d, err := lim.l.(limitertest.Reporter).AllowEach(ctx, check(short), o[:])
 				if err != nil || !d.Allowed || d.Remaining != 1 {
 					t.Fatalf("%s: a lease next to the short one: %+v, %v; want admitted, 1 remaining", id, d, err)
 				}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -145,7 +146,7 @@ func newWalk(t *testing.T, c redis.Scripter, servers []*redis.Client, opts ...lu
 		ids: []string{"ann", "bob", "cy"}, ruleOf: map[string]ratebudget.Rule{}, full: map[ratebudget.Algorithm]int{}}
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for _, win := range []time.Duration{15 * time.Millisecond, 60 * time.Millisecond, time.Second} {
-			r := ratebudget.Rule{Name: alg.String() + "-" + win.String(), Algorithm: alg, Limit: 6, Window: win}
+			r := ratebudget.Rule{Name: algname.Of(alg) + "-" + win.String(), Algorithm: alg, Limit: 6, Window: win}
 			w.rules = append(w.rules, r)
 			for _, id := range w.ids {
 				w.ruleOf[w.l.Key(ratebudget.Check{Rule: r, Identity: id})] = r

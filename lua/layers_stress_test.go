@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
@@ -26,7 +27,7 @@ func TestLayersExactUnderContention(t *testing.T) {
 	client := srv.Client(t)
 	ctx := context.Background()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			prefix := uniquePrefix(t)
 			l, err := lua.New(client, lua.WithPrefix(prefix), lua.WithCoalescing(64), lua.WithRefusalCache(1024))
 			if err != nil {

@@ -46,16 +46,13 @@ type Limiter struct {
 	refusals *refusal.Limiter
 }
 
-var (
-	_ ratebudget.Limiter  = (*Limiter)(nil)
-	_ ratebudget.Reporter = (*Limiter)(nil)
-)
+var _ ratebudget.Limiter = (*Limiter)(nil)
 
 // layer is a limiter in the stack of core, coalescing and refusal cache: each also
 // reports every check's outcome.
 type layer interface {
 	ratebudget.Limiter
-	ratebudget.Reporter
+	AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error)
 }
 
 // core decides checks in Redis: one script call per hash slot group.
@@ -325,11 +322,11 @@ func (l *Limiter) Allow(ctx context.Context, checks []ratebudget.Check) (ratebud
 }
 
 // AllowEach decides as [Limiter.Allow] does and, when it returns no error, has set
-// outcomes[i] to checks[i]'s outcome (see [ratebudget.Reporter]); outcomes must have
-// len(checks) elements. Through coalescing each member of a group gets the outcomes it
-// would have seen admitted one after another; a refusal repeated by the refusal cache
-// gives the outcomes Redis reported when it refused the same checks (a snapshot, as
-// any decision's metadata is), or Redis is asked.
+// outcomes[i] to checks[i]'s outcome (see "Reporting every check" in [ratebudget]);
+// outcomes must have len(checks) elements. Through coalescing each member of a group gets
+// the outcomes it would have seen admitted one after another; a refusal repeated by the
+// refusal cache gives the outcomes Redis reported when it refused the same checks (a
+// snapshot, as any decision's metadata is), or Redis is asked.
 func (l *Limiter) AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
 	if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
 		return ratebudget.Decision{}, err
@@ -536,7 +533,7 @@ func (c *core) allowGroups(ctx context.Context, d *decision) (ratebudget.Decisio
 			// A refusal either way; a failure leaves an over-count, and those groups'
 			// outcomes as they are (spent). Given back (or on its way, detached), they
 			// are reported as they were before their spend, as a refusal in one step
-			// reports them (see ratebudget.Reporter).
+			// reports them ("Reporting every check" in package ratebudget).
 			if err := c.refund(ctx, d); err == nil || errors.Is(err, errRefundDetached) {
 				for _, j := range given {
 					d.outs[j] = timerule.Unspent(d.outs[j], d.checks[j].Cost, d.idle[j])

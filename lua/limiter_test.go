@@ -33,8 +33,13 @@ func newLimiter(t *testing.T, c redis.Scripter, opts ...lua.Option) *lua.Limiter
 	return l
 }
 
-// lua.Limiter resets budgets, so the suite's reset cases run rather than skip.
-var _ limitertest.Resetter = (*lua.Limiter)(nil)
+// lua.Limiter resets budgets, settles decisions and reports every check's outcome, so
+// the suite's cases of each run rather than skip.
+var (
+	_ limitertest.Resetter = (*lua.Limiter)(nil)
+	_ limitertest.Settler  = (*lua.Limiter)(nil)
+	_ limitertest.Reporter = (*lua.Limiter)(nil)
+)
 
 // TestConformanceProcess runs the shared suite against a private redis-server process.
 // The integration tests run it again against a container.

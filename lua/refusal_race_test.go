@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 )
 
@@ -47,7 +48,7 @@ func TestRefusalCachedAfterSettle(t *testing.T) {
 	ctx := context.Background()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for _, each := range []bool{false, true} {
-			t.Run(fmt.Sprint(alg, each), func(t *testing.T) {
+			t.Run(fmt.Sprint(algname.Of(alg), each), func(t *testing.T) {
 				chk := ratebudget.Check{Rule: ratebudget.Rule{Name: fmt.Sprint("r", each), Algorithm: alg, Limit: 3, Window: time.Hour}, Identity: "uma", Cost: 3}
 				allow := func(cost int64) ratebudget.Decision {
 					t.Helper()
@@ -96,7 +97,7 @@ func TestRefusalCachedAcrossLimits(t *testing.T) {
 	l := newLimiter(t, redistest.Start(t).Client(t))
 	ctx := context.Background()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			wide := ratebudget.Check{Rule: ratebudget.Rule{Name: "api", Algorithm: alg, Limit: 3, Window: time.Hour}, Identity: "uma", Cost: 1}
 			narrow := wide
 			narrow.Rule.Limit = 2
@@ -177,7 +178,7 @@ func TestRefusalCachedAfterRefund(t *testing.T) {
 	}
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for _, reserve := range []bool{false, true} {
-			t.Run(fmt.Sprint(alg, reserve), func(t *testing.T) {
+			t.Run(fmt.Sprint(algname.Of(alg), reserve), func(t *testing.T) {
 				aCalls.Store(0)
 				bOnce = sync.Once{}
 				aRefused, bReplied, aDone = make(chan struct{}), make(chan struct{}), make(chan struct{})

@@ -67,28 +67,19 @@ func markerKey(key string, id int64) string {
 	return b.String()
 }
 
-// RepairStats counts the limiter's repairs: the voids of reservations whose decision
-// was lost (the call failed after it may have reached the store) and the settles re-sent
-// after a failure, both sent off the request path until the store answers them. See
-// [Limiter.Repairs].
-type RepairStats struct {
-	// Queued counts the repairs taken on, Landed those the store answered (the spend
-	// given back, or already given back, or nothing left to give back), Dropped those
-	// given up: the queue was full (repairMax, 16,384 waiting), or no answer came
-	// within a minute (the markers' TTL), or the store refused them for good. A dropped
-	// repair leaves the spend in place, an overcount.
-	Queued, Landed, Dropped uint64
-	// Pending is the number of repairs waiting or being sent.
-	Pending int
-}
-
-// Repairs returns the limiter's repair counts since New; safe for concurrent use.
-func (l *Limiter) Repairs() RepairStats {
+// Repairs reports the limiter's repairs: the voids of reservations whose decision was
+// lost (the call failed after it may have reached the store) and the settles re-sent
+// after a failure, both sent off the request path until the store answers them. pending
+// is the number waiting or being sent. dropped counts, since New, those given up: the
+// queue was full (16,384 waiting), or no answer came within a minute (the markers'
+// TTL), or the store refused them for good; a dropped repair leaves the spend in place,
+// an overcount. It is safe for concurrent use.
+func (l *Limiter) Repairs() (pending, dropped int64) {
 	r := &l.core.repair
 	r.mu.Lock()
-	pending := len(r.queue) + r.sending
+	pending = int64(len(r.queue) + r.sending)
 	r.mu.Unlock()
-	return RepairStats{Queued: r.queued.Load(), Landed: r.landed.Load(), Dropped: r.dropped.Load(), Pending: pending}
+	return pending, int64(r.dropped.Load())
 }
 
 // repairs re-sends, on a goroutine of its own that runs while any is waiting, the

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -22,7 +23,7 @@ func TestResetSeenByAnotherReplica(t *testing.T) {
 	ctx := context.Background()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for _, each := range []bool{false, true} {
-			name := alg.String()
+			name := algname.Of(alg)
 			if each {
 				name += "/AllowEach"
 			}

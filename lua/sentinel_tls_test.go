@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -43,14 +44,14 @@ func TestSentinelOverTLS(t *testing.T) {
 	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	must(t, l.Load(ctx))
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket} {
-		rule := ratebudget.Rule{Name: "s" + alg.String(), Algorithm: alg, Limit: 50, Window: time.Hour}
+		rule := ratebudget.Rule{Name: "s" + algname.Of(alg), Algorithm: alg, Limit: 50, Window: time.Hour}
 		if alg == ratebudget.TokenBucket {
 			rule.Burst = 50
 		}
 		if got := concurrentAdmits(t, l, 100, func(int) []ratebudget.Check {
 			return []ratebudget.Check{{Rule: rule, Identity: "one", Cost: 1}}
 		}); got != 50 {
-			t.Errorf("%v: %d of 100 concurrent decisions admitted on a budget of 50, want 50", alg, got)
+			t.Errorf("%s: %d of 100 concurrent decisions admitted on a budget of 50, want 50", algname.Of(alg), got)
 		}
 	}
 

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -45,7 +46,7 @@ func wantUnspent(t *testing.T, control *redis.Client, l *lua.Limiter, checks []r
 	t.Helper()
 	for _, c := range checks {
 		if n := control.Exists(context.Background(), l.Key(c)).Val(); n != 0 {
-			t.Fatalf("%s (%v): key written after a certain error", c.Rule.Name, c.Rule.Algorithm)
+			t.Fatalf("%s (%s): key written after a certain error", c.Rule.Name, algname.Of(c.Rule.Algorithm))
 		}
 	}
 }
@@ -117,7 +118,7 @@ func TestServerRefusesWrites(t *testing.T) {
 			}
 			for _, ch := range all {
 				_, err := l.Allow(ctx, []ratebudget.Check{ch})
-				wantServerError(t, fmt.Sprintf("Allow %v", ch.Rule.Algorithm), err, tc.prefix)
+				wantServerError(t, "Allow "+algname.Of(ch.Rule.Algorithm), err, tc.prefix)
 			}
 			_, err := l.Allow(ctx, all)
 			wantServerError(t, "Allow of every rule", err, tc.prefix)
@@ -140,7 +141,7 @@ func TestServerRefusesWrites(t *testing.T) {
 				wantServerError(t, "Settle", err, tc.prefix)
 				for _, ch := range reserved {
 					if got := stateOf(t, control, l.Key(ch)); got.value != before[l.Key(ch)].value {
-						t.Fatalf("Settle failed with a certain error but changed %v: %q, was %q", ch.Rule.Algorithm, got.value, before[l.Key(ch)].value)
+						t.Fatalf("Settle failed with a certain error but changed %s: %q, was %q", algname.Of(ch.Rule.Algorithm), got.value, before[l.Key(ch)].value)
 					}
 				}
 			}

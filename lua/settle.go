@@ -16,8 +16,6 @@ import (
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
-var _ ratebudget.Settler = (*Limiter)(nil)
-
 // newLease draws a lease number and its member: 64 random bits, in 16 hex digits, so that
 // leases of every replica sharing the budget differ (two collide with probability about
 // n²/2^65 for n leases).
@@ -47,9 +45,9 @@ func ticketOf(c *ratebudget.Check, tk, aux int64) ratebudget.Ticket {
 	return ratebudget.Ticket{At: 1, ID: 1}
 }
 
-// Reserve decides as Allow does and records each check's spend in tickets (see
-// [ratebudget.Settler]). It never goes through the refusal cache or coalescing: each
-// reserved decision is its own script call. Checks of several slots are decided as
+// Reserve decides as Allow does and records each check's spend in tickets (see "Settling
+// a decision" in [ratebudget]). It never goes through the refusal cache or coalescing:
+// each reserved decision is its own script call. Checks of several slots are decided as
 // Allow decides them; when a later slot group refuses, the earlier groups' spend is
 // refunded and their tickets are zero. Each reservation has an id, in every ticket's
 // Reservation; when the call fails with an uncertain error (it may have spent) the
@@ -60,7 +58,7 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 	// to settle.
 	clear(tickets[:min(len(tickets), len(checks))])
 	if len(tickets) < len(checks) {
-		if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
+		if err := argcheck.Settle(checks, tickets, nil); err != nil {
 			return ratebudget.Decision{}, err
 		}
 	}
@@ -74,26 +72,26 @@ func (l *Limiter) Reserve(ctx context.Context, checks []ratebudget.Check, ticket
 	return d, err
 }
 
-// Settle adjusts a reserved decision's spend to the actual costs (see
-// [ratebudget.Settler]): one settle.lua call per slot group (one in all with
+// Settle adjusts a reserved decision's spend to the actual costs (see "Settling a
+// decision" in [ratebudget]): one settle.lua call per slot group (one in all with
 // [WithOneServer]) gives back what was reserved above the actual cost, charges what was
 // used above the reservation and releases the leases; a group whose checks are all
 // charged above is one allow.lua call in mode '3', the code settle.lua runs for them.
-// Each call is atomic; across slot groups it is not. The calls of several slot groups
-// are sent at once, each within ctx: a group whose server stalls does not keep the
-// others from being settled. A failure is a
-// *[ratebudget.StoreError]: when certain, that group's reservation stays in place (an
-// overcount), its extras uncharged and its leases left to expire; when uncertain
-// (StoreError.Uncertain: the reply was lost, or a command failed after the group's
-// first write, which Redis keeps) the call may also have run, or run in part. Either
-// way a group of a reservation (tickets with a Reservation) is then re-sent off the
-// request path until it lands, and applies at most once (see the package documentation
-// and [Limiter.Repairs]). The tickets are cleared whatever the outcome. A ctx that has
-// already ended sends nothing (a certain error, as Renew's, and not re-sent): give a
-// settle a context that outlives the caller's (context.WithoutCancel, with a timeout of
-// its own), as package middleware does, so that work ending at shutdown is settled.
+// Each call is atomic; across slot groups it is not. The calls of several slot groups are
+// sent at once, each within ctx: a group whose server stalls does not keep the others
+// from being settled. A failure is a *[ratebudget.StoreError]: when certain, that group's
+// reservation stays in place (an overcount), its extras uncharged and its leases left to
+// expire; when uncertain (StoreError.Uncertain: the reply was lost, or a command failed
+// after the group's first write, which Redis keeps) the call may also have run, or run in
+// part. Either way a group of a reservation (tickets with a Reservation) is then re-sent
+// off the request path until it lands, and applies at most once (see the package
+// documentation and [Limiter.Repairs]). The tickets are cleared whatever the outcome. A
+// ctx that has already ended sends nothing (a certain error, as Renew's, and not
+// re-sent): give a settle a context that outlives the caller's (context.WithoutCancel,
+// with a timeout of its own), as package middleware does, so that work ending at shutdown
+// is settled.
 func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
-	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
+	if err := argcheck.Settle(checks, tickets, costs); err != nil {
 		return err
 	}
 	var err error
@@ -113,9 +111,9 @@ func (l *Limiter) Settle(ctx context.Context, checks []ratebudget.Check, tickets
 }
 
 // Renew extends the decision's leases to their rule's Window from the server's now (see
-// [ratebudget.Settler]); one settle.lua call per slot group.
+// "Settling a decision" in [ratebudget]); one settle.lua call per slot group.
 func (l *Limiter) Renew(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket) error {
-	if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
+	if err := argcheck.Settle(checks, tickets, nil); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

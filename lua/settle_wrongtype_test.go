@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -24,8 +25,8 @@ func TestSettleWrongTypeWritesNoHalf(t *testing.T) {
 	ctx := context.Background()
 	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	for _, later := range stateChecks("wt") {
-		t.Run(later.Rule.Algorithm.String(), func(t *testing.T) {
-			first := stateChecks("wt-" + later.Rule.Algorithm.String())[0]
+		t.Run(algname.Of(later.Rule.Algorithm), func(t *testing.T) {
+			first := stateChecks("wt-" + algname.Of(later.Rule.Algorithm))[0]
 			first.Rule.Name = "first"
 			later.Identity = first.Identity
 			checks := []ratebudget.Check{first, later}

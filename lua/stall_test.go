@@ -245,13 +245,17 @@ func TestRepeatedGiveBackAppliesOnce(t *testing.T) {
 	}
 }
 
-// awaitRepairs waits until no repair of l is pending, and returns the counts.
+// awaitRepairs waits until no repair of l is pending, and returns the counts, which
+// l.Repairs reports then too: nothing pending, and as many dropped.
 func awaitRepairs(t *testing.T, l *lua.Limiter) lua.RepairStats {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		s := l.Repairs()
+		s := lua.RepairCounts(l)
 		if s.Pending == 0 && s.Landed+s.Dropped == s.Queued {
+			if pending, dropped := l.Repairs(); pending != 0 || dropped != int64(s.Dropped) {
+				t.Fatalf("Repairs() = %d pending, %d dropped; want 0 and %d (%+v)", pending, dropped, s.Dropped, s)
+			}
 			return s
 		}
 		if time.Now().After(deadline) {

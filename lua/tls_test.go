@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -82,7 +83,7 @@ func TestTLSDecidesExactly(t *testing.T) {
 					return []ratebudget.Check{{Rule: rule, Identity: "ann", Cost: 1}}
 				})
 				if got != 50 {
-					t.Errorf("%v: %d of 100 admitted on a limit of 50", alg, got)
+					t.Errorf("%s: %d of 100 admitted on a limit of 50", algname.Of(alg), got)
 				}
 			}
 		})

@@ -68,7 +68,7 @@ func TestTokenBucketCapacityChange(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := memory.New(memory.WithClock(clock.Now), memory.WithSweepInterval(time.Hour))
+	mem, err := memory.New(memory.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestTokenBucketWindowChange(t *testing.T) {
 	c := redistest.Start(t).Client(t)
 	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := memory.New(memory.WithClock(clock.Now), memory.WithSweepInterval(time.Hour))
+	mem, err := memory.New(memory.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestTokenBucketRateLoweredFullAtOldRefill(t *testing.T) {
 	ctx := context.Background()
 	l := newLimiter(t, c, lua.WithRefusalCache(0))
 	clock := limitertest.NewFakeClock(time.Unix(1_700_000_000, 0))
-	mem, err := memory.New(memory.WithClock(clock.Now), memory.WithSweepInterval(time.Hour))
+	mem, err := memory.New(memory.WithClock(clock.Now))
 	if err != nil {
 		t.Fatal(err)
 	}

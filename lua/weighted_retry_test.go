@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 )
@@ -35,7 +36,7 @@ func TestRetryAfterOfAHeavierRequest(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			r := ratebudget.Rule{Name: "items", Algorithm: alg, Limit: 10, Window: time.Minute}
 			item := func(cost int64) []ratebudget.Check {
 				return []ratebudget.Check{{Rule: r, Identity: "batch-7", Cost: cost}}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/memory"
 )
@@ -24,7 +25,7 @@ func BenchmarkMemoryAllow(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, algo := range append(algorithms, ratebudget.Calendar) {
-		b.Run(algo.String(), func(b *testing.B) {
+		b.Run(algname.Of(algo), func(b *testing.B) {
 			m, err := memory.New()
 			if err != nil {
 				b.Fatal(err)

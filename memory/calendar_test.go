@@ -70,8 +70,8 @@ func TestCalendarPeriods(t *testing.T) {
 			left := at(tc.end).Sub(at(tc.now))
 			for i := int64(1); i <= 3; i++ {
 				d := allow(t, m, c)
-				if !d.Allowed || d.Remaining != 3-i || d.ResetAfter != left || d.Window != 0 || d.Limit != 3 {
-					t.Fatalf("admission %d: %+v, want Remaining %d, ResetAfter %v, Window 0", i, d, 3-i, left)
+				if !d.Allowed || d.Remaining != 3-i || d.ResetAfter != left || d.Rule != "quota" || d.Limit != 3 {
+					t.Fatalf("admission %d: %+v, want Remaining %d, ResetAfter %v", i, d, 3-i, left)
 				}
 			}
 			d := allow(t, m, c)

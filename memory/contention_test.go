@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/memory"
 )
 
@@ -47,7 +48,7 @@ func race(t *testing.T, m *memory.Limiter, request func(i int) []ratebudget.Chec
 // for every time rule; the admitted ones see each remaining count once.
 func TestContentionSingleBudget(t *testing.T) {
 	for _, algo := range algorithms {
-		t.Run(algo.String(), func(t *testing.T) {
+		t.Run(algname.Of(algo), func(t *testing.T) {
 			r := ratebudget.Rule{Name: "shared", Algorithm: algo, Limit: limit, Window: time.Minute}
 			for round := range rounds {
 				m, _ := newMemory(t)
@@ -78,7 +79,7 @@ func TestContentionSingleBudget(t *testing.T) {
 // charged none of their other budgets.
 func TestContentionMultiCheck(t *testing.T) {
 	for _, algo := range algorithms {
-		t.Run(algo.String(), func(t *testing.T) {
+		t.Run(algname.Of(algo), func(t *testing.T) {
 			shared := ratebudget.Rule{Name: "shared", Algorithm: algo, Limit: limit, Window: time.Minute}
 			user := ratebudget.Rule{Name: "user", Algorithm: ratebudget.TokenBucket, Limit: 100, Window: time.Minute}
 			worker := ratebudget.Rule{Name: "worker", Algorithm: ratebudget.RollingWindow, Limit: 100, Window: time.Minute}

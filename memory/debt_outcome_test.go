@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 )
 
 // TestDebtOutcome: after a settle above its reservation the budget is in debt, which
@@ -17,7 +18,7 @@ func TestDebtOutcome(t *testing.T) {
 		checks := []ratebudget.Check{{Rule: ratebudget.Rule{Name: "jobs", Algorithm: alg, Limit: 10, Window: time.Minute}, Identity: "worker", Cost: 5}}
 		tickets := make([]ratebudget.Ticket, 1)
 		if d, err := m.Reserve(ctx, checks, tickets, nil); err != nil || !d.Allowed {
-			t.Fatalf("%v: Reserve: %+v, %v", alg, d, err)
+			t.Fatalf("%s: Reserve: %+v, %v", algname.Of(alg), d, err)
 		}
 		if err := m.Settle(ctx, checks, tickets, []int64{15}); err != nil {
 			t.Fatal(err)

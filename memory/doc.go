@@ -9,9 +9,11 @@
 // own; package lua shares one budget between them, and the middleware's local
 // fallback divides a rule's limit between a known number of replicas.
 //
-// [Limiter] implements [ratebudget.Reporter] and [ratebudget.Settler]. It never returns a
-// store error: its decisions, settles and renewals fail only on invalid arguments (a
-// *[ratebudget.ConfigError]) or, for a renewal, with [ratebudget.ErrLeaseLost].
+// [Limiter] reports every check's outcome ([Limiter.AllowEach]) and settles decisions
+// ([Limiter.Reserve], [Limiter.Settle], [Limiter.Renew]) as package ratebudget's
+// documentation says. It never returns a store error: its decisions, settles and renewals
+// fail only on invalid arguments (a *[ratebudget.ConfigError]) or, for a renewal, with
+// [ratebudget.ErrLeaseLost].
 //
 // How budgets are held, swept and evicted, what each costs in memory and time, and how
 // to size [WithMaxBudgets]: docs/MEMORY.md. How settling works: docs/SETTLING.md.

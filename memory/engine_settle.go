@@ -128,7 +128,7 @@ func renew(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, now int64) bool {
 }
 
 // refund gives n units back to the spend recorded by t, as far as it still counts (see
-// [ratebudget.Settler]).
+// "Settling a decision" in [ratebudget]).
 func refund(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, n, now int64) {
 	switch r.Algorithm {
 	case ratebudget.FixedWindow:
@@ -192,8 +192,9 @@ func refund(b *budget, r *ratebudget.Rule, t ratebudget.Ticket, n, now int64) {
 }
 
 // charge spends n extra units at now without refusing them, into debt of at most one
-// capacity (see [ratebudget.Settler]). A budget just created for the charge must first be given the
-// state of no state at all (see freshState). A Calendar rule finds its period in cal.
+// capacity (see "Settling a decision" in [ratebudget]). A budget just created for the
+// charge must first be given the state of no state at all (see freshState). A Calendar
+// rule finds its period in cal.
 func charge(b *budget, r *ratebudget.Rule, n, now int64, cal *timerule.PeriodCache) {
 	limit, w := r.Limit, r.Window.Milliseconds()
 	switch r.Algorithm {
@@ -279,9 +280,9 @@ func freshState(b *budget, r *ratebudget.Rule, now int64) {
 
 // unspent is the outcome of a check that fits its budget under r at now, in a decision
 // that another check refused: admitted, and the budget b (nil: none) as it is, nothing
-// having been spent (see [ratebudget.Reporter]). decide reports such a check as if its cost had
-// been spent, which the decision only does when every check fits. A Calendar rule finds
-// its period in cal.
+// having been spent (see "Reporting every check" in [ratebudget]). decide reports such a
+// check as if its cost had been spent, which the decision only does when every check
+// fits. A Calendar rule finds its period in cal.
 func unspent(b *budget, r *ratebudget.Rule, now int64, cal *timerule.PeriodCache) ratebudget.Outcome {
 	o := ratebudget.Outcome{Allowed: true, Remaining: r.Limit}
 	if b == nil {

@@ -10,10 +10,11 @@ import (
 	"github.com/ratebudget/ratebudget/memory"
 )
 
-// A limiter capped at 1,024 budgets (16 per shard) meets 5,000 identities that each send one request (a
-// rotating flood), while one client keeps sending. The limiter holds no more than its cap;
-// the one-off identities are the ones evicted, so the client that keeps sending is still
-// held to its 3 requests per minute.
+// A limiter capped at 1,024 budgets (16 per shard) meets 5,000 identities that each send
+// one request (a rotating flood), while one client keeps sending. The limiter holds no
+// more than its cap: the one-off identities are the ones evicted (the first one's next
+// request starts from a fresh budget), so the client that keeps sending is still held to
+// its 3 requests per minute.
 func ExampleWithMaxBudgets() {
 	m, err := memory.New(memory.WithMaxBudgets(1024))
 	if err != nil {
@@ -28,11 +29,10 @@ func ExampleWithMaxBudgets() {
 			admitted++
 		}
 	}
-	fmt.Println("budgets held:", m.Len())
-	fmt.Println("evicted:", m.Evictions())
+	d, _ := m.Allow(ctx, []ratebudget.Check{{Rule: rule, Identity: "flood-0", Cost: 1}})
+	fmt.Println("flood-0's second request, remaining:", d.Remaining)
 	fmt.Println("requests of the steady client admitted:", admitted)
 	// Output:
-	// budgets held: 1024
-	// evicted: 3977
+	// flood-0's second request, remaining: 2
 	// requests of the steady client admitted: 3
 }

@@ -12,8 +12,7 @@ import (
 // Reserve an estimate, do the work, then settle at what it really cost: the part not
 // used is given back to the budget.
 func ExampleLimiter_Settle() {
-	lim, _ := memory.New()
-	var s ratebudget.Settler = lim // so is *lua.Limiter
+	lim, _ := memory.New() // a *lua.Limiter settles alike
 	ctx := context.Background()
 	checks := []ratebudget.Check{{
 		Rule:     ratebudget.Rule{Name: "tokens", Limit: 1000, Window: time.Minute},
@@ -21,7 +20,7 @@ func ExampleLimiter_Settle() {
 		Cost:     300, // the estimate
 	}}
 	tickets := make([]ratebudget.Ticket, len(checks))
-	d, err := s.Reserve(ctx, checks, tickets, nil)
+	d, err := lim.Reserve(ctx, checks, tickets, nil)
 	if err != nil || !d.Allowed {
 		fmt.Println("refused", err)
 		return
@@ -29,7 +28,7 @@ func ExampleLimiter_Settle() {
 	fmt.Println("reserved, remaining", d.Remaining)
 
 	used := int64(120) // what the work really took
-	if err := s.Settle(ctx, checks, tickets, []int64{used}); err != nil {
+	if err := lim.Settle(ctx, checks, tickets, []int64{used}); err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -18,16 +18,22 @@ const memShards = 64
 // [WithMaxBudgets] says otherwise.
 const defaultMaxBudgets = 100_000
 
+// sweepInterval is how often, in ms, each shard of a [Limiter] starts dropping expired
+// state: a sweep is spread over the calls that reach the shard, a few budgets per call
+// (docs/MEMORY.md).
+const sweepInterval = 10_000
+
 // Limiter is the in-process [ratebudget.Limiter]: the same time rules as the Redis
 // limiter (package lua), kept in this process's memory. It is exact for one process.
 //
-// Limiter implements [ratebudget.Reporter] and [ratebudget.Settler]: settling is exact,
-// and a decision's checks are settled atomically, as they are decided.
+// Limiter reports every check's outcome and settles decisions, as package ratebudget's
+// documentation says ("Reporting every check", "Settling a decision"): settling is
+// exact, and a decision's checks are settled atomically, as they are decided.
 //
 // The zero Limiter is ready to use with the defaults; [New] applies options. A Limiter
 // must not be copied after first use. It is safe for concurrent use and starts no
-// goroutine: expired state is reclaimed during calls ([WithSweepInterval]), and no call
-// pays for reclaiming a whole shard.
+// goroutine: expired state is reclaimed during calls (each shard starts a sweep at most
+// every 10s), and no call pays for reclaiming a whole shard.
 //
 // The number of budgets held is capped ([WithMaxBudgets], default 100,000), so that
 // identities rotating faster than their windows end cannot grow the process without
@@ -37,10 +43,8 @@ const defaultMaxBudgets = 100_000
 // starts from a fresh budget, so it may be admitted up to one rule capacity more than
 // its rule allows within that window, and an evicted InFlight budget's leases are lost
 // (renewing one reports [ratebudget.ErrLeaseLost]). A refusal of an identity that holds
-// no budget creates none. [Limiter.Evictions] counts evictions of budgets that had not
-// expired: a count that keeps growing means the cap is too small for the traffic, or that
-// identities are being rotated. The shards, the sweep and the choice of the evicted
-// budget: docs/MEMORY.md.
+// no budget creates none. The shards, the sweep, the choice of the evicted budget and
+// how to size the cap: docs/MEMORY.md.
 type Limiter struct {
 	once   sync.Once    // sets the fields below: in New, or at the first use of a zero Limiter
 	now    func() int64 // Unix milliseconds
@@ -63,22 +67,6 @@ func WithClock(now func() time.Time) Option {
 			return &ratebudget.ConfigError{Field: "WithClock", Problem: "clock must not be nil"}
 		}
 		m.now = func() int64 { return now().UnixMilli() }
-		return nil
-	}
-}
-
-// WithSweepInterval sets how often each shard of the limiter starts dropping expired
-// state (default 10s). A sweep is spread over the calls that reach the shard, a few
-// budgets per call (docs/MEMORY.md), so a longer interval holds expired budgets longer
-// and a shorter one spends more of each call on sweeping. It must be at least one
-// millisecond, or New returns a *[ratebudget.ConfigError] naming "WithSweepInterval"; it
-// is used in whole milliseconds (a fraction is dropped).
-func WithSweepInterval(d time.Duration) Option {
-	return func(m *Limiter) error {
-		if d < time.Millisecond {
-			return &ratebudget.ConfigError{Field: "WithSweepInterval", Problem: "must be at least 1ms, got " + d.String()}
-		}
-		m.sweep = d.Milliseconds()
 		return nil
 	}
 }
@@ -121,7 +109,7 @@ func (m *Limiter) defaults() { _ = m.setup(nil) } // no option: no error
 
 // setup gives m the defaults, then applies opts, then makes its shards.
 func (m *Limiter) setup(opts []Option) error {
-	m.now, m.seed, m.sweep, m.max = monotonicClock(), maphash.MakeSeed(), 10_000, defaultMaxBudgets
+	m.now, m.seed, m.sweep, m.max = monotonicClock(), maphash.MakeSeed(), sweepInterval, defaultMaxBudgets
 	for _, o := range opts {
 		if o == nil {
 			return &ratebudget.ConfigError{Field: "Option", Problem: "must not be nil"}
@@ -156,31 +144,6 @@ func monotonicClock() func() int64 {
 	return func() int64 { return ms + time.Since(start).Milliseconds() }
 }
 
-// Len reports the number of budgets currently held, expired ones not yet swept included.
-func (m *Limiter) Len() int {
-	n := 0
-	for i := range m.shards {
-		s := &m.shards[i]
-		s.mu.Lock()
-		n += s.n
-		s.mu.Unlock()
-	}
-	return n
-}
-
-// Evictions reports the number of budgets dropped at the cap ([WithMaxBudgets]) before
-// their state expired, since the limiter was made.
-func (m *Limiter) Evictions() uint64 {
-	var n uint64
-	for i := range m.shards {
-		s := &m.shards[i]
-		s.mu.Lock()
-		n += s.evictions
-		s.mu.Unlock()
-	}
-	return n
-}
-
 // Allow decides all checks at once, all-or-nothing. It returns an error only for invalid
 // checks; the context is not consulted (a decision takes no I/O): a context already
 // canceled is decided, and spent, as any other, where the Redis limiter sends nothing
@@ -190,8 +153,10 @@ func (m *Limiter) Allow(_ context.Context, checks []ratebudget.Check) (ratebudge
 	return m.allow(checks, nil, nil)
 }
 
-// AllowEach decides as Allow does and sets outcomes[i] to checks[i]'s outcome
-// ([ratebudget.Reporter]). outcomes must have len(checks) elements.
+// AllowEach decides as Allow does and sets outcomes[i] to checks[i]'s outcome, as
+// "Reporting every check" in [ratebudget] says: an outcome describes its budget right
+// after the decision (before the cost, in a refused decision). outcomes must have
+// len(checks) elements.
 func (m *Limiter) AllowEach(_ context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error) {
 	if err := argcheck.Outcomes(len(checks), len(outcomes)); err != nil {
 		return ratebudget.Decision{}, err
@@ -207,7 +172,7 @@ func (m *Limiter) Reserve(_ context.Context, checks []ratebudget.Check, tickets 
 	// Zero first, so that an invalid call, too, leaves nothing to settle.
 	clear(tickets[:min(len(tickets), len(checks))])
 	if len(tickets) < len(checks) {
-		if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
+		if err := argcheck.Settle(checks, tickets, nil); err != nil {
 			return ratebudget.Decision{}, err
 		}
 	}

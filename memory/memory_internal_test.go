@@ -453,7 +453,7 @@ func TestCapEvictedLeases(t *testing.T) {
 
 // TestSweepAfterClockWentBack: a clock (WithClock) that jumped forward and came back does
 // not stop the sweep until it reaches the far time again: state that expires after the
-// clock came back is dropped a sweep interval later, as WithSweepInterval says.
+// clock came back is dropped a sweep interval later, as docs/MEMORY.md says.
 func TestSweepAfterClockWentBack(t *testing.T) {
 	const sweep = 100 * time.Millisecond
 	m, clk := newTestMemory(t, WithSweepInterval(sweep))

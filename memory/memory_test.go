@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/israce"
 	"github.com/ratebudget/ratebudget/internal/timerule"
@@ -89,7 +90,7 @@ func TestMemorySweepChangesNothing(t *testing.T) {
 	var rules []ratebudget.Rule
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow} {
 		for i, w := range []time.Duration{5 * ms, 20 * ms, 80 * ms} {
-			r := ratebudget.Rule{Name: fmt.Sprintf("%v-%d", alg, i), Algorithm: alg, Limit: int64(2 + 2*i), Window: w}
+			r := ratebudget.Rule{Name: fmt.Sprintf("%s-%d", algname.Of(alg), i), Algorithm: alg, Limit: int64(2 + 2*i), Window: w}
 			if alg == ratebudget.TokenBucket && i == 1 {
 				r.Burst = 9
 			}

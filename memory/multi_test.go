@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 	"github.com/ratebudget/ratebudget/memory"
 )
@@ -68,7 +69,7 @@ func TestAllOrNothing(t *testing.T) {
 			for n, wantRem := range []int64{1, 0} {
 				d := allow(t, m, checks...)
 				want := ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: true, Remaining: wantRem, ResetAfter: resets[n]},
-					Rule: "global", Index: indexOf["global"], Limit: 2, Window: time.Second}
+					Rule: "global", Index: indexOf["global"], Limit: 2}
 				if d != want {
 					t.Fatalf("admission %d: got %+v, want %+v", n, d, want)
 				}
@@ -81,7 +82,7 @@ func TestAllOrNothing(t *testing.T) {
 			}
 			d := allow(t, m, checks...)
 			want := ratebudget.Decision{Outcome: ratebudget.Outcome{Remaining: 0, ResetAfter: 800 * ms, RetryAfter: 300 * ms},
-				Rule: "global", Index: indexOf["global"], Limit: 2, Window: time.Second}
+				Rule: "global", Index: indexOf["global"], Limit: 2}
 			if d != want {
 				t.Fatalf("refusal: got %+v, want %+v", d, want)
 			}
@@ -172,7 +173,7 @@ func TestReportedRule(t *testing.T) {
 		m, _ := newMemory(t)
 		allow(t, m, ratebudget.Check{Rule: slow, Cost: 1})
 		d := allow(t, m, ratebudget.Check{Rule: slow, Cost: 1}, ratebudget.Check{Rule: fast, Cost: 2})
-		want := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true, Remaining: 1}, Rule: "fast", Index: 1, Limit: 1, Window: 100 * ms}
+		want := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true, Remaining: 1}, Rule: "fast", Index: 1, Limit: 1}
 		if d != want {
 			t.Fatalf("got %+v, want %+v", d, want)
 		}
@@ -201,7 +202,7 @@ func TestReportedRule(t *testing.T) {
 		for _, order := range [][2]ratebudget.Rule{{long, short}, {short, long}} {
 			m, _ := newMemory(t)
 			d := allow(t, m, ratebudget.Check{Rule: order[0], Cost: 2}, ratebudget.Check{Rule: order[1], Cost: 2})
-			if !d.Allowed || d.Rule != "long" || d.Remaining != 3 || d.ResetAfter != time.Minute || d.Window != time.Minute {
+			if !d.Allowed || d.Rule != "long" || d.Remaining != 3 || d.ResetAfter != time.Minute || order[d.Index].Window != time.Minute {
 				t.Fatalf("%s,%s: got %+v", order[0].Name, order[1].Name, d)
 			}
 		}
@@ -223,7 +224,7 @@ func TestCombine(t *testing.T) {
 	dec := func(allowed, exceeded bool, i int, rem int64, reset, retry time.Duration) ratebudget.Decision {
 		r := checks[i].Rule
 		return ratebudget.Decision{Outcome: ratebudget.Outcome{Allowed: allowed, Exceeded: exceeded, Remaining: rem, ResetAfter: reset, RetryAfter: retry},
-			Rule: r.Name, Index: i, Limit: timerule.Capacity(&r), Window: r.Window}
+			Rule: r.Name, Index: i, Limit: timerule.Capacity(&r)}
 	}
 	tests := []struct {
 		name     string
@@ -315,7 +316,7 @@ func TestManyChecks(t *testing.T) {
 }
 
 func algorithmRule(a ratebudget.Algorithm, limit int64) ratebudget.Rule {
-	return ratebudget.Rule{Name: a.String(), Algorithm: a, Limit: limit, Window: time.Minute}
+	return ratebudget.Rule{Name: algname.Of(a), Algorithm: a, Limit: limit, Window: time.Minute}
 }
 
 // TestRefusedOutcomesUnspent: in a decision that another check refused, a check that

@@ -4,17 +4,18 @@ import (
 	"context"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/argcheck"
 )
 
-var _ ratebudget.Settler = (*Limiter)(nil)
-
-// Settle adjusts the spend of a decision admitted by [Limiter.Reserve] to the actual costs,
-// as [ratebudget.Settler] describes, exactly and atomically for all checks: the shards of every
-// check are locked at once. costs nil cancels every check. It returns an error only for
-// invalid arguments; the context is not consulted.
+// Settle adjusts the spend of a decision admitted by [Limiter.Reserve] to the actual
+// costs, as "Settling a decision" in [ratebudget] describes, exactly and atomically for
+// all checks: the shards of every check are locked at once. checks and tickets are those
+// of Reserve; costs[i] (0 to 2^40) is check i's actual cost, and nil costs cancel every
+// check. It clears the tickets it settles. It returns an error only for invalid arguments
+// (a *[ratebudget.ConfigError]); the context is not consulted.
 func (m *Limiter) Settle(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error {
 	m.ready()
-	if err := ratebudget.ValidateSettle(checks, tickets, costs); err != nil {
+	if err := argcheck.Settle(checks, tickets, costs); err != nil {
 		return err
 	}
 	m.each(checks, tickets, func(s *memShard, i int, b *budget, now int64) *budget {
@@ -48,11 +49,12 @@ func (m *Limiter) Settle(_ context.Context, checks []ratebudget.Check, tickets [
 }
 
 // Renew extends every InFlight lease of a decision admitted by [Limiter.Reserve] to its
-// rule's Window from now, as [ratebudget.Settler] describes; it reports [ratebudget.ErrLeaseLost] when a lease
-// had expired. It returns no other error than for invalid arguments.
+// rule's Window from now, as "Settling a decision" in [ratebudget] describes; it reports
+// [ratebudget.ErrLeaseLost] when a lease had expired (the others are renewed). It returns
+// no other error than for invalid arguments.
 func (m *Limiter) Renew(_ context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket) error {
 	m.ready()
-	if err := ratebudget.ValidateSettle(checks, tickets, nil); err != nil {
+	if err := argcheck.Settle(checks, tickets, nil); err != nil {
 		return err
 	}
 	lost := false

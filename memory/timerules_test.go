@@ -42,9 +42,9 @@ func runSteps(t *testing.T, r ratebudget.Rule, steps []step) {
 				got.allowed, got.remaining, got.reset, got.retry, got.exceeded,
 				s.allowed, s.remaining, s.reset, s.retry, s.exceeded)
 		}
-		if d.Rule != r.Name || d.Index != 0 || d.Limit != timerule.Capacity(&r) || d.Window != r.Window {
-			t.Errorf("step %d: reported rule %q index %d limit %d window %v, want %q 0 %d %v",
-				i, d.Rule, d.Index, d.Limit, d.Window, r.Name, timerule.Capacity(&r), r.Window)
+		if d.Rule != r.Name || d.Index != 0 || d.Limit != timerule.Capacity(&r) {
+			t.Errorf("step %d: reported rule %q index %d limit %d, want %q 0 %d",
+				i, d.Rule, d.Index, d.Limit, r.Name, timerule.Capacity(&r))
 		}
 	}
 }
@@ -196,7 +196,7 @@ func TestExceededSpendsNothing(t *testing.T) {
 				capacity := timerule.Capacity(&r)
 				for _, cost := range []int64{capacity + 1, 2 * capacity, bound.MaxLimit} {
 					d := allow(t, m, ratebudget.Check{Rule: r, Cost: cost})
-					want := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true, Remaining: capacity}, Rule: "r", Limit: capacity, Window: time.Second}
+					want := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true, Remaining: capacity}, Rule: "r", Limit: capacity}
 					if d != want {
 						t.Fatalf("fresh, cost %d: got %+v, want %+v", cost, d, want)
 					}

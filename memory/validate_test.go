@@ -78,14 +78,11 @@ func TestNewOptions(t *testing.T) {
 	}{
 		{"none", nil, ""},
 		{"clock", []memory.Option{memory.WithClock(time.Now)}, ""},
-		{"sweep 1ms", []memory.Option{memory.WithSweepInterval(time.Millisecond)}, ""},
-		{"sweep 1h", []memory.Option{memory.WithSweepInterval(time.Hour)}, ""},
+		{"max budgets 64", []memory.Option{memory.WithMaxBudgets(64)}, ""},
 		{"nil clock", []memory.Option{memory.WithClock(nil)}, "WithClock"},
-		{"sweep zero", []memory.Option{memory.WithSweepInterval(0)}, "WithSweepInterval"},
-		{"sweep negative", []memory.Option{memory.WithSweepInterval(-time.Second)}, "WithSweepInterval"},
-		{"sweep below 1ms", []memory.Option{memory.WithSweepInterval(999 * time.Microsecond)}, "WithSweepInterval"},
+		{"max budgets 63", []memory.Option{memory.WithMaxBudgets(63)}, "WithMaxBudgets"},
 		{"nil option", []memory.Option{memory.WithClock(time.Now), nil}, "Option"},
-		{"first error wins", []memory.Option{memory.WithSweepInterval(0), memory.WithClock(nil)}, "WithSweepInterval"},
+		{"first error wins", []memory.Option{memory.WithMaxBudgets(0), memory.WithClock(nil)}, "WithMaxBudgets"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -87,7 +87,7 @@ func (m *mw) decideEach(ctx context.Context, checks []ratebudget.Check, out []ra
 	return d, out, lat, nil
 }
 
-// reserveEach is decideEach through Settler.Reserve: tickets receives each check's
+// reserveEach is decideEach through the settler's Reserve: tickets receives each check's
 // ticket.
 func (m *mw) reserveEach(ctx context.Context, checks []ratebudget.Check, out []ratebudget.Outcome, tickets []ratebudget.Ticket) (ratebudget.Decision, []ratebudget.Outcome, time.Duration, error) {
 	d, lat, err := m.decideWith(ctx, func(ctx context.Context) (ratebudget.Decision, error) {

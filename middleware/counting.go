@@ -15,7 +15,8 @@ import (
 // Counting is a rule's counting contract: what an admitted request is charged, and when
 // that is known. Every contract but attempts reserves a cost when the request is
 // admitted and settles it once the handler has returned (also when it panics, and when
-// the client has gone away), through ratebudget.Settler:
+// the client has gone away), through the limiter's Reserve and Settle ("Settling a
+// decision" in package ratebudget):
 //
 //	contract                  reserved at admission         settled when the handler returns
 //	attempts (zero value)     the layer's cost (WithCost)   never: every admitted attempt counts
@@ -26,7 +27,7 @@ import (
 //	CountResponseBytes        an estimate                   the body bytes the handler wrote (none for HEAD)
 //
 // A settled cost above the reserved one spends the difference without refusing it: the
-// budget goes into debt and the next requests wait (see ratebudget.Settler). A handler
+// budget goes into debt and the next requests wait. A handler
 // that panics is treated as a response with status 500, unless it panics with
 // http.ErrAbortHandler after it wrote its status: that response was cut short, not
 // failed, and keeps its status (httputil.ReverseProxy aborts so when the client goes

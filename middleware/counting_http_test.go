@@ -19,12 +19,13 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/bound"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
 // spent reports how much of rule's global budget is spent, by a probe: a reservation of
 // one unit, whose Remaining tells, given back at once.
-func spent(t *testing.T, lim ratebudget.Settler, rule ratebudget.Rule) int64 {
+func spent(t *testing.T, lim limitertest.Settler, rule ratebudget.Rule) int64 {
 	t.Helper()
 	checks := []ratebudget.Check{{Rule: rule, Identity: globalID, Cost: 1}}
 	tickets := make([]ratebudget.Ticket, 1)

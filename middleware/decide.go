@@ -275,10 +275,10 @@ func (st *stack) giveBack(ctx context.Context) {
 // decideGroups decides, into v, a stack whose layers use different limiters: one
 // all-or-nothing call per limiter, in the order the layers were mounted (outermost
 // first). A group's refusal stops the walk: later groups spend nothing; earlier groups'
-// spend is given back (by decideStack) when their limiter implements ratebudget.Settler
-// (it was reserved), and stays spent otherwise. A group's store failure under fail-open
-// or local fallback is decided by that policy (see tolerate) and the walk goes on, so
-// that the other limiters' rules still apply; v's failed and error are then the last
+// spend is given back (by decideStack) when their limiter can settle (it was reserved),
+// and stays spent otherwise. A group's store failure under fail-open or local fallback
+// is decided by that policy (see tolerate) and the walk goes on, so that the other
+// limiters' rules still apply; v's failed and error are then the last
 // failure. Any other failure (fail-closed, a configuration error, a canceled request)
 // stops the walk with the earlier groups' reservations standing: decideStack answers
 // it. The decision reported is the refusing group's, or when all admit the most
@@ -557,7 +557,7 @@ func decideShadow(ctx context.Context, st *stack) (shadow ratebudget.Decision, l
 // addTarget records a reserved decision to settle once the handler returns. checks must
 // stay valid until then (the stack's own, or a copy), and so must st.parts, whose layers'
 // observers see a failure to settle it.
-func (st *stack) addTarget(m *mw, s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule) {
+func (st *stack) addTarget(m *mw, s settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, rules []*compiledRule) {
 	if st.settle == nil {
 		st.settle = &settlement{req: st.req, mark: st.mark, parts: st.parts}
 	}

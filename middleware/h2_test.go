@@ -16,6 +16,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/bound"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
@@ -23,7 +24,7 @@ import (
 )
 
 // spentBy is spent for identity id.
-func spentBy(t *testing.T, lim ratebudget.Settler, rule ratebudget.Rule, id string) int64 {
+func spentBy(t *testing.T, lim limitertest.Settler, rule ratebudget.Rule, id string) int64 {
 	t.Helper()
 	checks := []ratebudget.Check{{Rule: rule, Identity: id, Cost: 1}}
 	tickets := make([]ratebudget.Ticket, 1)
@@ -84,9 +85,9 @@ func h2Server(t *testing.T, h http.Handler, clear bool) (url string, client *htt
 func TestStreamsOfOneConnection(t *testing.T) {
 	t.Parallel()
 	const n, k = 24, 5
-	limiters := map[string]func(t *testing.T) ratebudget.Settler{
-		"memory": func(t *testing.T) ratebudget.Settler { return newMemory(t, newClock()) },
-		"redis": func(t *testing.T) ratebudget.Settler {
+	limiters := map[string]func(t *testing.T) limitertest.Settler{
+		"memory": func(t *testing.T) limitertest.Settler { return newMemory(t, newClock()) },
+		"redis": func(t *testing.T) limitertest.Settler {
 			lim, err := lua.New(redistest.Start(t).Client(t), lua.WithPrefix("streams"))
 			if err != nil {
 				t.Fatal(err)
@@ -188,12 +189,12 @@ func TestStreamsOfOneConnection(t *testing.T) {
 
 // every contract at once, for the client-gone tests: what each rule is charged.
 type contracts struct {
-	lim                               ratebudget.Settler
+	lim                               limitertest.Settler
 	attempts, successes, in, out, hdr ratebudget.Rule
 	slots                             ratebudget.Rule
 }
 
-func newContracts(t *testing.T, lim ratebudget.Settler) (*contracts, func(http.Handler) http.Handler) {
+func newContracts(t *testing.T, lim limitertest.Settler) (*contracts, func(http.Handler) http.Handler) {
 	c := &contracts{
 		lim:       lim,
 		attempts:  rule("attempts", 10, time.Minute),
@@ -214,16 +215,16 @@ func newContracts(t *testing.T, lim ratebudget.Settler) (*contracts, func(http.H
 }
 
 // limiters runs f on Memory and on the Redis limiter.
-func limiters(t *testing.T, f func(t *testing.T, lim func() ratebudget.Settler)) {
+func limiters(t *testing.T, f func(t *testing.T, lim func() limitertest.Settler)) {
 	t.Run("memory", func(t *testing.T) {
 		t.Parallel()
-		f(t, func() ratebudget.Settler { return newMemory(t, newClock()) })
+		f(t, func() limitertest.Settler { return newMemory(t, newClock()) })
 	})
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
 		client := redistest.Start(t).Client(t)
 		var n atomic.Int64
-		f(t, func() ratebudget.Settler {
+		f(t, func() limitertest.Settler {
 			lim, err := lua.New(client, lua.WithPrefix(fmt.Sprint("gone", n.Add(1))))
 			if err != nil {
 				t.Fatal(err)
@@ -250,7 +251,7 @@ func (c *contracts) check(t *testing.T, what string, attempts, successes, in, ou
 // given what the handler saw, and the lease is released.
 func TestClientGoneMidRequestBody(t *testing.T) {
 	t.Parallel()
-	limiters(t, func(t *testing.T, newLim func() ratebudget.Settler) {
+	limiters(t, func(t *testing.T, newLim func() limitertest.Settler) {
 		protos(t, func(t *testing.T, h2 bool) {
 			for _, length := range []int64{-1, 1 << 20} {
 				c, limit := newContracts(t, newLim())
@@ -315,7 +316,7 @@ func TestClientGoneMidRequestBody(t *testing.T) {
 // released.
 func TestClientGoneMidResponseBody(t *testing.T) {
 	t.Parallel()
-	limiters(t, func(t *testing.T, newLim func() ratebudget.Settler) {
+	limiters(t, func(t *testing.T, newLim func() limitertest.Settler) {
 		protos(t, func(t *testing.T, h2 bool) {
 			for _, how := range []string{"write", "flush", "readfrom"} {
 				c, limit := newContracts(t, newLim())

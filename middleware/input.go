@@ -8,6 +8,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/keyreason"
 	"github.com/ratebudget/ratebudget/internal/meta"
 	"github.com/ratebudget/ratebudget/internal/problem"
@@ -119,14 +120,14 @@ func (m *mw) invalid(w http.ResponseWriter, r *http.Request, st *stack, err *Inp
 // the outer layers' checks only; index is cr's check's index in the decision, as the
 // limiter's decisions count checks.
 func (m *mw) exceeded(w http.ResponseWriter, r *http.Request, st *stack, cost int64, cr *compiledRule, index int) {
-	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit, Window: cr.rule.Window}
+	d := ratebudget.Decision{Outcome: ratebudget.Outcome{Exceeded: true}, Rule: cr.rule.Name, Index: index, Limit: cr.limit}
 	observeOuter(st, m, &Event{Request: r, Result: Exceeded, Decision: d})
 	if m.cfg.onRefusal != nil {
 		presetRefusal(w.Header(), &d)
 		m.cfg.onRefusal(w, r, d)
 		return
 	}
-	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: d.Window, Plan: cr.plan}}, 0, cost)
+	meta.WriteCostExceeded(w, r, headers.None, []meta.Info{{Policy: d.Rule, Limit: d.Limit, Window: cr.rule.Window, Plan: cr.plan}}, 0, cost)
 }
 
 // checksBefore is the index in the decision of the check of m's rule i, a rule without
@@ -180,7 +181,7 @@ func (m *mw) conflict(w http.ResponseWriter, r *http.Request, st *stack, outer, 
 func differs(a, b *compiledRule) (field, av, bv string) {
 	switch x, y := &a.rule, &b.rule; {
 	case x.Algorithm != y.Algorithm:
-		return "Algorithm", x.Algorithm.String(), y.Algorithm.String()
+		return "Algorithm", algname.Of(x.Algorithm), algname.Of(y.Algorithm)
 	case x.Limit != y.Limit:
 		return "Limit", strconv.FormatInt(x.Limit, 10), strconv.FormatInt(y.Limit, 10)
 	case x.Window != y.Window:
@@ -193,7 +194,7 @@ func differs(a, b *compiledRule) (field, av, bv string) {
 
 // definition describes the budget cr defines, for a log line.
 func definition(cr *compiledRule) string {
-	return "Algorithm " + cr.rule.Algorithm.String() + ", Limit " + strconv.FormatInt(cr.rule.Limit, 10) + ", Window " + cr.rule.Window.String() +
+	return "Algorithm " + algname.Of(cr.rule.Algorithm) + ", Limit " + strconv.FormatInt(cr.rule.Limit, 10) + ", Window " + cr.rule.Window.String() +
 		", Burst " + strconv.FormatInt(cr.rule.Burst, 10) + ", Counts " + cr.counts.kind.String()
 }
 

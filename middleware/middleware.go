@@ -55,17 +55,17 @@
 // anything is spent, its event is Invalid with a *ratebudget.ConfigError naming the
 // field, and the first is logged with both definitions.
 //
-// Layers on different limiters (one in process, one on Redis) cannot decide in one call: they
-// decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops the
-// walk, so later limiters spend nothing; earlier limiters' spend is given back when they
-// implement ratebudget.Settler (their decisions are then reserved), and stays spent
-// otherwise. On a store failure the strictest policy of the
-// failed limiter's layers applies (fail-closed, then local fallback, then fail-open; a
-// layer whose rules are all in shadow mode has no say); under fail-open and local fallback
-// the other limiters still decide their layers' rules, and a refusal gives back the
-// local fallback's spend too. An admission with a limiter failed under fail-open is
-// Degraded, without metadata, even when a local fallback decided another failed
-// limiter's layers (Event.Fallback is then set too).
+// Layers on different limiters (one in process, one on Redis) cannot decide in one call:
+// they decide limiter by limiter, outermost first, each all-or-nothing. A refusal stops
+// the walk, so later limiters spend nothing; earlier limiters' spend is given back when
+// they can settle (their decisions are then reserved: memory.Limiter and lua.Limiter can,
+// see "Settling a decision" in package ratebudget), and stays spent otherwise. On a store
+// failure the strictest policy of the failed limiter's layers applies (fail-closed, then
+// local fallback, then fail-open; a layer whose rules are all in shadow mode has no say);
+// under fail-open and local fallback the other limiters still decide their layers' rules,
+// and a refusal gives back the local fallback's spend too. An admission with a limiter
+// failed under fail-open is Degraded, without metadata, even when a local fallback
+// decided another failed limiter's layers (Event.Fallback is then set too).
 //
 // # Failure handling
 //
@@ -134,8 +134,8 @@ type Rule struct {
 	Scope func(*http.Request) (string, error)
 	// Counts is what an admitted request is charged under this rule (see [Counting]).
 	// The zero value counts every admitted attempt at the layer's cost ([WithCost]).
-	// Contracts other than attempts, and InFlight rules, need a limiter that implements
-	// ratebudget.Settler.
+	// Contracts other than attempts, and InFlight rules, need a limiter that can settle
+	// its decisions (Reserve, Settle and Renew, as memory.Limiter and lua.Limiter have).
 	Counts Counting
 	// Shadow decides and observes the rule without enforcing it: its budget is spent as
 	// it would be if it were enforced, events report what it would have refused
@@ -179,8 +179,8 @@ type mw struct {
 	minCap   int // index of the rule with the smallest capacity
 	fallback *memory.Limiter
 	breaker  *breaker
-	each     ratebudget.Reporter // the limiter, when it reports every check's outcome
-	settler  ratebudget.Settler  // the limiter, when its decisions can be settled
+	each     reporter // the limiter, when it reports every check's outcome
+	settler  settler  // the limiter, when its decisions can be settled
 	// settles is set when a rule's checks must be settled once the handler returns;
 	// layerCost when a rule without plans is charged the layer's cost (minCap is then
 	// among those); planned when a rule has plans.
@@ -202,8 +202,8 @@ type mw struct {
 // Rules and options are validated here; an invalid one returns a *ratebudget.ConfigError
 // naming the field or option (a rule without a name by its index, "rules[1]"; a plan's
 // field by the rule's name and the plan's index, "Plans[1].Limit"), and so does a
-// limiter that cannot serve the rules (field "limiter": one that is not a
-// ratebudget.Settler for rules that settle).
+// limiter that cannot serve the rules (field "limiter": one that cannot settle, for
+// rules that settle).
 //
 // The middleware, and every handler it wraps, is safe for concurrent use. The functions
 // it is given (the rules' Identity and Scope, WithCost, the Counting callbacks, the
@@ -317,13 +317,13 @@ func (m *mw) index() {
 	}
 }
 
-// use sets how m asks lim: through its optional interfaces (Settler, Reporter, Ping,
-// InProcess), under a deadline and a breaker when it does I/O, with a local fallback
+// use sets how m asks lim: through its optional interfaces (settler, reporter, pinger,
+// inProcess), under a deadline and a breaker when it does I/O, with a local fallback
 // under that policy. The rules and the configuration must be set.
 func (m *mw) use(lim ratebudget.Limiter) error {
-	m.settler, _ = lim.(ratebudget.Settler)
+	m.settler, _ = lim.(settler)
 	if m.settles && m.settler == nil {
-		return configErr("limiter", "must implement ratebudget.Settler for rules that count other than attempts or that are InFlight")
+		return configErr("limiter", "must have the methods Reserve, Settle and Renew (as memory.Limiter and lua.Limiter have) for rules that count other than attempts or that are InFlight")
 	}
 	ip, ok := lim.(inProcess)
 	m.io = !ok || !ip.InProcess()
@@ -346,7 +346,7 @@ func (m *mw) use(lim ratebudget.Limiter) error {
 		// limiter may answer Allow more cheaply (the lua limiter's refusal cache repeats
 		// a refusal to any request that names the refused budget, but its outcomes only
 		// to the same checks).
-		m.each, _ = lim.(ratebudget.Reporter)
+		m.each, _ = lim.(reporter)
 	}
 	m.limKey = lim
 	if !reflect.TypeOf(lim).Comparable() {
@@ -358,3 +358,19 @@ func (m *mw) use(lim ratebudget.Limiter) error {
 // inProcess is implemented by limiters that decide without I/O (memory.Limiter): they
 // get no per-decision deadline and no circuit breaker.
 type inProcess interface{ InProcess() bool }
+
+// reporter is implemented by limiters that report every check's outcome, as "Reporting
+// every check" in package ratebudget says (memory.Limiter and lua.Limiter do).
+type reporter interface {
+	AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error)
+}
+
+// settler is implemented by limiters whose decisions can be reserved, then settled and
+// their leases renewed, as "Settling a decision" in package ratebudget says
+// (memory.Limiter and lua.Limiter do).
+type settler interface {
+	ratebudget.Limiter
+	Reserve(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, outcomes []ratebudget.Outcome) (ratebudget.Decision, error)
+	Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error
+	Renew(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket) error
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/middleware"
 )
 
@@ -18,7 +19,7 @@ import (
 // go-redis hook, which the lua limiter's Renew runs), or with fail set returns an error
 // (whose observer then panics). renewed is closed after the first armed Renew.
 type panicRenewer struct {
-	ratebudget.Settler
+	limitertest.Settler
 	armed   chan struct{}
 	fail    bool
 	once    sync.Once

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/budgetkey"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
@@ -19,7 +20,7 @@ import (
 // once the test closes its proceed; otherwise it runs at once. Its error is sent on
 // renewed, when that has room.
 type renewGate struct {
-	ratebudget.Settler
+	limitertest.Settler
 	held    chan *heldRenew // unbuffered; nil: never held
 	renewed chan error      // nil: not reported
 }

@@ -102,7 +102,7 @@ func (st *stack) partOf(i int) *part {
 // spend, into the state of the budgets once the middleware gave that spend back (a
 // later limiter of a stacked decision refused), as timerule.GivenBack estimates it. A
 // limiter's own refusal needs no such turn: it spends nothing, and reports so (see
-// ratebudget.Reporter).
+// "Reporting every check" in package ratebudget).
 func givenBack(checks []ratebudget.Check, outcomes []ratebudget.Outcome) {
 	for i := range outcomes {
 		if i < len(checks) {

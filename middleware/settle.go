@@ -34,7 +34,7 @@ type settlement struct {
 
 // target is one reserved decision: its checks, tickets and each check's rule.
 type target struct {
-	s       ratebudget.Settler
+	s       settler
 	m       *mw // whose timeout bounds the settle
 	checks  []ratebudget.Check
 	tickets []ratebudget.Ticket

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/problem"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/keyfuncs"
@@ -161,7 +162,7 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 					t.Errorf("RateLimit-Policy %s, want both rules", got)
 				}
 				if !x {
-					if _, each := lim.(ratebudget.Reporter); each {
+					if _, each := lim.(limitertest.Reporter); each {
 						if got := rec.Header().Get("RateLimit"); got != `"outer";r=4;t=60, "inner";r=0;t=60` && got != `"outer";r=4;t=59, "inner";r=0;t=59` {
 							t.Errorf("RateLimit %s, want both rules", got)
 						}
@@ -176,7 +177,7 @@ func stackSuite(t *testing.T, newLimiter func(*testing.T) ratebudget.Limiter) {
 					}
 					// The refusal spent nothing: outer still has 4 of 5, as the next
 					// admission will show, not 3.
-					if _, each := lim.(ratebudget.Reporter); each && !x {
+					if _, each := lim.(limitertest.Reporter); each && !x {
 						if got := rec.Header().Get("RateLimit"); !strings.HasPrefix(got, `"outer";r=4;t=`) {
 							t.Errorf("refusal %d: RateLimit %s, want outer's 4 left", i, got)
 						}

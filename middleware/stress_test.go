@@ -13,6 +13,7 @@ import (
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/internal/budgetkey"
+	"github.com/ratebudget/ratebudget/internal/limitertest"
 	"github.com/ratebudget/ratebudget/internal/redistest"
 	"github.com/ratebudget/ratebudget/lua"
 	"github.com/ratebudget/ratebudget/middleware"
@@ -134,7 +135,7 @@ func TestStressInFlightLeasesRedis(t *testing.T) {
 
 // freeSlots reports how many of r's slots are free for the global identity, holding
 // none of them afterwards.
-func freeSlots(t *testing.T, lim ratebudget.Settler, r ratebudget.Rule) int64 {
+func freeSlots(t *testing.T, lim limitertest.Settler, r ratebudget.Rule) int64 {
 	t.Helper()
 	checks := []ratebudget.Check{{Rule: r, Identity: globalID, Cost: 1}}
 	var held [][]ratebudget.Ticket

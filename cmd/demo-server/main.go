@@ -98,6 +98,7 @@ type options struct {
 	limit          int64
 	window         time.Duration
 	algorithm      ratebudget.Algorithm
+	algorithmName  string // -algorithm: "fixed", "token" or "rolling"
 	style          headers.Style
 	redisURL       string
 	storeError     string // -store-error: "closed", "open" or "local"
@@ -261,12 +262,13 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if _, err = memory.New(memory.WithMaxBudgets(o.maxBudgets)); err != nil {
 		return o, fmt.Errorf("-max-budgets: %w", err)
 	}
-	if o.algorithm, ok = parseEnum(*algo, ratebudget.FixedWindow, ratebudget.InFlight); !ok {
-		return o, fmt.Errorf("-algorithm: unknown algorithm %q (want fixed, token or rolling)", *algo)
-	}
-	if o.algorithm == ratebudget.InFlight {
+	if *algo == "inflight" {
 		return o, fmt.Errorf("-algorithm: inflight limits requests running at once, not a rate: use -inflight for /api/slow")
 	}
+	if o.algorithm, ok = algorithms[*algo]; !ok {
+		return o, fmt.Errorf("-algorithm: unknown algorithm %q (want fixed, token or rolling)", *algo)
+	}
+	o.algorithmName = *algo
 	// The rules the flags make, checked here so that an error names the flags; the
 	// route-wide report-route (5×-limit) is the largest of the -limit rules.
 	for _, c := range []struct {
@@ -305,17 +307,11 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	return o, nil
 }
 
-// parseEnum returns the value from first to last whose String is s.
-func parseEnum[E interface {
-	~uint8
-	String() string
-}](s string, first, last E) (E, bool) {
-	for v := first; v <= last; v++ {
-		if v.String() == s {
-			return v, true
-		}
-	}
-	return 0, false
+// algorithms are the time rules of the -algorithm flag, by name.
+var algorithms = map[string]ratebudget.Algorithm{
+	"fixed":   ratebudget.FixedWindow,
+	"token":   ratebudget.TokenBucket,
+	"rolling": ratebudget.RollingWindow,
 }
 
 // flagError names the flag behind a rule's invalid field: limitFlag for its Limit,
@@ -368,7 +364,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	if o.redisURL != "" {
 		store = "redis"
 	}
-	log.Info("listening", "addr", ln.Addr().String(), "store", store, "limit", o.limit, "window", o.window, "algorithm", o.algorithm.String())
+	log.Info("listening", "addr", ln.Addr().String(), "store", store, "limit", o.limit, "window", o.window, "algorithm", o.algorithmName)
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -427,33 +423,17 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger, pol *policy
 	m := metrics.New()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m, collectors.NewGoCollector())
-	if mem, ok := lim.(*memory.Limiter); ok {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "ratebudget_memory_evictions_total",
-			Help: "Budgets the in-process limiter evicted at its -max-budgets cap before their windows ended.",
-		}, func() float64 { return float64(mem.Evictions()) }))
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "ratebudget_memory_budgets",
-			Help: "Budgets the in-process limiter holds, expired ones not yet swept included.",
-		}, func() float64 { return float64(mem.Len()) }))
-	}
 	if rl, ok := lim.(*lua.Limiter); ok {
 		// Voids of reservations whose decision was lost, and settles re-sent after a
-		// failure (see lua.RepairStats).
-		for _, c := range []struct {
-			name, help string
-			get        func(lua.RepairStats) uint64
-		}{
-			{"ratebudget_repairs_queued_total", "Voids of reservations whose decision was lost, and settles that failed, taken on to be sent again off the request path.", func(s lua.RepairStats) uint64 { return s.Queued }},
-			{"ratebudget_repairs_landed_total", "Voids and re-sent settles the store answered: applied once, or found applied.", func(s lua.RepairStats) uint64 { return s.Landed }},
-			{"ratebudget_repairs_dropped_total", "Voids and re-sent settles given up (queue full, a minute without an answer, or refused): their spend stays, an overcount.", func(s lua.RepairStats) uint64 { return s.Dropped }},
-		} {
-			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: c.name, Help: c.help}, func() float64 { return float64(c.get(rl.Repairs())) }))
-		}
+		// failure (see lua.Limiter.Repairs).
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "ratebudget_repairs_dropped_total",
+			Help: "Voids and re-sent settles given up (queue full, a minute without an answer, or refused): their spend stays, an overcount.",
+		}, func() float64 { _, dropped := rl.Repairs(); return float64(dropped) }))
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "ratebudget_repairs_pending",
 			Help: "Voids and re-sent settles waiting to be sent or in flight.",
-		}, func() float64 { return float64(rl.Repairs().Pending) }))
+		}, func() float64 { pending, _ := rl.Repairs(); return float64(pending) }))
 	}
 	common := []middleware.Option{
 		middleware.WithHeaders(o.style),
@@ -503,9 +483,11 @@ func newHandler(o options, lim ratebudget.Limiter, log *slog.Logger, pol *policy
 	}
 
 	// Routes whose budgets are settled once the handler returns: they need a store that
-	// can settle decisions (ratebudget.Settler).
+	// can settle decisions ("Settling a decision" in package ratebudget).
 	slow, flaky, download := notSettled, notSettled, notSettled
-	if _, ok := lim.(ratebudget.Settler); ok || o.noLimit {
+	if _, ok := lim.(interface {
+		Settle(context.Context, []ratebudget.Check, []ratebudget.Ticket, []int64) error
+	}); ok || o.noLimit {
 		if slow, err = mk([]middleware.Rule{{Rule: ratebudget.Rule{Name: "slow", Algorithm: ratebudget.InFlight, Limit: o.inflight, Window: o.leaseTTL}, Identity: clientIP}}); err != nil {
 			return nil, err
 		}
@@ -693,7 +675,7 @@ func guide(o options) http.HandlerFunc {
 	if o.noLimit {
 		b.WriteString("ratebudget demo with -no-limit: no route is limited; these are the budgets the routes would have\n\n")
 	} else {
-		fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", o.algorithm, o.window)
+		fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", o.algorithmName, o.window)
 	}
 	for _, r := range rows {
 		if r.rule == "" {

@@ -46,10 +46,10 @@ for trial in $(seq "$trials"); do
 	after=$(for _ in $(seq 25); do curl -s -o /dev/null -w '%{http_code}\n' "http://127.0.0.1:$hport/api/flaky?status=200"; done | sort | uniq -c | awk '{printf "%s x %s, ", $1, $2}')
 	key=$(redis-cli -p "$rport" --scan --pattern 'rb-demo:*:flaky:*' | head -1)
 	pttl=$(redis-cli -p "$rport" pttl "$key")
-	printf 'trial %d: load %s; after: %sPTTL %s ms; settle failures %s, repairs queued %s, landed %s, dropped %s\n' "$trial" \
+	printf 'trial %d: load %s; after: %sPTTL %s ms; settle failures %s, repairs pending %s, dropped %s\n' "$trial" \
 		"$(grep '^status' "$tmp/load.out" | tr '\n' ' ')" "$after" "$pttl" \
-		"$(metric ratebudget_settle_failures_total)" "$(metric ratebudget_repairs_queued_total)" \
-		"$(metric ratebudget_repairs_landed_total)" "$(metric ratebudget_repairs_dropped_total)"
+		"$(metric ratebudget_settle_failures_total)" "$(metric ratebudget_repairs_pending)" \
+		"$(metric ratebudget_repairs_dropped_total)"
 	kill "$demo"; wait "$demo" 2>/dev/null || true; demo=
 	kill "$redis_pid"; wait "$redis_pid" 2>/dev/null || true; redis_pid=
 done

@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 )
 
 // DigestLen is the length of an encoded digest: 16 bytes in unpadded base64url.
@@ -76,7 +77,7 @@ func (k Keyer) Append(dst, scratch []byte, c *ratebudget.Check) ([]byte, uint16,
 	dst = append(dst, "}:"...)
 	dst = append(dst, c.Rule.Name...)
 	dst = append(dst, ':')
-	dst = append(dst, c.Rule.Algorithm.String()...)
+	dst = append(dst, algname.Of(c.Rule.Algorithm)...)
 	if c.Scope != "" {
 		dst = append(dst, ':')
 		dst, scratch = k.appendDigest(dst, scratch, tagScope, c.Scope)

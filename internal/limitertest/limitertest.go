@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 )
 
 // Harness is one fresh limiter under test, with empty budgets.
@@ -80,11 +81,11 @@ var algorithms = []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.Token
 // Run runs the conformance suite. newHarness is called once per subtest and must return
 // a limiter whose budgets are all empty (for a shared store: a fresh key prefix). The
 // cases of settling and of in-flight limits skip for a limiter that does not implement
-// [ratebudget.Settler], those of resets for one that does not implement
-// [Resetter].
+// [Settler], those of resets for one that does not implement [Resetter], those of every
+// check's outcome for one that does not implement [Reporter].
 func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
-		t.Run(alg.String(), func(t *testing.T) {
+		t.Run(algname.Of(alg), func(t *testing.T) {
 			tests := []struct {
 				name string
 				fn   func(e *env, alg ratebudget.Algorithm)
@@ -167,14 +168,6 @@ func (e *env) full(alg ratebudget.Algorithm, w time.Duration) time.Duration {
 		left += time.Millisecond
 	}
 	return left
-}
-
-// window is the Decision.Window of alg's rule of window w: 0 for a Calendar rule.
-func window(alg ratebudget.Algorithm, w time.Duration) time.Duration {
-	if alg == ratebudget.Calendar {
-		return 0
-	}
-	return w
 }
 
 // timed runs body, a test that waits for a short window w to pass, with a fresh identity
@@ -282,7 +275,7 @@ func testAdmitUpToLimit(e *env, alg ratebudget.Algorithm) {
 	for i := int64(1); i <= 5; i++ {
 		d := e.allow(c)
 		e.expect(d, true, 5-i)
-		if d.Rule != "api" || d.Limit != 5 || d.Window != window(alg, long) || d.RetryAfter != 0 {
+		if d.Rule != "api" || d.Index != 0 || d.Limit != 5 || d.RetryAfter != 0 {
 			e.t.Fatalf("admission %d: %+v", i, d)
 		}
 		if alg == ratebudget.TokenBucket {

@@ -8,8 +8,13 @@ import (
 	"github.com/ratebudget/ratebudget/memory"
 )
 
-// memory.Limiter resets budgets, so the suite's reset cases run rather than skip.
-var _ limitertest.Resetter = (*memory.Limiter)(nil)
+// memory.Limiter resets budgets, settles decisions and reports every check's outcome, so
+// the suite's cases of each run rather than skip.
+var (
+	_ limitertest.Resetter = (*memory.Limiter)(nil)
+	_ limitertest.Settler  = (*memory.Limiter)(nil)
+	_ limitertest.Reporter = (*memory.Limiter)(nil)
+)
 
 func TestMemory(t *testing.T) {
 	limitertest.Run(t, func(t *testing.T) limitertest.Harness {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 )
 
 // Resetter is a limiter whose budgets an operator can reset, as those of packages memory
@@ -21,12 +22,12 @@ type Resetter interface {
 // not implement it.
 func runReset(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
-		t.Run("reset/"+alg.String(), func(t *testing.T) {
+		t.Run("reset/"+algname.Of(alg), func(t *testing.T) {
 			t.Parallel()
 			e, r := resetterEnv(t, newHarness)
 			testResetSpent(e, r, alg)
 		})
-		t.Run("reset/SettleAfterReset/"+alg.String(), func(t *testing.T) {
+		t.Run("reset/SettleAfterReset/"+algname.Of(alg), func(t *testing.T) {
 			t.Parallel()
 			e, r := resetterEnv(t, newHarness)
 			testResetThenSettle(e, r, alg)
@@ -107,7 +108,7 @@ func testResetSpent(e *env, r Resetter, alg ratebudget.Algorithm) {
 func testResetInFlight(e *env, r Resetter) {
 	ru := leaseRule("running", 2, long)
 	c := check(ru, "quinn", 1)
-	s, settles := r.(ratebudget.Settler)
+	s, settles := r.(Settler)
 	var old []ratebudget.Ticket
 	if settles {
 		var d ratebudget.Decision
@@ -138,9 +139,9 @@ func testResetInFlight(e *env, r Resetter) {
 // capacity and never above. The new budget's first
 // spend comes a few ms after the reservation's (see Resetter).
 func testResetThenSettle(e *env, r Resetter, alg ratebudget.Algorithm) {
-	s, ok := r.(ratebudget.Settler)
+	s, ok := r.(Settler)
 	if !ok {
-		e.t.Skipf("%T does not implement ratebudget.Settler", r)
+		e.t.Skipf("%T does not implement Settler", r)
 	}
 	ru := e.rule("api", alg, 5, long)
 	c := check(ru, "wes", 2)

@@ -8,17 +8,36 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/bound"
 )
 
-// runSettle runs the cases of [ratebudget.Settler] and of [ratebudget.InFlight] rules.
-// Each skips for a limiter that does not implement Settler.
+// Settler is a limiter whose decisions can be reserved, settled and their leases renewed,
+// as those of packages memory and lua are; the contract is "Settling a decision" in the
+// [ratebudget] package documentation.
+type Settler interface {
+	ratebudget.Limiter
+	Reserve(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, outcomes []ratebudget.Outcome) (ratebudget.Decision, error)
+	Settle(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) error
+	Renew(ctx context.Context, checks []ratebudget.Check, tickets []ratebudget.Ticket) error
+}
+
+// Reporter is a limiter that reports every check's outcome, as those of packages memory
+// and lua do; the contract is "Reporting every check" in the [ratebudget] package
+// documentation.
+type Reporter interface {
+	ratebudget.Limiter
+	AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error)
+}
+
+// runSettle runs the cases of [Settler] and of [ratebudget.InFlight] rules. Each skips
+// for a limiter that does not implement Settler.
 func runSettle(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range algorithms {
-		t.Run("settle/"+alg.String(), func(t *testing.T) {
+		t.Run("settle/"+algname.Of(alg), func(t *testing.T) {
 			tests := []struct {
 				name string
-				fn   func(e *env, s ratebudget.Settler, alg ratebudget.Algorithm)
+				fn   func(e *env, s Settler, alg ratebudget.Algorithm)
 			}{
 				{"Cancel", testSettleCancel},
 				{"Lower", testSettleLower},
@@ -38,7 +57,7 @@ func runSettle(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 	cases := []struct {
 		name string
-		fn   func(e *env, s ratebudget.Settler)
+		fn   func(e *env, s Settler)
 	}{
 		{"settle/SeveralRulesAtOnce", testSettleSeveral},
 		{"settle/InvalidArguments", testSettleInvalid},
@@ -58,16 +77,16 @@ func runSettle(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 }
 
-func settlerEnv(t *testing.T, newHarness func(t *testing.T) Harness) (*env, ratebudget.Settler) {
+func settlerEnv(t *testing.T, newHarness func(t *testing.T) Harness) (*env, Settler) {
 	h := newHarness(t)
-	s, ok := h.Limiter.(ratebudget.Settler)
+	s, ok := h.Limiter.(Settler)
 	if !ok {
-		t.Skipf("%T does not implement ratebudget.Settler", h.Limiter)
+		t.Skipf("%T does not implement Settler", h.Limiter)
 	}
 	return newEnv(t, h), s
 }
 
-func (e *env) reserve(s ratebudget.Settler, checks ...ratebudget.Check) (ratebudget.Decision, []ratebudget.Ticket) {
+func (e *env) reserve(s Settler, checks ...ratebudget.Check) (ratebudget.Decision, []ratebudget.Ticket) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -87,7 +106,7 @@ func (e *env) reserve(s ratebudget.Settler, checks ...ratebudget.Check) (ratebud
 	return d, tickets
 }
 
-func (e *env) settle(s ratebudget.Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) {
+func (e *env) settle(s Settler, checks []ratebudget.Check, tickets []ratebudget.Ticket, costs []int64) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -103,7 +122,7 @@ func (e *env) settle(s ratebudget.Settler, checks []ratebudget.Check, tickets []
 
 // testSettleCancel: a cancelled decision leaves the budget as if it had not been admitted,
 // and settling it again changes nothing more.
-func testSettleCancel(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
+func testSettleCancel(e *env, s Settler, alg ratebudget.Algorithm) {
 	r := e.rule("api", alg, 5, long)
 	c := check(r, "mia", 2)
 	e.expect(e.allow(check(r, "mia", 1)), true, 4)
@@ -136,7 +155,7 @@ func testSettleCancel(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
 }
 
 // testSettleLower: settling below the reserved cost gives the difference back.
-func testSettleLower(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
+func testSettleLower(e *env, s Settler, alg ratebudget.Algorithm) {
 	r := e.rule("work", alg, 10, long)
 	c := check(r, "olga", 6)
 	d, tk := e.reserve(s, c)
@@ -154,7 +173,7 @@ func testSettleLower(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
 
 // testSettleHigher: settling above the reserved cost spends the extra at settle time
 // without refusing it; the budget is in debt and the next requests wait.
-func testSettleHigher(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
+func testSettleHigher(e *env, s Settler, alg ratebudget.Algorithm) {
 	r := e.rule("tokens", alg, 5, long)
 	c := check(r, "quinn", 1)
 	e.mark()
@@ -184,7 +203,7 @@ func testSettleHigher(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
 }
 
 // testSettleBoundedDebt: one settle takes a budget at most one capacity into debt.
-func testSettleBoundedDebt(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
+func testSettleBoundedDebt(e *env, s Settler, alg ratebudget.Algorithm) {
 	if alg == ratebudget.TokenBucket {
 		r := e.rule("huge", alg, 5, long)
 		c := check(r, "rhea", 1)
@@ -234,7 +253,7 @@ func testSettleBoundedDebt(e *env, s ratebudget.Settler, alg ratebudget.Algorith
 
 // testSettleLaterWindow: a spend that no longer counts gives nothing back; a token bucket
 // never holds more than its capacity.
-func testSettleLaterWindow(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
+func testSettleLaterWindow(e *env, s Settler, alg ratebudget.Algorithm) {
 	if alg == ratebudget.Calendar && !e.fake {
 		e.t.Skip("a calendar period lasts an hour at least; crossed on a driven clock only")
 	}
@@ -278,7 +297,7 @@ func testSettleLaterWindow(e *env, s ratebudget.Settler, alg ratebudget.Algorith
 
 // testSettleNothing: a refused decision's tickets are zero and settle nothing; a decision
 // made by Allow has no tickets and keeps its spend.
-func testSettleNothing(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
+func testSettleNothing(e *env, s Settler, alg ratebudget.Algorithm) {
 	r := e.rule("api", alg, 2, long)
 	c := check(r, "tara", 2)
 	d, tk := e.reserve(s, c)
@@ -292,7 +311,7 @@ func testSettleNothing(e *env, s ratebudget.Settler, alg ratebudget.Algorithm) {
 }
 
 // testSettleSeveral: one Settle adjusts every check of a decision, each by its own cost.
-func testSettleSeveral(e *env, s ratebudget.Settler) {
+func testSettleSeveral(e *env, s Settler) {
 	checks := []ratebudget.Check{
 		check(e.rule("f", ratebudget.FixedWindow, 10, long), "uma", 5),
 		check(e.rule("t", ratebudget.TokenBucket, 10, long), "", 5),
@@ -312,7 +331,7 @@ func testSettleSeveral(e *env, s ratebudget.Settler) {
 	}
 }
 
-func testSettleInvalid(e *env, s ratebudget.Settler) {
+func testSettleInvalid(e *env, s Settler) {
 	r := e.rule("api", ratebudget.FixedWindow, 5, long)
 	c := []ratebudget.Check{check(r, "walt", 2)}
 	_, tk := e.reserve(s, c...)
@@ -364,14 +383,14 @@ func leaseRule(name string, limit int64, ttl time.Duration) ratebudget.Rule {
 
 // testInFlightLimit: at most Limit leases at once; settling releases one, whatever the
 // cost it is settled at.
-func testInFlightLimit(e *env, s ratebudget.Settler) {
+func testInFlightLimit(e *env, s Settler) {
 	r := leaseRule("running", 2, long)
 	c := []ratebudget.Check{check(r, "xena", 1)}
 	e.mark()
 	d, first := e.reserve(s, c...)
 	e.expect(d, true, 1)
-	if d.Limit != 2 || d.Window != long {
-		e.t.Fatalf("admission %+v: want Limit 2 and Window %v", d, long)
+	if d.Limit != 2 || d.Index != 0 {
+		e.t.Fatalf("admission %+v: want Limit 2 of check 0", d)
 	}
 	e.approx("ResetAfter", d.ResetAfter, long)
 	d, second := e.reserve(s, c...)
@@ -393,7 +412,7 @@ func testInFlightLimit(e *env, s ratebudget.Settler) {
 
 // testInFlightExpiry: a lease never released (its holder crashed, or Allow took it)
 // expires after the rule's Window.
-func testInFlightExpiry(e *env, s ratebudget.Settler) {
+func testInFlightExpiry(e *env, s Settler) {
 	e.timed("yara", func(w time.Duration, id string) bool {
 		c := check(leaseRule("crashed", 1, w), id, 1)
 		e.mark()
@@ -419,7 +438,7 @@ func testInFlightExpiry(e *env, s ratebudget.Settler) {
 
 // testInFlightRenew: a renewed lease lives Window from its renewal; a lease that expired
 // is reported lost and not taken again.
-func testInFlightRenew(e *env, s ratebudget.Settler) {
+func testInFlightRenew(e *env, s Settler) {
 	e.timed("zoe", func(w time.Duration, id string) bool {
 		c := []ratebudget.Check{check(leaseRule("long", 1, w), id, 1)}
 		start := time.Now()
@@ -461,7 +480,7 @@ func testInFlightRenew(e *env, s ratebudget.Settler) {
 
 // testInFlightAllOrNothing: a lease is taken only when every rule of the request admits,
 // and a refusal by a full in-flight rule spends nothing of the others.
-func testInFlightAllOrNothing(e *env, s ratebudget.Settler) {
+func testInFlightAllOrNothing(e *env, s Settler) {
 	lease := check(leaseRule("slots", 1, long), "ada", 1)
 	rate := check(e.rule("rate", ratebudget.FixedWindow, 2, long), "ada", 1)
 	both := []ratebudget.Check{lease, rate}
@@ -487,7 +506,7 @@ func testInFlightAllOrNothing(e *env, s ratebudget.Settler) {
 }
 
 // testInFlightConcurrency: concurrent requests hold at most Limit leases.
-func testInFlightConcurrency(e *env, s ratebudget.Settler) {
+func testInFlightConcurrency(e *env, s Settler) {
 	const workers, limit = 32, 5
 	c := []ratebudget.Check{check(leaseRule("slots", limit, long), "bea", 1)}
 	for round := range 2 {
@@ -529,7 +548,7 @@ func testInFlightConcurrency(e *env, s ratebudget.Settler) {
 	}
 }
 
-func testInFlightCost(e *env, s ratebudget.Settler) {
+func testInFlightCost(e *env, s Settler) {
 	c := []ratebudget.Check{check(leaseRule("slots", 5, long), "cleo", 2)}
 	if _, err := s.Reserve(context.Background(), c, make([]ratebudget.Ticket, 1), nil); !IsConfigError(err) {
 		e.t.Fatalf("Reserve with cost 2 = %v, want a configuration error", err)

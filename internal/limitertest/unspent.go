@@ -7,21 +7,22 @@ import (
 	"time"
 
 	"github.com/ratebudget/ratebudget"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/timerule"
 )
 
 // runUnspent runs testRefusalReportsUnspent for every time rule (in-flight leases only
-// for a limiter that implements [ratebudget.Settler], as the other in-flight cases).
+// for a limiter that implements [Settler], as the other in-flight cases).
 func runUnspent(t *testing.T, newHarness func(t *testing.T) Harness) {
 	for _, alg := range []ratebudget.Algorithm{ratebudget.FixedWindow, ratebudget.TokenBucket, ratebudget.RollingWindow, ratebudget.InFlight, ratebudget.Calendar} {
-		t.Run(alg.String()+"/RefusalReportsUnspent", func(t *testing.T) {
+		t.Run(algname.Of(alg)+"/RefusalReportsUnspent", func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, newHarness(t))
-			if _, ok := e.h.Limiter.(ratebudget.Reporter); !ok {
+			if _, ok := e.h.Limiter.(Reporter); !ok {
 				t.Skip("the limiter reports the decision's rule only")
 			}
-			if _, ok := e.h.Limiter.(ratebudget.Settler); !ok && alg == ratebudget.InFlight {
-				t.Skip("the limiter does not implement ratebudget.Settler")
+			if _, ok := e.h.Limiter.(Settler); !ok && alg == ratebudget.InFlight {
+				t.Skip("the limiter does not implement Settler")
 			}
 			testRefusalReportsUnspent(e, alg)
 		})
@@ -41,8 +42,8 @@ func runUnspent(t *testing.T, newHarness func(t *testing.T) Harness) {
 // of the earlier slot, or a decide-only call of the later one), through AllowEach and
 // Reserve.
 func testRefusalReportsUnspent(e *env, alg ratebudget.Algorithm) {
-	reporter := e.h.Limiter.(ratebudget.Reporter)
-	settler, _ := e.h.Limiter.(ratebudget.Settler)
+	reporter := e.h.Limiter.(Reporter)
+	settler, _ := e.h.Limiter.(Settler)
 	ctx := context.Background()
 	limit, cost := int64(10), int64(2)
 	if alg == ratebudget.InFlight {
@@ -184,7 +185,7 @@ func testRefusalReportsUnspent(e *env, alg ratebudget.Algorithm) {
 func (e *env) each(checks ...ratebudget.Check) ratebudget.Outcome {
 	e.t.Helper()
 	outs := make([]ratebudget.Outcome, len(checks))
-	if _, err := e.h.Limiter.(ratebudget.Reporter).AllowEach(context.Background(), checks, outs); err != nil {
+	if _, err := e.h.Limiter.(Reporter).AllowEach(context.Background(), checks, outs); err != nil {
 		e.t.Fatalf("AllowEach(%v): %v", checks, err)
 	}
 	return outs[len(outs)-1]

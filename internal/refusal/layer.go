@@ -43,7 +43,7 @@ const genSlots = 1024
 // Inner is the limiter a refusal cache is in front of.
 type Inner interface {
 	ratebudget.Limiter
-	ratebudget.Reporter
+	AllowEach(ctx context.Context, checks []ratebudget.Check, outcomes []ratebudget.Outcome) (ratebudget.Decision, error)
 }
 
 // Wrap returns a refusal cache of at most maxEntries refusals in front of inner. now,

@@ -146,12 +146,12 @@ func Tokens(level, w int64) int64 { return level / w }
 // last + w - now.
 func LeavesAfter(at, w, now int64) int64 { return at + w - now }
 
-// Unspent is an admitted check's outcome o (reported after its spend of cost units),
-// once that spend is given back exactly, knowing idle, the check's reset (ms) as its
-// budget was before the spend (allow.lua's modes '4' and '6'): cost more units remain
-// (a token bucket's too: the spend took whole units) and the reset is idle's. It is the
-// outcome a decision that spent nothing reports for the check (see
-// [ratebudget.Reporter]). Twin: allow.lua's reply for a check that fits, decide only.
+// Unspent is an admitted check's outcome o (reported after its spend of cost units), once
+// that spend is given back exactly, knowing idle, the check's reset (ms) as its budget
+// was before the spend (allow.lua's modes '4' and '6'): cost more units remain (a token
+// bucket's too: the spend took whole units) and the reset is idle's. It is the outcome a
+// decision that spent nothing reports for the check (see "Reporting every check" in
+// [ratebudget]). Twin: allow.lua's reply for a check that fits, decide only.
 func Unspent(o ratebudget.Outcome, cost, idle int64) ratebudget.Outcome {
 	o.Remaining += cost
 	o.ResetAfter = Duration(idle)
@@ -200,7 +200,8 @@ func Elapsed(o ratebudget.Outcome, sent, now int64) ratebudget.Outcome {
 // under r) once that spend is given back, estimated from o alone (Unspent is exact, and
 // needs the reset before the spend): the state a stacked decision reports for a
 // limiter whose admission it gave back because a later limiter refused. A refusal is
-// returned as it is: it spent nothing, and reports so (see [ratebudget.Reporter]).
+// returned as it is: it spent nothing, and reports so (see
+// "Reporting every check" in [ratebudget]).
 //
 // Remaining gets the cost back, exactly (at most the capacity). ResetAfter is exact for a
 // budget whole again (0) and for a fixed window (a spend never moves an open window's

@@ -16,7 +16,6 @@ type Option func(*config) error
 type config struct {
 	cost      func(*http.Request) (int64, error)
 	style     headers.Style
-	unit      string
 	onRefusal func(http.ResponseWriter, *http.Request, ratebudget.Decision)
 	onError   func(http.ResponseWriter, *http.Request, error)
 	observers []func(Event)

@@ -13,25 +13,21 @@ func WithSweepInterval(d time.Duration) Option {
 }
 
 // Len reports the number of budgets currently held, expired ones not yet swept included.
-func (m *Limiter) Len() int {
-	n := 0
-	for i := range m.shards {
-		s := &m.shards[i]
-		s.mu.Lock()
-		n += s.n
-		s.mu.Unlock()
-	}
-	return n
-}
+func (m *Limiter) Len() int { return int(m.sumShards(func(s *memShard) uint64 { return uint64(s.n) })) }
 
 // Evictions reports the number of budgets dropped at the cap (WithMaxBudgets) before
 // their state expired, since the limiter was made.
 func (m *Limiter) Evictions() uint64 {
+	return m.sumShards(func(s *memShard) uint64 { return s.evictions })
+}
+
+// sumShards adds f of every shard, each read under its lock.
+func (m *Limiter) sumShards(f func(*memShard) uint64) uint64 {
 	var n uint64
 	for i := range m.shards {
 		s := &m.shards[i]
 		s.mu.Lock()
-		n += s.evictions
+		n += f(s)
 		s.mu.Unlock()
 	}
 	return n

@@ -45,6 +45,7 @@ import (
 
 	"github.com/ratebudget/ratebudget"
 	"github.com/ratebudget/ratebudget/headers"
+	"github.com/ratebudget/ratebudget/internal/algname"
 	"github.com/ratebudget/ratebudget/internal/bound"
 	"github.com/ratebudget/ratebudget/keyfuncs"
 	"github.com/ratebudget/ratebudget/lua"
@@ -98,7 +99,6 @@ type options struct {
 	limit          int64
 	window         time.Duration
 	algorithm      ratebudget.Algorithm
-	algorithmName  string // -algorithm: "fixed", "token" or "rolling"
 	style          headers.Style
 	redisURL       string
 	storeError     string // -store-error: "closed", "open" or "local"
@@ -265,10 +265,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	if *algo == "inflight" {
 		return o, fmt.Errorf("-algorithm: inflight limits requests running at once, not a rate: use -inflight for /api/slow")
 	}
-	if o.algorithm, ok = algorithms[*algo]; !ok {
+	if o.algorithm, ok = parseAlgorithm(*algo); !ok {
 		return o, fmt.Errorf("-algorithm: unknown algorithm %q (want fixed, token or rolling)", *algo)
 	}
-	o.algorithmName = *algo
 	// The rules the flags make, checked here so that an error names the flags; the
 	// route-wide report-route (5×-limit) is the largest of the -limit rules.
 	for _, c := range []struct {
@@ -307,11 +306,15 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	return o, nil
 }
 
-// algorithms are the time rules of the -algorithm flag, by name.
-var algorithms = map[string]ratebudget.Algorithm{
-	"fixed":   ratebudget.FixedWindow,
-	"token":   ratebudget.TokenBucket,
-	"rolling": ratebudget.RollingWindow,
+// parseAlgorithm returns the rate time rule (FixedWindow, TokenBucket or RollingWindow)
+// that the module names s.
+func parseAlgorithm(s string) (ratebudget.Algorithm, bool) {
+	for a := ratebudget.FixedWindow; a <= ratebudget.RollingWindow; a++ {
+		if algname.Of(a) == s {
+			return a, true
+		}
+	}
+	return 0, false
 }
 
 // flagError names the flag behind a rule's invalid field: limitFlag for its Limit,
@@ -364,7 +367,7 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- string)
 	if o.redisURL != "" {
 		store = "redis"
 	}
-	log.Info("listening", "addr", ln.Addr().String(), "store", store, "limit", o.limit, "window", o.window, "algorithm", o.algorithmName)
+	log.Info("listening", "addr", ln.Addr().String(), "store", store, "limit", o.limit, "window", o.window, "algorithm", algname.Of(o.algorithm))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -675,7 +678,7 @@ func guide(o options) http.HandlerFunc {
 	if o.noLimit {
 		b.WriteString("ratebudget demo with -no-limit: no route is limited; these are the budgets the routes would have\n\n")
 	} else {
-		fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", o.algorithmName, o.window)
+		fmt.Fprintf(&b, "ratebudget demo: every limited route spends from a budget (time rule %s, window %v)\n\n", algname.Of(o.algorithm), o.window)
 	}
 	for _, r := range rows {
 		if r.rule == "" {

@@ -53,27 +53,27 @@ func (c *compiler) clientIP(s *clientIPSpec) (ident, addr func(*http.Request) (s
 		}
 		src = append(src, keyfuncs.RequireForwarding())
 	}
-	// keyfuncs.Prefixes sets both prefixes: a field left out keeps its default.
+	// keyfuncs.Prefixes sets both prefixes: a field left out keeps its default. Each
+	// field is tried with the others' values already checked, so an error is its own.
 	v4, v6 := 32, 64
 	for _, f := range []struct {
 		name, arg string
 		bits      *int64
 		set       *int
-		opt       func(bits int) keyfuncs.IPOption
 	}{
-		{"ipv4_prefix", "ipv4", s.IPv4Prefix, &v4, func(bits int) keyfuncs.IPOption { return keyfuncs.Prefixes(bits, 64) }},
-		{"ipv6_prefix", "ipv6", s.IPv6Prefix, &v6, func(bits int) keyfuncs.IPOption { return keyfuncs.Prefixes(32, bits) }},
+		{"ipv4_prefix", "ipv4", s.IPv4Prefix, &v4},
+		{"ipv6_prefix", "ipv6", s.IPv6Prefix, &v6},
 	} {
 		if f.bits == nil {
 			continue
 		}
 		bits := int(max(min(*f.bits, 1<<16), -1<<16)) // far out of range either way, and an int anywhere
-		if _, err := keyfuncs.ClientIP(f.opt(bits)); err != nil {
+		*f.set = bits
+		if _, err := keyfuncs.ClientIP(keyfuncs.Prefixes(v4, v6)); err != nil {
 			why := strings.TrimPrefix(kfProblem(err, "Prefixes"), f.arg+": ")
 			why = strings.Replace(why, strconv.Itoa(bits), strconv.FormatInt(*f.bits, 10), 1)
 			return nil, nil, c.fail(path+"."+f.name, "must be a prefix length: %s", why)
 		}
-		*f.set = bits
 	}
 	if ident, err = keyfuncs.ClientIP(append(src[:len(src):len(src)], keyfuncs.Prefixes(v4, v6))...); err != nil {
 		return nil, nil, c.fail(path, "%s", kfProblem(err, ""))
